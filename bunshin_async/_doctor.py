@@ -1,0 +1,95 @@
+"""``bunshin doctor``: what this host can do, and what each missing capability disables."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import msgspec
+
+from . import _paths
+from ._exceptions import BunshinError
+from ._image import Image
+from ._kernel import cgroup_version
+
+
+class Check(msgspec.Struct, frozen=True):
+    name: str
+    ok: bool
+    detail: str
+    disables: str = ""
+
+
+def _read(path: str) -> str | None:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return None
+
+
+def criu_version(criu: Path) -> str | None:
+    try:
+        out = subprocess.run([str(criu), "--version"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for line in out.splitlines():
+        if line.startswith("Version:"):
+            return line.split(":", 1)[1].strip()
+    return None
+
+
+def checks() -> list[Check]:
+    out: list[Check] = []
+    root = os.geteuid() == 0
+    out.append(Check("root", root, f"euid {os.geteuid()}", "" if root else "workspaces (namespaces, mounts, cgroups)"))
+    userns = _read("/proc/sys/user/max_user_namespaces")
+    out.append(
+        Check("user namespaces", bool(userns and userns != "0"), f"max_user_namespaces={userns}", "rootless mode")
+    )
+    overlay = "overlay" in (_read("/proc/filesystems") or "")
+    out.append(Check("overlayfs", overlay, "in /proc/filesystems" if overlay else "not available", "workspaces"))
+    cg = cgroup_version()
+    out.append(Check("cgroups", cg is not None, f"v{cg}" if cg else "none", "workspace resource limits"))
+    init = _paths.init_binary()
+    out.append(Check("bunshin-init", init.exists(), str(init), "workspaces (reinstall: `make setup`)"))
+    try:
+        image = Image.base()
+        out.append(Check("base image", True, image.rootfs))
+    except BunshinError as exc:
+        out.append(Check("base image", False, str(exc), "Workspace() without an explicit image"))
+    criu = _paths.criu_binary()
+    version = criu_version(criu) if criu else None
+    out.append(
+        Check(
+            "criu",
+            version is not None and version.startswith("4.2"),
+            f"{criu} {version}" if criu else "not found (criu/build.sh builds 4.2.1)",
+            "live fork, snapshot, rollback (filesystem-only fork remains)",
+        )
+    )
+    if criu and version:
+        res = subprocess.run([str(criu), "check"], capture_output=True, text=True, timeout=60)
+        good = "Looks good" in res.stdout + res.stderr
+        out.append(Check("criu check", good, (res.stdout + res.stderr).strip().splitlines()[-1:][0] if good else
+                         (res.stdout + res.stderr).strip()[-300:], "live fork"))
+    ksm = _read("/sys/kernel/mm/ksm/run")
+    out.append(Check("ksm", ksm is not None, f"run={ksm}" if ksm is not None else "absent",
+                     "the stock-CRIU copy-on-write fallback (same-page merging)"))
+    uffd = Path("/proc/sys/vm/unprivileged_userfaultfd").exists()
+    out.append(Check("userfaultfd", uffd, "present" if uffd else "absent", "lazy restore"))
+    return out
+
+
+def report() -> tuple[str, bool]:
+    rows = checks()
+    width = max(len(c.name) for c in rows)
+    lines = []
+    for c in rows:
+        mark = "ok  " if c.ok else "MISS"
+        line = f"{mark} {c.name:<{width}}  {c.detail}"
+        if not c.ok and c.disables:
+            line += f"\n     {'':<{width}}  disables: {c.disables}"
+        lines.append(line)
+    essential = {"root", "overlayfs", "cgroups", "bunshin-init", "base image"}
+    return "\n".join(lines), all(c.ok for c in rows if c.name in essential)

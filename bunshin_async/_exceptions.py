@@ -1,0 +1,151 @@
+"""The one exception tree of Bunshin.
+
+Every error the SDK raises on purpose is a ``BunshinError``; foreign errors (``OSError`` from a mount, a CRIU RPC
+failure, an httpx error) are translated once, where the foreign system is called, with ``raise ... from exc``::
+
+    BunshinError
+    ├── CapabilityMissing        the host lacks a kernel feature, a binary or a privilege (``remedy`` says what to do)
+    ├── ImageError               a workspace image is missing or unusable
+    ├── WorkspaceError           something went wrong with one workspace (``workspace_id``)
+    │   ├── WorkspaceClosed      the workspace was used after ``aclose()`` or its init died
+    │   ├── WorkspaceStartError  the workspace could not be created; nothing of it is left behind
+    │   ├── AgentError           the in-workspace agent failed or broke the protocol
+    │   └── ForkError            a fork, snapshot or restore failed; the parent keeps running
+    └── ToolError                a tool call failed (``tool``)
+        ├── ToolTimeout          the call ran past its timeout; ``stdout``/``stderr`` keep the partial output
+        ├── PathOutsideWorkspace a path escapes the workspace directory (``..`` or a symlink)
+        ├── FileNotFound         a path does not exist in the workspace
+        └── InvalidArgument      an argument is malformed
+
+Errors carry structured fields, not just a message, and pickle cleanly because rollouts cross process
+boundaries (psutil's ``__reduce__`` pattern: the constructor's keyword arguments are kept in ``_kwargs``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "AgentError",
+    "BunshinError",
+    "CapabilityMissing",
+    "FileNotFound",
+    "ForkError",
+    "ImageError",
+    "InvalidArgument",
+    "PathOutsideWorkspace",
+    "ToolError",
+    "ToolTimeout",
+    "WorkspaceClosed",
+    "WorkspaceError",
+    "WorkspaceStartError",
+]
+
+
+class BunshinError(Exception):
+    """Root of every error Bunshin raises on purpose."""
+
+    def __init__(self, message: str, **fields: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self._kwargs = fields
+        for key, value in fields.items():
+            setattr(self, key, value)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.message, self._kwargs))
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _rebuild(cls: type[BunshinError], message: str, fields: dict[str, Any]) -> BunshinError:
+    return cls(message, **fields)
+
+
+class CapabilityMissing(BunshinError):
+    """The host lacks something Bunshin needs; ``capability`` names it and ``remedy`` says how to get it."""
+
+    capability: str
+    remedy: str
+
+    def __init__(self, message: str, *, capability: str, remedy: str) -> None:
+        super().__init__(f"{message} ({remedy})", capability=capability, remedy=remedy)
+
+
+class ImageError(BunshinError):
+    """A workspace image is missing or unusable (``image`` is its path or name)."""
+
+    image: str
+
+    def __init__(self, message: str, *, image: str) -> None:
+        super().__init__(message, image=image)
+
+
+class WorkspaceError(BunshinError):
+    """A failure tied to one workspace (``workspace_id``)."""
+
+    workspace_id: str
+
+    def __init__(self, message: str, *, workspace_id: str, **fields: Any) -> None:
+        super().__init__(message, workspace_id=workspace_id, **fields)
+
+
+class WorkspaceClosed(WorkspaceError):
+    """The workspace was closed (or its init died); open a new one or fork a live one."""
+
+
+class WorkspaceStartError(WorkspaceError):
+    """The workspace could not be created; everything made for it was removed again."""
+
+
+class AgentError(WorkspaceError):
+    """The agent inside the workspace failed or broke the protocol."""
+
+
+class ForkError(WorkspaceError):
+    """A fork, snapshot or restore failed. The parent workspace keeps running and no half-made copy is left."""
+
+
+class ToolError(BunshinError):
+    """A tool call failed (``tool`` names it)."""
+
+    tool: str
+
+    def __init__(self, message: str, *, tool: str, **fields: Any) -> None:
+        super().__init__(message, tool=tool, **fields)
+
+
+class ToolTimeout(ToolError):
+    """The call ran past ``timeout`` seconds and was killed; ``stdout`` and ``stderr`` hold what it printed."""
+
+    timeout: float
+    stdout: bytes
+    stderr: bytes
+
+    def __init__(
+        self, message: str, *, tool: str, timeout: float, stdout: bytes = b"", stderr: bytes = b""
+    ) -> None:
+        super().__init__(message, tool=tool, timeout=timeout, stdout=stdout, stderr=stderr)
+
+
+class PathOutsideWorkspace(ToolError):
+    """A path resolves outside the workspace directory (through ``..`` or a symlink)."""
+
+    path: str
+
+    def __init__(self, message: str, *, tool: str, path: str) -> None:
+        super().__init__(message, tool=tool, path=path)
+
+
+class FileNotFound(ToolError):
+    """A path does not exist inside the workspace."""
+
+    path: str
+
+    def __init__(self, message: str, *, tool: str, path: str) -> None:
+        super().__init__(message, tool=tool, path=path)
+
+
+class InvalidArgument(ToolError):
+    """An argument of a tool call is malformed."""

@@ -1,0 +1,226 @@
+"""Workspace images: read-only root filesystems that every workspace's overlay stacks on.
+
+The base image is a minimal Debian bookworm rootfs built once with debootstrap from the mirror the host's apt already
+uses, then cached under ``$BUNSHIN_HOME/images``. It is built from Debian's packages alone, so it carries none of the
+host's secrets (no /root, /home, host /etc/shadow or sockets). The agent layer (the agent script, ``_protocol`` and
+msgspec) is a second, tiny lower layer stacked above any image.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import msgspec
+
+from . import _paths
+from ._exceptions import CapabilityMissing, ImageError
+
+BASE_NAME = "debian-bookworm"
+BASE_SUITE = "bookworm"
+# What agents in RL tasks reach for: a shell, python with pip and venv, git, the usual text tools, tmux for
+# terminal programs, procps for ps/kill.
+BASE_PACKAGES = (
+    "python3",
+    "python3-pip",
+    "python3-venv",
+    "git",
+    "ca-certificates",
+    "procps",
+    "tmux",
+    "patch",
+    "diffutils",
+    "file",
+    "less",
+    "xz-utils",
+    "bzip2",
+)
+AGENT_PYTHON = "/usr/bin/python3"
+AGENT_DIR = "/opt/bunshin"
+
+
+class Image(msgspec.Struct, frozen=True):
+    """A read-only root filesystem. ``digest`` identifies its content for cache keys."""
+
+    name: str
+    rootfs: str
+    digest: str
+
+    @classmethod
+    def from_dir(cls, path: str | os.PathLike[str], *, name: str | None = None) -> Image:
+        """Use a directory holding a root filesystem. It must have /bin/sh and python3.11 (the agent runs on it);
+        it is never written to."""
+        root = Path(path).resolve()
+        if not root.is_dir():
+            raise ImageError(f"image directory {str(root)!r} does not exist", image=str(root))
+        for needed in ("bin/sh", "usr/bin/python3", "usr/lib/python3.11"):
+            if not (root / needed).exists() and not (root / needed).is_symlink():
+                raise ImageError(
+                    f"image {str(root)!r} lacks /{needed}; the workspace agent needs /bin/sh and python3.11",
+                    image=str(root),
+                )
+        manifest = root.parent / "manifest.json"
+        digest = None
+        if manifest.exists():
+            digest = json.loads(manifest.read_text()).get("digest")
+        if digest is None:
+            st = root.stat()
+            digest = hashlib.sha256(f"{root}:{st.st_ino}:{st.st_mtime_ns}".encode()).hexdigest()
+        return cls(name=name or root.name, rootfs=str(root), digest=digest)
+
+    @classmethod
+    def base(cls) -> Image:
+        """The cached Debian base image; build it with ``bunshin image build`` (``make setup`` does)."""
+        root = _paths.images_dir() / BASE_NAME / "rootfs"
+        if not (root.parent / "manifest.json").exists():
+            raise ImageError(
+                f"base image {BASE_NAME} is not built at {root}; run `bunshin image build` (or `make setup`)",
+                image=BASE_NAME,
+            )
+        return cls.from_dir(root, name=BASE_NAME)
+
+
+def _recipe_digest() -> str:
+    return hashlib.sha256(f"{BASE_SUITE}:{','.join(BASE_PACKAGES)}:v1".encode()).hexdigest()
+
+
+def apt_mirror() -> str:
+    """The Debian archive URI the host's apt is configured with (never a hard-coded host)."""
+    texts = []
+    for p in [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*"))]:
+        if p.is_file():
+            texts.append(p.read_text())
+    for text in texts:
+        for stanza in re.split(r"\n\s*\n", text):
+            uri = re.search(r"^URIs:\s*(\S+)", stanza, re.M)
+            suites = re.search(r"^Suites:\s*(.+)$", stanza, re.M)
+            if uri and suites and any(s in ("bookworm", "stable") for s in suites.group(1).split()):
+                return uri.group(1)
+        for line in text.splitlines():
+            m = re.match(r"\s*deb\s+(?:\[[^\]]*\]\s+)?(\S+)\s+(bookworm|stable)\s", line)
+            if m:
+                return m.group(1)
+    raise CapabilityMissing(
+        "no Debian bookworm mirror in the host's apt sources",
+        capability="debian-mirror",
+        remedy="add a bookworm entry to /etc/apt/sources.list",
+    )
+
+
+def build_base_image(force: bool = False) -> Image:
+    """Build (or reuse) the base image. Idempotent: a complete build is recognised by its manifest."""
+    target = _paths.images_dir() / BASE_NAME
+    manifest = target / "manifest.json"
+    digest = _recipe_digest()
+    if not force and manifest.exists() and json.loads(manifest.read_text()).get("digest") == digest:
+        return Image.base()
+    if shutil.which("debootstrap") is None:
+        raise CapabilityMissing(
+            "debootstrap is not installed", capability="debootstrap", remedy="apt-get install debootstrap"
+        )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{BASE_NAME}-", dir=target.parent))
+    try:
+        rootfs = tmp / "rootfs"
+        subprocess.run(
+            [
+                "debootstrap",
+                "--variant=minbase",
+                f"--include={','.join(BASE_PACKAGES)}",
+                BASE_SUITE,
+                str(rootfs),
+                apt_mirror(),
+            ],
+            check=True,
+        )
+        _scrub(rootfs)
+        (tmp / "manifest.json").write_text(json.dumps({"name": BASE_NAME, "digest": digest}))
+        if target.exists():
+            shutil.rmtree(target)
+        tmp.rename(target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    return Image.base()
+
+
+def _scrub(rootfs: Path) -> None:
+    """Drop what debootstrap copies from the host or leaves behind for apt."""
+    for rel in ("etc/resolv.conf", "etc/hostname"):
+        p = rootfs / rel
+        if p.exists() or p.is_symlink():
+            p.unlink()
+    (rootfs / "etc/hostname").write_text("bunshin\n")
+    (rootfs / "etc/hosts").write_text("127.0.0.1 localhost bunshin\n::1 localhost\n")
+    for rel in ("var/cache/apt/archives", "var/lib/apt/lists"):
+        d = rootfs / rel
+        if d.is_dir():
+            for child in d.iterdir():
+                if child.is_file():
+                    child.unlink()
+    (rootfs / "workspace").mkdir(exist_ok=True)
+
+
+AGENT_LAUNCHER = """import sys
+sys.path.insert(0, "/opt/bunshin/lib")
+import bunshin_agent
+bunshin_agent.main()
+"""
+
+
+def agent_layer() -> Path:
+    """The overlay layer holding pid 1's binary and the agent, built once per version (content-addressed).
+
+    The agent's modules are byte-compiled here with unchecked hashes (the workspace's python3.11 shares the magic
+    number of the host's), so no workspace compiles or writes them at start-up.
+    """
+    import compileall
+
+    import msgspec as _msgspec
+
+    init = _paths.init_binary()
+    sources = {
+        "lib/bunshin_agent.py": _paths.PACKAGE_DIR / "_agent.py",
+        "lib/_protocol.py": _paths.PACKAGE_DIR / "_protocol.py",
+        "bunshin-init": init,
+    }
+    h = hashlib.sha256(_msgspec.__version__.encode())
+    for rel, src in sorted(sources.items()):
+        h.update(rel.encode())
+        h.update(src.read_bytes())
+    layer = _paths.agent_layers_dir() / h.hexdigest()[:16]
+    if (layer / ".complete").exists():
+        return layer / "root"
+    layer.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".agent-", dir=layer.parent))
+    try:
+        opt = tmp / "root" / AGENT_DIR.lstrip("/")
+        (opt / "lib").mkdir(parents=True)
+        for rel, src in sources.items():
+            shutil.copy2(src, opt / rel)
+        (opt / "agent.py").write_text(AGENT_LAUNCHER)
+        shutil.copytree(
+            Path(_msgspec.__file__).parent, opt / "lib" / "msgspec", ignore=shutil.ignore_patterns("__pycache__")
+        )
+        compileall.compile_dir(
+            opt / "lib",
+            quiet=1,
+            ddir="/opt/bunshin/lib",
+            invalidation_mode=__import__("py_compile").PycInvalidationMode.UNCHECKED_HASH,
+        )
+        (tmp / "root" / "run" / "bunshin").mkdir(parents=True, mode=0o700)
+        (tmp / ".complete").touch()
+        try:
+            tmp.rename(layer)
+        except OSError:  # another process won the race
+            shutil.rmtree(tmp)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    return layer / "root"

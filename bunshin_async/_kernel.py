@@ -1,0 +1,206 @@
+"""The kernel interface: cgroups (v1 and v2) and facts about the host.
+
+This host mounts cgroup v1 controllers with an empty v2 hierarchy beside them; most users' hosts are pure v2.
+``Cgroups.create`` hides the difference: callers get the ``cgroup.procs`` files to join and one ``destroy()``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import anyio
+import msgspec
+
+from ._exceptions import CapabilityMissing
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+V1_CONTROLLERS = ("memory", "pids", "cpu", "freezer")
+PARENT = "bunshin"
+
+
+class Limits(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Resource limits of one workspace. ``memory`` in bytes, ``cpus`` in cores (1.5 = one and a half), None for
+    no limit. The memory limit kills the workspace's biggest process, never the host or a sibling."""
+
+    memory: int | None = 4 << 30
+    pids: int | None = 4096
+    cpus: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.memory is not None and self.memory < (16 << 20):
+            raise ValueError("memory limit must be at least 16 MiB")
+        if self.pids is not None and self.pids < 8:
+            raise ValueError("pids limit must be at least 8")
+        if self.cpus is not None and self.cpus <= 0:
+            raise ValueError("cpus must be positive")
+
+
+def cgroup_version() -> int | None:
+    """2 on a pure (unified) cgroup v2 host, 1 where v1 controllers are mounted, None without cgroups."""
+    if (CGROUP_ROOT / "cgroup.controllers").exists():
+        return 2
+    if (CGROUP_ROOT / "memory" / "cgroup.procs").exists():
+        return 1
+    return None
+
+
+def _write(path: Path, value: str) -> None:
+    with open(path, "w") as f:
+        f.write(value)
+
+
+class Cgroup:
+    """One workspace's cgroup (one directory per v1 controller, or one v2 directory)."""
+
+    def __init__(self, version: int, dirs: list[Path]) -> None:
+        self.version = version
+        self.dirs = dirs
+
+    @property
+    def procs_files(self) -> list[str]:
+        return [str(d / "cgroup.procs") for d in self.dirs]
+
+    @property
+    def memory_dir(self) -> Path | None:
+        if self.version == 2:
+            return self.dirs[0]
+        return next((d for d in self.dirs if d.parent.parent.name == "memory"), None)
+
+    @property
+    def freezer_dir(self) -> Path | None:
+        if self.version == 2:
+            return self.dirs[0]
+        return next((d for d in self.dirs if d.parent.parent.name == "freezer"), None)
+
+    def pids(self) -> list[int]:
+        out: set[int] = set()
+        for d in self.dirs:
+            try:
+                out.update(int(x) for x in (d / "cgroup.procs").read_text().split())
+            except FileNotFoundError:
+                pass
+        return sorted(out)
+
+    def memory_peak(self) -> int | None:
+        d = self.memory_dir
+        if d is None:
+            return None
+        name = "memory.peak" if self.version == 2 else "memory.max_usage_in_bytes"
+        try:
+            return int((d / name).read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    @classmethod
+    def create(cls, name: str, limits: Limits) -> Cgroup:
+        version = cgroup_version()
+        if version is None:
+            raise CapabilityMissing(
+                "no cgroup hierarchy under /sys/fs/cgroup",
+                capability="cgroups",
+                remedy="mount cgroup2 on /sys/fs/cgroup or run on a host with cgroups",
+            )
+        try:
+            return cls._create_v2(name, limits) if version == 2 else cls._create_v1(name, limits)
+        except PermissionError as exc:
+            raise CapabilityMissing(
+                f"cannot create a cgroup: {exc}", capability="cgroups", remedy="run as root"
+            ) from exc
+
+    @classmethod
+    def _create_v1(cls, name: str, limits: Limits) -> Cgroup:
+        dirs: list[Path] = []
+        group = cls(1, dirs)
+        try:
+            for ctrl in V1_CONTROLLERS:
+                base = CGROUP_ROOT / ctrl
+                if not (base / "cgroup.procs").exists():
+                    continue
+                (base / PARENT).mkdir(exist_ok=True)
+                d = base / PARENT / name
+                d.mkdir()
+                dirs.append(d)
+                if ctrl == "memory" and limits.memory is not None:
+                    _write(d / "memory.limit_in_bytes", str(limits.memory))
+                elif ctrl == "pids" and limits.pids is not None:
+                    _write(d / "pids.max", str(limits.pids))
+                elif ctrl == "cpu" and limits.cpus is not None:
+                    _write(d / "cpu.cfs_period_us", "100000")
+                    _write(d / "cpu.cfs_quota_us", str(int(limits.cpus * 100000)))
+        except BaseException:
+            group.destroy_sync()
+            raise
+        return group
+
+    @classmethod
+    def _create_v2(cls, name: str, limits: Limits) -> Cgroup:
+        parent = CGROUP_ROOT / PARENT
+        parent.mkdir(exist_ok=True)
+        wanted = {"memory", "pids", "cpu"} & set((CGROUP_ROOT / "cgroup.controllers").read_text().split())
+        for d in (CGROUP_ROOT, parent):
+            enabled = set((d / "cgroup.subtree_control").read_text().split())
+            missing = wanted - enabled
+            if missing:
+                _write(d / "cgroup.subtree_control", " ".join(f"+{c}" for c in sorted(missing)))
+        d = parent / name
+        d.mkdir()
+        group = cls(2, [d])
+        try:
+            if limits.memory is not None:
+                _write(d / "memory.max", str(limits.memory))
+                if (d / "memory.swap.max").exists():
+                    _write(d / "memory.swap.max", "0")
+            if limits.pids is not None:
+                _write(d / "pids.max", str(limits.pids))
+            if limits.cpus is not None:
+                _write(d / "cpu.max", f"{int(limits.cpus * 100000)} 100000")
+        except BaseException:
+            group.destroy_sync()
+            raise
+        return group
+
+    def _kill_all(self) -> None:
+        if self.version == 2 and (self.dirs[0] / "cgroup.kill").exists():
+            try:
+                _write(self.dirs[0] / "cgroup.kill", "1")
+                return
+            except OSError:
+                pass
+        for pid in self.pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def _rmdir_all(self) -> bool:
+        left = []
+        for d in self.dirs:
+            try:
+                d.rmdir()
+            except FileNotFoundError:
+                pass
+            except OSError:  # EBUSY while the last processes exit
+                left.append(d)
+        self.dirs = left
+        return not left
+
+    def destroy_sync(self) -> None:
+        """Kill what is left and remove the directories (blocking; for error paths before any await)."""
+        self._kill_all()
+        for _ in range(2000):
+            if self._rmdir_all():
+                return
+            os.sched_yield()
+
+    async def destroy(self, timeout: float = 10.0) -> None:
+        """Kill every process left in the cgroup and remove its directories."""
+        with anyio.move_on_after(timeout):
+            delay = 0.0005
+            while True:
+                self._kill_all()
+                if self._rmdir_all():
+                    return
+                await anyio.sleep(delay)
+                delay = min(delay * 2, 0.05)

@@ -1,0 +1,174 @@
+"""Messages between the host and the agent inside a workspace.
+
+This module is copied into every workspace's agent layer and imported there by the agent, so it must import nothing
+but msgspec and the standard library. Frames on the agent socket are a 4-byte big-endian length and a msgpack body.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+#: Bumped whenever a message changes shape; the agent refuses a host that speaks another version.
+PROTOCOL_VERSION = 1
+DEFAULT_MAX_OUTPUT = 1 << 20
+
+
+class Request(msgspec.Struct, tag_field="op", frozen=True, forbid_unknown_fields=True):
+    """Base of every request."""
+
+
+class Ping(Request, tag="ping"):
+    version: int = PROTOCOL_VERSION
+
+
+class Exec(Request, tag="exec"):
+    """Run ``argv`` (or ``command`` through bash) to completion in a new session."""
+
+    argv: list[str] | None = None
+    command: str | None = None
+    cwd: str | None = None
+    env: dict[str, str] | None = None
+    stdin: bytes | None = None
+    timeout: float | None = None
+    max_output: int = DEFAULT_MAX_OUTPUT
+
+
+class ShellOpen(Request, tag="shell_open"):
+    cwd: str | None = None
+    env: dict[str, str] | None = None
+
+
+class ShellRun(Request, tag="shell_run"):
+    shell_id: int
+    command: str
+    timeout: float | None = None
+    max_output: int = DEFAULT_MAX_OUTPUT
+
+
+class ShellClose(Request, tag="shell_close"):
+    shell_id: int
+
+
+class ReadFile(Request, tag="read_file"):
+    path: str
+    max_bytes: int | None = None
+
+
+class WriteFile(Request, tag="write_file"):
+    path: str
+    data: bytes
+    append: bool = False
+    mode: int | None = None
+    make_parents: bool = True
+
+
+class ListDir(Request, tag="list_dir"):
+    path: str
+
+
+class Remove(Request, tag="remove"):
+    path: str
+    recursive: bool = False
+
+
+class Spawn(Request, tag="spawn"):
+    """Start a background process that outlives the call; its output goes to ``log_path`` (or /dev/null)."""
+
+    argv: list[str] | None = None
+    command: str | None = None
+    cwd: str | None = None
+    env: dict[str, str] | None = None
+    log_path: str | None = None
+
+
+class Signal(Request, tag="signal"):
+    pid: int
+    signal: int
+
+
+class Poll(Request, tag="poll"):
+    """Ask whether a background process still runs; ``returncode`` is None while it does."""
+
+    pid: int
+
+
+AnyRequest = (
+    Ping | Exec | ShellOpen | ShellRun | ShellClose | ReadFile | WriteFile | ListDir | Remove | Spawn | Signal | Poll
+)
+
+
+class Response(msgspec.Struct, tag_field="kind", frozen=True):
+    """Base of every response."""
+
+
+class Pong(Response, tag="pong"):
+    version: int
+    pid: int
+
+
+class Ok(Response, tag="ok"):
+    pass
+
+
+class ExecResult(Response, tag="exec_result"):
+    """Outcome of a finished command. Output is decoded as UTF-8 with replacement; ``truncated`` says a stream
+    went past ``max_output`` bytes, the rest being read and dropped."""
+
+    exit_code: int
+    stdout: str
+    stderr: str
+    duration: float
+    truncated: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+class FileData(Response, tag="file_data"):
+    data: bytes
+    truncated: bool = False
+
+
+class DirEntry(msgspec.Struct, frozen=True):
+    name: str
+    kind: str  # "file", "dir", "symlink" or "other"
+    size: int
+
+
+class DirListing(Response, tag="dir_listing"):
+    entries: list[DirEntry]
+
+
+class ShellOpened(Response, tag="shell_opened"):
+    shell_id: int
+
+
+class Spawned(Response, tag="spawned"):
+    pid: int
+
+
+class PollResult(Response, tag="poll_result"):
+    returncode: int | None
+
+
+class Failure(Response, tag="failure"):
+    """A request failed. ``error`` is one of ERROR_KINDS; the host maps it onto its exception tree."""
+
+    error: str
+    message: str
+    path: str | None = None
+    stdout: str = ""
+    stderr: str = ""
+
+
+ERROR_KINDS = ("timeout", "path_outside", "not_found", "invalid", "os", "protocol", "internal")
+
+AnyResponse = (
+    Pong | Ok | ExecResult | FileData | DirListing | ShellOpened | Spawned | PollResult | Failure
+)
+
+request_encoder = msgspec.msgpack.Encoder()
+response_encoder = request_encoder
+request_decoder = msgspec.msgpack.Decoder(AnyRequest)
+response_decoder = msgspec.msgpack.Decoder(AnyResponse)

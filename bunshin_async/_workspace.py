@@ -1,0 +1,393 @@
+"""``Workspace``: an isolated, persistent Linux workspace driven from asyncio (local backend, no daemon).
+
+Each workspace is a process tree in its own mount, pid, ipc, uts and network namespaces (loopback only), rooted in
+an overlayfs (read-only image + agent layer + a private upper dir), with its own devpts, in a cgroup with memory,
+pids and CPU limits. ``bunshin-init`` (native/init.c) builds all that and starts the agent, which serves tool calls
+on a Unix socket that the host reaches through ``/proc/<pid 1>/root``.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+
+import anyio
+from anyio.abc import Process
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from . import _paths
+from . import _protocol as P
+from ._client import AgentClient
+from ._exceptions import (
+    AgentError,
+    CapabilityMissing,
+    FileNotFound,
+    InvalidArgument,
+    PathOutsideWorkspace,
+    ToolError,
+    ToolTimeout,
+    WorkspaceClosed,
+    WorkspaceStartError,
+)
+from ._image import AGENT_DIR, AGENT_PYTHON, Image, agent_layer
+from ._kernel import Cgroup, Limits
+from ._protocol import DirEntry, ExecResult
+
+__all__ = ["BackgroundProcess", "Shell", "Workspace"]
+
+START_TIMEOUT = 30.0
+CLOSE_TIMEOUT = 10.0
+
+
+def _raise_failure(resp: P.Failure, tool: str, timeout: float | None, workspace_id: str) -> None:
+    if resp.error == "timeout":
+        raise ToolTimeout(resp.message, tool=tool, timeout=timeout or 0.0, stdout=resp.stdout, stderr=resp.stderr)
+    if resp.error == "path_outside":
+        raise PathOutsideWorkspace(resp.message, tool=tool, path=resp.path or "")
+    if resp.error == "not_found":
+        raise FileNotFound(resp.message, tool=tool, path=resp.path or "")
+    if resp.error == "invalid":
+        raise InvalidArgument(resp.message, tool=tool)
+    if resp.error == "os":
+        raise ToolError(resp.message, tool=tool)
+    raise AgentError(f"{tool}: {resp.message}", workspace_id=workspace_id)
+
+
+def _check_timeout(timeout: float | None, tool: str) -> None:
+    if timeout is not None and not timeout > 0:
+        raise InvalidArgument(f"timeout must be positive, not {timeout!r}", tool=tool)
+
+
+def _argv_or_command(cmd: str | Sequence[str], tool: str) -> dict[str, object]:
+    if isinstance(cmd, str):
+        return {"command": cmd}
+    argv = list(cmd)
+    if not argv or not all(isinstance(a, str) for a in argv):
+        raise InvalidArgument(f"command must be a string or a non-empty list of strings, not {cmd!r}", tool=tool)
+    return {"argv": argv}
+
+
+class Workspace:
+    """An isolated, persistent workspace. Use as ``async with Workspace() as ws:``.
+
+    ``image`` defaults to the cached Debian base image. ``workdir`` is where commands start and the directory the
+    file tools are confined to. ``max_output`` caps each of stdout and stderr per call (bytes); the rest is read and
+    dropped and the result says ``truncated``.
+    """
+
+    def __init__(
+        self,
+        image: Image | None = None,
+        *,
+        limits: Limits | None = None,
+        workdir: str = "/workspace",
+        env: Mapping[str, str] | None = None,
+        hostname: str = "bunshin",
+        max_output: int = P.DEFAULT_MAX_OUTPUT,
+    ) -> None:
+        if not workdir.startswith("/") or os.path.normpath(workdir) != workdir or workdir == "/":
+            raise ValueError(f"workdir must be a normalized absolute path below /, not {workdir!r}")
+        self._image = image
+        self.limits = limits or Limits()
+        self.workdir = workdir
+        self.env = dict(env or {})
+        self.hostname = hostname
+        self.max_output = max_output
+        self.id = secrets.token_hex(6)
+        self.pid: int | None = None  # host pid of the workspace's pid 1
+        self._dir = _paths.workspaces_dir() / self.id
+        self._cgroup: Cgroup | None = None
+        self._shim: Process | None = None
+        self._pidfd: int | None = None
+        self._client: AgentClient | None = None
+        self._state = "new"  # new -> running -> closed
+
+    # ------------------------------------------------------------------------------------------------ lifecycle
+
+    @property
+    def image(self) -> Image:
+        if self._image is None:
+            self._image = Image.base()
+        return self._image
+
+    @property
+    def closed(self) -> bool:
+        return self._state == "closed"
+
+    @property
+    def directory(self) -> Path:
+        """Host directory of this workspace (``upper`` holds its changes to the image)."""
+        return self._dir
+
+    @property
+    def cgroup(self) -> Cgroup | None:
+        return self._cgroup
+
+    async def __aenter__(self) -> Workspace:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def start(self) -> None:
+        """Create the workspace. On any failure (cancellation included) everything made so far is removed."""
+        if self._state != "new":
+            raise WorkspaceClosed(f"workspace {self.id} was already started", workspace_id=self.id)
+        self._state = "starting"
+        init = _paths.init_binary()
+        if not init.exists():
+            raise CapabilityMissing(
+                f"{init} is missing", capability="bunshin-init", remedy="reinstall bunshin (`make setup`)"
+            )
+        if os.geteuid() != 0:
+            raise CapabilityMissing(
+                "workspaces need root (namespaces, mounts, cgroups)", capability="root", remedy="run as root"
+            )
+        image = self.image
+        try:
+            layer = await anyio.to_thread.run_sync(agent_layer)
+            for sub in ("upper", "work", "root"):
+                (self._dir / sub).mkdir(parents=True)
+            self._cgroup = Cgroup.create(f"ws-{self.id}", self.limits)
+            await self._spawn(image, layer)
+            self._state = "running"
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self._teardown()
+            self._state = "closed"
+            raise
+
+    async def _spawn(self, image: Image, layer: Path) -> None:
+        assert self._cgroup is not None
+        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "BUNSHIN_WORKDIR": self.workdir}
+        argv = [
+            str(_paths.init_binary()),
+            "--lower", f"{layer}:{image.rootfs}",
+            "--upper", str(self._dir / "upper"),
+            "--work", str(self._dir / "work"),
+            "--root", str(self._dir / "root"),
+            "--hostname", self.hostname,
+            "--python", AGENT_PYTHON,
+            "--agent", f"{AGENT_DIR}/agent.py",
+            "--workdir", self.workdir,
+            "--self", f"{AGENT_DIR}/bunshin-init",
+        ]  # fmt: skip
+        for procs in self._cgroup.procs_files:
+            argv += ["--cgroup", procs]
+        for key, value in env.items():
+            argv += ["--env", f"{key}={value}"]
+        self._shim = await anyio.open_process(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+        )
+        assert self._shim.stdout is not None
+        status = BufferedByteReceiveStream(self._shim.stdout)
+        with anyio.fail_after(START_TIMEOUT):
+            while True:
+                try:
+                    line = (await status.receive_until(b"\n", 4096)).decode(errors="replace")
+                except (anyio.EndOfStream, anyio.IncompleteRead):
+                    raise WorkspaceStartError(
+                        f"workspace {self.id}: init exited before it was ready", workspace_id=self.id
+                    ) from None
+                if line.startswith("P "):
+                    self.pid = int(line[2:])
+                    self._pidfd = os.pidfd_open(self.pid)
+                elif line.startswith("R"):
+                    break
+                elif line.startswith("E "):
+                    raise WorkspaceStartError(f"workspace {self.id}: {line[2:]}", workspace_id=self.id)
+        await self._shim.stdout.aclose()
+        self._client = AgentClient(f"/proc/{self.pid}/root/run/bunshin/agent.sock", self.id)
+
+    async def aclose(self) -> None:
+        """Stop every process of the workspace and remove its mounts, cgroup and directories. Idempotent; safe
+        under cancellation (the cleanup is shielded, with a deadline)."""
+        if self._state == "closed":
+            return
+        self._state = "closed"
+        with anyio.CancelScope(shield=True):
+            await self._teardown()
+
+    async def _teardown(self) -> None:
+        with anyio.move_on_after(CLOSE_TIMEOUT):
+            if self._client is not None:
+                await self._client.aclose()
+            if self._pidfd is not None:
+                try:
+                    signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                os.close(self._pidfd)
+                self._pidfd = None
+            if self._shim is not None:
+                if self._shim.returncode is None and self.pid is None:
+                    self._shim.kill()
+                await self._shim.wait()
+                await self._shim.aclose()
+            if self._cgroup is not None:
+                await self._cgroup.destroy()
+            if self._dir.exists():
+                await anyio.to_thread.run_sync(shutil.rmtree, self._dir, True)
+
+    def _live_client(self) -> AgentClient:
+        if self._state != "running" or self._client is None:
+            raise WorkspaceClosed(f"workspace {self.id} is {self._state}", workspace_id=self.id)
+        return self._client
+
+    async def _call(self, req: P.Request, tool: str, timeout: float | None = None) -> P.Response:
+        resp = await self._live_client().request(req)
+        if isinstance(resp, P.Failure):
+            _raise_failure(resp, tool, timeout, self.id)
+        return resp
+
+    # ------------------------------------------------------------------------------------------------ tools
+
+    async def exec(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | str | None = None,
+        timeout: float | None = None,
+    ) -> ExecResult:
+        """Run a command to completion. A string runs through bash; a list is an argv. A non-zero exit is a result,
+        not an error. Raises ``ToolTimeout`` (partial output attached) past ``timeout`` seconds."""
+        _check_timeout(timeout, "exec")
+        req = P.Exec(
+            **_argv_or_command(cmd, "exec"),  # type: ignore[arg-type]
+            cwd=cwd,
+            env={**self.env, **(env or {})} or None,
+            stdin=stdin.encode() if isinstance(stdin, str) else stdin,
+            timeout=timeout,
+            max_output=self.max_output,
+        )
+        resp = await self._call(req, "exec", timeout)
+        assert isinstance(resp, ExecResult)
+        return resp
+
+    def shell(self, *, cwd: str | None = None, env: Mapping[str, str] | None = None) -> Shell:
+        """A persistent bash session (``async with ws.shell() as sh: await sh.run("cd src")``)."""
+        return Shell(self, cwd=cwd, env={**self.env, **(env or {})})
+
+    async def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
+        resp = await self._call(P.ReadFile(path=path, max_bytes=max_bytes), "read_file")
+        assert isinstance(resp, P.FileData)
+        return resp.data
+
+    async def read_text(self, path: str) -> str:
+        return (await self.read_file(path)).decode("utf-8", "replace")
+
+    async def write_file(
+        self, path: str, data: bytes | str, *, append: bool = False, mode: int | None = None
+    ) -> None:
+        raw = data.encode() if isinstance(data, str) else data
+        await self._call(P.WriteFile(path=path, data=raw, append=append, mode=mode), "write_file")
+
+    async def list_dir(self, path: str = ".") -> list[DirEntry]:
+        resp = await self._call(P.ListDir(path=path), "list_dir")
+        assert isinstance(resp, P.DirListing)
+        return resp.entries
+
+    async def remove(self, path: str, *, recursive: bool = False) -> None:
+        await self._call(P.Remove(path=path, recursive=recursive), "remove")
+
+    async def spawn(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        log_path: str | None = None,
+    ) -> BackgroundProcess:
+        """Start a process that keeps running between calls; output goes to ``log_path`` (in the workspace
+        directory) or is dropped."""
+        req = P.Spawn(
+            **_argv_or_command(cmd, "spawn"),  # type: ignore[arg-type]
+            cwd=cwd,
+            env={**self.env, **(env or {})} or None,
+            log_path=log_path,
+        )
+        resp = await self._call(req, "spawn")
+        assert isinstance(resp, P.Spawned)
+        return BackgroundProcess(self, resp.pid)
+
+    async def ping(self) -> int:
+        """Round-trip to the agent; returns its pid inside the workspace."""
+        resp = await self._call(P.Ping(), "ping")
+        assert isinstance(resp, P.Pong)
+        return resp.pid
+
+    def __repr__(self) -> str:
+        return f"<Workspace {self.id} {self._state} pid={self.pid}>"
+
+
+class BackgroundProcess:
+    """A process started with ``Workspace.spawn``; ``pid`` is its pid inside the workspace."""
+
+    def __init__(self, workspace: Workspace, pid: int) -> None:
+        self.workspace = workspace
+        self.pid = pid
+
+    async def poll(self) -> int | None:
+        """Exit code, or None while it runs."""
+        resp = await self.workspace._call(P.Poll(pid=self.pid), "poll")
+        assert isinstance(resp, P.PollResult)
+        return resp.returncode
+
+    async def signal(self, sig: int) -> None:
+        await self.workspace._call(P.Signal(pid=self.pid, signal=int(sig)), "signal")
+
+    async def kill(self) -> None:
+        await self.signal(signal.SIGKILL)
+
+
+class Shell:
+    """A persistent bash session inside a workspace: cwd, exported and plain shell variables survive between
+    ``run`` calls. A timed-out command is killed with its children; the session itself survives."""
+
+    def __init__(self, workspace: Workspace, *, cwd: str | None, env: Mapping[str, str]) -> None:
+        self.workspace = workspace
+        self._open_args = P.ShellOpen(cwd=cwd, env=dict(env) or None)
+        self._id: int | None = None
+
+    async def __aenter__(self) -> Shell:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def open(self) -> None:
+        resp = await self.workspace._call(self._open_args, "shell")
+        assert isinstance(resp, P.ShellOpened)
+        self._id = resp.shell_id
+
+    async def run(self, command: str, *, timeout: float | None = None) -> ExecResult:
+        if self._id is None:
+            raise InvalidArgument("the shell session is not open", tool="shell")
+        _check_timeout(timeout, "shell")
+        req = P.ShellRun(shell_id=self._id, command=command, timeout=timeout, max_output=self.workspace.max_output)
+        resp = await self.workspace._call(req, "shell", timeout)
+        assert isinstance(resp, ExecResult)
+        return resp
+
+    async def aclose(self) -> None:
+        if self._id is None:
+            return
+        shell_id, self._id = self._id, None
+        if not self.workspace.closed:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+                try:
+                    await self.workspace._call(P.ShellClose(shell_id=shell_id), "shell")
+                except WorkspaceClosed:
+                    pass

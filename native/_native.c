@@ -1,0 +1,124 @@
+/*
+ * bunshin_async._native: the Linux system calls Python 3.11's standard library lacks (no os.unshare, os.setns,
+ * mount API or pivot_root before 3.12), plus the prctl flags the fork fallback needs.  Each function raises
+ * OSError with errno set, like the os module; callers translate it into BunshinError where they call it.
+ */
+#define PY_SSIZE_T_CLEAN
+#define _GNU_SOURCE
+#include <Python.h>
+#include <errno.h>
+#include <sched.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#ifndef PR_SET_MEMORY_MERGE
+#define PR_SET_MEMORY_MERGE 67
+#define PR_GET_MEMORY_MERGE 68
+#endif
+
+static PyObject *native_unshare(PyObject *self, PyObject *args)
+{
+	int flags;
+	if (!PyArg_ParseTuple(args, "i", &flags))
+		return NULL;
+	if (unshare(flags) < 0)
+		return PyErr_SetFromErrno(PyExc_OSError);
+	Py_RETURN_NONE;
+}
+
+static PyObject *native_setns(PyObject *self, PyObject *args)
+{
+	int fd, nstype = 0;
+	if (!PyArg_ParseTuple(args, "i|i", &fd, &nstype))
+		return NULL;
+	if (setns(fd, nstype) < 0)
+		return PyErr_SetFromErrno(PyExc_OSError);
+	Py_RETURN_NONE;
+}
+
+static PyObject *native_mount(PyObject *self, PyObject *args)
+{
+	const char *source, *target, *fstype, *data;
+	unsigned long flags;
+	if (!PyArg_ParseTuple(args, "zszkz", &source, &target, &fstype, &flags, &data))
+		return NULL;
+	int rc;
+	Py_BEGIN_ALLOW_THREADS rc = mount(source, target, fstype, flags, data);
+	Py_END_ALLOW_THREADS if (rc < 0) return PyErr_SetFromErrnoWithFilename(PyExc_OSError, target);
+	Py_RETURN_NONE;
+}
+
+static PyObject *native_umount2(PyObject *self, PyObject *args)
+{
+	const char *target;
+	int flags = 0;
+	if (!PyArg_ParseTuple(args, "s|i", &target, &flags))
+		return NULL;
+	int rc;
+	Py_BEGIN_ALLOW_THREADS rc = umount2(target, flags);
+	Py_END_ALLOW_THREADS if (rc < 0) return PyErr_SetFromErrnoWithFilename(PyExc_OSError, target);
+	Py_RETURN_NONE;
+}
+
+static PyObject *native_pivot_root(PyObject *self, PyObject *args)
+{
+	const char *new_root, *put_old;
+	if (!PyArg_ParseTuple(args, "ss", &new_root, &put_old))
+		return NULL;
+	if (syscall(SYS_pivot_root, new_root, put_old) < 0)
+		return PyErr_SetFromErrno(PyExc_OSError);
+	Py_RETURN_NONE;
+}
+
+static PyObject *native_set_memory_merge(PyObject *self, PyObject *args)
+{
+	int on;
+	if (!PyArg_ParseTuple(args, "p", &on))
+		return NULL;
+	if (prctl(PR_SET_MEMORY_MERGE, on, 0, 0, 0) < 0)
+		return PyErr_SetFromErrno(PyExc_OSError);
+	Py_RETURN_NONE;
+}
+
+static PyObject *native_get_memory_merge(PyObject *self, PyObject *noargs)
+{
+	int rc = prctl(PR_GET_MEMORY_MERGE, 0, 0, 0, 0);
+	if (rc < 0)
+		return PyErr_SetFromErrno(PyExc_OSError);
+	return PyBool_FromLong(rc);
+}
+
+static PyMethodDef methods[] = {
+	{"unshare", native_unshare, METH_VARARGS, "unshare(flags): unshare(2)."},
+	{"setns", native_setns, METH_VARARGS, "setns(fd, nstype=0): setns(2)."},
+	{"mount", native_mount, METH_VARARGS, "mount(source, target, fstype, flags, data): mount(2)."},
+	{"umount2", native_umount2, METH_VARARGS, "umount2(target, flags=0): umount2(2)."},
+	{"pivot_root", native_pivot_root, METH_VARARGS, "pivot_root(new_root, put_old): pivot_root(2)."},
+	{"set_memory_merge", native_set_memory_merge, METH_VARARGS,
+	 "set_memory_merge(on): prctl(PR_SET_MEMORY_MERGE); inherited across fork and exec (Linux 6.4+)."},
+	{"get_memory_merge", native_get_memory_merge, METH_NOARGS, "get_memory_merge() -> bool."},
+	{NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "bunshin_async._native", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__native(void)
+{
+	PyObject *m = PyModule_Create(&module);
+	if (!m)
+		return NULL;
+	PyModule_AddIntConstant(m, "CLONE_NEWNS", CLONE_NEWNS);
+	PyModule_AddIntConstant(m, "CLONE_NEWPID", CLONE_NEWPID);
+	PyModule_AddIntConstant(m, "CLONE_NEWNET", CLONE_NEWNET);
+	PyModule_AddIntConstant(m, "CLONE_NEWIPC", CLONE_NEWIPC);
+	PyModule_AddIntConstant(m, "CLONE_NEWUTS", CLONE_NEWUTS);
+	PyModule_AddIntConstant(m, "CLONE_NEWUSER", CLONE_NEWUSER);
+	PyModule_AddIntConstant(m, "MS_RDONLY", MS_RDONLY);
+	PyModule_AddIntConstant(m, "MS_BIND", MS_BIND);
+	PyModule_AddIntConstant(m, "MS_REC", MS_REC);
+	PyModule_AddIntConstant(m, "MS_PRIVATE", MS_PRIVATE);
+	PyModule_AddIntConstant(m, "MNT_DETACH", MNT_DETACH);
+	return m;
+}

@@ -1,0 +1,363 @@
+/*
+ * bunshin-init: the shim and the pid-1 init of a Bunshin workspace.
+ *
+ * The host runs this binary (the "shim").  It joins the workspace's cgroups, unshares the mount, pid, ipc, uts and
+ * network namespaces and forks the workspace's pid 1, which mounts the overlayfs root and the pseudo filesystems,
+ * pivots into the root, starts the in-workspace agent and reaps orphans until the agent exits.
+ *
+ * Status protocol on stdout (a pipe to the host), one line each:
+ *   "P <host pid of the workspace's pid 1>"   written by the shim right after the fork
+ *   "R"                                       written by pid 1 once the agent listens
+ *   "E <step>: <error>"                       written by either on failure; the process then exits 1
+ * pid 1 then replaces its stdout with /dev/null: CRIU refuses to dump a tree holding a descriptor from the host
+ * ("Can't lookup mount for fd=0 path=/dev/null") and a session from outside its pid namespace, so pid 1 calls
+ * setsid() and keeps no inherited descriptor.
+ *
+ * The host stops a workspace with SIGKILL to its pid 1 (the kernel then kills the whole pid namespace).  If the host
+ * dies, PR_SET_PDEATHSIG chains the kill: host -> shim -> pid 1.
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <net/if.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/sysmacros.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char **environ;
+
+#define MAX_CGROUPS 8
+#define MAX_ENV 64
+
+struct config {
+	const char *lower, *upper, *work, *root, *hostname, *agent_python, *agent_script, *workdir, *self_exe;
+	const char *cgroups[MAX_CGROUPS];
+	int ncgroups;
+	char *env[MAX_ENV + 1];
+	int nenv;
+};
+
+static void fail(const char *step, int err)
+{
+	dprintf(STDOUT_FILENO, "E %s: %s\n", step, strerror(err));
+	_exit(1);
+}
+
+static void failf(const char *fmt, ...)
+{
+	char buf[512];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(buf, sizeof(buf), fmt, ap);
+	va_end(ap);
+	dprintf(STDOUT_FILENO, "E %s\n", buf);
+	_exit(1);
+}
+
+static void join_cgroup(const char *procs)
+{
+	int fd = open(procs, O_WRONLY | O_CLOEXEC);
+	if (fd < 0)
+		fail(procs, errno);
+	if (dprintf(fd, "%d\n", getpid()) < 0)
+		fail(procs, errno);
+	close(fd);
+}
+
+static void mount_or_fail(const char *src, const char *dst, const char *type, unsigned long flags, const char *data)
+{
+	if (mount(src, dst, type, flags, data) < 0) {
+		char step[300];
+		snprintf(step, sizeof(step), "mount %s on %s", type ? type : src, dst);
+		fail(step, errno);
+	}
+}
+
+static void mkdir_p(const char *path, mode_t mode)
+{
+	char buf[4096];
+	snprintf(buf, sizeof(buf), "%s", path);
+	for (char *p = buf + 1; *p; p++) {
+		if (*p == '/') {
+			*p = 0;
+			mkdir(buf, mode);
+			*p = '/';
+		}
+	}
+	if (mkdir(buf, mode) < 0 && errno != EEXIST)
+		fail(path, errno);
+}
+
+static void make_dev(const char *name, mode_t mode, unsigned maj, unsigned min)
+{
+	char path[64];
+	snprintf(path, sizeof(path), "dev/%s", name);
+	if (mknod(path, S_IFCHR | mode, makedev(maj, min)) < 0)
+		fail(path, errno);
+	chmod(path, mode); /* mknod obeys the umask */
+}
+
+/* Everything below runs as pid 1 of the new pid namespace, with the new mount namespace still rooted at the host's. */
+static void setup_root(const struct config *c)
+{
+	char opts[8192];
+
+	/* Nothing we mount may propagate back to the host. */
+	mount_or_fail(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL);
+	/* index=on,nfs_export=on: CRIU dumps inotify/fanotify watches by file handle, which overlayfs only
+	 * provides with both (Documentation/filesystems/overlayfs.rst, "NFS export"). */
+	snprintf(opts, sizeof(opts), "lowerdir=%s,upperdir=%s,workdir=%s,index=on,nfs_export=on", c->lower, c->upper,
+		 c->work);
+	mount_or_fail("overlay", c->root, "overlay", 0, opts);
+	if (chdir(c->root) < 0)
+		fail("chdir root", errno);
+
+	mkdir_p("proc", 0555);
+	mount_or_fail("proc", "proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+	mkdir_p("sys", 0555);
+	mount_or_fail("sysfs", "sys", "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+	mkdir_p("dev", 0755);
+	mount_or_fail("tmpfs", "dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=755,size=64k");
+	make_dev("null", 0666, 1, 3);
+	make_dev("zero", 0666, 1, 5);
+	make_dev("full", 0666, 1, 7);
+	make_dev("random", 0666, 1, 8);
+	make_dev("urandom", 0666, 1, 9);
+	make_dev("tty", 0666, 5, 0);
+	mkdir_p("dev/pts", 0755);
+	/* A private devpts instance: terminals opened inside never reach the host's /dev/pts. */
+	mount_or_fail("devpts", "dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620");
+	if (symlink("pts/ptmx", "dev/ptmx") < 0)
+		fail("dev/ptmx", errno);
+	mkdir_p("dev/shm", 01777);
+	mount_or_fail("tmpfs", "dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777");
+	symlink("/proc/self/fd", "dev/fd");
+	symlink("/proc/self/fd/0", "dev/stdin");
+	symlink("/proc/self/fd/1", "dev/stdout");
+	symlink("/proc/self/fd/2", "dev/stderr");
+
+	/* pivot_root(".", ".") stacks the old root under the new one; detaching it leaves no host path reachable
+	 * (pivot_root(2), NOTES). */
+	if (syscall(SYS_pivot_root, ".", ".") < 0)
+		fail("pivot_root", errno);
+	if (umount2(".", MNT_DETACH) < 0)
+		fail("detach old root", errno);
+	if (chdir("/") < 0)
+		fail("chdir /", errno);
+	mkdir_p(c->workdir, 0755);
+}
+
+static void setup_net(const char *hostname)
+{
+	if (sethostname(hostname, strlen(hostname)) < 0)
+		fail("sethostname", errno);
+	int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	if (s < 0)
+		fail("socket", errno);
+	struct ifreq ifr = {0};
+	strcpy(ifr.ifr_name, "lo");
+	if (ioctl(s, SIOCGIFFLAGS, &ifr) < 0)
+		fail("SIOCGIFFLAGS lo", errno);
+	ifr.ifr_flags |= IFF_UP | IFF_RUNNING;
+	if (ioctl(s, SIOCSIFFLAGS, &ifr) < 0)
+		fail("SIOCSIFFLAGS lo", errno);
+	close(s);
+}
+
+/* Close every descriptor but keep: the status pipe stays on 1 until the agent is ready. */
+static void close_inherited(int keep)
+{
+	DIR *d = opendir("/proc/self/fd");
+	if (!d)
+		fail("opendir /proc/self/fd", errno);
+	int dfd = dirfd(d);
+	struct dirent *e;
+	while ((e = readdir(d))) {
+		int fd = atoi(e->d_name);
+		if (e->d_name[0] == '.' || fd == dfd || fd == keep)
+			continue;
+		close(fd);
+	}
+	closedir(d);
+	int null = open("/dev/null", O_RDWR);
+	if (null < 0)
+		fail("open /dev/null", errno);
+	for (int fd = 0; fd <= 2; fd++)
+		if (fd != keep)
+			dup2(null, fd);
+	if (null > 2)
+		close(null);
+}
+
+/* pid 1 before its re-exec: build the root, then become the workspace's own copy of this binary, so that pid 1's
+ * executable (and every other mapping in the tree) lies inside the workspace, as CRIU requires. */
+static void setup_pid1(const struct config *c)
+{
+	prctl(PR_SET_PDEATHSIG, SIGKILL);
+	setup_root(c);
+	setup_net(c->hostname);
+	if (setsid() < 0)
+		fail("setsid", errno);
+	close_inherited(STDOUT_FILENO);
+	/* pid 1 dies only when the workspace does: keep the OOM killer on the workspace's own processes. */
+	int oom = open("/proc/self/oom_score_adj", O_WRONLY);
+	if (oom >= 0) {
+		dprintf(oom, "-1000\n");
+		close(oom);
+	}
+	char *argv[] = {"bunshin-init", "--pid1", (char *)c->agent_python, (char *)c->agent_script, NULL};
+	execve(c->self_exe, argv, (char **)c->env);
+	fail(c->self_exe, errno);
+}
+
+/* pid 1 after the re-exec: start the agent, report readiness, reap orphans until the agent exits. */
+static int run_pid1(const struct config *c)
+{
+	int ready[2];
+	if (pipe2(ready, O_CLOEXEC) < 0)
+		fail("pipe", errno);
+	pid_t agent = fork();
+	if (agent < 0)
+		fail("fork agent", errno);
+	if (agent == 0) {
+		dup2(ready[1], 3); /* dup2 clears O_CLOEXEC on the copy */
+		int null = open("/dev/null", O_RDWR);
+		dup2(null, STDOUT_FILENO);
+		if (null > 3)
+			close(null);
+		char *argv[] = {(char *)c->agent_python, "-I", "-S", (char *)c->agent_script, NULL};
+		execve(c->agent_python, argv, (char **)c->env);
+		dprintf(3, "E exec %s: %s\n", c->agent_python, strerror(errno));
+		_exit(127);
+	}
+	close(ready[1]);
+	char buf[256];
+	ssize_t n = read(ready[0], buf, sizeof(buf) - 1);
+	close(ready[0]);
+	if (n <= 0)
+		failf("agent exited before it was ready");
+	buf[n] = 0;
+	if (buf[0] != 'R') {
+		dprintf(STDOUT_FILENO, "%s", buf);
+		_exit(1);
+	}
+	dprintf(STDOUT_FILENO, "R\n");
+	int null = open("/dev/null", O_WRONLY);
+	dup2(null, STDOUT_FILENO);
+	close(null);
+
+	/* Reap everything; the workspace lives as long as its agent. */
+	for (;;) {
+		int status;
+		pid_t pid = wait(&status);
+		if (pid < 0 && errno == EINTR)
+			continue;
+		if (pid < 0 || pid == agent)
+			return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+	}
+}
+
+static pid_t child_pid;
+
+static void forward_kill(int sig)
+{
+	(void)sig;
+	if (child_pid > 0)
+		kill(child_pid, SIGKILL);
+}
+
+static void usage(void)
+{
+	failf("usage: bunshin-init --lower DIRS --upper DIR --work DIR --root DIR --hostname NAME "
+	      "--python PATH --agent PATH --workdir PATH --self PATH [--cgroup PROCS_FILE]... [--env K=V]...");
+}
+
+int main(int argc, char **argv)
+{
+	struct config c = {0};
+	pid_t parent = getppid();
+
+	if (argc == 4 && !strcmp(argv[1], "--pid1")) {
+		c.agent_python = argv[2];
+		c.agent_script = argv[3];
+		for (char **e = environ; *e && c.nenv < MAX_ENV; e++)
+			c.env[c.nenv++] = *e;
+		return run_pid1(&c);
+	}
+	prctl(PR_SET_PDEATHSIG, SIGKILL);
+	if (getppid() != parent)
+		_exit(1);
+	for (int i = 1; i + 1 < argc; i += 2) {
+		const char *k = argv[i], *v = argv[i + 1];
+		if (!strcmp(k, "--lower"))
+			c.lower = v;
+		else if (!strcmp(k, "--upper"))
+			c.upper = v;
+		else if (!strcmp(k, "--work"))
+			c.work = v;
+		else if (!strcmp(k, "--root"))
+			c.root = v;
+		else if (!strcmp(k, "--hostname"))
+			c.hostname = v;
+		else if (!strcmp(k, "--python"))
+			c.agent_python = v;
+		else if (!strcmp(k, "--agent"))
+			c.agent_script = v;
+		else if (!strcmp(k, "--workdir"))
+			c.workdir = v;
+		else if (!strcmp(k, "--self"))
+			c.self_exe = v;
+		else if (!strcmp(k, "--cgroup") && c.ncgroups < MAX_CGROUPS)
+			c.cgroups[c.ncgroups++] = v;
+		else if (!strcmp(k, "--env") && c.nenv < MAX_ENV)
+			c.env[c.nenv++] = (char *)v;
+		else
+			usage();
+	}
+	if (!c.lower || !c.upper || !c.work || !c.root || !c.hostname || !c.agent_python || !c.agent_script ||
+	    !c.workdir || !c.self_exe)
+		usage();
+
+	for (int i = 0; i < c.ncgroups; i++)
+		join_cgroup(c.cgroups[i]);
+	if (unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET) < 0)
+		fail("unshare", errno);
+
+	child_pid = fork();
+	if (child_pid < 0)
+		fail("fork", errno);
+	if (child_pid == 0)
+		setup_pid1(&c);
+
+	struct sigaction sa = {.sa_handler = forward_kill};
+	sigaction(SIGTERM, &sa, NULL);
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGHUP, &sa, NULL);
+	dprintf(STDOUT_FILENO, "P %d\n", child_pid);
+	int null = open("/dev/null", O_WRONLY);
+	dup2(null, STDOUT_FILENO);
+	close(null);
+	for (;;) {
+		int status;
+		pid_t pid = waitpid(child_pid, &status, 0);
+		if (pid < 0 && errno == EINTR)
+			continue;
+		if (pid < 0)
+			return 1;
+		return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+	}
+}

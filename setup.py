@@ -1,0 +1,27 @@
+"""Builds the C extension and the workspace init binary; everything else is in pyproject.toml."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+
+class BuildWithInit(build_ext):
+    """Also compiles native/init.c into ``bunshin_async/bunshin-init``, next to the extension module."""
+
+    def run(self) -> None:
+        super().run()
+        ext_dir = os.path.dirname(self.get_ext_fullpath("bunshin_async._native"))
+        os.makedirs(ext_dir, exist_ok=True)
+        out = os.path.join(ext_dir, "bunshin-init")
+        cc = os.environ.get("CC", "cc")
+        subprocess.check_call([cc, "-O2", "-Wall", "-Wextra", "-Werror", "-o", out, "native/init.c"])
+
+
+setup(
+    ext_modules=[Extension("bunshin_async._native", ["native/_native.c"], extra_compile_args=["-Wall", "-Werror"])],
+    cmdclass={"build_ext": BuildWithInit},
+)

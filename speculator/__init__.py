@@ -1,0 +1,1 @@
+"""Predictors and speculation policy for Bunshin (built on bunshin_async)."""
