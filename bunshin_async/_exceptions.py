@@ -11,11 +11,18 @@ failure, an httpx error) are translated once, where the foreign system is called
     │   ├── WorkspaceStartError  the workspace could not be created; nothing of it is left behind
     │   ├── AgentError           the in-workspace agent failed or broke the protocol
     │   └── ForkError            a fork, snapshot or restore failed; the parent keeps running
-    └── ToolError                a tool call failed (``tool``)
-        ├── ToolTimeout          the call ran past its timeout; ``stdout``/``stderr`` keep the partial output
-        ├── PathOutsideWorkspace a path escapes the workspace directory (``..`` or a symlink)
-        ├── FileNotFound         a path does not exist in the workspace
-        └── InvalidArgument      an argument is malformed
+    ├── ToolError                a tool call failed (``tool``)
+    │   ├── ToolTimeout          the call ran past its timeout; ``stdout``/``stderr`` keep the partial output
+    │   ├── PathOutsideWorkspace a path escapes the workspace directory (``..`` or a symlink)
+    │   ├── FileNotFound         a path does not exist in the workspace
+    │   └── InvalidArgument      an argument is malformed
+    ├── LLMError                 talking to a model endpoint failed
+    │   ├── LLMConnectionError   the endpoint could not be reached (after retries)
+    │   ├── LLMHTTPError         the endpoint answered an error status (``status``)
+    │   ├── LLMStreamError       a stream was cut or malformed mid-message
+    │   └── ToolCallError        the model's tool call is unusable: bad JSON, unknown tool (``tool_name``)
+    └── CacheError               the tool prefix cache failed
+        └── StoreUnavailable     a cache store (Redis, disk) cannot be used (``store``)
 
 Errors carry structured fields, not just a message, and pickle cleanly because rollouts cross process
 boundaries (psutil's ``__reduce__`` pattern: the constructor's keyword arguments are kept in ``_kwargs``).
@@ -28,12 +35,19 @@ from typing import Any
 __all__ = [
     "AgentError",
     "BunshinError",
+    "CacheError",
     "CapabilityMissing",
     "FileNotFound",
     "ForkError",
     "ImageError",
     "InvalidArgument",
+    "LLMConnectionError",
+    "LLMError",
+    "LLMHTTPError",
+    "LLMStreamError",
     "PathOutsideWorkspace",
+    "StoreUnavailable",
+    "ToolCallError",
     "ToolError",
     "ToolTimeout",
     "WorkspaceClosed",
@@ -149,3 +163,49 @@ class FileNotFound(ToolError):
 
 class InvalidArgument(ToolError):
     """An argument of a tool call is malformed."""
+
+
+class LLMError(BunshinError):
+    """Talking to a model endpoint failed."""
+
+
+class LLMConnectionError(LLMError):
+    """The endpoint could not be reached, after the configured retries."""
+
+
+class LLMHTTPError(LLMError):
+    """The endpoint answered with an error ``status`` (after retries for 429 and 5xx); ``body`` is its text."""
+
+    status: int
+    body: str
+
+    def __init__(self, message: str, *, status: int, body: str = "") -> None:
+        super().__init__(message, status=status, body=body)
+
+
+class LLMStreamError(LLMError):
+    """A stream was cut or malformed before the message finished."""
+
+
+class ToolCallError(LLMError):
+    """A tool call from the model cannot be used: arguments that are not valid JSON or do not fit the schema, or
+    a tool that does not exist (``tool_name``; ``index`` is the call's position in the message)."""
+
+    tool_name: str
+    index: int
+
+    def __init__(self, message: str, *, tool_name: str, index: int = 0) -> None:
+        super().__init__(message, tool_name=tool_name, index=index)
+
+
+class CacheError(BunshinError):
+    """The tool prefix cache failed."""
+
+
+class StoreUnavailable(CacheError):
+    """A cache store cannot be used (``store`` names it); the cache degrades to its local stores."""
+
+    store: str
+
+    def __init__(self, message: str, *, store: str) -> None:
+        super().__init__(message, store=store)

@@ -169,8 +169,8 @@ def _scrub(rootfs: Path) -> None:
 
 AGENT_LAUNCHER = """import sys
 sys.path.insert(0, "/opt/bunshin/lib")
-import bunshin_agent
-bunshin_agent.main()
+import bunshin_guest
+bunshin_guest.main()
 """
 
 
@@ -186,7 +186,7 @@ def agent_layer() -> Path:
 
     init = _paths.init_binary()
     sources = {
-        "lib/bunshin_agent.py": _paths.PACKAGE_DIR / "_agent.py",
+        "lib/bunshin_guest.py": _paths.PACKAGE_DIR / "_guest.py",
         "lib/_protocol.py": _paths.PACKAGE_DIR / "_protocol.py",
         "bunshin-init": init,
     }

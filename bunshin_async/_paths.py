@@ -17,8 +17,10 @@ def images_dir() -> Path:
 
 
 def workspaces_dir() -> Path:
-    """Per-workspace upper, work and root dirs live here; a clean host has this dir empty."""
-    return home() / "ws"
+    """Per-workspace upper, work and root dirs live here (``BUNSHIN_RUNDIR`` moves them); a clean host has this
+    directory empty."""
+    run = os.environ.get("BUNSHIN_RUNDIR")
+    return Path(run) if run else home() / "ws"
 
 
 def agent_layers_dir() -> Path:

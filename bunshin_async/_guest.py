@@ -22,7 +22,7 @@ from typing import Any
 
 if __package__:
     from . import _protocol as P
-else:  # inside the workspace, as lib/bunshin_agent.py beside msgspec and _protocol
+else:  # inside the workspace, as lib/bunshin_guest.py beside msgspec and _protocol
     import _protocol as P  # type: ignore[no-redef]
 
 SOCKET_PATH = "/run/bunshin/agent.sock"
