@@ -14,7 +14,6 @@ def main(argv: list[str] | None = None) -> int:
     img.add_argument("action", choices=["build"])
     img.add_argument("--force", action="store_true")
     sub.add_parser("demo", help="create a workspace, run tools in it and print what happened")
-    sub.add_parser("gc", help="remove workspaces left behind by a process that died")
     args = parser.parse_args(argv)
 
     if args.cmd == "doctor":
@@ -35,12 +34,6 @@ def main(argv: list[str] | None = None) -> int:
         from ._demo import demo
 
         anyio.run(demo)
-        return 0
-    if args.cmd == "gc":
-        from ._gc import collect
-
-        for line in collect():
-            print(line)
         return 0
     return 2
 

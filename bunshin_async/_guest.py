@@ -9,6 +9,7 @@ sandbox).
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import selectors
@@ -69,7 +70,7 @@ def resolve(path: str) -> str:
 def _os_fail(exc: OSError, path: str) -> Fail:
     if isinstance(exc, FileNotFoundError):
         return Fail("not_found", f"no such file or directory: {path!r}", path=path)
-    if isinstance(exc, (IsADirectoryError, NotADirectoryError)):
+    if isinstance(exc, (IsADirectoryError, NotADirectoryError, FileExistsError)) or exc.errno == errno.ENOTEMPTY:
         return Fail("invalid", f"{exc.strerror}: {path!r}", path=path)
     return Fail("os", f"{exc.strerror or exc}: {path!r}", path=path)
 
@@ -128,40 +129,33 @@ class Proc:
         return self.returncode
 
 
+EXEC_HELPER = "/opt/bunshin/bunshin-init"
+
+
+def _which(name: str, path: str, cwd: str) -> str:
+    """The file ``name`` runs, found as execvp would (relative names against ``cwd``)."""
+    candidates = [os.path.join(cwd, name)] if "/" in name else [os.path.join(d or cwd, name) for d in path.split(":")]
+    for c in candidates:
+        if os.path.isfile(c):
+            if not os.access(c, os.X_OK):
+                raise Fail("invalid", f"cannot execute {name!r}: permission denied", path=name)
+            return os.path.normpath(c)
+    raise Fail("not_found", f"command not found: {name!r}", path=name)
+
+
 def spawn(argv: list[str], cwd: str, env: dict[str, str], stdin: int, stdout: int, stderr: int) -> Proc:
-    """fork+exec ``argv`` in a new session with the given descriptors on 0, 1 and 2 and nothing else open.
-    Exec errors come back through a close-on-exec pipe, as in ``subprocess``."""
-    err_r, err_w = os.pipe2(os.O_CLOEXEC)
-    pid = os.fork()
-    if pid == 0:  # child: only async-signal-safe-ish work until exec
-        try:
-            os.setsid()
-            for target, fd in ((0, stdin), (1, stdout), (2, stderr)):
-                os.dup2(fd, target)
-            os.closerange(3, err_w)
-            os.closerange(err_w + 1, 1 << 16)
-            os.chdir(cwd)
-            signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-            os.execvpe(argv[0], argv, env)
-        except OSError as exc:
-            os.write(err_w, f"{exc.errno}".encode())
-        finally:
-            os._exit(127)
-    os.close(err_w)
+    """posix_spawn (vfork: no copy-on-write faults from a child running Python) ``argv`` in a new session with
+    the given descriptors on 0, 1 and 2. Every other descriptor of the agent is close-on-exec (PEP 446). A cwd
+    other than the agent's own goes through the exec helper, which chdir()s and execs."""
+    cwd = os.path.realpath(os.path.join(WORKDIR, cwd))
+    exe = _which(argv[0], env.get("PATH", BASE_ENV["PATH"]), cwd)
+    if cwd != os.getcwd():
+        argv, exe = [EXEC_HELPER, "--exec", cwd, exe, *argv], EXEC_HELPER
+    actions = [(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in ((0, stdin), (1, stdout), (2, stderr))]
     try:
-        err = os.read(err_r, 64)
-    finally:
-        os.close(err_r)
-    if err:
-        os.waitpid(pid, 0)
-        code = int(err)
-        if code == 2:
-            raise Fail("not_found", f"command not found: {argv[0]!r}", path=argv[0])
-        if code in (13, 8):
-            raise Fail("invalid", f"cannot execute {argv[0]!r}: {os.strerror(code)}", path=argv[0])
-        if code == 20:
-            raise Fail("not_found", f"working directory {cwd!r} is not a directory", path=cwd)
-        raise Fail("os", f"cannot run {argv[0]!r}: {os.strerror(code)}", path=argv[0])
+        pid = os.posix_spawn(exe, argv, env, file_actions=actions, setsid=True, setsigdef=(signal.SIGPIPE,))
+    except OSError as exc:
+        raise Fail("os", f"cannot run {argv[0]!r}: {exc.strerror}", path=argv[0]) from None
     return Proc(pid)
 
 
@@ -702,6 +696,7 @@ def main() -> None:
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     os.makedirs(os.path.dirname(SOCKET_PATH), mode=0o700, exist_ok=True)
     os.makedirs(WORKDIR, exist_ok=True)
+    os.chdir(WORKDIR)  # commands run here without the exec helper
     try:
         os.unlink(SOCKET_PATH)
     except FileNotFoundError:

@@ -17,7 +17,11 @@ from ._exceptions import CapabilityMissing
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 V1_CONTROLLERS = ("memory", "pids", "cpu", "freezer")
-PARENT = "bunshin"
+
+
+def parent_name() -> str:
+    """The cgroup directory all workspaces live under (``BUNSHIN_CGROUP_PARENT`` moves it, e.g. per test run)."""
+    return os.environ.get("BUNSHIN_CGROUP_PARENT", "bunshin")
 
 
 class Limits(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -118,8 +122,8 @@ class Cgroup:
                 base = CGROUP_ROOT / ctrl
                 if not (base / "cgroup.procs").exists():
                     continue
-                (base / PARENT).mkdir(exist_ok=True)
-                d = base / PARENT / name
+                (base / parent_name()).mkdir(exist_ok=True)
+                d = base / parent_name() / name
                 d.mkdir()
                 dirs.append(d)
                 if ctrl == "memory" and limits.memory is not None:
@@ -136,7 +140,7 @@ class Cgroup:
 
     @classmethod
     def _create_v2(cls, name: str, limits: Limits) -> Cgroup:
-        parent = CGROUP_ROOT / PARENT
+        parent = CGROUP_ROOT / parent_name()
         parent.mkdir(exist_ok=True)
         wanted = {"memory", "pids", "cpu"} & set((CGROUP_ROOT / "cgroup.controllers").read_text().split())
         for d in (CGROUP_ROOT, parent):

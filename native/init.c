@@ -291,6 +291,17 @@ int main(int argc, char **argv)
 	struct config c = {0};
 	pid_t parent = getppid();
 
+	/* The agent's exec helper: posix_spawn has no chdir action before glibc 2.29's _np one, which Python 3.11
+	 * does not expose, so commands with a cwd other than the agent's go through here (one cheap execve). */
+	if (argc >= 5 && !strcmp(argv[1], "--exec")) { /* --exec CWD PATH ARGV0 [ARG]... */
+		if (chdir(argv[2]) < 0) {
+			dprintf(STDERR_FILENO, "bunshin: cannot enter %s: %s\n", argv[2], strerror(errno));
+			_exit(127);
+		}
+		execv(argv[3], argv + 4);
+		dprintf(STDERR_FILENO, "bunshin: cannot execute %s: %s\n", argv[3], strerror(errno));
+		_exit(127);
+	}
 	if (argc == 4 && !strcmp(argv[1], "--pid1")) {
 		c.agent_python = argv[2];
 		c.agent_script = argv[3];

@@ -1,0 +1,244 @@
+"""The CRIU interface: one ``criu swrk`` process per dump or restore, driven over its RPC socket from async code.
+
+``criu swrk <fd>`` serves ``criu_req``/``criu_resp`` protobuf messages (images/rpc.proto) on a ``SOCK_SEQPACKET``
+socket it inherits, one message per packet. While it works it may send ``NOTIFY`` messages (the RPC form of
+``--action-script``); it waits for our ``NOTIFY`` answer, and a failed answer aborts the dump or restore. The
+``post-dump`` notification comes while the tree is still frozen, which is where the caller copies the workspace's
+files, so that files and memory are one consistent moment.
+
+CRIU resolves ``images_dir_fd`` and ``work_dir_fd`` as ``/proc/<peer>/fd/<n>`` of the process on the other end of the
+socket (cr-service.c, ``setup_opts_from_req``), that is, in this process: the descriptors stay open here and are not
+passed down. A cancelled call kills CRIU (SIGKILL) and reaps it; CRIU's own rollback on a killed dump is the
+kernel's: ptrace and the freezer let go of the tree when CRIU dies, so the dumpee keeps running.
+"""
+
+from __future__ import annotations
+
+import array
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import anyio
+from anyio.abc import Process
+
+from . import _paths
+from ._exceptions import CapabilityMissing, ForkError
+
+__all__ = ["CriuBackend", "NotifyHandler", "SwrkCriu", "rpc"]
+
+_pycriu_dir = _paths.PACKAGE_DIR.parent / "criu" / "dist" / "python"
+if _pycriu_dir.is_dir() and str(_pycriu_dir) not in sys.path:
+    sys.path.append(str(_pycriu_dir))
+try:
+    from pycriu import rpc_pb2 as rpc
+except ImportError:  # pragma: no cover - depends on the build
+    rpc = None
+
+NotifyHandler = Callable[[str, int], Awaitable[None]]
+"""Called with the notification's name (``post-dump``, ``setup-namespaces``, ...) and its pid (0 when none); raising
+fails the CRIU call."""
+
+MAX_MSG = 1 << 20
+LOG_TAIL = 4000
+# Options rpc.proto lacks go through a config file (``criu_opts.config_file``); none are needed today.
+
+
+def _require_rpc() -> Any:
+    if rpc is None:
+        raise CapabilityMissing(
+            "pycriu is not importable", capability="criu", remedy="build CRIU with `criu/build.sh`"
+        )
+    return rpc
+
+
+def _criu() -> Path:
+    path = _paths.criu_binary()
+    if path is None or not path.exists():
+        raise CapabilityMissing("criu 4.2.1 not found", capability="criu", remedy="run `criu/build.sh`")
+    return path
+
+
+def log_tail(path: Path, limit: int = LOG_TAIL) -> str:
+    """The last ``limit`` characters of a CRIU log, without the harmless RLIMIT_NOFILE noise (no CAP_SYS_RESOURCE)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 4 * limit))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    lines = [ln for ln in text.splitlines() if "RLIMIT_NOFILE" not in ln]
+    return "\n".join(lines)[-limit:]
+
+
+class CriuBackend(Protocol):
+    """Runs one CRIU request to its end. ``wrapper`` is a command prefix that ends by exec'ing its last argument
+    list (for a restore: join the cgroup and mount the root in a private mount namespace, then ``exec criu``)."""
+
+    async def call(
+        self,
+        req: Any,
+        *,
+        work_dir: Path,
+        log_name: str,
+        workspace_id: str,
+        notify: NotifyHandler | None = None,
+        wrapper: Sequence[str] = (),
+        timeout: float = 120.0,
+    ) -> Any: ...
+
+
+class SwrkCriu:
+    """The real backend: ``criu swrk`` over a socketpair. ``on_spawn`` (fault injection, benchmarks) is called
+    with CRIU's pid once it runs."""
+
+    def __init__(self, on_spawn: Callable[[int], Awaitable[None]] | None = None) -> None:
+        self.on_spawn = on_spawn
+
+    async def call(
+        self,
+        req: Any,
+        *,
+        work_dir: Path,
+        log_name: str,
+        workspace_id: str,
+        notify: NotifyHandler | None = None,
+        wrapper: Sequence[str] = (),
+        timeout: float = 120.0,
+    ) -> Any:
+        pb = _require_rpc()
+        if "/" in log_name:
+            raise ValueError("CRIU's log_file is a plain name inside work_dir")
+        criu = _criu()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        work_fd = os.open(work_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        proc: Process | None = None
+        done = False
+        what = pb.criu_req_type.Name(req.type).lower()
+        try:
+            req.opts.work_dir_fd = work_fd
+            req.opts.log_file = log_name
+            ours.setblocking(False)
+            argv = [*wrapper, str(criu), "swrk", str(theirs.fileno())]
+            try:
+                proc = await anyio.open_process(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                    pass_fds=(theirs.fileno(),),
+                )
+            finally:
+                theirs.close()
+            if self.on_spawn is not None:
+                await self.on_spawn(proc.pid)
+            with anyio.fail_after(timeout):
+                resp = await self._converse(ours, req, notify, pb)
+            if not resp.success:
+                raise self._error(
+                    f"criu {what} failed", work_dir / log_name, workspace_id, resp.cr_errno, resp.cr_errmsg
+                )
+            done = True
+            return resp
+        except TimeoutError as exc:
+            raise self._error(f"criu {what} timed out after {timeout} s", work_dir / log_name, workspace_id) from exc
+        except (OSError, anyio.EndOfStream) as exc:
+            stderr = b""
+            if proc is not None and proc.stderr is not None:
+                with anyio.move_on_after(1, shield=True):
+                    try:
+                        stderr = await proc.stderr.receive(4096)
+                    except (anyio.EndOfStream, anyio.ClosedResourceError, OSError):
+                        pass
+            err = self._error(
+                f"criu {what} died ({exc!r}) {stderr.decode(errors='replace').strip()}",
+                work_dir / log_name,
+                workspace_id,
+            )
+            raise err from exc
+        finally:
+            ours.close()
+            os.close(work_fd)
+            if proc is not None:
+                with anyio.CancelScope(shield=True):
+                    await _reap(proc, kill=not done)
+
+    async def _converse(self, sk: socket.socket, req: Any, notify: NotifyHandler | None, pb: Any) -> Any:
+        await _send(sk, req.SerializeToString())
+        while True:
+            data = await _recv(sk)
+            resp = pb.criu_resp()
+            resp.ParseFromString(data)
+            if resp.type != pb.NOTIFY:
+                return resp
+            ok = True
+            if notify is not None:
+                try:
+                    await notify(resp.notify.script, resp.notify.pid)
+                except Exception:
+                    ok = False
+                    answer = pb.criu_req(type=pb.NOTIFY, notify_success=False)
+                    await _send(sk, answer.SerializeToString())
+                    raise
+            await _send(sk, pb.criu_req(type=pb.NOTIFY, notify_success=ok).SerializeToString())
+
+    @staticmethod
+    def _error(
+        message: str, log: Path, workspace_id: str, cr_errno: int = 0, cr_errmsg: str = ""
+    ) -> ForkError:
+        tail = log_tail(log)
+        detail = f"{message}" + (f" (errno {cr_errno}: {cr_errmsg or os.strerror(cr_errno)})" if cr_errno else "")
+        return ForkError(
+            f"{detail}; CRIU log {log}:\n{tail}" if tail else detail,
+            workspace_id=workspace_id,
+            cr_errno=cr_errno,
+            log_tail=tail,
+        )
+
+
+async def _send(sk: socket.socket, data: bytes) -> None:
+    while True:
+        try:
+            sk.send(data)
+            return
+        except BlockingIOError:
+            await anyio.wait_writable(sk)
+
+
+async def _recv(sk: socket.socket) -> bytes:
+    """One packet; descriptors CRIU attaches (orphan-pts-master) are closed: we never ask for them."""
+    fds = array.array("i")
+    while True:
+        try:
+            data, anc, _flags, _addr = sk.recvmsg(MAX_MSG, socket.CMSG_SPACE(4 * fds.itemsize))
+            break
+        except BlockingIOError:
+            await anyio.wait_readable(sk)
+    for level, kind, payload in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+    for fd in fds:
+        os.close(fd)
+    if not data:
+        raise anyio.EndOfStream
+    return data
+
+
+async def _reap(proc: Process, kill: bool) -> None:
+    """CRIU exits by itself once its socket closes; a failed, cancelled or stuck one is killed."""
+    if not kill:
+        with anyio.move_on_after(5):
+            await proc.wait()
+    if proc.returncode is None:
+        try:
+            proc.send_signal(signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        await proc.wait()
+    await proc.aclose()

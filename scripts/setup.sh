@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Everything Bunshin needs on a fresh Debian 12 machine, idempotently (seconds when already done):
+# system packages, CRIU 4.2.1 (criu/build.sh), the virtual environment with pinned dependencies, the native
+# extension and workspace init, and the cached base image.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ROOT=$PWD
+log() { echo "==> $*"; }
+
+[[ $(id -u) -eq 0 ]] || { echo "setup.sh: must run as root (namespaces, mounts, cgroups, CRIU)" >&2; exit 1; }
+PYTHON=${PYTHON:-python3}
+"$PYTHON" -c 'import sys; assert sys.version_info[:2] == (3, 11), sys.version' 2>/dev/null || {
+    echo "setup.sh: need Python 3.11 (the workspace agent shares its ABI with the base image's python3.11); set PYTHON=" >&2
+    exit 1
+}
+
+# System packages: only the missing ones, apt-get update only when something is missing.
+PACKAGES=(gcc make libc6-dev debootstrap redis-server ca-certificates)
+missing=()
+for p in "${PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+    log "installing ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+# Debian starts redis-server on install; tests start their own on other ports.
+
+log "CRIU"
+criu/build.sh
+
+# The virtual environment, re-synced only when requirements.lock changes.
+if [[ ! -x .venv/bin/python ]]; then
+    log "creating .venv"
+    "$PYTHON" -m venv .venv
+fi
+lock_sum=$(sha256sum requirements.lock | cut -d' ' -f1)
+if [[ "$(cat .venv/.lock-sum 2>/dev/null)" != "$lock_sum" ]]; then
+    log "installing pinned dependencies"
+    .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements.lock
+    echo "$lock_sum" > .venv/.lock-sum
+fi
+# pycriu comes from the CRIU tree it was built with.
+site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+echo "$ROOT/criu/dist/python" > "$site/bunshin-pycriu.pth"
+
+# The package itself (editable) with its extension and init binary, rebuilt when native code changes.
+native_sum=$(cat native/*.c setup.py pyproject.toml | sha256sum | cut -d' ' -f1)
+if [[ "$(cat .venv/.native-sum 2>/dev/null)" != "$native_sum" || ! -x bunshin_async/bunshin-init ]] \
+    || ! .venv/bin/python -c 'import bunshin_async._native' 2>/dev/null; then
+    log "building bunshin (native extension, workspace init)"
+    .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+    echo "$native_sum" > .venv/.native-sum
+fi
+
+log "base image"
+.venv/bin/bunshin image build
+log "ready"

@@ -1,0 +1,44 @@
+"""What a test run may have left behind: processes, mounts, cgroups and directories of its workspaces."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import anyio
+
+from bunshin_async import _paths
+from bunshin_async._kernel import CGROUP_ROOT, parent_name
+
+
+def _scan() -> list[str]:
+    rundir = str(_paths.workspaces_dir())
+    found: list[str] = []
+    base = Path(rundir)
+    if base.exists():
+        found += [f"dir {p}" for p in base.iterdir()]
+    for ctrl_dir in [CGROUP_ROOT, *CGROUP_ROOT.iterdir()] if CGROUP_ROOT.exists() else []:
+        parent = ctrl_dir / parent_name()
+        if parent.is_dir():
+            found += [f"cgroup {p}" for p in parent.iterdir() if p.is_dir()]
+    with open("/proc/self/mountinfo") as f:
+        found += [f"mount {line.split()[4]}" for line in f if rundir in line]
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if rundir.encode() in cmdline:
+            args = cmdline.replace(b"\0", b" ")[:120]
+            found.append(f"process {pid} {args!r}")
+    return found
+
+
+async def leftovers(grace: float = 3.0) -> list[str]:
+    """Leftovers still there after ``grace`` seconds (processes take a moment to be reaped)."""
+    with anyio.move_on_after(grace):
+        while _scan():
+            await anyio.sleep(0.02)
+    return _scan()

@@ -1,0 +1,39 @@
+"""Session-wide set-up: every test run gets its own workspace dir and cgroup parent, so leak checks see only the
+workspaces this run made (other runs may share the machine)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+_RUNDIR = tempfile.mkdtemp(prefix="bunshin-test-")
+os.environ["BUNSHIN_RUNDIR"] = _RUNDIR
+os.environ["BUNSHIN_CGROUP_PARENT"] = f"bunshin-test-{os.getpid()}"
+
+import pytest  # noqa: E402
+
+from tests._leaks import leftovers  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+async def no_leaks(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    """After every test: no workspace process, mount, cgroup or directory of this run is left."""
+    yield
+    if request.node.get_closest_marker("leaks_ok"):
+        return
+    left = await leftovers()
+    assert not left, f"left behind: {left}"
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    from bunshin_async._kernel import CGROUP_ROOT, parent_name
+
+    for ctrl_dir in [CGROUP_ROOT, *CGROUP_ROOT.iterdir()]:
+        parent = ctrl_dir / parent_name()
+        if parent.is_dir():
+            try:
+                parent.rmdir()
+            except OSError:
+                pass
+    shutil.rmtree(_RUNDIR, ignore_errors=True)

@@ -1,0 +1,112 @@
+"""Creation and teardown: nothing of a workspace survives it, however it ends (the autouse leak check in
+conftest asserts that after every test)."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import anyio
+import pytest
+
+from bunshin_async import Image, ImageError, Workspace, WorkspaceClosed, WorkspaceStartError
+
+
+async def test_closes_after_an_exception_inside() -> None:
+    with pytest.raises(RuntimeError):
+        async with Workspace() as ws:
+            await ws.spawn("sleep 1000")
+            raise RuntimeError("boom")
+    assert ws.closed
+
+
+async def test_cancelled_during_a_command() -> None:
+    with anyio.move_on_after(0.5) as scope:
+        async with Workspace() as ws:
+            await ws.exec("sleep 1000")
+    assert scope.cancelled_caught and ws.closed
+
+
+async def test_cancelled_exec_kills_the_command_but_keeps_the_workspace() -> None:
+    async with Workspace() as ws:
+        with anyio.move_on_after(0.5):
+            await ws.exec("sleep 1000")
+        for _ in range(100):
+            if "sleep" not in (await ws.exec("ps -eo comm")).stdout:
+                break
+            await anyio.sleep(0.02)
+        assert "sleep" not in (await ws.exec("ps -eo comm")).stdout
+
+
+@pytest.mark.parametrize("after", [0.0, 0.005, 0.02])
+async def test_cancelled_during_start(after: float) -> None:
+    ws = Workspace()
+    with anyio.move_on_after(after):
+        await ws.start()
+        await ws.aclose()
+    await ws.aclose()
+    assert ws.closed
+
+
+async def test_use_after_close_and_double_close() -> None:
+    async with Workspace() as ws:
+        pass
+    await ws.aclose()
+    with pytest.raises(WorkspaceClosed) as info:
+        await ws.exec("true")
+    assert info.value.workspace_id == ws.id
+    with pytest.raises(WorkspaceClosed):
+        await ws.read_file("x")
+    with pytest.raises(WorkspaceClosed):
+        await ws.start()
+
+
+async def test_init_killed_from_outside() -> None:
+    async with Workspace() as ws:
+        assert ws.pid is not None
+        os.kill(ws.pid, signal.SIGKILL)
+        with pytest.raises(WorkspaceClosed):
+            for _ in range(100):
+                await ws.exec("true")
+                await anyio.sleep(0.01)
+
+
+async def test_missing_and_broken_images() -> None:
+    with pytest.raises(ImageError) as info:
+        Image.from_dir("/no/such/rootfs")
+    assert info.value.image == "/no/such/rootfs"
+    empty = Image(name="empty", rootfs="/var/empty-does-not-exist", digest="0")
+    with pytest.raises(WorkspaceStartError):
+        async with Workspace(image=empty):
+            pass
+
+
+async def test_broken_image_without_python(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin/sh").write_text("")
+    with pytest.raises(ImageError, match="python3.11"):
+        Image.from_dir(tmp_path)
+
+
+async def test_32_concurrent_workspaces() -> None:
+    results: dict[int, str] = {}
+
+    async def one(i: int) -> None:
+        async with Workspace() as ws:
+            await ws.write_file("id", str(i))
+            results[i] = (await ws.exec("cat id; echo; hostname")).stdout
+
+    async with anyio.create_task_group() as tg:
+        for i in range(32):
+            tg.start_soon(one, i)
+    assert results == {i: f"{i}\nbunshin\n" for i in range(32)}
+
+
+async def test_workspaces_are_isolated_from_each_other() -> None:
+    async with Workspace() as a, Workspace() as b:
+        await a.write_file("f", "a")
+        with pytest.raises(Exception, match="no such file"):
+            await b.read_file("f")
+        pa = await a.spawn("sleep 1000")
+        assert "sleep" not in (await b.exec("ps -eo comm")).stdout
+        await pa.kill()
