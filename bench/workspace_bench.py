@@ -65,7 +65,11 @@ async def idle_pss(count: int) -> dict[str, float]:
         await anyio.sleep(0.5)
         pids = [pid for ws in workspaces if ws.cgroup for pid in ws.cgroup.pids()]
         total = pss_kib(pids)
-        return {"workspaces": count, "total_pss_mib": round(total / 1024, 2), "per_workspace_mib": round(total / 1024 / count, 2)}
+        return {
+            "workspaces": count,
+            "total_pss_mib": round(total / 1024, 2),
+            "per_workspace_mib": round(total / 1024 / count, 2),
+        }
     finally:
         for ws in workspaces:
             await ws.aclose()

@@ -58,7 +58,8 @@ class AgentClient:
                 with anyio.CancelScope(shield=True):
                     await conn.aclose()
         try:
-            return P.response_decoder.decode(body)
+            resp: P.Response = P.response_decoder.decode(body)
+            return resp
         except Exception as exc:
             raise AgentError(f"undecodable agent response: {exc}", workspace_id=self.workspace_id) from exc
 

@@ -134,12 +134,10 @@ class ToolTimeout(ToolError):
     """The call ran past ``timeout`` seconds and was killed; ``stdout`` and ``stderr`` hold what it printed."""
 
     timeout: float
-    stdout: bytes
-    stderr: bytes
+    stdout: str
+    stderr: str
 
-    def __init__(
-        self, message: str, *, tool: str, timeout: float, stdout: bytes = b"", stderr: bytes = b""
-    ) -> None:
+    def __init__(self, message: str, *, tool: str, timeout: float, stdout: str = "", stderr: str = "") -> None:
         super().__init__(message, tool=tool, timeout=timeout, stdout=stdout, stderr=stderr)
 
 

@@ -2,8 +2,8 @@
 
 It is started by the workspace's pid 1 as ``python3 -I -S agent.py`` with ``lib/`` (msgspec and ``_protocol``) beside
 it, so it imports nothing from the host package. It avoids ``subprocess`` (whose imports cost ~20 ms of start-up and
-a few MiB in every workspace) and spawns with fork+exec itself. One thread serves each connection; the host opens one connection
-per request in flight. File tools are confined to ``BUNSHIN_WORKDIR``; commands are not (the whole workspace is the
+a few MiB in every workspace) and spawns with posix_spawn itself. One thread serves each connection; the host opens
+one connection per request in flight. File tools are confined to ``BUNSHIN_WORKDIR``; commands are not (the whole workspace is the
 sandbox).
 """
 
@@ -24,7 +24,7 @@ from typing import Any
 if __package__:
     from . import _protocol as P
 else:  # inside the workspace, as lib/bunshin_guest.py beside msgspec and _protocol
-    import _protocol as P  # type: ignore[no-redef]
+    import _protocol as P  # type: ignore[import-not-found,no-redef]
 
 SOCKET_PATH = "/run/bunshin/agent.sock"
 WORKDIR = os.environ.get("BUNSHIN_WORKDIR", "/workspace")

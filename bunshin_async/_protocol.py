@@ -17,11 +17,11 @@ class Request(msgspec.Struct, tag_field="op", frozen=True, forbid_unknown_fields
     """Base of every request."""
 
 
-class Ping(Request, tag="ping"):
+class Ping(Request, tag="ping", frozen=True):
     version: int = PROTOCOL_VERSION
 
 
-class Exec(Request, tag="exec"):
+class Exec(Request, tag="exec", frozen=True):
     """Run ``argv`` (or ``command`` through bash) to completion in a new session."""
 
     argv: list[str] | None = None
@@ -33,28 +33,28 @@ class Exec(Request, tag="exec"):
     max_output: int = DEFAULT_MAX_OUTPUT
 
 
-class ShellOpen(Request, tag="shell_open"):
+class ShellOpen(Request, tag="shell_open", frozen=True):
     cwd: str | None = None
     env: dict[str, str] | None = None
 
 
-class ShellRun(Request, tag="shell_run"):
+class ShellRun(Request, tag="shell_run", frozen=True):
     shell_id: int
     command: str
     timeout: float | None = None
     max_output: int = DEFAULT_MAX_OUTPUT
 
 
-class ShellClose(Request, tag="shell_close"):
+class ShellClose(Request, tag="shell_close", frozen=True):
     shell_id: int
 
 
-class ReadFile(Request, tag="read_file"):
+class ReadFile(Request, tag="read_file", frozen=True):
     path: str
     max_bytes: int | None = None
 
 
-class WriteFile(Request, tag="write_file"):
+class WriteFile(Request, tag="write_file", frozen=True):
     path: str
     data: bytes
     append: bool = False
@@ -62,16 +62,16 @@ class WriteFile(Request, tag="write_file"):
     make_parents: bool = True
 
 
-class ListDir(Request, tag="list_dir"):
+class ListDir(Request, tag="list_dir", frozen=True):
     path: str
 
 
-class Remove(Request, tag="remove"):
+class Remove(Request, tag="remove", frozen=True):
     path: str
     recursive: bool = False
 
 
-class Spawn(Request, tag="spawn"):
+class Spawn(Request, tag="spawn", frozen=True):
     """Start a background process that outlives the call; its output goes to ``log_path`` (or /dev/null)."""
 
     argv: list[str] | None = None
@@ -81,12 +81,12 @@ class Spawn(Request, tag="spawn"):
     log_path: str | None = None
 
 
-class Signal(Request, tag="signal"):
+class Signal(Request, tag="signal", frozen=True):
     pid: int
     signal: int
 
 
-class Poll(Request, tag="poll"):
+class Poll(Request, tag="poll", frozen=True):
     """Ask whether a background process still runs; ``returncode`` is None while it does."""
 
     pid: int
@@ -101,16 +101,16 @@ class Response(msgspec.Struct, tag_field="kind", frozen=True):
     """Base of every response."""
 
 
-class Pong(Response, tag="pong"):
+class Pong(Response, tag="pong", frozen=True):
     version: int
     pid: int
 
 
-class Ok(Response, tag="ok"):
+class Ok(Response, tag="ok", frozen=True):
     pass
 
 
-class ExecResult(Response, tag="exec_result"):
+class ExecResult(Response, tag="exec_result", frozen=True):
     """Outcome of a finished command. Output is decoded as UTF-8 with replacement; ``truncated`` says a stream
     went past ``max_output`` bytes, the rest being read and dropped."""
 
@@ -125,7 +125,7 @@ class ExecResult(Response, tag="exec_result"):
         return self.exit_code == 0
 
 
-class FileData(Response, tag="file_data"):
+class FileData(Response, tag="file_data", frozen=True):
     data: bytes
     truncated: bool = False
 
@@ -136,23 +136,23 @@ class DirEntry(msgspec.Struct, frozen=True):
     size: int
 
 
-class DirListing(Response, tag="dir_listing"):
+class DirListing(Response, tag="dir_listing", frozen=True):
     entries: list[DirEntry]
 
 
-class ShellOpened(Response, tag="shell_opened"):
+class ShellOpened(Response, tag="shell_opened", frozen=True):
     shell_id: int
 
 
-class Spawned(Response, tag="spawned"):
+class Spawned(Response, tag="spawned", frozen=True):
     pid: int
 
 
-class PollResult(Response, tag="poll_result"):
+class PollResult(Response, tag="poll_result", frozen=True):
     returncode: int | None
 
 
-class Failure(Response, tag="failure"):
+class Failure(Response, tag="failure", frozen=True):
     """A request failed. ``error`` is one of ERROR_KINDS; the host maps it onto its exception tree."""
 
     error: str

@@ -21,13 +21,14 @@ import anyio
 from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from . import _paths
+from . import _fork, _paths
 from . import _protocol as P
 from ._client import AgentClient
 from ._exceptions import (
     AgentError,
     CapabilityMissing,
     FileNotFound,
+    ForkError,
     InvalidArgument,
     PathOutsideWorkspace,
     ToolError,
@@ -226,6 +227,8 @@ class Workspace:
                     signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+                if self._shim is None:  # restored by CRIU: pid 1 is our own child (rst_sibling), reap it
+                    await _fork.reap_pid1(self._pidfd)
                 os.close(self._pidfd)
                 self._pidfd = None
             if self._shim is not None:
@@ -237,6 +240,61 @@ class Workspace:
                 await self._cgroup.destroy()
             if self._dir.exists():
                 await anyio.to_thread.run_sync(shutil.rmtree, self._dir, True)
+
+    # ------------------------------------------------------------------------------------------------ fork
+
+    fork_mode: str = "fresh"
+    """``"fresh"`` for a workspace started cold, ``"criu"`` for one restored from a CRIU snapshot (fork, rollback)."""
+    restore_ms: float | None = None
+
+    async def snapshot(self) -> _fork.Snapshot:
+        """Checkpoint the live workspace (processes and files) without stopping it. Waits for tool calls in flight
+        to finish and holds new ones for the duration. The caller owns the snapshot (``aclose()`` it)."""
+        return await _fork.snapshot(self)
+
+    @classmethod
+    async def from_snapshot(cls, snap: _fork.Snapshot, n: int = 1) -> list[Workspace]:
+        """``n`` new live workspaces, each a copy of ``snap`` with its own namespaces, cgroup and files. All or
+        nothing: if one copy fails the others are closed and ``ForkError`` raised."""
+        if n < 1:
+            raise ValueError("n must be at least 1")
+        copies = [cls._for_restore(snap) for _ in range(n)]
+        try:
+            async with anyio.create_task_group() as tg:
+                for ws in copies:
+                    tg.start_soon(_fork.restore_into, ws, snap)
+        except BaseException as exc:
+            with anyio.CancelScope(shield=True):
+                for ws in copies:
+                    await ws.aclose()
+            fork_errors = [e for e in getattr(exc, "exceptions", [exc]) if isinstance(e, ForkError)]
+            if fork_errors and isinstance(exc, BaseExceptionGroup):
+                raise fork_errors[0] from exc
+            raise
+        return copies
+
+    async def fork(self, n: int = 1) -> list[Workspace]:
+        """``n`` live copies of this workspace as it is now (see ``snapshot``); this one keeps running. Close each
+        copy with ``aclose()``."""
+        async with await self.snapshot() as snap:
+            return await Workspace.from_snapshot(snap, n)
+
+    async def rollback(self, snap: _fork.Snapshot) -> None:
+        """Replace this workspace's processes and files by the snapshot's; the object keeps its id. If the restore
+        fails the workspace is closed and ``ForkError`` raised."""
+        await _fork.rollback(self, snap)
+
+    @classmethod
+    def _for_restore(cls, snap: _fork.Snapshot) -> Workspace:
+        """A not-yet-started workspace that adopts a restored tree (``_fork.restore_into``)."""
+        return cls(
+            snap.image,
+            limits=snap.limits,
+            workdir=snap.workdir,
+            env=snap.env,
+            hostname=snap.hostname,
+            max_output=snap.max_output,
+        )
 
     def _live_client(self) -> AgentClient:
         if self._state != "running" or self._client is None:
