@@ -74,7 +74,10 @@ class BunshinError(Exception):
 
 
 def _rebuild(cls: type[BunshinError], message: str, fields: dict[str, Any]) -> BunshinError:
-    return cls(message, **fields)
+    # Bypass subclass constructors: some compose their message from fields, which must not happen twice.
+    exc = cls.__new__(cls)
+    BunshinError.__init__(exc, message, **fields)
+    return exc
 
 
 class CapabilityMissing(BunshinError):
