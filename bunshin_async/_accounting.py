@@ -1,0 +1,150 @@
+"""Memory and CPU accounting of a set of workspaces while a run is going.
+
+Total memory is the summed PSS of every process of every tracked workspace (shared pages divided among their
+sharers, so copy-on-write copies are not counted twice) plus the bytes of any tmpfs directories the run keeps
+(snapshots are RAM too). It is sampled every ``interval`` seconds; the peak and the integral over time
+(GiB-seconds: "total memory consumption") are reported.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+import anyio
+import msgspec
+
+if TYPE_CHECKING:
+    from ._workspace import Workspace
+
+__all__ = ["MemoryReport", "MemorySample", "ResourceMonitor", "pss_bytes", "tree_bytes"]
+
+
+class MemorySample(msgspec.Struct, frozen=True, array_like=True):
+    t: float  # seconds since the monitor started
+    pss_bytes: int
+    extra_bytes: int  # tmpfs directories (snapshots)
+    workspaces: int
+
+
+class MemoryReport(msgspec.Struct, frozen=True):
+    interval: float
+    duration: float
+    peak_bytes: int
+    gib_seconds: float
+    cpu_seconds: float
+    samples: list[MemorySample]
+
+
+def pss_bytes(pids: Iterable[int]) -> int:
+    """Summed proportional set size of ``pids`` (from /proc/PID/smaps_rollup). Blocking."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+                for line in f:
+                    if line.startswith(b"Pss:"):
+                        total += int(line.split()[1]) * 1024
+                        break
+        except (OSError, ValueError):
+            pass
+    return total
+
+
+def tree_bytes(path: Path) -> int:
+    """Allocated bytes of the files under ``path`` (st_blocks, so sparse files count what they hold). Blocking."""
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+            except OSError:
+                pass
+    return total
+
+
+def _cpu_seconds(pids: Iterable[int]) -> float:
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])
+        except (OSError, ValueError, IndexError):
+            pass
+    return total / tick
+
+
+class ResourceMonitor:
+    """Samples the memory of tracked workspaces in the background: ``async with ResourceMonitor() as mon:``,
+    ``mon.track(ws)``; ``mon.report()`` afterwards. CPU seconds are those of processes alive at a sample (a
+    lower bound for short-lived commands)."""
+
+    def __init__(self, interval: float = 0.1, extra_dirs: Iterable[Path] = ()) -> None:
+        self.interval = interval
+        self.extra_dirs = list(extra_dirs)
+        self._workspaces: set[Workspace] = set()
+        self._samples: list[MemorySample] = []
+        self._cpu: dict[int, float] = {}
+        self._t0 = 0.0
+        self._t1: float | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+
+    def track(self, ws: Workspace) -> None:
+        self._workspaces.add(ws)
+
+    def untrack(self, ws: Workspace) -> None:
+        self._workspaces.discard(ws)
+
+    def _sample(self) -> MemorySample:
+        pids = [pid for ws in list(self._workspaces) if ws.cgroup is not None for pid in ws.cgroup.pids()]
+        for pid in pids:
+            self._cpu[pid] = _cpu_seconds([pid])
+        extra = sum(tree_bytes(d) for d in self.extra_dirs if d.exists())
+        return MemorySample(
+            t=time.monotonic() - self._t0,
+            pss_bytes=pss_bytes(pids),
+            extra_bytes=extra,
+            workspaces=len(self._workspaces),
+        )
+
+    async def _run(self) -> None:
+        while True:
+            self._samples.append(await anyio.to_thread.run_sync(self._sample))
+            await anyio.sleep(self.interval)
+
+    async def __aenter__(self) -> ResourceMonitor:
+        self._t0 = time.monotonic()
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        self._tg.start_soon(self._run)
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        assert self._tg is not None
+        self._samples.append(await anyio.to_thread.run_sync(self._sample))
+        self._tg.cancel_scope.cancel()
+        await self._tg.__aexit__(exc_type, exc, tb)
+        self._t1 = time.monotonic()
+
+    def report(self) -> MemoryReport:
+        samples = sorted(self._samples, key=lambda s: s.t)
+        gib_s = 0.0
+        for a, b in zip(samples, samples[1:], strict=False):
+            gib_s += (a.pss_bytes + a.extra_bytes + b.pss_bytes + b.extra_bytes) / 2 * (b.t - a.t)
+        end = (self._t1 or time.monotonic()) - self._t0
+        return MemoryReport(
+            interval=self.interval,
+            duration=end,
+            peak_bytes=max((s.pss_bytes + s.extra_bytes for s in samples), default=0),
+            gib_seconds=gib_s / (1 << 30),
+            cpu_seconds=sum(self._cpu.values()),
+            samples=samples,
+        )

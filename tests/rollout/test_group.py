@@ -1,0 +1,123 @@
+"""GroupRollout on real workspaces with a scripted agent (the LLM-driven agent has its own tests)."""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+import pytest
+
+from bunshin_async import _paths
+from bunshin_async._rollout import Budget, GroupRollout, RolloutContext, Task, WorkspaceLimiter
+from bunshin_async._trajectory import Step, Trajectory
+
+TASK = Task(
+    task_id="t",
+    prompt="make ok.txt say ok",
+    files={"setup.sh": b"echo prepared > prepared.txt\n"},
+    setup=["sh setup.sh"],
+    background=["sleep 1000"],
+    reward_command="grep -q ok ok.txt",
+)
+
+
+class ScriptedAgent:
+    """Rollout i sleeps ``delays[i]`` (standing in for the LLM), then writes ok.txt (even rollouts get it right)."""
+
+    def __init__(self, delays: dict[int, float], fail: set[int] = frozenset(), turns: int = 2) -> None:  # type: ignore[assignment]
+        self.delays, self.fail, self.turns = delays, fail, turns
+        self.seen_prepared: dict[int, str] = {}
+        self.seen_background: dict[int, bool] = {}
+
+    async def run(self, ctx: RolloutContext) -> Trajectory:
+        i = ctx.rollout
+        self.seen_prepared[i] = await ctx.ws.read_text("prepared.txt")
+        self.seen_background[i] = "sleep 1000" in (await ctx.ws.exec("ps -eo args")).stdout
+        steps = []
+        for turn in range(self.turns):
+            if ctx.budget.max_turns is not None and turn >= ctx.budget.max_turns:
+                return Trajectory(task_id=ctx.task.task_id, rollout=i, steps=steps, stop_reason="max_turns")
+            await anyio.sleep(self.delays.get(i, 0.0) / self.turns)
+            if i in self.fail:
+                raise RuntimeError(f"agent {i} broke")
+            cmd = f"echo {'ok' if i % 2 == 0 else 'no'} > ok.txt"
+            r = await ctx.ws.exec(cmd)
+            steps.append(Step(tool="bash", args={"command": cmd}, exit_code=r.exit_code, tool_seconds=r.duration))
+        return Trajectory(task_id=ctx.task.task_id, rollout=i, steps=steps, stop_reason="stop")
+
+
+async def test_group_of_8_yields_in_completion_order_from_one_setup() -> None:
+    agent = ScriptedAgent({i: 0.1 * (8 - i) for i in range(8)})
+    async with GroupRollout(TASK, 8, agent) as group:
+        results = [r async for r in group]
+    assert [r.rollout for r in results] == list(range(7, -1, -1))  # fastest first
+    assert all(r.status == "finished" and r.loss_mask == 1.0 for r in results)
+    assert {r.rollout: r.reward for r in results} == {i: 1.0 if i % 2 == 0 else 0.0 for i in range(8)}
+    assert all(r.fork_mode == "criu" for r in results)
+    assert agent.seen_prepared == {i: "prepared\n" for i in range(8)}
+    assert all(agent.seen_background.values())  # the forked copies kept the set-up's background process
+
+
+async def test_budgets_truncate_mask_and_free_while_siblings_finish() -> None:
+    agent = ScriptedAgent({0: 30.0, 1: 0.1, 2: 0.1})
+    t0 = time.monotonic()
+    async with GroupRollout(TASK, 3, agent, budget=Budget(wall_seconds=2.0), fork=False) as group:
+        results = {r.rollout: r async for r in group}
+    assert time.monotonic() - t0 < 20
+    assert results[0].status == "truncated" and results[0].reason == "wall_clock" and results[0].loss_mask == 0.0
+    assert results[0].reward is None
+    assert results[1].status == results[2].status == "finished"
+    async with GroupRollout(TASK, 2, ScriptedAgent({}, turns=5), budget=Budget(max_turns=1)) as group:
+        for r in await group.collect():
+            assert (r.status, r.reason, r.loss_mask) == ("truncated", "max_turns", 0.0)
+            assert r.trajectory is not None and len(r.trajectory.steps) == 1
+
+
+async def test_a_failing_agent_does_not_stop_the_group() -> None:
+    async with GroupRollout(TASK, 4, ScriptedAgent({}, fail={2})) as group:
+        results = {r.rollout: r for r in await group.collect()}
+    assert results[2].status == "failed" and "agent 2 broke" in (results[2].reason or "")
+    assert results[2].loss_mask == 0.0
+    assert [results[i].status for i in (0, 1, 3)] == ["finished"] * 3
+
+
+async def test_cancelling_the_group_frees_every_workspace() -> None:
+    with anyio.move_on_after(3):
+        async with GroupRollout(TASK, 4, ScriptedAgent({i: 60.0 for i in range(4)})) as group:
+            async for _ in group:
+                pytest.fail("nothing should finish")
+    # the autouse leak check asserts that nothing is left
+
+
+async def test_setup_failure_is_reported_per_rollout() -> None:
+    bad = Task(task_id="bad", prompt="", setup=["exit 3"])
+    async with GroupRollout(bad, 3, ScriptedAgent({})) as group:
+        results = await group.collect()
+    assert len(results) == 3 and all(r.status == "failed" and "exited 3" in (r.reason or "") for r in results)
+
+
+@pytest.mark.slow
+async def test_four_groups_of_8_under_a_global_limit() -> None:
+    limiter = WorkspaceLimiter(12)
+    peak = 0
+
+    class Watching(ScriptedAgent):
+        async def run(self, ctx: RolloutContext) -> Trajectory:
+            nonlocal peak
+            live = sum(1 for _ in _paths.workspaces_dir().iterdir())  # every live workspace has a directory
+            peak = max(peak, live)
+            return await super().run(ctx)
+
+    results = []
+
+    async def group(g: int) -> None:
+        task = Task(task_id=f"g{g}", prompt="", setup=["echo prepared > prepared.txt"], reward_command="true")
+        async with GroupRollout(task, 8, Watching({i: 0.2 for i in range(8)}), limiter=limiter) as grp:
+            results.extend(await grp.collect())
+
+    async with anyio.create_task_group() as tg:
+        for g in range(4):
+            tg.start_soon(group, g)
+    assert len(results) == 32 and all(r.status == "finished" for r in results)
+    assert 0 < peak <= 12 + 4  # plus at most one base per group while it forks
+    assert limiter.peak <= 12 and limiter.in_use == 0
