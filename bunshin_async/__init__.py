@@ -4,30 +4,71 @@ from __future__ import annotations
 
 from ._exceptions import (
     AgentError as AgentError,
+)
+from ._exceptions import (
     BunshinError as BunshinError,
+)
+from ._exceptions import (
     CacheError as CacheError,
+)
+from ._exceptions import (
     CapabilityMissing as CapabilityMissing,
+)
+from ._exceptions import (
     FileNotFound as FileNotFound,
+)
+from ._exceptions import (
     ForkError as ForkError,
+)
+from ._exceptions import (
     ImageError as ImageError,
+)
+from ._exceptions import (
     InvalidArgument as InvalidArgument,
+)
+from ._exceptions import (
     LLMConnectionError as LLMConnectionError,
+)
+from ._exceptions import (
     LLMError as LLMError,
+)
+from ._exceptions import (
     LLMHTTPError as LLMHTTPError,
+)
+from ._exceptions import (
     LLMStreamError as LLMStreamError,
+)
+from ._exceptions import (
     PathOutsideWorkspace as PathOutsideWorkspace,
+)
+from ._exceptions import (
     StoreUnavailable as StoreUnavailable,
+)
+from ._exceptions import (
     ToolCallError as ToolCallError,
+)
+from ._exceptions import (
     ToolError as ToolError,
+)
+from ._exceptions import (
     ToolTimeout as ToolTimeout,
+)
+from ._exceptions import (
     WorkspaceClosed as WorkspaceClosed,
+)
+from ._exceptions import (
     WorkspaceError as WorkspaceError,
+)
+from ._exceptions import (
     WorkspaceStartError as WorkspaceStartError,
 )
 from ._image import Image as Image
 from ._kernel import Limits as Limits
-from ._protocol import DirEntry as DirEntry, ExecResult as ExecResult
-from ._workspace import BackgroundProcess as BackgroundProcess, Shell as Shell, Workspace as Workspace
+from ._protocol import DirEntry as DirEntry
+from ._protocol import ExecResult as ExecResult
+from ._workspace import BackgroundProcess as BackgroundProcess
+from ._workspace import Shell as Shell
+from ._workspace import Workspace as Workspace
 
 __version__ = "0.1.0"
 

@@ -14,6 +14,15 @@ def main(argv: list[str] | None = None) -> int:
     img.add_argument("action", choices=["build"])
     img.add_argument("--force", action="store_true")
     sub.add_parser("demo", help="create a workspace, run tools in it and print what happened")
+    from ._experiment._cli import add_arguments
+
+    add_arguments(sub.add_parser("bench", help="the latency-hiding experiment: baseline vs fork, cache, speculation"))
+    sub.add_parser("replay-server", help="serve recorded trajectories as an OpenAI-compatible endpoint")
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["replay-server"]:  # its options live with it (bunshin_async._llm._replay.main)
+        from ._llm._replay import main as replay_main
+
+        return replay_main(argv[1:])
     args = parser.parse_args(argv)
 
     if args.cmd == "doctor":
@@ -28,6 +37,10 @@ def main(argv: list[str] | None = None) -> int:
         image = build_base_image(force=args.force)
         print(f"base image ready: {image.rootfs}")
         return 0
+    if args.cmd == "bench":
+        from ._experiment._cli import main as bench_main
+
+        return bench_main(args)
     if args.cmd == "demo":
         import anyio
 

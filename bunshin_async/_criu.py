@@ -15,6 +15,7 @@ kernel's: ptrace and the freezer let go of the tree when CRIU dies, so the dumpe
 from __future__ import annotations
 
 import array
+import contextlib
 import os
 import signal
 import socket
@@ -51,9 +52,7 @@ LOG_TAIL = 4000
 
 def _require_rpc() -> Any:
     if rpc is None:
-        raise CapabilityMissing(
-            "pycriu is not importable", capability="criu", remedy="build CRIU with `criu/build.sh`"
-        )
+        raise CapabilityMissing("pycriu is not importable", capability="criu", remedy="build CRIU with `criu/build.sh`")
     return rpc
 
 
@@ -75,6 +74,10 @@ def log_tail(path: Path, limit: int = LOG_TAIL) -> str:
         return ""
     lines = [ln for ln in text.splitlines() if "RLIMIT_NOFILE" not in ln]
     return "\n".join(lines)[-limit:]
+
+
+class HookFailed(Exception):
+    """A notification handler raised; CRIU was told and rolls back."""
 
 
 class CriuBackend(Protocol):
@@ -139,7 +142,7 @@ class SwrkCriu:
             if self.on_spawn is not None:
                 await self.on_spawn(proc.pid)
             with anyio.fail_after(timeout):
-                resp = await self._converse(ours, req, notify, pb)
+                resp = await self._converse_while_alive(proc, ours, req, notify, pb)
             if not resp.success:
                 raise self._error(
                     f"criu {what} failed", work_dir / log_name, workspace_id, resp.cr_errno, resp.cr_errmsg
@@ -148,6 +151,8 @@ class SwrkCriu:
             return resp
         except TimeoutError as exc:
             raise self._error(f"criu {what} timed out after {timeout} s", work_dir / log_name, workspace_id) from exc
+        except HookFailed as exc:
+            raise self._error(f"criu {what}: {exc}", work_dir / log_name, workspace_id) from exc
         except (OSError, anyio.EndOfStream) as exc:
             stderr = b""
             if proc is not None and proc.stderr is not None:
@@ -169,6 +174,35 @@ class SwrkCriu:
                 with anyio.CancelScope(shield=True):
                     await _reap(proc, kill=not done)
 
+    async def _converse_while_alive(
+        self, proc: Process, sk: socket.socket, req: Any, notify: NotifyHandler | None, pb: Any
+    ) -> Any:
+        """The conversation, ended early if CRIU dies: a task CRIU already cloned may hold a copy of its socket,
+        so its death does not always show as end-of-stream."""
+        outcome: list[Any] = []
+        errors: list[Exception] = []
+        async with anyio.create_task_group() as tg:
+
+            async def converse() -> None:
+                try:
+                    outcome.append(await self._converse(sk, req, notify, pb))
+                except Exception as exc:
+                    errors.append(exc)
+                tg.cancel_scope.cancel()
+
+            async def watch() -> None:
+                await proc.wait()
+                await anyio.sleep(0.05)  # let a last packet already sent be read
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(converse)
+            tg.start_soon(watch)
+        if errors:
+            raise errors[0]
+        if not outcome:
+            raise anyio.EndOfStream
+        return outcome[0]
+
     async def _converse(self, sk: socket.socket, req: Any, notify: NotifyHandler | None, pb: Any) -> Any:
         await _send(sk, req.SerializeToString())
         while True:
@@ -177,21 +211,18 @@ class SwrkCriu:
             resp.ParseFromString(data)
             if resp.type != pb.NOTIFY:
                 return resp
-            ok = True
             if notify is not None:
                 try:
                     await notify(resp.notify.script, resp.notify.pid)
-                except Exception:
-                    ok = False
+                except Exception as exc:
                     answer = pb.criu_req(type=pb.NOTIFY, notify_success=False)
-                    await _send(sk, answer.SerializeToString())
-                    raise
-            await _send(sk, pb.criu_req(type=pb.NOTIFY, notify_success=ok).SerializeToString())
+                    with contextlib.suppress(OSError):
+                        await _send(sk, answer.SerializeToString())
+                    raise HookFailed(f"the {resp.notify.script} hook failed: {exc!r}") from exc
+            await _send(sk, pb.criu_req(type=pb.NOTIFY, notify_success=True).SerializeToString())
 
     @staticmethod
-    def _error(
-        message: str, log: Path, workspace_id: str, cr_errno: int = 0, cr_errmsg: str = ""
-    ) -> ForkError:
+    def _error(message: str, log: Path, workspace_id: str, cr_errno: int = 0, cr_errmsg: str = "") -> ForkError:
         tail = log_tail(log)
         detail = f"{message}" + (f" (errno {cr_errno}: {cr_errmsg or os.strerror(cr_errno)})" if cr_errno else "")
         return ForkError(

@@ -27,13 +27,13 @@ import os
 import secrets
 import shlex
 import shutil
+import signal
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from . import _paths
 from . import _protocol as P
 from ._client import AgentClient
 from ._criu import CriuBackend, SwrkCriu, rpc
@@ -160,7 +160,7 @@ class GatedAgentClient(AgentClient):
         self._open.set()
 
 
-def _gated(ws: Workspace) -> GatedAgentClient:
+async def _gated(ws: Workspace) -> GatedAgentClient:
     client = ws._client
     if isinstance(client, GatedAgentClient):
         return client
@@ -170,32 +170,43 @@ def _gated(ws: Workspace) -> GatedAgentClient:
     ws._client = gated
     # Calls in flight on the old client close their connection when they end instead of pooling it.
     client._closed = True
-    for conn in client._idle:
-        conn._raw_socket.close()  # type: ignore[attr-defined]
-    client._idle = []
+    idle, client._idle = client._idle, []
+    for conn in idle:
+        await conn.aclose()
     return gated
 
 
-def _agent_connections(pid: int) -> int:
-    """Connected (state 03) sockets bound to the agent's path in the workspace's net namespace
-    (/proc/<pid>/net/unix; columns per unix(7) and net/unix/af_unix.c ``unix_seq_show``)."""
-    n = 0
-    with open(f"/proc/{pid}/net/unix") as f:
+def _host_connections(ws: Workspace) -> int:
+    """Sockets held by the workspace's processes that live in the host's net namespace: the agent's ends of host
+    connections (an accepted Unix socket takes its net namespace from the connecting side, af_unix.c
+    ``unix_stream_connect``), which CRIU cannot dump."""
+    if ws.cgroup is None:
+        return 0
+    held: set[str] = set()
+    for pid in ws.cgroup.pids():
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                try:
+                    link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                except OSError:
+                    continue
+                if link.startswith("socket:["):
+                    held.add(link[8:-1])
+        except OSError:
+            continue
+    if not held:
+        return 0
+    with open("/proc/self/net/unix") as f:
         next(f)
-        for line in f:
-            cols = line.split()
-            if len(cols) >= 8 and cols[5] == "03" and cols[7] == "/run/bunshin/agent.sock":
-                n += 1
-    return n
+        return sum(1 for line in f if line.split()[6] in held)
 
 
 async def _drain(ws: Workspace) -> GatedAgentClient:
-    gated = _gated(ws)
+    gated = await _gated(ws)
     with anyio.move_on_after(DRAIN_TIMEOUT) as scope:
         await gated.quiesce()
-        assert ws.pid is not None
         delay = 0.0005
-        while _agent_connections(ws.pid):  # the agent closes its end once it reads our hang-up
+        while _host_connections(ws):  # the agent closes its end once it reads our hang-up
             await anyio.sleep(delay)
             delay = min(delay * 2, 0.02)
     if scope.cancelled_caught:
@@ -242,11 +253,14 @@ async def snapshot(ws: Workspace, backend: CriuBackend | None = None) -> Snapsho
     try:
         gated = await _drain(ws)
         freezer = ws.cgroup.freezer_dir if ws.cgroup is not None else None
-        req = rpc.criu_req(type=rpc.DUMP, notify_success=False)
+        req = rpc.criu_req(type=rpc.DUMP)
         _base_opts(req)
         req.opts.pid = ws.pid
         req.opts.leave_running = True
-        req.opts.network_lock = rpc.NFTABLES
+        # The workspace's net namespace has only loopback, so every TCP peer is in the frozen tree and no packet
+        # can arrive while it is dumped: no lock is needed (and a lock left by a killed CRIU would cut the
+        # workspace's loopback).
+        req.opts.network_lock = rpc.SKIP
         req.opts.notify_scripts = True
         if freezer is not None:
             req.opts.freeze_cgroup = str(freezer)
@@ -275,12 +289,26 @@ async def snapshot(ws: Workspace, backend: CriuBackend | None = None) -> Snapsho
         if not snap.upper.is_dir():
             raise ForkError(f"workspace {ws.id}: CRIU never sent post-dump", workspace_id=ws.id)
     except BaseException:
-        await snap.aclose()
+        with anyio.CancelScope(shield=True):
+            _thaw(ws)
+            await snap.aclose()
         raise
     finally:
         if gated is not None:
             gated.resume()
     return snap
+
+
+def _thaw(ws: Workspace) -> None:
+    """A CRIU killed while the tree is frozen leaves the freezer cgroup FROZEN (ptrace lets go by itself)."""
+    freezer = ws.cgroup.freezer_dir if ws.cgroup is not None else None
+    if freezer is None:
+        return
+    state = freezer / ("freezer.state" if ws.cgroup is not None and ws.cgroup.version == 1 else "cgroup.freeze")
+    try:
+        state.write_text("THAWED" if state.name == "freezer.state" else "0")
+    except OSError:
+        pass
 
 
 # ---------------------------------------------------------------------------------------------------- restore
@@ -295,26 +323,34 @@ def _wrapper(cgroup: Cgroup, lower: str, upper: Path, work: Path, root: Path) ->
     return ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c", script, "sh"]
 
 
-async def _reap_strays(cgroup: Cgroup) -> None:
-    """After a failed restore, kill what CRIU left and reap those that are our children (rst_sibling)."""
-    me = os.getpid()
+def _strays(cgroup: Cgroup) -> list[int]:
+    """Kill what a failed restore left in the cgroup; return those that are our children (rst_sibling)."""
+    me, ours = os.getpid(), []
     for pid in cgroup.pids():
         try:
             with open(f"/proc/{pid}/stat") as f:
                 ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            os.kill(pid, 9)
-            if ppid == me:
-                await anyio.to_thread.run_sync(os.waitpid, pid, 0)
+            os.kill(pid, signal.SIGKILL)
         except (OSError, ValueError, IndexError):
+            continue
+        if ppid == me:
+            ours.append(pid)
+    return ours
+
+
+async def _reap_strays(cgroup: Cgroup) -> None:
+    for pid in _strays(cgroup):
+        try:
+            await anyio.to_thread.run_sync(os.waitpid, pid, 0)
+        except ChildProcessError:
             pass
 
 
 async def restore_into(ws: Workspace, snap: Snapshot, backend: CriuBackend | None = None) -> None:
-    """Make ``ws`` (state "new", its directory absent) a live copy of ``snap``. On failure everything made for it
-    is removed and ``ForkError`` raised."""
+    """Make ``ws`` (state "new", no directory yet) a live copy of ``snap``. On failure everything made for it is
+    removed and the error (``ForkError`` for CRIU failures) raised."""
     if snap.closed:
         raise ForkError(f"snapshot {snap.id} is closed", workspace_id=ws.id)
-    backend = backend or default_backend()
     ws._state = "starting"
     try:
         ws._dir.mkdir(parents=True)
@@ -322,32 +358,7 @@ async def restore_into(ws: Workspace, snap: Snapshot, backend: CriuBackend | Non
             (ws._dir / sub).mkdir()
         await _copy_tree(snap.upper, ws._dir / "upper")
         ws._cgroup = Cgroup.create(f"ws-{ws.id}", ws.limits)
-        req = rpc.criu_req(type=rpc.RESTORE)
-        _base_opts(req)
-        req.opts.root = str(ws._dir / "root")
-        req.opts.rst_sibling = True
-        fd = os.open(snap.images, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            req.opts.images_dir_fd = fd
-            wrapper = _wrapper(ws._cgroup, snap.lower, ws._dir / "upper", ws._dir / "work", ws._dir / "root")
-            try:
-                resp = await backend.call(
-                    req,
-                    work_dir=ws._dir,
-                    log_name="restore.log",
-                    workspace_id=ws.id,
-                    wrapper=wrapper,
-                    timeout=RESTORE_TIMEOUT,
-                )
-            except BaseException:
-                with anyio.CancelScope(shield=True):
-                    await _reap_strays(ws._cgroup)
-                raise
-        finally:
-            os.close(fd)
-        ws.pid = int(resp.restore.pid)
-        ws._pidfd = os.pidfd_open(ws.pid)
-        ws._client = AgentClient(f"/proc/{ws.pid}/root/run/bunshin/agent.sock", ws.id)
+        await _restore(ws, snap, backend or default_backend())
         ws._state = "running"
     except BaseException:
         with anyio.CancelScope(shield=True):
@@ -356,9 +367,95 @@ async def restore_into(ws: Workspace, snap: Snapshot, backend: CriuBackend | Non
         raise
 
 
-def reap_pid1(pidfd: int) -> None:
-    """Wait for a restored pid 1 (our child through rst_sibling) so that it leaves no zombie. Blocking."""
+async def rollback(ws: Workspace, snap: Snapshot, backend: CriuBackend | None = None) -> None:
+    """Replace the processes and files of ``ws`` by the snapshot's; ``ws`` keeps its id, directory and cgroup. If
+    the restore fails the workspace is closed (its old state is already gone) and ``ForkError`` raised."""
+    if ws._state != "running":
+        raise WorkspaceClosed(f"workspace {ws.id} is {ws._state}", workspace_id=ws.id)
+    if snap.closed:
+        raise ForkError(f"snapshot {snap.id} is closed", workspace_id=ws.id)
+    ws._state = "starting"
     try:
-        os.waitid(os.P_PIDFD, pidfd, os.WEXITED)
+        with anyio.CancelScope(shield=True):
+            await _stop_processes(ws)
+        await anyio.to_thread.run_sync(shutil.rmtree, ws._dir / "upper")
+        await anyio.to_thread.run_sync(shutil.rmtree, ws._dir / "work")
+        (ws._dir / "work").mkdir()
+        await _copy_tree(snap.upper, ws._dir / "upper")
+        await _restore(ws, snap, backend or default_backend())
+        ws._state = "running"
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await ws._teardown()
+        ws._state = "closed"
+        raise
+
+
+async def _stop_processes(ws: Workspace) -> None:
+    """Kill the tree of ``ws`` and reap its pid 1 (or shim), leaving directory and cgroup in place."""
+    if ws._client is not None:
+        await ws._client.aclose()
+        ws._client = None
+    if ws._pidfd is not None:
+        try:
+            signal.pidfd_send_signal(ws._pidfd, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        if ws._shim is None:
+            await reap_pid1(ws._pidfd)
+        os.close(ws._pidfd)
+        ws._pidfd = None
+    if ws._shim is not None:
+        await ws._shim.wait()
+        await ws._shim.aclose()
+        ws._shim = None
+    if ws._cgroup is not None:  # stragglers outside pid 1's namespace cannot exist, but be exact
+        ws._cgroup._kill_all()
+        delay = 0.0005
+        while ws._cgroup.pids():
+            await anyio.sleep(delay)
+            delay = min(delay * 2, 0.05)
+    ws.pid = None
+
+
+async def _restore(ws: Workspace, snap: Snapshot, backend: CriuBackend) -> None:
+    assert ws._cgroup is not None
+    req = rpc.criu_req(type=rpc.RESTORE)
+    _base_opts(req)
+    req.opts.root = str(ws._dir / "root")
+    req.opts.rst_sibling = True
+    fd = os.open(snap.images, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        req.opts.images_dir_fd = fd
+        wrapper = _wrapper(ws._cgroup, snap.lower, ws._dir / "upper", ws._dir / "work", ws._dir / "root")
+        t0 = time.monotonic()
+        try:
+            resp = await backend.call(
+                req,
+                work_dir=ws._dir,
+                log_name="restore.log",
+                workspace_id=ws.id,
+                wrapper=wrapper,
+                timeout=RESTORE_TIMEOUT,
+            )
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await _reap_strays(ws._cgroup)
+            raise
+    finally:
+        os.close(fd)
+    ws.restore_ms = (time.monotonic() - t0) * 1000
+    ws.pid = int(resp.restore.pid)
+    ws._pidfd = os.pidfd_open(ws.pid)
+    ws._client = AgentClient(f"/proc/{ws.pid}/root/run/bunshin/agent.sock", ws.id)
+    ws.fork_mode = "criu"
+
+
+async def reap_pid1(pidfd: int) -> None:
+    """Wait for a restored pid 1 (our child through rst_sibling) to exit and reap it, so it leaves no zombie. A
+    pidfd turns readable when its process exits (pidfd_open(2))."""
+    await anyio.wait_readable(pidfd)
+    try:
+        os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG)  # noqa: ASYNC222 - WNOHANG, it has exited
     except ChildProcessError:
         pass

@@ -14,6 +14,7 @@ doubt a shell command is ``write``; callers can override per tool (``Tool.with_e
 from __future__ import annotations
 
 import enum
+import functools
 import re
 import shlex
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -110,7 +111,9 @@ class Tool(msgspec.Struct, frozen=True, kw_only=True):
     def normalize(self, args: Mapping[str, Any]) -> dict[str, Any]:
         """Validate ``args`` against the schema (shallowly) and fill in defaults. Raises ``InvalidArgument``."""
         if not isinstance(args, Mapping):
-            raise InvalidArgument(f"{self.name}: arguments must be an object, not {type(args).__name__}", tool=self.name)
+            raise InvalidArgument(
+                f"{self.name}: arguments must be an object, not {type(args).__name__}", tool=self.name
+            )
         props: Mapping[str, Any] = self.schema.get("properties", {})
         out: dict[str, Any] = {}
         for key, value in args.items():
@@ -200,7 +203,7 @@ def _check_type(tool: str, key: str, value: Any, spec: Any) -> Any:
             if t == "number" and isinstance(value, float) and value.is_integer():
                 return int(value)  # 1.0 and 1 are one JSON number, hence one key
             if t == "array":
-                return list(value)
+                return list(value)  # type: ignore[call-overload]
             return value
     raise InvalidArgument(f"{tool}: argument {key!r} must be {' or '.join(types)}, not {value!r}", tool=tool)
 
@@ -230,9 +233,7 @@ _NONDET_TEXT = re.compile(r"\$RANDOM|\$\$|\$SRANDOM|/dev/u?random|\$EPOCH")
 _WORD_SPLIT_UNSAFE = re.compile(r"\$\(|`|<\(|>\(")
 
 
-def classify_command(
-    command: str, *, read_only: Iterable[str] = (), nondeterministic: Iterable[str] = ()
-) -> CallClass:
+def classify_command(command: str, *, read_only: Iterable[str] = (), nondeterministic: Iterable[str] = ()) -> CallClass:
     """Classify a bash command line conservatively.
 
     A command is ``read`` only if every part of every pipeline and ``&&``/``;`` chain is a known read-only program
@@ -240,8 +241,14 @@ def classify_command(
     substitution, process substitution and here-documents of unknown programs make it ``write``. ``read_only``
     and ``nondeterministic`` extend the built-in program lists.
     """
-    ro = READ_ONLY_PROGRAMS | frozenset(read_only)
-    nondet = NONDETERMINISTIC_PROGRAMS | frozenset(nondeterministic)
+    return _classify(command, frozenset(read_only), frozenset(nondeterministic))
+
+
+@functools.lru_cache(maxsize=4096)
+def _classify(command: str, extra_read_only: frozenset[str], extra_nondeterministic: frozenset[str]) -> CallClass:
+    # Agents repeat commands a lot (siblings most of all): tokenizing once per distinct command keeps hits cheap.
+    ro = READ_ONLY_PROGRAMS | extra_read_only
+    nondet = NONDETERMINISTIC_PROGRAMS | extra_nondeterministic
     deterministic = _NONDET_TEXT.search(command) is None
     if _WORD_SPLIT_UNSAFE.search(command):
         return CallClass(Effect.WRITE, deterministic)
@@ -347,9 +354,9 @@ def _classify_simple(words: Sequence[str], ro: frozenset[str], nondet: frozenset
                     return eff, det
         return Effect.READ, True
     if prog == "xargs":
-        sub = next((k for k, a in enumerate(args) if not a.startswith("-")), None)
-        if sub is not None and args[sub] in ro:
-            return _classify_simple(args[sub:], ro, nondet)
+        first = next((k for k, a in enumerate(args) if not a.startswith("-")), None)
+        if first is not None and args[first] in ro:
+            return _classify_simple(args[first:], ro, nondet)
         return Effect.WRITE, True
     if prog in ("sort",):
         return (Effect.WRITE if any(a.startswith(("-o", "--output")) for a in args) else Effect.READ), True

@@ -1,1 +1,65 @@
-"""Predictors and speculation policy for Bunshin (built on bunshin_async)."""
+"""Predictors and speculation policy for Bunshin (built on ``bunshin_async``; it only knows their Protocols).
+
+``default_speculation(group=task_id, table=shared_table)`` gives a ``Speculation`` with the stream tap (calls
+start as soon as their arguments are complete), siblings (what other rollouts of the group did next from the same
+history), history (an n-gram model over call signatures, optionally trained on traces) and user rules, under a
+cost-aware policy.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+
+from bunshin_async.speculation import Policy, Predictor, Speculation
+
+from ._policy import CostAwarePolicy
+from ._predictors import HistoryPredictor, NgramModel, Rule, RulePredictor, SiblingPredictor, SiblingTable
+from ._signature import command_program, signature
+
+__all__ = [
+    "CostAwarePolicy",
+    "HistoryPredictor",
+    "NgramModel",
+    "Rule",
+    "RulePredictor",
+    "SiblingPredictor",
+    "SiblingTable",
+    "command_program",
+    "default_speculation",
+    "signature",
+    "train_ngram",
+]
+
+TRACES = "/work/shared/traces/swebench-gemini-3-pro.jsonl.gz"
+
+
+def train_ngram(path: str | os.PathLike[str] = TRACES, *, order: int = 3, limit: int | None = None) -> NgramModel:
+    """An ``NgramModel`` trained on a trace file. Blocking (about a second for the public traces)."""
+    model = NgramModel(order)
+    model.train_file(path, limit)
+    return model
+
+
+def default_speculation(
+    *,
+    group: str = "",
+    table: SiblingTable | None = None,
+    model: NgramModel | None = None,
+    rules: Iterable[Rule] = (),
+    policy: Policy | None = None,
+    extra: Sequence[Predictor] = (),
+    tap: bool = True,
+) -> Speculation:
+    """A ``Speculation`` for one rollout of ``group``: share ``table`` (and ``policy``, to share what it learns)
+    among the rollouts of the group. ``tap=False`` waits for the message to end before running calls."""
+    predictors: list[Predictor] = [SiblingPredictor(table)]
+    if model is not None:
+        predictors.append(HistoryPredictor(model))
+    rule_list = list(rules)
+    if rule_list:
+        predictors.append(RulePredictor(rule_list))
+    predictors.extend(extra)
+    return Speculation(
+        predictors=predictors, policy=policy if policy is not None else CostAwarePolicy(), group=group, early=tap
+    )

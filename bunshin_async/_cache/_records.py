@@ -38,7 +38,7 @@ class Entry(msgspec.Struct, frozen=True):
 
     tool: str
     effect: str
-    result: msgspec.Raw | None
+    result: bytes | None
     duration: float
     created: float
     error: ErrorRecord | None = None

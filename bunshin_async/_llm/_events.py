@@ -45,13 +45,13 @@ class _Event(msgspec.Struct, frozen=True, tag_field="type", kw_only=True):
     t: float
 
 
-class TextDelta(_Event, tag="text_delta"):
+class TextDelta(_Event, frozen=True, tag="text_delta"):
     """A piece of the assistant's text."""
 
     text: str
 
 
-class ToolNameKnown(_Event, tag="tool_name"):
+class ToolNameKnown(_Event, frozen=True, tag="tool_name"):
     """Call ``index`` names a tool the caller declared; its arguments may still be streaming."""
 
     index: int
@@ -59,7 +59,7 @@ class ToolNameKnown(_Event, tag="tool_name"):
     name: str
 
 
-class ArgumentsDelta(_Event, tag="arguments_delta"):
+class ArgumentsDelta(_Event, frozen=True, tag="arguments_delta"):
     """A fragment of call ``index``'s arguments; ``partial`` is everything received so far (not yet valid JSON)."""
 
     index: int
@@ -67,13 +67,13 @@ class ArgumentsDelta(_Event, tag="arguments_delta"):
     partial: str
 
 
-class ArgumentsComplete(_Event, tag="arguments_complete"):
+class ArgumentsComplete(_Event, frozen=True, tag="arguments_complete"):
     """Call ``index``'s arguments parse and fit the tool's schema: the call can run now, before the message ends."""
 
     call: ToolCall
 
 
-class MessageFinished(_Event, tag="message_finished"):
+class MessageFinished(_Event, frozen=True, tag="message_finished"):
     """The endpoint sent ``finish_reason``; every tool call is complete and validated."""
 
     finish_reason: str
@@ -81,7 +81,7 @@ class MessageFinished(_Event, tag="message_finished"):
     tool_calls: list[ToolCall]
 
 
-class UsageReported(_Event, tag="usage"):
+class UsageReported(_Event, frozen=True, tag="usage"):
     """Token usage (``stream_options.include_usage``), which arrives after the message finished."""
 
     usage: Usage

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable
 from types import TracebackType
 from typing import Any
 
+import anyio
 import httpx
 
 from .._exceptions import LLMStreamError
@@ -101,8 +102,6 @@ class OpenAITap:
     async def aclose(self) -> None:
         """Close the underlying stream (idempotent; shielded so that it also runs while being cancelled)."""
         self._done = True
-        import anyio
-
         with anyio.CancelScope(shield=True), anyio.move_on_after(5):
             await _close(self.stream)
 

@@ -292,15 +292,15 @@ def feed_response_event(tap: ToolCallTap, state: ResponsesState, event: Any) -> 
         item = event.item
         return tap.tool_delta(index, item.call_id, item.name, item.arguments or None)
     if kind == "response.function_call_arguments.delta":
-        index = state.calls.get(event.output_index)
-        if index is None:
+        known = state.calls.get(event.output_index)
+        if known is None:
             raise LLMStreamError(f"arguments for output item {event.output_index}, which is not a function call")
-        return tap.tool_delta(index, None, None, event.delta)
+        return tap.tool_delta(known, None, None, event.delta)
     if kind == "response.function_call_arguments.done":
-        index = state.calls.get(event.output_index)
-        if index is None:
+        done = state.calls.get(event.output_index)
+        if done is None:
             raise LLMStreamError(f"arguments for output item {event.output_index}, which is not a function call")
-        return tap.set_arguments(index, event.arguments)
+        return tap.set_arguments(done, event.arguments)
     if kind in ("response.completed", "response.incomplete"):
         reason = "length" if kind == "response.incomplete" else ("tool_calls" if state.calls else "stop")
         events = tap.finish(reason)

@@ -1,0 +1,561 @@
+"""``ToolCache`` (shared by many rollouts) and ``CachedSession`` (one rollout's view: its workspace and state chain).
+
+Every tool call of an agent loop goes through ``await session.call(name, args)``: the session classifies the call,
+keys it on its state chain, looks it up, executes it on a miss, stores the entry, and advances the chain on writes.
+What is served from the cache:
+
+- ``pure`` and ``read`` calls: the recorded result (or the recorded deterministic error, e.g. ``FileNotFound``);
+- ``write`` calls: only with a ``StateProvider``, by restoring the snapshot captured after the call; without one
+  the write runs (and ``metrics().write_hits_unserved`` counts what a provider would have served);
+- ``external`` and nondeterministic calls: never. After a nondeterministic or failed write, or an external call
+  that may touch the workspace, the session's chain moves to a state no other rollout can name.
+
+Correctness rests on tools being deterministic functions of (state, call); ``audit_fraction`` re-executes a seeded
+random share of hits and reports disagreements in ``metrics().audit_mismatches``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal
+
+import anyio
+import msgspec
+
+from .._exceptions import BunshinError, StoreUnavailable, ToolCallError, ToolError
+from .._tools import CallClass, Effect, Tool, builtin_tools
+from ._flight import SingleFlight
+from ._keys import SCHEMA_VERSION, BaseState, StateChain, encode_call, pure_key
+from ._metrics import AuditMismatch, CacheMetrics
+from ._records import CorruptRecord, Entry, error_record, rebuild_error, seal, unseal
+from ._state import SnapshotRef, StateProvider, StateTree
+from ._store import MemoryStore, Store
+
+if TYPE_CHECKING:
+    from .._workspace import Workspace
+
+Source = Literal["executed", "cache", "shared", "restored", "uncacheable"]
+
+_result_encoder = msgspec.msgpack.Encoder()
+_MAX_MISMATCHES = 100
+
+
+class CallRecord(msgspec.Struct, frozen=True):
+    """What one call did. ``source``: ``executed`` (a miss), ``cache`` (a stored hit), ``shared`` (a concurrent
+    identical call's result), ``restored`` (a write hit served by the state provider) or ``uncacheable``.
+    ``duration`` is the recorded run time of the call (seconds), also for hits; ``key`` is the hex cache key."""
+
+    tool: str
+    effect: Effect
+    source: Source
+    result: Any
+    duration: float
+    key: str | None = None
+    #: A write found in the cache but executed, because no ``StateProvider`` can restore its state.
+    unserved_hit: bool = False
+
+    @property
+    def hit(self) -> bool:
+        return self.source in ("cache", "shared", "restored")
+
+
+class ToolCache:
+    """A tool prefix cache shared by the rollouts of one process (and, through its store, by other processes).
+
+    ``store`` defaults to a 64 MiB in-memory LRU. ``provider`` enables write hits. ``audit_fraction`` of the
+    read/pure hits (drawn with ``random.Random(audit_seed)``) are re-executed and compared. Snapshots captured here
+    are kept within ``snapshot_budget`` bytes; writes shorter than ``capture_min_duration`` seconds are not captured
+    (re-running them is cheaper than a restore). Use as ``async with ToolCache(...) as cache``.
+    """
+
+    def __init__(
+        self,
+        store: Store | None = None,
+        provider: StateProvider | None = None,
+        *,
+        audit_fraction: float = 0.0,
+        audit_seed: int = 0,
+        snapshot_budget: int = 8 << 30,
+        capture_min_duration: float = 0.0,
+    ) -> None:
+        if not 0.0 <= audit_fraction <= 1.0:
+            raise ValueError(f"audit_fraction must be within [0, 1], not {audit_fraction!r}")
+        self.store: Store = store if store is not None else MemoryStore()
+        self.provider = provider
+        self.audit_fraction = audit_fraction
+        self.capture_min_duration = capture_min_duration
+        self._audit_rng = random.Random(audit_seed)
+        self._flights = SingleFlight()
+        self._tree = StateTree(snapshot_budget)
+        self._metrics = CacheMetrics()
+        self._closed = False
+
+    async def __aenter__(self) -> ToolCache:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    def session(
+        self,
+        workspace: Workspace,
+        tools: Iterable[Tool] | None = None,
+        *,
+        setup: Sequence[tuple[str, Mapping[str, Any]]] = (),
+        salt: str = "",
+    ) -> CachedSession:
+        return CachedSession(self, workspace, tools, setup=setup, salt=salt)
+
+    def metrics(self) -> CacheMetrics:
+        """A copy of the counters, with the store's own stats and the snapshot accounting filled in."""
+        m = msgspec.convert(msgspec.to_builtins(self._metrics), CacheMetrics)
+        m.snapshots = self._tree.snapshots
+        m.snapshot_bytes = self._tree.snapshot_bytes
+        m.store = self.store.stats()
+        return m
+
+    @property
+    def tree(self) -> StateTree:
+        return self._tree
+
+    async def aclose(self) -> None:
+        """Discard the snapshots captured here (their entries go too) and close the store. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        with anyio.CancelScope(shield=True):
+            await self._discard(self._tree.drain())
+            await self.store.aclose()
+
+    # ------------------------------------------------------------------------------------------ store access
+
+    async def _lookup(self, key: bytes) -> Entry | None:
+        try:
+            value = await self.store.get(key)
+        except StoreUnavailable:
+            self._metrics.store_errors += 1
+            return None
+        if value is None:
+            return None
+        try:
+            return unseal(key, value)
+        except CorruptRecord:
+            self._metrics.corrupt += 1
+            await self._delete(key)
+            return None
+
+    async def _put(self, key: bytes, entry: Entry) -> None:
+        value = seal(key, entry)
+        try:
+            await self.store.put(key, value)
+        except StoreUnavailable:
+            self._metrics.store_errors += 1
+            return
+        self._metrics.bytes_written += len(key) + len(value)
+
+    async def _delete(self, key: bytes) -> None:
+        try:
+            await self.store.delete(key)
+        except StoreUnavailable:
+            self._metrics.store_errors += 1
+
+    async def _discard(self, evicted: list[tuple[bytes, SnapshotRef]]) -> None:
+        for key, ref in evicted:
+            self._metrics.snapshots_evicted += 1
+            await self._delete(key)  # the write entry is useless without its snapshot
+            if self.provider is not None:
+                with anyio.move_on_after(30, shield=True):
+                    try:
+                        await self.provider.discard(ref)
+                    except BunshinError:
+                        pass
+
+    def _audit_draw(self) -> bool:
+        return self.audit_fraction > 0 and self._audit_rng.random() < self.audit_fraction
+
+
+class CachedSession:
+    """One rollout's tool calls through a ``ToolCache``.
+
+    ``tools`` defaults to the built-in tools. ``setup`` lists calls already applied to ``workspace`` before the
+    session (they are folded into the root state, not executed); ``salt`` separates otherwise identical bases (a
+    task id when tasks share an image but differ in files the harness copied in).
+
+    Calls of one session run one at a time, in order. With a ``StateProvider`` a write hit may replace the
+    workspace: use ``session.workspace`` afterwards. Workspaces the provider made are owned and closed by the
+    session; the one passed in stays the caller's.
+    """
+
+    def __init__(
+        self,
+        cache: ToolCache,
+        workspace: Workspace,
+        tools: Iterable[Tool] | None = None,
+        *,
+        setup: Sequence[tuple[str, Mapping[str, Any]]] = (),
+        salt: str = "",
+    ) -> None:
+        self.cache = cache
+        self._ws = workspace
+        self._owned: list[Workspace] = []
+        self.tools: dict[str, Tool] = {t.name: t for t in (builtin_tools() if tools is None else tools)}
+        self._decoders = {name: msgspec.msgpack.Decoder(t.result_type) for name, t in self.tools.items()}
+        base = BaseState(
+            schema=SCHEMA_VERSION,
+            image=workspace.image.digest,
+            workdir=workspace.workdir,
+            env=dict(workspace.env),
+            max_output=workspace.max_output,
+            salt=salt,
+        )
+        self._chain = StateChain.root(base)
+        for name, args in setup:
+            tool = self.tools.get(name)
+            norm = tool.normalize(args) if tool else dict(args)
+            self._chain.advance(encode_call(name, tool.version if tool else "", norm))
+        self._state = self._chain.key
+        cache._tree.pin(self._state)
+        self._lock = anyio.Lock()
+        self._closed = False
+        self.history: list[CallRecord] = []
+
+    # ------------------------------------------------------------------------------------------ public surface
+
+    @property
+    def workspace(self) -> Workspace:
+        return self._ws
+
+    @property
+    def state(self) -> str:
+        """Hex name of the current state (equal across rollouts that made the same writes from the same base)."""
+        return self._state.hex()
+
+    def tool_specs(self) -> list[dict[str, Any]]:
+        """OpenAI-style function specs of this session's tools, for the prompt."""
+        return [t.spec() for t in self.tools.values()]
+
+    async def call(
+        self, tool: str, args: Mapping[str, Any] | None = None, *, effect: Effect | str | None = None
+    ) -> Any:
+        """Run (or serve) one tool call and return its result; deterministic tool errors are raised as on a live
+        run. ``effect`` overrides the tool's classification for this call."""
+        return (await self.call_ex(tool, args, effect=effect)).result
+
+    async def call_json(self, tool: str, arguments: str, *, index: int = 0) -> Any:
+        """``call`` with the arguments as the model wrote them (a JSON object); ``ToolCallError`` when unusable."""
+        try:
+            args = json.loads(arguments or "{}")
+        except json.JSONDecodeError as exc:
+            raise ToolCallError(f"arguments of {tool} are not valid JSON: {exc}", tool_name=tool, index=index) from exc
+        if not isinstance(args, dict):
+            raise ToolCallError(f"arguments of {tool} must be a JSON object", tool_name=tool, index=index)
+        return await self.call(tool, args)
+
+    async def call_ex(
+        self, tool: str, args: Mapping[str, Any] | None = None, *, effect: Effect | str | None = None
+    ) -> CallRecord:
+        """``call``, returning the ``CallRecord`` (also appended to ``history``)."""
+        t = self.tools.get(tool)
+        if t is None:
+            raise ToolCallError(f"unknown tool {tool!r}; known: {', '.join(sorted(self.tools))}", tool_name=tool)
+        norm = t.normalize(args or {})
+        cls = t.classify_call(norm)
+        if effect is not None:
+            cls = CallClass(Effect(effect), cls.deterministic)
+        async with self._lock:
+            if self._closed:
+                raise ToolError("the cached session is closed", tool=tool)
+            record = await self._dispatch(t, norm, cls)
+        self.history.append(record)
+        return record
+
+    async def aclose(self) -> None:
+        """Unpin the session's state and close the workspaces the provider made. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self.cache._tree.unpin(self._state)
+        with anyio.CancelScope(shield=True):
+            for ws in self._owned:
+                await ws.aclose()
+        self._owned.clear()
+
+    async def __aenter__(self) -> CachedSession:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    # ------------------------------------------------------------------------------------------ dispatch
+
+    async def _dispatch(self, tool: Tool, args: dict[str, Any], cls: CallClass) -> CallRecord:
+        m = self.cache._metrics
+        ts, es = m._for(tool.name, cls.effect.value)
+        ts.calls += 1
+        es.calls += 1
+        call = encode_call(tool.name, tool.version, args)
+        if not cls.cacheable:
+            ts.uncacheable += 1
+            es.uncacheable += 1
+            changes_state = cls.effect is Effect.WRITE or (cls.effect is Effect.EXTERNAL and tool.touches_workspace)
+            try:
+                result, duration = await self._execute(tool, args)
+            finally:
+                if changes_state:
+                    self._move(self._chain.taint)
+            ts.executed_seconds += duration
+            es.executed_seconds += duration
+            return CallRecord(tool.name, cls.effect, "uncacheable", result, duration)
+        if cls.effect is Effect.WRITE:
+            return await self._write(tool, args, call)
+        key = pure_key(call) if cls.effect is Effect.PURE else self._chain.read_key(call)
+        return await self._read(tool, args, cls.effect, key)
+
+    async def _execute(self, tool: Tool, args: dict[str, Any]) -> tuple[Any, float]:
+        if tool.handler is None:
+            raise ToolError(f"tool {tool.name!r} has no handler", tool=tool.name)
+        t0 = time.perf_counter()
+        result = await tool.handler(self._ws, args)
+        return result, time.perf_counter() - t0
+
+    async def _run_for_entry(self, tool: Tool, args: dict[str, Any], effect: Effect) -> tuple[Entry | None, Any]:
+        """Execute and build the entry. Returns ``(entry, result)``; ``entry`` is None when the outcome may not be
+        cached (an unencodable result). A deterministic tool error becomes an entry; other errors propagate."""
+        t0 = time.perf_counter()
+        try:
+            result, duration = await self._execute(tool, args)
+        except ToolError as exc:
+            rec = error_record(exc)
+            if rec is None:
+                raise
+            duration = time.perf_counter() - t0
+            return Entry(tool.name, effect.value, None, duration, time.time(), error=rec), exc
+        try:
+            raw = _result_encoder.encode(result)
+        except (TypeError, msgspec.EncodeError):
+            return None, result
+        return Entry(tool.name, effect.value, raw, duration, time.time()), result
+
+    def _decode(self, tool: Tool, entry: Entry) -> Any:
+        """The result (or the exception to raise) an entry holds; raises ``CorruptRecord``."""
+        if entry.error is not None:
+            return rebuild_error(entry.error, tool.name)
+        if entry.result is None:
+            raise CorruptRecord("entry without a result")
+        try:
+            return self._decoders[tool.name].decode(entry.result)
+        except msgspec.DecodeError as exc:  # the tool's result type changed without a version bump
+            raise CorruptRecord(str(exc)) from exc
+
+    def _hit(
+        self, tool: Tool, effect: Effect, entry: Entry, source: Source, key: bytes, *, shared: bool = False
+    ) -> CallRecord:
+        m = self.cache._metrics
+        ts, es = m._for(tool.name, effect.value)
+        for s in (ts, es):
+            s.hits += 1
+            s.shared += shared or source == "shared"
+            s.saved_seconds += entry.duration
+        m.hits += 1
+        m.saved_seconds += entry.duration
+        result = self._decode(tool, entry)
+        if isinstance(result, BaseException):
+            raise result
+        return CallRecord(tool.name, effect, source, result, entry.duration, key.hex())
+
+    def _miss(self, tool: Tool, effect: Effect, entry: Entry | None, duration: float | None) -> None:
+        m = self.cache._metrics
+        ts, es = m._for(tool.name, effect.value)
+        d = entry.duration if entry is not None else (duration or 0.0)
+        for s in (ts, es):
+            s.misses += 1
+            s.executed_seconds += d
+        m.misses += 1
+
+    async def _read(self, tool: Tool, args: dict[str, Any], effect: Effect, key: bytes) -> CallRecord:
+        cache = self.cache
+        while True:
+            flight = cache._flights.get(key)
+            if flight is not None:
+                await flight.done.wait()
+                if flight.entry is not None:
+                    return self._hit(tool, effect, flight.entry, "shared", key)
+                continue  # the leader failed without a result: go round, maybe as the leader
+            entry = await cache._lookup(key)
+            if entry is not None:
+                try:
+                    self._decode(tool, entry)
+                except CorruptRecord:
+                    cache._metrics.corrupt += 1
+                    await cache._delete(key)
+                    entry = None
+            if entry is not None:
+                if cache._audit_draw():
+                    return await self._audit(tool, args, effect, key, entry)
+                return self._hit(tool, effect, entry, "cache", key)
+            if cache._flights.get(key) is not None:
+                continue
+            flight = cache._flights.lead(key)
+            entry = None
+            try:
+                entry, result = await self._run_for_entry(tool, args, effect)
+                if entry is not None:
+                    await cache._put(key, entry)
+            finally:
+                cache._flights.finish(key, flight, entry)
+            self._miss(tool, effect, entry, None)
+            duration = entry.duration if entry is not None else 0.0
+            if isinstance(result, BaseException):
+                raise result
+            return CallRecord(tool.name, effect, "executed", result, duration, key.hex())
+
+    async def _audit(self, tool: Tool, args: dict[str, Any], effect: Effect, key: bytes, entry: Entry) -> CallRecord:
+        """Re-execute a hit and compare; the live outcome is returned (it is the truth either way)."""
+        m = self.cache._metrics
+        m.audits += 1
+        cached = self._decode(tool, entry)
+        try:
+            live, duration = await self._execute(tool, args)
+        except ToolError as exc:
+            live, duration = exc, 0.0
+
+        def view(x: Any) -> Any:
+            if isinstance(x, BaseException):
+                return (type(x).__name__, str(x))
+            return tool.fingerprint(x)
+
+        if view(cached) != view(live):
+            m.audit_mismatches += 1
+            if len(m.mismatches) < _MAX_MISMATCHES:
+                m.mismatches.append(AuditMismatch(tool.name, key.hex(), dict(args)))
+        self._miss(tool, effect, None, duration)
+        if isinstance(live, BaseException):
+            raise live
+        return CallRecord(tool.name, effect, "executed", live, duration, key.hex())
+
+    # ------------------------------------------------------------------------------------------ writes
+
+    async def _write(self, tool: Tool, args: dict[str, Any], call: bytes) -> CallRecord:
+        cache = self.cache
+        key = self._chain.write_key(call)
+        if cache.provider is None:
+            # No way to restore a state: run it, but tell the metrics what a fork provider would have served.
+            known = await cache._lookup(key)
+            record = (await self._write_miss(tool, args, call, key, capture=False))[0]
+            if known is not None:
+                cache._metrics.write_hits_unserved += 1
+                cache._metrics.write_seconds_unserved += known.duration
+                record = msgspec.structs.replace(record, unserved_hit=True)
+            return record
+        while True:
+            flight = cache._flights.get(key)
+            if flight is not None:
+                await flight.done.wait()
+                if flight.entry is not None and flight.entry.snapshot is not None:
+                    restored = await self._restore(tool, call, key, flight.entry, shared=True)
+                    if restored is not None:
+                        return restored
+                    return (await self._write_miss(tool, args, call, key, capture=True))[0]
+                if flight.entry is not None:
+                    return (await self._write_miss(tool, args, call, key, capture=True))[0]
+                continue
+            entry = await cache._lookup(key)
+            if entry is not None and entry.snapshot is not None:
+                restored = await self._restore(tool, call, key, entry, shared=False)
+                if restored is not None:
+                    return restored
+            if cache._flights.get(key) is not None:
+                continue
+            flight = cache._flights.lead(key)
+            published: Entry | None = None
+            try:
+                record, published = await self._write_miss(tool, args, call, key, capture=True)
+            finally:
+                cache._flights.finish(key, flight, published)
+            return record
+
+    async def _write_miss(
+        self, tool: Tool, args: dict[str, Any], call: bytes, key: bytes, *, capture: bool
+    ) -> tuple[CallRecord, Entry | None]:
+        """Run a write, advance the chain, capture the new state if asked, store the entry. A deterministic tool
+        error is raised after all that (the error is the cached outcome); the entry is returned for waiters."""
+        cache = self.cache
+        try:
+            entry, result = await self._run_for_entry(tool, args, Effect.WRITE)
+        except BaseException:
+            self._move(self._chain.taint)  # the call may have changed the workspace in a way nobody can name
+            raise
+        if entry is None:
+            self._move(self._chain.taint)
+            self._miss(tool, Effect.WRITE, None, None)
+            return CallRecord(tool.name, Effect.WRITE, "executed", result, 0.0, None), None
+        self._move(lambda: self._chain.advance(call))
+        assert self._state == key
+        provider = cache.provider
+        if capture and provider is not None and entry.duration >= cache.capture_min_duration:
+            try:
+                ref = await provider.capture(self._ws)
+            except BunshinError:
+                cache._metrics.capture_failures += 1
+            else:
+                cache._metrics.captures += 1
+                entry = msgspec.structs.replace(entry, snapshot=ref)
+                await cache._discard(cache._tree.attach(key, ref))
+        await cache._put(key, entry)
+        self._miss(tool, Effect.WRITE, entry, None)
+        if isinstance(result, BaseException):
+            raise result
+        return CallRecord(tool.name, Effect.WRITE, "executed", result, entry.duration, key.hex()), entry
+
+    async def _restore(self, tool: Tool, call: bytes, key: bytes, entry: Entry, *, shared: bool) -> CallRecord | None:
+        """Serve a write hit by restoring its snapshot; None when the provider could not (then the call runs)."""
+        cache = self.cache
+        assert cache.provider is not None and entry.snapshot is not None
+        try:
+            self._decode(tool, entry)
+        except CorruptRecord:
+            cache._metrics.corrupt += 1
+            await cache._delete(key)
+            return None
+        tree = cache._tree
+        tree.pin(key, self._state)  # the snapshot must outlive the restore
+        t0 = time.perf_counter()
+        try:
+            try:
+                ws = await cache.provider.restore(self._ws, entry.snapshot)
+            except BunshinError:
+                cache._metrics.restore_failures += 1
+                return None
+            cache._metrics.restores += 1
+            cache._metrics.restore_seconds += time.perf_counter() - t0
+            await self._switch(ws)
+            self._move(lambda: self._chain.advance(call))
+        finally:
+            tree.unpin(key)
+        return self._hit(tool, Effect.WRITE, entry, "restored", key, shared=shared)
+
+    async def _switch(self, ws: Workspace) -> None:
+        if ws is self._ws:
+            return
+        old, self._ws = self._ws, ws
+        self._owned.append(ws)
+        if old in self._owned:
+            self._owned.remove(old)
+            with anyio.CancelScope(shield=True):
+                await old.aclose()
+
+    def _move(self, step: Any) -> None:
+        """Apply ``step`` to the chain and move this session's pin to the new state."""
+        old = self._state
+        step()
+        self._state = self._chain.key
+        self.cache._tree.pin(self._state, old)
+        self.cache._tree.unpin(old)

@@ -1,0 +1,63 @@
+"""What the cache did: hits and misses per tool and effect class, time saved, bytes stored, audit results."""
+
+from __future__ import annotations
+
+import msgspec
+
+from ._store import StoreStats
+
+
+class ToolStats(msgspec.Struct, kw_only=True):
+    """Counters for one tool or one effect class. Seconds are the calls' recorded run times."""
+
+    calls: int = 0
+    hits: int = 0
+    shared: int = 0  # hits served by a concurrent identical call (single flight), counted in ``hits`` too
+    misses: int = 0
+    uncacheable: int = 0
+    executed_seconds: float = 0.0
+    saved_seconds: float = 0.0
+
+
+class AuditMismatch(msgspec.Struct, frozen=True):
+    tool: str
+    key: str
+    args: dict[str, object]
+
+
+class CacheMetrics(msgspec.Struct, kw_only=True):
+    """A snapshot of a ``ToolCache``'s counters (``ToolCache.metrics()``)."""
+
+    by_tool: dict[str, ToolStats] = msgspec.field(default_factory=dict)
+    by_effect: dict[str, ToolStats] = msgspec.field(default_factory=dict)
+    hits: int = 0
+    misses: int = 0
+    saved_seconds: float = 0.0
+    corrupt: int = 0
+    store_errors: int = 0
+    bytes_written: int = 0
+    #: Write calls found in the cache but executed because no ``StateProvider`` is set: what a fork provider
+    #: would serve (and the run time it would save, before the cost of the restore).
+    write_hits_unserved: int = 0
+    write_seconds_unserved: float = 0.0
+    restores: int = 0
+    restore_failures: int = 0
+    restore_seconds: float = 0.0
+    captures: int = 0
+    capture_failures: int = 0
+    snapshots: int = 0
+    snapshot_bytes: int = 0
+    snapshots_evicted: int = 0
+    audits: int = 0
+    audit_mismatches: int = 0
+    mismatches: list[AuditMismatch] = msgspec.field(default_factory=list)
+    store: StoreStats | None = None
+
+    def _for(self, tool: str, effect: str) -> tuple[ToolStats, ToolStats]:
+        t = self.by_tool.get(tool)
+        if t is None:
+            t = self.by_tool[tool] = ToolStats()
+        e = self.by_effect.get(effect)
+        if e is None:
+            e = self.by_effect[effect] = ToolStats()
+        return t, e

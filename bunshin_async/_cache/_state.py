@@ -1,0 +1,149 @@
+"""Workspace states: snapshot references, the ``StateProvider`` protocol, and the prefix tree of states.
+
+A hit on a ``write`` call cannot be served by returning a result: the workspace must end up in the state the call
+left behind. A ``StateProvider`` captures that state after a call ran and restores it later. The real provider
+forks a live snapshot (``Workspace.fork``/``snapshot``, being built); until it lands, a ``ToolCache`` without a
+provider executes every write and serves only ``read``/``pure`` hits.
+
+The tree mirrors the state chains of this process's sessions: a node per state, its parent, the snapshot captured
+there (if any) and how many sessions stand on it or restore from it. A pinned node's snapshot is never evicted;
+the rest are evicted least recently used beyond the snapshot byte budget.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Protocol
+
+from ._records import SnapshotRef
+
+if TYPE_CHECKING:
+    from .._workspace import Workspace
+
+__all__ = ["SnapshotRef", "StateProvider", "StateTree"]
+
+
+class StateProvider(Protocol):
+    """Captures and restores workspace states for ``write`` hits.
+
+    ``capture`` must not change ``ws`` and returns a ref whose ``size`` is what keeping it costs (bytes).
+    ``restore`` returns the workspace the session continues with, in the captured state: a new workspace (a fork
+    of the snapshot; the session then owns it and closes it when done) or ``ws`` itself restored in place. It may
+    raise any ``BunshinError`` (``ForkError`` typically); the session then executes the call instead.
+    ``discard`` frees a snapshot the cache evicted; it is never called for a ref in use.
+    """
+
+    async def capture(self, ws: Workspace) -> SnapshotRef: ...
+
+    async def restore(self, ws: Workspace, ref: SnapshotRef) -> Workspace: ...
+
+    async def discard(self, ref: SnapshotRef) -> None: ...
+
+
+class _Node:
+    __slots__ = ("key", "parent", "children", "snapshot", "refs", "last_used")
+
+    def __init__(self, key: bytes, parent: _Node | None) -> None:
+        self.key = key
+        self.parent = parent
+        self.children: set[bytes] = set()
+        self.snapshot: SnapshotRef | None = None
+        self.refs = 0
+        self.last_used = time.monotonic()
+
+
+class StateTree:
+    """States of this process, with reference counts and an LRU snapshot budget (``snapshot_budget`` bytes)."""
+
+    def __init__(self, snapshot_budget: int) -> None:
+        self.snapshot_budget = snapshot_budget
+        self._nodes: dict[bytes, _Node] = {}
+        self.snapshot_bytes = 0
+        self.snapshots = 0
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def __contains__(self, key: bytes) -> bool:
+        return key in self._nodes
+
+    def refs(self, key: bytes) -> int:
+        node = self._nodes.get(key)
+        return node.refs if node else 0
+
+    def snapshot(self, key: bytes) -> SnapshotRef | None:
+        node = self._nodes.get(key)
+        return node.snapshot if node else None
+
+    def pin(self, key: bytes, parent: bytes | None = None) -> None:
+        """Hold the state ``key`` (a child of ``parent``): its snapshot is not evicted until ``unpin``."""
+        node = self._nodes.get(key)
+        if node is None:
+            pnode = self._nodes.get(parent) if parent is not None else None
+            node = self._nodes[key] = _Node(key, pnode)
+            if pnode is not None:
+                pnode.children.add(key)
+        node.refs += 1
+        node.last_used = time.monotonic()
+
+    def unpin(self, key: bytes) -> None:
+        node = self._nodes.get(key)
+        if node is None:
+            return
+        node.refs -= 1
+        node.last_used = time.monotonic()
+        self._prune(node)
+
+    def _prune(self, node: _Node | None) -> None:
+        # A node with nothing to keep (no snapshot, no holder, no child) goes, and maybe its parent after it.
+        while node is not None and node.refs <= 0 and node.snapshot is None and not node.children:
+            del self._nodes[node.key]
+            parent = node.parent
+            if parent is not None:
+                parent.children.discard(node.key)
+            node = parent
+
+    def attach(self, key: bytes, ref: SnapshotRef) -> list[tuple[bytes, SnapshotRef]]:
+        """Record a snapshot of state ``key`` (which must be pinned); returns the ``(key, ref)`` pairs evicted to
+        stay within budget, for the caller to discard (the new one may be among them if it alone exceeds it)."""
+        node = self._nodes[key]
+        evicted: list[tuple[bytes, SnapshotRef]] = []
+        if node.snapshot is not None:
+            evicted.append((key, node.snapshot))
+            self._drop(node)
+        node.snapshot = ref
+        node.last_used = time.monotonic()
+        self.snapshot_bytes += ref.size
+        self.snapshots += 1
+        return evicted + self.evict()
+
+    def _drop(self, node: _Node) -> None:
+        assert node.snapshot is not None
+        self.snapshot_bytes -= node.snapshot.size
+        self.snapshots -= 1
+        node.snapshot = None
+
+    def evict(self) -> list[tuple[bytes, SnapshotRef]]:
+        if self.snapshot_bytes <= self.snapshot_budget:
+            return []
+        candidates = sorted(
+            (n for n in self._nodes.values() if n.snapshot is not None and n.refs <= 0), key=lambda n: n.last_used
+        )
+        evicted = []
+        for node in candidates:
+            if self.snapshot_bytes <= self.snapshot_budget:
+                break
+            assert node.snapshot is not None
+            evicted.append((node.key, node.snapshot))
+            self._drop(node)
+            self._prune(node)
+        return evicted
+
+    def drain(self) -> list[tuple[bytes, SnapshotRef]]:
+        """Every snapshot, pinned or not (the cache is closing)."""
+        out = []
+        for node in list(self._nodes.values()):
+            if node.snapshot is not None:
+                out.append((node.key, node.snapshot))
+                self._drop(node)
+        return out

@@ -1,0 +1,1 @@
+"""The latency-hiding experiment (``bunshin bench``, the README's main command)."""

@@ -1,0 +1,320 @@
+"""The latency-hiding experiment: what each mechanism buys against a baseline, measured side by side.
+
+Configurations, all in one run on the same workload:
+
+- ``baseline``: a fresh workspace per rollout, the task's set-up repeated in each, no cache, no speculation;
+- ``fork``: the set-up once, then BunshinFork ``n`` ways;
+- ``fork+cache``: plus the tool prefix cache shared by the group (a hit on a state-changing call forks the
+  cached state instead of re-executing);
+- ``fork+cache+spec``: plus speculative tool execution while the model is still generating.
+
+LLM model: the replay server serves scripted (or recorded) assistant turns with their ``llm_seconds`` times
+``time_scale``; tools execute for real in the workspace (optionally padded with ``sleep`` to their recorded
+duration times ``time_scale``). Memory: summed PSS of every process of every live workspace plus the snapshots on
+tmpfs, sampled every 0.1 s; GiB-seconds is its integral.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgspec
+
+from .._accounting import ResourceMonitor
+from .._fork import snapshot_dir
+from .._llm._replay import ReplayServer
+from .._llm._timing import RecordedTiming
+from .._rollout import Budget, GroupRollout, RolloutContext, RolloutResult, Task
+from .._trajectory import Trajectory
+from ..agent import Tool, bash_tool, run_agent
+
+__all__ = ["CONFIGS", "Config", "ConfigResult", "ExperimentResult", "run_experiment"]
+
+
+class Config(msgspec.Struct, frozen=True):
+    name: str
+    fork: bool
+    cache: bool
+    speculation: bool
+
+
+CONFIGS = {
+    c.name: c
+    for c in (
+        Config("baseline", fork=False, cache=False, speculation=False),
+        Config("fork", fork=True, cache=False, speculation=False),
+        Config("fork+cache", fork=True, cache=True, speculation=False),
+        Config("fork+cache+spec", fork=True, cache=True, speculation=True),
+    )
+}
+
+
+class RolloutSummary(msgspec.Struct):
+    rollout: int
+    status: str
+    reason: str | None
+    reward: float | None
+    wall_seconds: float
+    llm_seconds: float
+    tool_seconds: float
+    calls: list[str]
+    results_digest: str  # of every deterministic tool result (exit code and output), in order
+
+
+class ConfigResult(msgspec.Struct):
+    name: str
+    group_latency_s: float  # start of the run to the last rollout of the last group
+    rollout_latency_s: dict[str, float]  # median, p90, max over rollouts
+    setup_seconds: float | None
+    peak_memory_mib: float
+    total_memory_gib_s: float
+    cpu_seconds: float
+    rollouts: list[RolloutSummary]
+    memory_timeline: list[tuple[float, float]]  # (t, MiB)
+    extra: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class ExperimentResult(msgspec.Struct):
+    date: str
+    machine: dict[str, Any]
+    workload: dict[str, Any]
+    models: dict[str, str]
+    configs: list[ConfigResult]
+    vs_baseline: dict[str, dict[str, float]]
+    same_calls_and_results: bool
+
+
+class ReplayAgent:
+    """The agent loop (``bunshin_async.agent.run_agent``) against the replay server, one trajectory per rollout."""
+
+    def __init__(
+        self,
+        base_url: str,
+        tools_for: Callable[[RolloutContext], Sequence[Tool]],
+        model_for: Callable[[RolloutContext], str],
+    ) -> None:
+        import openai
+
+        self.client = openai.AsyncOpenAI(base_url=base_url, api_key="replay", max_retries=0, timeout=600)
+        self.tools_for = tools_for
+        self.model_for = model_for
+
+    async def run(self, ctx: RolloutContext) -> Trajectory:
+        return await run_agent(
+            self.client,
+            self.model_for(ctx),
+            ctx.task.prompt,
+            ctx.ws,
+            tools=list(self.tools_for(ctx)),
+            max_turns=ctx.budget.max_turns or 1000,
+            task_id=ctx.task.task_id,
+            rollout=ctx.rollout,
+        )
+
+    async def aclose(self) -> None:
+        await self.client.close()
+
+
+def _summary(r: RolloutResult) -> RolloutSummary:
+    steps = r.trajectory.steps if r.trajectory else []
+    h = hashlib.sha256()
+    for s in steps:
+        h.update(f"{s.tool}|{s.exit_code}|{s.observation}\n".encode())
+    return RolloutSummary(
+        rollout=r.rollout,
+        status=r.status,
+        reason=r.reason,
+        reward=r.reward,
+        wall_seconds=round(r.wall_seconds, 3),
+        llm_seconds=round(r.llm_seconds, 3),
+        tool_seconds=round(r.tool_seconds, 3),
+        calls=[str((s.args or {}).get("command", s.tool)) for s in steps if s.tool],
+        results_digest=h.hexdigest()[:16],
+    )
+
+
+def _quantiles(xs: list[float]) -> dict[str, float]:
+    if not xs:
+        return {"median": 0.0, "p90": 0.0, "max": 0.0}
+    s = sorted(xs)
+    return {
+        "median": round(statistics.median(s), 3),
+        "p90": round(s[min(len(s) - 1, round(0.9 * (len(s) - 1)))], 3),
+        "max": round(s[-1], 3),
+    }
+
+
+async def run_config(
+    config: Config,
+    groups: Sequence[tuple[Task, list[Trajectory]]],
+    *,
+    time_scale: float,
+    budget: Budget,
+    tools_for: Callable[[RolloutContext], Sequence[Tool]],
+    progress: Callable[[str], None] = print,
+) -> ConfigResult:
+    """Run every group under ``config`` concurrently and measure it."""
+    trajectories = [t for _, ts in groups for t in ts]
+    results: list[RolloutResult] = []
+    setup: list[float] = []
+    async with ReplayServer(trajectories, timing=RecordedTiming(ttft=0.05), time_scale=time_scale) as server:
+        agent = ReplayAgent(server.base_url, tools_for, lambda ctx: f"replay:{ctx.task.task_id}:{ctx.rollout}")
+        t0 = time.monotonic()
+        try:
+            async with ResourceMonitor(interval=0.1, extra_dirs=[snapshot_dir()]) as monitor:
+
+                async def one_group(task: Task, n: int) -> None:
+                    async with GroupRollout(
+                        task, n, agent, budget=budget, fork=config.fork, monitor=monitor
+                    ) as group:
+                        async for r in group:
+                            results.append(r)
+                            progress(
+                                f"  [{config.name}] {task.task_id}#{r.rollout} {r.status} reward={r.reward} "
+                                f"{r.wall_seconds:.1f}s"
+                            )
+                        if group.setup_seconds is not None:
+                            setup.append(group.setup_seconds)
+
+                async with anyio.create_task_group() as tg:
+                    for task, ts in groups:
+                        tg.start_soon(one_group, task, len(ts))
+            latency = time.monotonic() - t0
+        finally:
+            await agent.aclose()
+    report = monitor.report()
+    results.sort(key=lambda r: (r.task_id, r.rollout))
+    return ConfigResult(
+        name=config.name,
+        group_latency_s=round(latency, 3),
+        rollout_latency_s=_quantiles([r.wall_seconds for r in results]),
+        setup_seconds=round(statistics.median(setup), 3) if setup else None,
+        peak_memory_mib=round(report.peak_bytes / (1 << 20), 1),
+        total_memory_gib_s=round(report.gib_seconds, 3),
+        cpu_seconds=round(report.cpu_seconds, 2),
+        rollouts=[_summary(r) for r in results],
+        memory_timeline=[(round(s.t, 2), round((s.pss_bytes + s.extra_bytes) / (1 << 20), 1)) for s in report.samples],
+    )
+
+
+def _ratio(new: float, old: float) -> float:
+    return round(1 - new / old, 3) if old else 0.0
+
+
+async def run_experiment(
+    groups: Sequence[tuple[Task, list[Trajectory]]],
+    *,
+    configs: Sequence[str] = tuple(CONFIGS),
+    time_scale: float = 1.0,
+    budget: Budget | None = None,
+    tools_for: Callable[[RolloutContext], Sequence[Tool]] | None = None,
+    workload: dict[str, Any] | None = None,
+    progress: Callable[[str], None] = print,
+) -> ExperimentResult:
+    budget = budget or Budget(max_turns=100, wall_seconds=1800)
+    if tools_for is None:
+        default = [bash_tool(timeout=600)]
+        tools_for = lambda ctx: default  # noqa: E731
+    out: list[ConfigResult] = []
+    for name in configs:
+        progress(f"configuration {name}")
+        out.append(await run_config(CONFIGS[name], groups, time_scale=time_scale, budget=budget, tools_for=tools_for,
+                                    progress=progress))  # fmt: skip
+    base = out[0]
+    vs = {
+        c.name: {
+            "peak_memory_reduction": _ratio(c.peak_memory_mib, base.peak_memory_mib),
+            "total_memory_reduction": _ratio(c.total_memory_gib_s, base.total_memory_gib_s),
+            "group_latency_reduction": _ratio(c.group_latency_s, base.group_latency_s),
+        }
+        for c in out[1:]
+    }
+    key = [[(r.calls, r.results_digest) for r in c.rollouts] for c in out]
+    return ExperimentResult(
+        date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        machine={"cpus": os.cpu_count(), "memory_gib": round(_mem_total() / (1 << 30), 1),
+                 "kernel": platform.release(), "python": platform.python_version()},  # fmt: skip
+        workload=workload or {},
+        models={
+            "llm": f"replay server: recorded per-turn llm_seconds x time_scale {time_scale} (first token after "
+            "min(0.05 s, llm_seconds)); simulated, not a real model",
+            "tools": "executed for real in the workspace (measured)",
+            "memory": "summed PSS of all workspace processes + snapshot bytes on tmpfs, sampled every 0.1 s",
+        },
+        configs=out,
+        vs_baseline=vs,
+        same_calls_and_results=all(k == key[0] for k in key),
+    )
+
+
+def _mem_total() -> int:
+    with open("/proc/meminfo") as f:
+        return int(f.readline().split()[1]) * 1024
+
+
+def markdown_table(result: ExperimentResult) -> str:
+    rows = [
+        "| configuration | group latency (s) | rollout p50 / p90 (s) | peak memory (MiB) | total memory (GiB·s) "
+        "| CPU (s) | vs baseline: peak / total / latency |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for c in result.configs:
+        vs = result.vs_baseline.get(c.name)
+        rel = (
+            f"-{100 * vs['peak_memory_reduction']:.0f}% / -{100 * vs['total_memory_reduction']:.0f}% / "
+            f"-{100 * vs['group_latency_reduction']:.0f}%"
+            if vs
+            else "(baseline)"
+        )
+        rows.append(
+            f"| {c.name} | {c.group_latency_s:.1f} | {c.rollout_latency_s['median']:.1f} / "
+            f"{c.rollout_latency_s['p90']:.1f} | {c.peak_memory_mib:.0f} | {c.total_memory_gib_s:.2f} | "
+            f"{c.cpu_seconds:.0f} | {rel} |"
+        )
+    return "\n".join(rows)
+
+
+def write_outputs(result: ExperimentResult, out_dir: Path) -> list[Path]:
+    """experiment.json, experiment.md and two PNG plots (memory over time; latency per rollout)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / "experiment.json", out_dir / "experiment.md"]
+    paths[0].write_bytes(msgspec.json.format(msgspec.json.encode(result), indent=2))
+    paths[1].write_text(markdown_table(result) + "\n")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # plots are optional; the JSON holds every figure
+        return paths
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for c in result.configs:
+        ax.plot([t for t, _ in c.memory_timeline], [m for _, m in c.memory_timeline], label=c.name)
+    ax.set_xlabel("seconds since start")
+    ax.set_ylabel("memory (MiB, PSS + snapshots)")
+    ax.set_title("Memory over time per configuration")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_dir / "memory.png", dpi=100)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(8, 4))
+    width = 0.8 / max(1, len(result.configs))
+    for k, c in enumerate(result.configs):
+        xs = [i + k * width for i in range(len(c.rollouts))]
+        ax.bar(xs, [r.wall_seconds for r in c.rollouts], width=width, label=c.name)
+    ax.set_xlabel("rollout")
+    ax.set_ylabel("latency (s)")
+    ax.set_title("Latency per rollout")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_dir / "latency.png", dpi=100)
+    plt.close(fig)
+    return [*paths, out_dir / "memory.png", out_dir / "latency.png"]

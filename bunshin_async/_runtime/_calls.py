@@ -1,0 +1,129 @@
+"""Canonical call identity and the interfaces the runtime speaks to predictors and policies.
+
+The runtime only knows these Protocols; the predictors and policies themselves live in the ``speculator`` package
+(which imports ``bunshin_async``, never the reverse).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import msgspec
+import xxhash
+
+from .._tools import Effect, Tool
+
+__all__ = [
+    "CallKey",
+    "Candidate",
+    "Launch",
+    "Policy",
+    "PredictionContext",
+    "Predictor",
+    "canonical_args",
+    "chain_root",
+    "extend_chain",
+]
+
+_canon_encoder = msgspec.json.Encoder(order="deterministic")
+
+
+def canonical_args(tool: Tool | None, args: Mapping[str, Any]) -> bytes:
+    """The arguments as deterministic JSON, after the tool's own normalization (defaults filled in, ``1.0`` and
+    ``1`` made one number), so two spellings of one call compare equal. Raises ``InvalidArgument``."""
+    norm = tool.normalize(args) if tool is not None else dict(args)
+    return _canon_encoder.encode(norm)
+
+
+class CallKey(msgspec.Struct, frozen=True):
+    """What makes two calls the same call: tool name, tool version and canonical arguments (JSON bytes)."""
+
+    name: str
+    version: str
+    args: bytes
+
+    @classmethod
+    def of(cls, tool: Tool, args: Mapping[str, Any]) -> CallKey:
+        return cls(tool.name, tool.version, canonical_args(tool, args))
+
+    def arguments(self) -> dict[str, Any]:
+        out: dict[str, Any] = msgspec.json.decode(self.args)
+        return out
+
+    def digest(self) -> bytes:
+        return xxhash.xxh3_128(_canon_encoder.encode((self.name, self.version, self.args))).digest()
+
+
+def chain_root(salt: str = "") -> bytes:
+    """Key of the empty call history (``salt`` separates tasks: rollouts of one group share it)."""
+    return xxhash.xxh3_128(b"bunshin-chain\0" + salt.encode()).digest()
+
+
+def extend_chain(key: bytes, call: CallKey) -> bytes:
+    """Key of the history ``key`` followed by ``call`` (a prefix hash: equal histories give equal keys)."""
+    h = xxhash.xxh3_128(key)
+    h.update(call.digest())
+    return h.digest()
+
+
+class Candidate(msgspec.Struct, frozen=True, kw_only=True):
+    """A predicted next call. ``probability`` is the predictor's belief that the next call is exactly this one;
+    ``expected_seconds`` (optional) the predictor's guess of its run time; ``source`` names the predictor."""
+
+    name: str
+    arguments: dict[str, Any]
+    probability: float
+    source: str = ""
+    expected_seconds: float | None = None
+
+
+class PredictionContext(msgspec.Struct, frozen=True, kw_only=True):
+    """What a predictor may look at: the rollout's previous calls (oldest first, canonical), the chain key of that
+    history (equal across rollouts of a group that made the same calls), the turn number, and ``position`` (the
+    index in the current message of the call being predicted; the ``decided`` ones before it are known)."""
+
+    history: tuple[CallKey, ...]
+    chain: bytes
+    turn: int
+    position: int
+    decided: tuple[CallKey, ...] = ()
+    group: str = ""
+
+
+@runtime_checkable
+class Predictor(Protocol):
+    """Ranks candidate next calls. ``predict`` must be cheap (it runs on the event loop, at every decision point);
+    ``observe`` is told the call that was really made in ``ctx`` (to learn online)."""
+
+    name: str
+
+    def predict(self, ctx: PredictionContext) -> Sequence[Candidate]: ...
+
+    def observe(self, ctx: PredictionContext, call: CallKey) -> None: ...
+
+
+class Launch(msgspec.Struct, frozen=True, kw_only=True):
+    """A candidate the runtime could launch, with what the runtime knows about it: its canonical ``key`` and its
+    ``effect`` class for these arguments (``pure``/``read`` run in place, ``write`` in a fork)."""
+
+    candidate: Candidate
+    key: CallKey
+    effect: Effect
+
+    @property
+    def needs_fork(self) -> bool:
+        return self.effect is Effect.WRITE
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """Chooses which of ``options`` (best first, deduplicated, none already running) to launch now, given how many
+    branches run (``running``) and how many of those hold a fork (``forks``). Told, to learn online, every tool
+    run time and every fork's cost."""
+
+    def select(self, options: Sequence[Launch], *, running: int, forks: int) -> list[Launch]: ...
+
+    def observe_tool(self, key: CallKey, seconds: float) -> None: ...
+
+    def observe_fork(self, seconds: float, memory_bytes: int) -> None: ...

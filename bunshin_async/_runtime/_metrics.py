@@ -1,0 +1,115 @@
+"""Per-turn and per-rollout speculation metrics, and the timeline of a turn (msgspec records)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+__all__ = ["BranchRecord", "RolloutMetrics", "TimelineEvent", "TurnMetrics"]
+
+EventKind = Literal[
+    "turn_start",
+    "first_token",
+    "tool_name",
+    "arguments_complete",
+    "message_finished",
+    "stream_end",
+    "branch_launch",
+    "branch_ready",
+    "branch_done",
+    "branch_commit",
+    "branch_discard",
+    "call_start",
+    "call_done",
+    "turn_end",
+]
+
+
+class TimelineEvent(msgspec.Struct, frozen=True, array_like=True):
+    """``t``: seconds since the turn started; ``index``: the call (or branch position) it concerns, -1 if none."""
+
+    t: float
+    kind: EventKind
+    index: int = -1
+    detail: str = ""
+
+
+class BranchRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """One speculative branch. ``outcome``: ``committed`` (its result was used), ``wasted`` (a wrong prediction,
+    or started too late to matter and discarded), ``failed`` (the fork or the run failed; the call ran normally).
+    Seconds are wall time; ``cpu_seconds`` is the fork's cgroup CPU time (0 for in-place reads);
+    ``memory_bytes`` the fork's peak memory plus its private files."""
+
+    position: int
+    tool: str
+    effect: str
+    source: str
+    probability: float
+    outcome: Literal["committed", "wasted", "failed"]
+    launched_at: float
+    fork_seconds: float = 0.0
+    run_seconds: float = 0.0
+    cpu_seconds: float = 0.0
+    memory_bytes: int = 0
+    saved_seconds: float = 0.0
+
+
+class TurnMetrics(msgspec.Struct, kw_only=True):
+    """One turn: ``predicted`` distinct candidates seen, ``launched`` branches, ``committed`` (hits), ``wasted``
+    ones with their cost, ``saved_seconds`` (tool time moved off the critical path, net of waiting for the branch),
+    ``llm_seconds`` (turn start to message end), ``tool_seconds`` (critical tool time after the message ended) and
+    ``turn_seconds`` (turn start to the last result)."""
+
+    turn: int = 0
+    calls: int = 0
+    predicted: int = 0
+    launched: int = 0
+    committed: int = 0
+    wasted: int = 0
+    failed: int = 0
+    wasted_seconds: float = 0.0
+    wasted_cpu_seconds: float = 0.0
+    wasted_memory_bytes: int = 0
+    fork_seconds: float = 0.0
+    saved_seconds: float = 0.0
+    llm_seconds: float = 0.0
+    tool_seconds: float = 0.0
+    turn_seconds: float = 0.0
+    branches: list[BranchRecord] = msgspec.field(default_factory=list)
+    timeline: list[TimelineEvent] = msgspec.field(default_factory=list)
+
+
+class RolloutMetrics(msgspec.Struct, kw_only=True):
+    """Sums over a rollout's turns (``add`` one ``TurnMetrics`` per turn)."""
+
+    turns: int = 0
+    calls: int = 0
+    predicted: int = 0
+    launched: int = 0
+    committed: int = 0
+    wasted: int = 0
+    failed: int = 0
+    wasted_seconds: float = 0.0
+    wasted_cpu_seconds: float = 0.0
+    wasted_memory_bytes: int = 0
+    fork_seconds: float = 0.0
+    saved_seconds: float = 0.0
+    llm_seconds: float = 0.0
+    tool_seconds: float = 0.0
+    wall_seconds: float = 0.0
+
+    def add(self, turn: TurnMetrics) -> None:
+        self.turns += 1
+        for name in (
+            "calls", "predicted", "launched", "committed", "wasted", "failed", "wasted_seconds",
+            "wasted_cpu_seconds", "wasted_memory_bytes", "fork_seconds", "saved_seconds", "llm_seconds",
+            "tool_seconds",
+        ):  # fmt: skip
+            setattr(self, name, getattr(self, name) + getattr(turn, name))
+        self.wall_seconds += turn.turn_seconds
+
+    @property
+    def hit_rate(self) -> float:
+        """Committed branches per call made."""
+        return self.committed / self.calls if self.calls else 0.0

@@ -1,0 +1,62 @@
+"""Speculative tool execution: run likely tool calls while the model is still generating.
+
+The agent loop holds a ``WorkspaceHandle`` (speculation may move the rollout into a committed fork) and runs each
+turn through ``run_turn`` (or ``SpeculativeTurn`` to see results as they come)::
+
+    from bunshin_async.speculation import Speculation, WorkspaceHandle, run_turn
+    from speculator import default_speculation
+
+    spec = default_speculation(group=task_id)             # predictors + cost-aware policy, shared by a group
+    async with WorkspaceHandle(ws, own=False, salt=task_id) as handle:
+        for turn in range(max_turns):
+            stream = await client.chat.completions.create(..., stream=True)
+            async with tap_openai_stream(stream, tools) as tap:
+                outcome = await run_turn(tap, handle, tools, spec)     # spec=None: the plain path
+            ...                                             # outcome.results in call order; handle.workspace
+
+Predictors and policies live in the ``speculator`` package; this module only knows their Protocols.
+"""
+
+from __future__ import annotations
+
+from ._runtime import (
+    BoundedPolicy,
+    BranchRecord,
+    CallKey,
+    CallResult,
+    Candidate,
+    Launch,
+    Policy,
+    PredictionContext,
+    Predictor,
+    RolloutMetrics,
+    Speculation,
+    SpeculativeTurn,
+    TimelineEvent,
+    TurnMetrics,
+    TurnOutcome,
+    WorkspaceHandle,
+    canonical_args,
+    run_turn,
+)
+
+__all__ = [
+    "BoundedPolicy",
+    "BranchRecord",
+    "CallKey",
+    "CallResult",
+    "Candidate",
+    "Launch",
+    "Policy",
+    "PredictionContext",
+    "Predictor",
+    "RolloutMetrics",
+    "Speculation",
+    "SpeculativeTurn",
+    "TimelineEvent",
+    "TurnMetrics",
+    "TurnOutcome",
+    "WorkspaceHandle",
+    "canonical_args",
+    "run_turn",
+]

@@ -1,0 +1,217 @@
+"""Predictors of the next tool call. Each implements ``bunshin_async.speculation.Predictor``: ``predict(ctx)``
+returns ranked ``Candidate``s with probabilities, ``observe(ctx, call)`` learns from the call really made."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import re
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import msgspec
+
+from bunshin_async.speculation import CallKey, Candidate, PredictionContext
+
+from ._signature import signature
+
+__all__ = ["HistoryPredictor", "NgramModel", "Rule", "RulePredictor", "SiblingPredictor", "SiblingTable"]
+
+
+class SiblingTable:
+    """What rollouts of one group did next from each history: ``{chain key: Counter[call]}``, in memory, shared by
+    every rollout of the group (pass one table to each rollout's ``SiblingPredictor``)."""
+
+    def __init__(self) -> None:
+        self.next: dict[bytes, Counter[CallKey]] = defaultdict(Counter)
+
+    def add(self, chain: bytes, call: CallKey) -> None:
+        self.next[chain][call] += 1
+
+    def __len__(self) -> int:
+        return len(self.next)
+
+
+class SiblingPredictor:
+    """The calls sibling rollouts made next from the same history (same chain key), with their frequencies as
+    probabilities (``confidence`` scales them: siblings diverge even from equal prefixes)."""
+
+    name = "siblings"
+
+    def __init__(self, table: SiblingTable | None = None, *, confidence: float = 0.9, top: int = 3) -> None:
+        self.table = table if table is not None else SiblingTable()
+        self.confidence = confidence
+        self.top = top
+
+    def predict(self, ctx: PredictionContext) -> Sequence[Candidate]:
+        seen = self.table.next.get(ctx.chain)
+        if not seen:
+            return []
+        total = sum(seen.values())
+        return [
+            Candidate(name=k.name, arguments=k.arguments(), probability=self.confidence * n / total, source=self.name)
+            for k, n in seen.most_common(self.top)
+        ]
+
+    def observe(self, ctx: PredictionContext, call: CallKey) -> None:
+        self.table.add(ctx.chain, call)
+
+
+class NgramModel:
+    """An n-gram model over call signatures (``tool:program``) with back-off, plus, per signature, how often the
+    next call with that signature repeats the rollout's latest one exactly (re-running a test after an edit)."""
+
+    def __init__(self, order: int = 3) -> None:
+        self.order = order
+        self.counts: dict[tuple[str, ...], Counter[str]] = defaultdict(Counter)
+        self.repeat: Counter[str] = Counter()
+        self.seen: Counter[str] = Counter()
+
+    def add_sequence(self, calls: Iterable[tuple[str, Mapping[str, Any]]]) -> None:
+        sigs: list[str] = []
+        latest: dict[str, bytes] = {}
+        for name, args in calls:
+            sig = signature(name, args)
+            for n in range(self.order):
+                if n <= len(sigs):
+                    ctx = tuple(sigs[len(sigs) - n :]) if n else ()
+                    self.counts[ctx][sig] += 1
+            exact = msgspec.json.encode(args, order="deterministic")
+            if sig in latest:
+                self.seen[sig] += 1
+                self.repeat[sig] += latest[sig] == exact
+            latest[sig] = exact
+            sigs.append(sig)
+
+    def next_signatures(self, history: Sequence[str], top: int = 5) -> list[tuple[str, float]]:
+        """P(next signature | the last ``order-1`` signatures), backing off to shorter contexts."""
+        for n in range(min(self.order - 1, len(history)), -1, -1):
+            ctx = tuple(history[len(history) - n :]) if n else ()
+            counter = self.counts.get(ctx)
+            if counter:
+                total = sum(counter.values())
+                return [(s, c / total) for s, c in counter.most_common(top)]
+        return []
+
+    def repeat_probability(self, sig: str) -> float:
+        return (self.repeat[sig] + 0.5) / (self.seen[sig] + 2.0)
+
+    def train_file(self, path: str | os.PathLike[str], limit: int | None = None) -> int:
+        """Train on a JSONL(.gz) trace file (``/work/shared/traces`` format or ``Trajectory`` records). Blocking;
+        returns the number of trajectories read."""
+        opener: Callable[..., Any] = gzip.open if str(path).endswith(".gz") else open
+        n = 0
+        with opener(path, "rb") as f:
+            for line in f:
+                if not line.strip():
+                    continue
+                record = msgspec.json.decode(line)
+                steps = [
+                    (s["tool"], s.get("args") or {})
+                    for s in record.get("steps", ())
+                    if s.get("tool") and s.get("kind") != "format_error" and s.get("tool") != "submit"
+                ]
+                self.add_sequence(steps)
+                n += 1
+                if limit is not None and n >= limit:
+                    break
+        return n
+
+
+class HistoryPredictor:
+    """Predicts from an ``NgramModel``: the likely next signatures, each made concrete as the rollout's latest call
+    with that signature (probability: P(signature) x P(exact repeat)). Learns online from observed calls."""
+
+    name = "history"
+
+    def __init__(self, model: NgramModel | None = None, *, top: int = 3, learn: bool = True) -> None:
+        self.model = model if model is not None else NgramModel()
+        self.top = top
+        self.learn = learn
+
+    def predict(self, ctx: PredictionContext) -> Sequence[Candidate]:
+        calls = [*ctx.history]
+        sigs = [signature(c.name, c.arguments()) for c in calls]
+        latest: dict[str, CallKey] = {}
+        for sig, call in zip(sigs, calls, strict=True):
+            latest[sig] = call
+        out: list[Candidate] = []
+        for sig, p in self.model.next_signatures(sigs, top=8):
+            prev = latest.get(sig)
+            if prev is None:
+                continue
+            prob = p * self.model.repeat_probability(sig)
+            out.append(Candidate(name=prev.name, arguments=prev.arguments(), probability=prob, source=self.name))
+            if len(out) >= self.top:
+                break
+        return out
+
+    def observe(self, ctx: PredictionContext, call: CallKey) -> None:
+        if not self.learn:
+            return
+        sig = signature(call.name, call.arguments())
+        history = [signature(c.name, c.arguments()) for c in ctx.history]
+        for n in range(self.model.order):
+            if n <= len(history):
+                key = tuple(history[len(history) - n :]) if n else ()
+                self.model.counts[key][sig] += 1
+
+
+class Rule(msgspec.Struct, frozen=True, kw_only=True):
+    """After a call whose ``after_tool`` matches and whose ``after`` regex matches its command (or its JSON
+    arguments), predict ``then`` (a tool name and arguments) with ``probability``. ``after=None`` with
+    ``at_start=True`` fires for the first call of a rollout. ``expected_seconds`` tells the policy how long the
+    predicted call runs (unknown calls otherwise get the policy's prior)."""
+
+    then_tool: str
+    then_args: dict[str, Any]
+    probability: float = 0.9
+    after: str | None = None
+    after_tool: str | None = None
+    at_start: bool = False
+    expected_seconds: float | None = None
+
+
+class RulePredictor:
+    """User rules (``Rule``), or any callables ``ctx -> candidates``."""
+
+    name = "rules"
+
+    def __init__(self, rules: Iterable[Rule | Callable[[PredictionContext], Sequence[Candidate]]] = ()) -> None:
+        self.rules = list(rules)
+        self._compiled: dict[str, re.Pattern[str]] = {}
+
+    def _fires(self, rule: Rule, ctx: PredictionContext) -> bool:
+        if not ctx.history:
+            return rule.at_start
+        last = ctx.history[-1]
+        if rule.after_tool is not None and last.name != rule.after_tool:
+            return False
+        if rule.after is None:
+            return not rule.at_start
+        pattern = self._compiled.setdefault(rule.after, re.compile(rule.after))
+        args = last.arguments()
+        text = args.get("command") if isinstance(args.get("command"), str) else last.args.decode()
+        return pattern.search(str(text)) is not None
+
+    def predict(self, ctx: PredictionContext) -> Sequence[Candidate]:
+        out: list[Candidate] = []
+        for rule in self.rules:
+            if isinstance(rule, Rule):
+                if self._fires(rule, ctx):
+                    out.append(
+                        Candidate(
+                            name=rule.then_tool,
+                            arguments=dict(rule.then_args),
+                            probability=rule.probability,
+                            source=self.name,
+                            expected_seconds=rule.expected_seconds,
+                        )
+                    )
+            else:
+                out.extend(rule(ctx))
+        return out
+
+    def observe(self, ctx: PredictionContext, call: CallKey) -> None:
+        pass

@@ -1,0 +1,51 @@
+"""Tool-call signatures: a call's tool and program, the level at which patterns repeat across tasks."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["command_program", "signature"]
+
+_SPLIT = re.compile(r"&&|\|\||;|\n|\|")
+_ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+_WRAPPERS = frozenset({"timeout", "nice", "env", "command", "nohup", "stdbuf", "sudo", "time"})
+
+
+def command_program(command: str) -> str:
+    """The program a shell command line is about: the first word of its first segment that is not a ``cd``,
+    without its path and wrappers (``timeout 5``); ``python x.py`` -> ``python:x.py``-style detail is dropped
+    except for ``python -m mod`` / ``python -c`` / script, which say what runs. A redirect into a file adds
+    ``>``."""
+    for segment in _SPLIT.split(command):
+        try:
+            words = shlex.split(segment, comments=False)
+        except ValueError:
+            words = segment.split()
+        while words and (_ASSIGN.match(words[0]) or words[0] in _WRAPPERS or re.fullmatch(r"[\d.]+[smh]?", words[0])):
+            words.pop(0)
+        if not words or words[0] == "cd":
+            continue
+        prog = words[0].rsplit("/", 1)[-1]
+        if re.fullmatch(r"python[\d.]*", prog):
+            prog = "python"
+            if len(words) > 2 and words[1] == "-m":
+                prog = f"python -m {words[2]}"
+            elif len(words) > 1 and words[1] == "-c":
+                prog = "python -c"
+            elif len(words) > 1:
+                prog = "python script"
+        if re.search(r"(?<![0-9&])>{1,2}\s*(?!/dev/null|&)", segment):
+            prog += " >"
+        return prog
+    return ""
+
+
+def signature(name: str, args: Mapping[str, Any]) -> str:
+    """``tool`` or ``tool:program`` for shell-like tools (an argument named ``command`` or ``cmd``)."""
+    command = args.get("command", args.get("cmd"))
+    if isinstance(command, str):
+        return f"{name}:{command_program(command)}"
+    return name

@@ -1,0 +1,106 @@
+"""Cache on vs off: a seeded random sequence of reads and writes on a real workspace gives the same results and
+the same final workspace state with a cache pre-warmed by a sibling rollout as without any cache."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from bunshin_async import ExecResult, ToolError, Workspace
+from bunshin_async.cache import CachedSession, ToolCache, builtin_tools
+
+pytestmark = pytest.mark.usefixtures("need_workspaces")
+
+FILES = ["a.txt", "b.txt", "src/c.py", "src/d.py", "notes/e.md"]
+WORDS = ["alpha", "beta", "gamma", "delta", "needle", "haystack"]
+
+
+def random_calls(seed: int, n: int) -> list[tuple[str, dict[str, Any]]]:
+    rng = random.Random(seed)
+    calls: list[tuple[str, dict[str, Any]]] = []
+    for _ in range(n):
+        f, g, w = rng.choice(FILES), rng.choice(FILES), rng.choice(WORDS)
+        calls.append(
+            rng.choice(
+                [
+                    # writes
+                    ("write_file", {"path": f, "content": f"{w}\n" * rng.randint(1, 4)}),
+                    ("write_file", {"path": f, "content": f"{w} appended\n", "append": True}),
+                    ("bash", {"command": f"mkdir -p $(dirname {f}) && echo {w} >> {f}"}),
+                    ("bash", {"command": f"sed -i 's/{w}/{w.upper()}/g' {f} 2>/dev/null; true"}),
+                    ("python", {"code": f"open('{f}', 'a').write('{w} from python\\n') if True else None"}),
+                    # reads
+                    ("read_file", {"path": f}),
+                    ("list_dir", {"path": "src"}),
+                    ("bash", {"command": f"cat {f} {g} 2>&1 | wc -l"}),
+                    ("bash", {"command": f"grep -rn {w} . | sort"}),
+                    ("bash", {"command": "ls -R . | head -50"}),
+                    ("bash", {"command": f"head -n 2 {f}; tail -n 1 {g}"}),
+                ]
+            )
+        )
+    return calls
+
+
+def view(outcome: Any) -> Any:
+    if isinstance(outcome, BaseException):
+        return (type(outcome).__name__, str(outcome))
+    if isinstance(outcome, ExecResult):
+        return (outcome.exit_code, outcome.stdout, outcome.stderr, outcome.truncated)  # not the duration
+    return outcome
+
+
+async def run_cached(session: CachedSession, calls: list[tuple[str, dict[str, Any]]]) -> list[Any]:
+    out = []
+    for name, args in calls:
+        try:
+            out.append(view(await session.call(name, args)))
+        except ToolError as exc:
+            out.append(view(exc))
+    return out
+
+
+async def run_plain(ws: Workspace, calls: list[tuple[str, dict[str, Any]]]) -> list[Any]:
+    tools = {t.name: t for t in builtin_tools()}
+    out = []
+    for name, args in calls:
+        tool = tools[name]
+        assert tool.handler is not None
+        try:
+            out.append(view(await tool.handler(ws, tool.normalize(args))))
+        except ToolError as exc:
+            out.append(view(exc))
+    return out
+
+
+async def final_state(ws: Workspace) -> str:
+    r = await ws.exec("find . -mindepth 1 | sort; find . -type f -print0 | sort -z | xargs -0 -r sha256sum")
+    assert r.exit_code == 0
+    return r.stdout
+
+
+@pytest.mark.parametrize(("seed", "diverge_at"), [(1, None), (2, None), (3, 12)])
+async def test_cache_on_and_off_agree(seed: int, diverge_at: int | None) -> None:
+    calls = random_calls(seed, 60)
+    sibling_calls = calls if diverge_at is None else calls[:diverge_at] + random_calls(seed + 1000, 60)
+    async with ToolCache() as cache:
+        async with Workspace() as ws:
+            await run_cached(cache.session(ws), sibling_calls)  # the sibling warms the cache
+        async with Workspace() as ws:
+            session = cache.session(ws)
+            cached = await run_cached(session, calls)
+            cached_state = await final_state(ws)
+    async with Workspace() as ws:
+        plain = await run_plain(ws, calls)
+        plain_state = await final_state(ws)
+
+    assert cached == plain
+    assert cached_state == plain_state
+    hits = [r for r in session.history if r.hit]
+    reads = [r for r in session.history if r.effect in ("read", "pure")]
+    print(f"seed={seed} calls={len(calls)} recorded={len(session.history)} hits={len(hits)} reads={len(reads)}")
+    assert hits and all(r.effect == "read" for r in hits)  # read hits only: no provider, writes ran
+    if diverge_at is None:
+        assert len(hits) == len(reads)  # the sibling made the same calls: every read hits

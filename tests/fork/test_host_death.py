@@ -1,0 +1,64 @@
+"""No orphans: if the host process dies, its restored workspaces die with it (rst_sibling + restored pdeathsig)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import anyio
+import psutil
+
+from bunshin_async import _paths
+from bunshin_async._kernel import CGROUP_ROOT, parent_name
+
+HOST = textwrap.dedent(
+    """
+    import anyio, sys
+    from bunshin_async import Workspace
+
+    async def main():
+        ws = Workspace()
+        await ws.start()
+        copies = await ws.fork(2)
+        print(ws.id, ws.pid, *[f"{c.id}:{c.pid}" for c in copies], flush=True)
+        await anyio.sleep(3600)
+
+    anyio.run(main)
+    """
+)
+
+
+async def test_restored_workspaces_die_with_the_host() -> None:
+    proc = await anyio.open_process([sys.executable, "-c", HOST], stdout=subprocess.PIPE, env=dict(os.environ))
+    assert proc.stdout is not None
+    try:
+        with anyio.fail_after(60):
+            line = (await proc.stdout.receive()).decode().split()
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+        await proc.aclose()
+    ids = [line[0]] + [x.split(":")[0] for x in line[2:]]
+    pids = [int(line[1])] + [int(x.split(":")[1]) for x in line[2:]]
+    try:
+        with anyio.fail_after(5):
+            while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
+                await anyio.sleep(0.02)
+    finally:  # the dead host could not clean up: do it here so the leak check passes
+        for ws_id in ids:
+            shutil.rmtree(_paths.workspaces_dir() / ws_id, ignore_errors=True)
+            for ctrl in CGROUP_ROOT.iterdir():
+                d = ctrl / parent_name() / f"ws-{ws_id}"
+                with anyio.fail_after(5):
+                    while d.is_dir():
+                        try:
+                            d.rmdir()
+                        except OSError:
+                            await anyio.sleep(0.02)
+        for p in Path(os.environ["BUNSHIN_SNAPDIR"]).iterdir():
+            shutil.rmtree(p, ignore_errors=True)

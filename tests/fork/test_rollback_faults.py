@@ -1,0 +1,113 @@
+"""Rollback restores the exact state; a CRIU killed mid-dump or mid-restore leaves the parent running, no half-made
+copy, and a clear ForkError."""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+import anyio
+import pytest
+
+from bunshin_async import ForkError, Workspace, _fork
+from bunshin_async._criu import NotifyHandler, SwrkCriu
+
+
+async def test_rollback_returns_exact_state(ws: Workspace) -> None:
+    await ws.write_file("/workspace/f", "v1")
+    sh = ws.shell()
+    await sh.open()
+    await sh.run("cd /tmp && X=1")
+    await ws.spawn("python3 -c 'import time; x=list(range(10**6)); time.sleep(10**6)'")
+    ident, directory = ws.id, ws.directory
+    before = (await ws.exec("ps -eo pid,args --no-headers | sort")).stdout
+    async with await ws.snapshot() as snap:
+        await ws.write_file("/workspace/f", "v2")
+        await ws.write_file("/workspace/new", "x")
+        await sh.run("cd / && X=2")
+        await ws.exec("pkill -f 'x=list' || true; touch /etc/garbage")
+        await ws.rollback(snap)
+        assert ws.fork_mode == "criu"
+        assert (ws.id, ws.directory) == (ident, directory)
+        assert await ws.read_text("/workspace/f") == "v1"
+        assert (await ws.exec("ls /workspace/new /etc/garbage")).exit_code != 0
+        assert (await sh.run('echo "$X $(pwd)"')).stdout == "1 /tmp\n"
+        assert (await ws.exec("ps -eo pid,args --no-headers | sort")).stdout.count("x=list") == before.count("x=list")
+        # A second rollback to the same snapshot works too.
+        await ws.write_file("/workspace/f", "v3")
+        await ws.rollback(snap)
+        assert await ws.read_text("/workspace/f") == "v1"
+
+
+class KillCriuAt(SwrkCriu):
+    """Fault injection at the backend interface: SIGKILL CRIU when it reaches notification ``point``."""
+
+    def __init__(self, point: str) -> None:
+        super().__init__(on_spawn=self._spawned)
+        self.point = point
+        self.pid = 0
+        self.killed = False
+
+    async def _spawned(self, pid: int) -> None:
+        self.pid = pid
+
+    async def call(self, req: Any, *, notify: NotifyHandler | None = None, **kw: Any) -> Any:
+        req.opts.notify_scripts = True
+
+        async def hook(name: str, pid: int) -> None:
+            if notify is not None:
+                await notify(name, pid)
+            if name == self.point:
+                self.killed = True
+                os.kill(self.pid, signal.SIGKILL)
+                await anyio.sleep(0.1)
+
+        return await super().call(req, notify=hook, **kw)
+
+
+@pytest.mark.parametrize("point", ["post-dump", "network-unlock"])
+async def test_criu_killed_mid_dump(ws: Workspace, point: str) -> None:
+    await ws.spawn("i=0; while true; do i=$((i+1)); echo $i > /workspace/tick; sleep 0.02; done")
+    backend = KillCriuAt(point)
+    with pytest.raises(ForkError) as info:
+        await _fork.snapshot(ws, backend)
+    assert backend.killed or point == "network-unlock"
+    assert "criu dump" in str(info.value) and info.value.workspace_id == ws.id
+    # The parent is thawed and keeps running.
+    first = int(await ws.read_text("/workspace/tick"))
+    with anyio.fail_after(5):
+        while int(await ws.read_text("/workspace/tick")) <= first:
+            await anyio.sleep(0.05)
+    assert await ws.ping() > 0
+
+
+@pytest.mark.parametrize("point", ["setup-namespaces", "post-restore"])
+async def test_criu_killed_mid_restore(ws: Workspace, point: str) -> None:
+    await ws.write_file("/workspace/f", "x")
+    async with await ws.snapshot() as snap:
+        rundir = ws.directory.parent
+        before = set(rundir.iterdir())
+        victim = Workspace._for_restore(snap)
+        backend = KillCriuAt(point)
+        with pytest.raises(ForkError) as info:
+            await _fork.restore_into(victim, snap, backend)
+        assert backend.killed
+        assert "criu restore" in str(info.value)
+        assert victim.closed and not victim.directory.exists()
+        assert set(rundir.iterdir()) == before
+        # The snapshot is still good, and so is the parent.
+        (ok,) = await Workspace.from_snapshot(snap)
+        try:
+            assert await ok.read_text("/workspace/f") == "x"
+        finally:
+            await ok.aclose()
+    assert await ws.read_text("/workspace/f") == "x"
+
+
+async def test_cancelled_fork_leaves_nothing(ws: Workspace) -> None:
+    with anyio.move_on_after(0.05):
+        await ws.fork(4)
+    assert await ws.ping() > 0
+    (child,) = await ws.fork()
+    await child.aclose()

@@ -1,0 +1,78 @@
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+import bunshin_async.agent
+import bunshin_async.llm
+from bunshin_async.llm import FixedTiming, MessageFinished, iter_trajectories, replay_server, tap_openai_stream
+
+SHARED_TRACE = Path("/work/shared/traces/swebench-gemini-3-pro.jsonl.gz")
+BASH = [
+    {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
+        },
+    }
+]
+
+
+@pytest.mark.parametrize(
+    ("module", "sources"),
+    [
+        (bunshin_async.llm, ("bunshin_async._llm", "bunshin_async._trajectory")),
+        (bunshin_async.agent, ("bunshin_async.agent",)),
+    ],
+)
+def test_all_is_what_is_exported(module: Any, sources: tuple[str, ...]) -> None:
+    public = {name for name in vars(module) if not name.startswith("_") and name != "annotations"}
+    public -= {n for n, v in vars(module).items() if type(v).__name__ == "module"}
+    assert set(module.__all__) <= public
+    defined_here = {n for n in public if getattr(vars(module)[n], "__module__", "").startswith(sources)}
+    assert defined_here <= set(module.__all__)
+
+
+@pytest.mark.skipif(not SHARED_TRACE.exists(), reason="the shared trace file is not on this host")
+async def test_replays_the_shared_trace(tmp_path: Path, make_client: Any) -> None:
+    """The real trace format (gzip JSONL, extra fields, format_error and submit steps) replays turn by turn."""
+    with gzip.open(SHARED_TRACE, "rb") as f:
+        head = b"".join(f.readline() for _ in range(3))
+    path = tmp_path / "head.jsonl.gz"
+    with gzip.open(path, "wb") as f:
+        f.write(head)
+    trajectories = list(iter_trajectories(path))
+    first = trajectories[0]
+    async with replay_server(path, timing=FixedTiming(0.0, 0.0)) as url:
+        client = make_client(url)
+        models = await client.models.list()
+        assert {m.id for m in models.data} == {f"replay:{t.task_id}:0" for t in trajectories}
+        messages: list[dict[str, Any]] = [{"role": "user", "content": "fix the issue"}]
+        calls = []
+        with anyio.fail_after(60):
+            for _ in range(len(first.steps) + 1):
+                model = f"replay:{first.task_id}:0"
+                stream = await client.chat.completions.create(model=model, messages=messages, tools=BASH, stream=True)
+                events = [e async for e in tap_openai_stream(stream, BASH)]
+                finished = next(e for e in events if isinstance(e, MessageFinished))
+                if finished.finish_reason == "stop":
+                    break
+                [call] = finished.tool_calls
+                calls.append(call.arguments)
+                messages.append(
+                    {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [
+                            {"id": call.id, "type": "function", "function": {"name": "bash", "arguments": call.raw}}
+                        ],
+                    }  # fmt: skip
+                )
+                messages.append({"role": "tool", "tool_call_id": call.id, "content": "(replayed elsewhere)"})
+    expected = [s.args for s in first.steps if s.tool == "bash"]
+    assert calls == expected

@@ -1,0 +1,76 @@
+"""Speculation tests: real workspaces and forks (CRIU), scripted turns served by the real replay server over
+loopback and consumed with the real ``openai`` SDK. After every test no snapshot or child process may be left."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import openai
+import psutil
+import pytest
+
+_SNAPDIR = tempfile.mkdtemp(prefix="bunshin-snap-spec-", dir="/dev/shm")
+os.environ["BUNSHIN_SNAPDIR"] = _SNAPDIR
+
+from bunshin_async._paths import criu_binary  # noqa: E402
+from bunshin_async._trajectory import Step, Trajectory  # noqa: E402
+from bunshin_async.llm import RecordedTiming, ReplayServer  # noqa: E402
+
+pytestmark = pytest.mark.root
+
+if os.geteuid() != 0 or criu_binary() is None:
+    pytest.skip("speculation tests need root and CRIU (criu/build.sh)", allow_module_level=True)
+
+
+def _children() -> list[str]:
+    return [f"{p.pid} {p.name()} {p.status()}" for p in psutil.Process().children(recursive=True)]
+
+
+@pytest.fixture(autouse=True)
+async def no_spec_leaks() -> AsyncIterator[None]:
+    yield
+    with anyio.move_on_after(3):
+        while _children() or any(Path(_SNAPDIR).iterdir()):
+            await anyio.sleep(0.02)
+    assert not _children(), f"child processes left: {_children()}"
+    assert not any(Path(_SNAPDIR).iterdir()), f"snapshots left: {list(Path(_SNAPDIR).iterdir())}"
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    shutil.rmtree(_SNAPDIR, ignore_errors=True)
+
+
+def bash(command: str, *, llm: float = 0.03, turn: int | None = None, text: str = "") -> Step:
+    return Step("bash", {"command": command}, llm_seconds=llm, turn=turn, assistant_text=text or None)
+
+
+def final(llm: float = 0.02) -> Step:
+    return Step(None, None, llm_seconds=llm, assistant_text="done")
+
+
+def trajectory(task: str, steps: Sequence[Step], rollout: int = 0) -> Trajectory:
+    return Trajectory(task_id=task, rollout=rollout, steps=list(steps))
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Callable[..., Any]]:
+    """``async with serve(trajectories) as client``: a replay server (recorded LLM time) and an openai client."""
+    from contextlib import asynccontextmanager
+
+    @asynccontextmanager
+    async def run(trajs: Sequence[Trajectory], **options: Any) -> AsyncIterator[openai.AsyncOpenAI]:
+        options.setdefault("timing", RecordedTiming(ttft=0.01))
+        async with ReplayServer(list(trajs), **options) as server:
+            client = openai.AsyncOpenAI(base_url=server.base_url, api_key="test", max_retries=0)
+            try:
+                yield client
+            finally:
+                await client.close()
+
+    yield run

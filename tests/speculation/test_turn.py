@@ -1,0 +1,172 @@
+"""Acceptance tests of the turn runtime on real workspaces and scripted streams from the replay server."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import anyio
+import pytest
+
+from bunshin_async import Workspace
+from bunshin_async._llm._openai import tap_openai_stream
+from bunshin_async._tools import bash_tool, read_file_tool
+from bunshin_async.speculation import CallResult, Speculation, SpeculativeTurn, WorkspaceHandle, run_turn
+from speculator import CostAwarePolicy, Rule, RulePredictor
+from speculator.harness import replay_rollout, workspace_state
+
+from .conftest import bash, final, trajectory
+
+TOOLS = [bash_tool(), read_file_tool()]
+SLOW = "sleep 1; echo x > f"
+
+
+def rules(*rs: Rule) -> Speculation:
+    return Speculation(predictors=[RulePredictor(rs)], policy=CostAwarePolicy())
+
+
+async def test_correct_prediction_of_slow_write_commits_the_fork(serve: Any) -> None:
+    steps = [bash("echo a > start", llm=0.05), bash(SLOW, llm=1.2), bash("cat f", llm=0.05), final()]
+    rule = Rule(after="start", then_tool="bash", then_args={"command": SLOW}, probability=0.9, expected_seconds=1.0)
+    async with serve([trajectory("slow", steps)]) as client:
+        async with Workspace() as ws0, WorkspaceHandle(ws0) as plain:
+            off = await replay_rollout(client, "replay:slow", plain, TOOLS, None)
+        async with Workspace() as ws1, WorkspaceHandle(ws1) as handle:
+            on = await replay_rollout(client, "replay:slow", handle, TOOLS, rules(rule))
+            assert handle.workspace is not ws1 and ws1.closed  # the rollout moved into the committed fork
+    assert on.calls == off.calls and on.final_state == off.final_state
+    assert on.calls[2].outcome == "exit code 0\nx\n"
+    assert on.metrics.committed == 1 and on.metrics.wasted == 0
+    slow_turn = on.turns[1]
+    assert slow_turn.branches[0].outcome == "committed" and slow_turn.branches[0].effect == "write"
+    saved = off.wall_seconds - on.wall_seconds
+    assert 0.6 < saved < 1.4, (off.wall_seconds, on.wall_seconds)
+    assert slow_turn.saved_seconds > 0.6
+    t = {e.kind: e.t for e in slow_turn.timeline}
+    # the branch ran while the model was still generating: most of its run overlapped the stream
+    assert t["branch_launch"] < 0.05 and t["branch_done"] - t["message_finished"] < 0.4, slow_turn.timeline
+
+
+async def test_wrong_prediction_leaves_no_trace(serve: Any) -> None:
+    wrong = "sleep 0.3; echo wrong > w; touch /tmp/wrong; (sleep 30 &) ; sleep 0.5"
+    steps = [bash("echo a > start", llm=0.05), bash("echo right > r", llm=0.8), final()]
+    rule = Rule(after="start", then_tool="bash", then_args={"command": wrong}, probability=0.9, expected_seconds=1.0)
+    async with serve([trajectory("wrong", steps)]) as client:
+        async with Workspace() as ws0, WorkspaceHandle(ws0) as plain:
+            off = await replay_rollout(client, "replay:wrong", plain, TOOLS, None)
+        async with Workspace() as ws1, WorkspaceHandle(ws1) as handle:
+            on = await replay_rollout(client, "replay:wrong", handle, TOOLS, rules(rule))
+            assert handle.workspace is ws1
+            probe = await ws1.exec("ls /workspace; ls /tmp; ps -eo args=")
+    assert on.calls == off.calls and on.final_state == off.final_state
+    assert "wrong" not in probe.stdout and "sleep" not in probe.stdout
+    turn = on.turns[1]
+    [branch] = turn.branches
+    assert branch.outcome == "wasted" and branch.effect == "write"
+    assert turn.wasted == 1 and turn.wasted_memory_bytes > 0
+    # it cost no more than the fork: the turn ended when the call itself was done
+    assert turn.tool_seconds < 0.5, turn.timeline
+    assert abs(on.wall_seconds - off.wall_seconds) < 0.4
+
+
+async def test_cancelling_the_turn_cancels_every_branch(serve: Any) -> None:
+    steps = [bash("echo a > start", llm=0.05), bash("echo never > n", llm=5.0), final()]
+    rs = [
+        Rule(after="start", then_tool="bash", then_args={"command": "sleep 20; echo w > w"}, expected_seconds=20),
+        Rule(after="start", then_tool="bash", then_args={"command": "sleep 20; cat start"}, expected_seconds=20),
+    ]
+    spec = Speculation(predictors=[RulePredictor(rs)], policy=CostAwarePolicy())
+    async with serve([trajectory("cancel", steps)]) as client:
+        async with Workspace() as ws, WorkspaceHandle(ws) as handle:
+            specs = [t.spec() for t in TOOLS]
+            msgs: list[dict[str, Any]] = [{"role": "user", "content": "x"}]
+            stream = await client.chat.completions.create(model="replay:cancel", messages=msgs, tools=specs,
+                                                          stream=True)  # fmt: skip
+            async with tap_openai_stream(stream, specs) as tap:
+                first = await run_turn(tap, handle, TOOLS, spec)
+            msgs += [
+                {"role": "assistant", "content": None, "tool_calls": [{"id": "c0", "type": "function",
+                 "function": {"name": "bash", "arguments": first.message.tool_calls[0].raw}}]},
+                {"role": "tool", "tool_call_id": "c0", "content": "ok"},
+            ]  # fmt: skip
+            t0 = time.monotonic()
+            with anyio.move_on_after(0.8):
+                stream = await client.chat.completions.create(model="replay:cancel", messages=msgs, tools=specs,
+                                                              stream=True)  # fmt: skip
+                async with tap_openai_stream(stream, specs) as tap, SpeculativeTurn(handle, TOOLS, spec) as turn:
+                    async for _ in turn.feed(tap):
+                        pass
+            assert time.monotonic() - t0 < 2.0
+            assert {b.outcome for b in turn.metrics.branches} == {"wasted"} and len(turn.metrics.branches) == 2
+            assert handle.workspace is ws
+            probe = await ws.exec("ls /workspace; ps -eo args=")
+            assert "sleep" not in probe.stdout and probe.stdout.split()[0:2] == ["start", "PID"] or "w\n" not in probe.stdout
+            assert (await ws.exec("ls /workspace")).stdout == "start\n"
+    # the leak fixtures check that no fork, snapshot or process is left
+
+
+async def test_two_parallel_calls_in_one_message(serve: Any) -> None:
+    steps = [
+        bash("sleep 0.4; echo a > a", llm=0.3, turn=0),
+        bash("sleep 0.4; cat a; echo b > b", llm=0.0, turn=0),
+        bash("cat a b", llm=0.05, turn=1),
+        bash("timeout 0.3 tail -f a; ls", llm=0.0, turn=1),  # reads (by the classifier) that take 0.3 s
+        bash("timeout 0.3 tail -f b; wc -c a", llm=0.0, turn=1),
+        final(),
+    ]
+    rule = Rule(at_start=True, then_tool="bash", then_args={"command": "sleep 0.4; echo a > a"}, probability=0.9,
+                expected_seconds=0.4)  # fmt: skip
+    async with serve([trajectory("par", steps)]) as client:
+        async with Workspace() as ws0, WorkspaceHandle(ws0) as plain:
+            off = await replay_rollout(client, "replay:par", plain, TOOLS, None)
+        async with Workspace() as ws1, WorkspaceHandle(ws1) as handle:
+            on = await replay_rollout(client, "replay:par", handle, TOOLS, rules(rule))
+    assert on.calls == off.calls and on.final_state == off.final_state
+    assert [c.outcome for c in on.calls[:3]] == ["exit code 0\n", "exit code 0\na\n", "exit code 0\na\nb\n"]
+    assert on.turns[0].committed == 1 and on.turns[0].calls == 2
+    # the two reads of turn 1 ran concurrently: the turn took about one of them, not two
+    reads = on.turns[1]
+    assert reads.tool_seconds < 0.55, reads.timeline
+    assert off.turns[1].tool_seconds < 0.55  # the plain path runs a message's reads side by side too
+
+
+async def test_results_arrive_before_the_message_ends(serve: Any) -> None:
+    steps = [
+        bash("sleep 0.2; echo one > one", llm=0.1, turn=0),
+        bash("echo two > two", llm=0.0, turn=0, text=""),
+        final(),
+    ]
+    traj = trajectory("early", steps)
+    async with serve([traj], timing=__import__("bunshin_async.llm", fromlist=["FixedTiming"]).FixedTiming(
+            ttft=0.01, itl=0.05)) as client:  # fmt: skip
+        async with Workspace() as ws, WorkspaceHandle(ws) as handle:
+            specs = [t.spec() for t in TOOLS]
+            stream = await client.chat.completions.create(
+                model="replay:early", messages=[{"role": "user", "content": "x"}], tools=specs, stream=True
+            )
+            seen: list[str] = []
+            async with tap_openai_stream(stream, specs) as tap, SpeculativeTurn(
+                handle, TOOLS, Speculation()
+            ) as turn:
+                async for item in turn.feed(tap):
+                    if isinstance(item, CallResult):
+                        seen.append(f"result{item.index}")
+                    elif item.__class__.__name__ == "MessageFinished":
+                        seen.append("finished")
+                outcome = await turn.results()
+            assert seen.index("result0") < seen.index("finished")
+            assert [r.result.exit_code for r in outcome.results] == [0, 0]
+            assert "one" in await workspace_state(handle)
+
+
+@pytest.mark.parametrize("spec_on", [False, True])
+async def test_tool_errors_are_results(serve: Any, spec_on: bool) -> None:
+    from bunshin_async._trajectory import Step
+
+    steps = [Step("read_file", {"path": "missing.txt"}, llm_seconds=0.03), final()]
+    async with serve([trajectory("err", steps)]) as client:
+        async with Workspace() as ws, WorkspaceHandle(ws) as handle:
+            rs = Rule(at_start=True, then_tool="read_file", then_args={"path": "missing.txt"}, expected_seconds=1)
+            out = await replay_rollout(client, "replay:err", handle, TOOLS, rules(rs) if spec_on else None)
+    assert out.calls[0].outcome.startswith("error: FileNotFound")
+    assert out.metrics.committed == (1 if spec_on else 0)
