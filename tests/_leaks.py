@@ -7,13 +7,29 @@ from pathlib import Path
 
 import anyio
 
+import psutil
+
 from bunshin_async import _paths
+from bunshin_async._fork import snapshot_dir
 from bunshin_async._kernel import CGROUP_ROOT, parent_name
 
 
-def _scan() -> list[str]:
+def children() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def _scan(ignore_children: set[int]) -> list[str]:
     rundir = str(_paths.workspaces_dir())
     found: list[str] = []
+    snaps = snapshot_dir()
+    if snaps.exists():
+        found += [f"snapshot {p}" for p in snaps.iterdir()]
+    for child in psutil.Process().children(recursive=True):
+        if child.pid not in ignore_children:
+            try:
+                found.append(f"child {child.pid} {child.name()} {child.status()}")
+            except psutil.NoSuchProcess:
+                pass
     base = Path(rundir)
     if base.exists():
         found += [f"dir {p}" for p in base.iterdir()]
@@ -36,9 +52,9 @@ def _scan() -> list[str]:
     return found
 
 
-async def leftovers(grace: float = 3.0) -> list[str]:
+async def leftovers(grace: float = 3.0, ignore_children: set[int] = frozenset()) -> list[str]:  # type: ignore[assignment]
     """Leftovers still there after ``grace`` seconds (processes take a moment to be reaped)."""
     with anyio.move_on_after(grace):
-        while _scan():
+        while _scan(ignore_children):
             await anyio.sleep(0.02)
-    return _scan()
+    return _scan(ignore_children)

@@ -1,5 +1,5 @@
-"""Session-wide set-up: every test run gets its own workspace dir and cgroup parent, so leak checks see only the
-workspaces this run made (other runs may share the machine)."""
+"""Session-wide set-up: every test run gets its own workspace dir, snapshot dir and cgroup parent, so leak checks
+see only what this run made (other runs may share the machine)."""
 
 from __future__ import annotations
 
@@ -8,21 +8,23 @@ import shutil
 import tempfile
 
 _RUNDIR = tempfile.mkdtemp(prefix="bunshin-test-")
+_SNAPDIR = tempfile.mkdtemp(prefix="bunshin-snap-test-", dir="/dev/shm")
 os.environ["BUNSHIN_RUNDIR"] = _RUNDIR
+os.environ["BUNSHIN_SNAPDIR"] = _SNAPDIR
 os.environ["BUNSHIN_CGROUP_PARENT"] = f"bunshin-test-{os.getpid()}"
 
 import pytest  # noqa: E402
 
-from tests._leaks import leftovers  # noqa: E402
+from tests._leaks import children, leftovers  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
 async def no_leaks(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
-    """After every test: no workspace process, mount, cgroup or directory of this run is left."""
+    """After every test: no workspace process, mount, cgroup, directory, snapshot or child process of this run
+    that the test started is left (session fixtures such as a Redis server started before it are fine)."""
+    before = children()
     yield
-    if request.node.get_closest_marker("leaks_ok"):
-        return
-    left = await leftovers()
+    left = await leftovers(ignore_children=before)
     assert not left, f"left behind: {left}"
 
 
@@ -37,3 +39,4 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             except OSError:
                 pass
     shutil.rmtree(_RUNDIR, ignore_errors=True)
+    shutil.rmtree(_SNAPDIR, ignore_errors=True)
