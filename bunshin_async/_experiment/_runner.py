@@ -66,6 +66,7 @@ class RolloutSummary(msgspec.Struct):
     llm_seconds: float
     tool_seconds: float
     calls: list[str]
+    call_seconds: list[float]
     results_digest: str  # of every deterministic tool result (exit code and output), in order
 
 
@@ -137,6 +138,7 @@ def _summary(r: RolloutResult) -> RolloutSummary:
         llm_seconds=round(r.llm_seconds, 3),
         tool_seconds=round(r.tool_seconds, 3),
         calls=[str((s.args or {}).get("command", s.tool)) for s in steps if s.tool],
+        call_seconds=[round(s.tool_seconds or 0.0, 3) for s in steps if s.tool],
         results_digest=h.hexdigest()[:16],
     )
 
