@@ -14,6 +14,7 @@ def main(argv: list[str] | None = None) -> int:
     img.add_argument("action", choices=["build"])
     img.add_argument("--force", action="store_true")
     sub.add_parser("demo", help="create a workspace, run tools in it and print what happened")
+    sub.add_parser("gc", help="remove workspaces left behind by a process that died")
     from ._experiment._cli import add_arguments
 
     add_arguments(sub.add_parser("bench", help="the latency-hiding experiment: baseline vs fork, cache, speculation"))
@@ -41,6 +42,12 @@ def main(argv: list[str] | None = None) -> int:
         from ._experiment._cli import main as bench_main
 
         return bench_main(args)
+    if args.cmd == "gc":
+        from ._gc import collect
+
+        for line in collect():
+            print(line)
+        return 0
     if args.cmd == "demo":
         import anyio
 

@@ -21,7 +21,7 @@ import anyio
 from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from . import _fork, _paths
+from . import _fork, _gc, _paths
 from . import _protocol as P
 from ._client import AgentClient
 from ._exceptions import (
@@ -156,8 +156,7 @@ class Workspace:
         image = self.image
         try:
             layer = await anyio.to_thread.run_sync(agent_layer)
-            for sub in ("upper", "work", "root"):
-                (self._dir / sub).mkdir(parents=True)
+            self._make_dirs()
             self._cgroup = Cgroup.create(f"ws-{self.id}", self.limits)
             await self._spawn(image, layer)
             self._state = "running"
@@ -166,6 +165,12 @@ class Workspace:
                 await self._teardown()
             self._state = "closed"
             raise
+
+    def _make_dirs(self) -> None:
+        """The workspace's host directory, with an ``owner`` file (our pid and start time) for ``bunshin gc``."""
+        for sub in ("upper", "work", "root"):
+            (self._dir / sub).mkdir(parents=True)
+        (self._dir / "owner").write_text(_gc.owner_token(os.getpid()))
 
     async def _spawn(self, image: Image, layer: Path) -> None:
         assert self._cgroup is not None

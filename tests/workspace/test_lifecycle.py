@@ -110,3 +110,30 @@ async def test_workspaces_are_isolated_from_each_other() -> None:
         pa = await a.spawn("sleep 1000")
         assert "sleep" not in (await b.exec("ps -eo comm")).stdout
         await pa.kill()
+
+
+async def test_gc_removes_workspaces_of_a_dead_owner(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import subprocess
+    import sys
+
+    from bunshin_async import _gc, _paths
+
+    script = tmp_path / "owner.py"
+    script.write_text(
+        "import anyio, os, signal\n"
+        "from bunshin_async import Workspace\n"
+        "async def main():\n"
+        "    ws = Workspace()\n"
+        "    await ws.start()\n"
+        "    await ws.exec('sleep 1000 &')\n"
+        "    print(ws.id, flush=True)\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "anyio.run(main)\n"
+    )
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    ws_id = proc.stdout.strip()
+    assert ws_id and (_paths.workspaces_dir() / ws_id).exists()
+    async with Workspace() as alive:
+        lines = _gc.collect()
+        assert f"removed {ws_id}" in lines and f"kept {alive.id} (owner" in " ".join(lines)
+    assert not (_paths.workspaces_dir() / ws_id).exists()
