@@ -1,5 +1,12 @@
 """Fork latency and memory: a workspace holding ``--mib`` MiB of non-uniform Python state, forked n = 1, 4, 8 ways,
-against creating the same state cold. Prints JSON; never fails because the machine is slow.
+against creating the same state cold, for each restore mode side by side (``--modes``: ``criu`` = stock CRIU,
+``cow`` = CoW restore with the patched CRIU, ``ksm`` = stock restore into KSM-mergeable tasks). Prints JSON; never
+fails because the machine is slow.
+
+Memory per mode and n: ``total_pss_mib`` / ``per_copy_private_mib`` as restored, and the same ``*_resident`` after
+every page of each copy's CoW image mappings was read once (through /proc/PID/mem, as a reader inside would), which is
+the honest figure for CoW copies: an untouched image page is in no one's PSS. For ``ksm`` the figures are taken
+after ``--ksm-wait`` seconds of merging.
 
     BUNSHIN_RUNDIR=/tmp/fork-ws .venv/bin/python bench/fork_bench.py --mib 200 --repeat 3
 """
@@ -8,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -19,17 +27,44 @@ from bunshin_async import Workspace
 GUEST = Path(__file__).resolve().parent.parent / "tests" / "fork" / "guest_state.py"
 
 
-def _pss_kib(ws: Workspace) -> int:
+def _rollup_kib(ws: Workspace, *keys: str) -> int:
     total = 0
     assert ws.cgroup is not None
     for pid in ws.cgroup.pids():
         try:
             for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-                if line.startswith("Pss:"):
+                if line.split(":", 1)[0] in keys:
                     total += int(line.split()[1])
         except OSError:
             pass
     return total
+
+
+def _pss_kib(ws: Workspace) -> int:
+    return _rollup_kib(ws, "Pss")
+
+
+def _private_kib(ws: Workspace) -> int:
+    return _rollup_kib(ws, "Private_Clean", "Private_Dirty")
+
+
+def _fault_in_images(ws: Workspace) -> None:
+    """Read each page of the copy's CoW image mappings once (a no-op for stock and KSM copies)."""
+    assert ws.cgroup is not None
+    for pid in ws.cgroup.pids():
+        try:
+            maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
+            with open(f"/proc/{pid}/mem", "rb", buffering=0) as mem:
+                for line in maps:
+                    fields = line.split(maxsplit=5)
+                    if len(fields) < 6 or "/pages-" not in fields[5]:
+                        continue
+                    lo, hi = (int(x, 16) for x in fields[0].split("-"))
+                    for off in range(lo, hi, 1 << 20):
+                        mem.seek(off)
+                        mem.read(min(1 << 20, hi - off))
+        except OSError:
+            pass
 
 
 def _stats(xs: list[float]) -> dict[str, float]:
@@ -49,7 +84,7 @@ async def _with_state(mib: int) -> tuple[Workspace, float]:
     return ws, (time.monotonic() - t0) * 1000
 
 
-async def main(mib: int, repeat: int) -> None:
+async def main(mib: int, repeat: int, modes: list[str], ksm_wait: float) -> None:
     cold_start, cold_state = [], []
     for _ in range(repeat):
         t0 = time.monotonic()
@@ -66,31 +101,53 @@ async def main(mib: int, repeat: int) -> None:
     parent, _ = await _with_state(mib)
     try:
         out["parent_pss_mib"] = round(_pss_kib(parent) / 1024, 1)
-        for n in (1, 4, 8):
-            total, dump, restore, pss = [], [], [], []
-            for _ in range(repeat):
-                t0 = time.monotonic()
-                snap = await parent.snapshot()
-                t1 = time.monotonic()
-                copies = await Workspace.from_snapshot(snap, n)
-                t2 = time.monotonic()
-                total.append((t2 - t0) * 1000)
-                dump.append((t1 - t0) * 1000)
-                restore.append((t2 - t1) * 1000)
-                pss.append(sum(_pss_kib(c) for c in copies) / 1024)
-                mode = copies[0].fork_mode
-                for c in copies:
-                    await c.aclose()
-                await snap.aclose()
-            out[f"fork_n{n}"] = {
-                "mode": mode,
-                "total_ms": _stats(total),
-                "snapshot_ms": _stats(dump),
-                "restore_all_ms": _stats(restore),
-                "per_copy_pss_mib": round(statistics.median(pss) / n, 1),
-                "total_pss_mib": round(statistics.median(pss), 1),
-                "speedup_vs_cold": round(statistics.median(cold_state) / statistics.median(total), 2),
-            }
+        for mode in modes:
+            os.environ["BUNSHIN_FORK_MODE"] = mode
+            per_mode: dict[str, object] = {}
+            for n in (1, 4, 8):
+                total: list[float] = []
+                dump: list[float] = []
+                restore: list[float] = []
+                per_restore: list[float] = []
+                pss: list[float] = []
+                priv: list[float] = []
+                pss_res: list[float] = []
+                priv_res: list[float] = []
+                for _ in range(repeat):
+                    t0 = time.monotonic()
+                    snap = await parent.snapshot()
+                    t1 = time.monotonic()
+                    copies = await Workspace.from_snapshot(snap, n)
+                    t2 = time.monotonic()
+                    await snap.aclose()
+                    total.append((t2 - t0) * 1000)
+                    dump.append((t1 - t0) * 1000)
+                    restore.append((t2 - t1) * 1000)
+                    per_restore.extend(c.restore_ms or 0.0 for c in copies)
+                    if mode == "ksm":
+                        await anyio.sleep(ksm_wait)
+                    pss.append(sum(_pss_kib(c) for c in copies) / 1024)
+                    priv.append(sum(_private_kib(c) for c in copies) / 1024)
+                    for c in copies:
+                        await anyio.to_thread.run_sync(_fault_in_images, c)
+                    pss_res.append(sum(_pss_kib(c) for c in copies) / 1024)
+                    priv_res.append(sum(_private_kib(c) for c in copies) / 1024)
+                    fork_mode = copies[0].fork_mode
+                    for c in copies:
+                        await c.aclose()
+                per_mode[f"n{n}"] = {
+                    "fork_mode": fork_mode,
+                    "fork_total_ms": _stats(total),
+                    "snapshot_ms": _stats(dump),
+                    "restore_all_ms": _stats(restore),
+                    "restore_each_ms": _stats(per_restore),
+                    "total_pss_mib": round(statistics.median(pss), 1),
+                    "per_copy_private_mib": round(statistics.median(priv) / n, 1),
+                    "total_pss_mib_resident": round(statistics.median(pss_res), 1),
+                    "per_copy_private_mib_resident": round(statistics.median(priv_res) / n, 1),
+                    "speedup_vs_cold": round(statistics.median(cold_state) / statistics.median(total), 2),
+                }
+            out[mode] = per_mode
     finally:
         await parent.aclose()
     print(json.dumps(out, indent=1))
@@ -100,5 +157,12 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--mib", type=int, default=200)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--modes", default="criu,cow", help="comma-separated BUNSHIN_FORK_MODE values (criu, cow, ksm)")
+    ap.add_argument("--ksm-wait", type=float, default=10.0, help="seconds of merging before ksm copies are measured")
     args = ap.parse_args()
-    anyio.run(main, args.mib, args.repeat)
+    try:
+        anyio.run(main, args.mib, args.repeat, args.modes.split(","), args.ksm_wait)
+    finally:
+        from bunshin_async._fork import ksm_restore
+
+        ksm_restore()

@@ -31,7 +31,7 @@ from anyio.abc import Process
 from . import _paths
 from ._exceptions import CapabilityMissing, ForkError
 
-__all__ = ["CriuBackend", "NotifyHandler", "SwrkCriu", "rpc"]
+__all__ = ["COW_RESTORE", "CriuBackend", "NotifyHandler", "SwrkCriu", "criu_features", "rpc"]
 
 _pycriu_dir = _paths.PACKAGE_DIR.parent / "criu" / "dist" / "python"
 if _pycriu_dir.is_dir() and str(_pycriu_dir) not in sys.path:
@@ -61,6 +61,41 @@ def _criu() -> Path:
     if path is None or not path.exists():
         raise CapabilityMissing("criu 4.2.1 not found", capability="criu", remedy="run `criu/build.sh`")
     return path
+
+
+COW_RESTORE = "cow-restore"
+"""The feature criu/patches/0001-cow-restore.patch adds (``criu --version`` prints ``Features: cow-restore``): with
+``CRIU_COW_RESTORE=1`` a restore maps private anonymous memory ``MAP_PRIVATE`` from the (immutable, tmpfs) pages
+image, so copies share pages until they write them; with ``CRIU_COW_ANON_PREFIX=<dir>/`` a dump treats mappings of
+pages images under that dir as anonymous memory (forks of such copies)."""
+
+_features_cache: dict[tuple[str, int, int], frozenset[str]] = {}
+
+
+def criu_features(path: Path | None = None) -> frozenset[str]:
+    """The ``Features:`` that ``criu --version`` lists (none for a stock CRIU or none found); cached per binary
+    (path, mtime, size), so a rebuild is noticed."""
+    path = path or _paths.criu_binary()
+    if path is None:
+        return frozenset()
+    try:
+        st = path.stat()
+    except OSError:
+        return frozenset()
+    key = (str(path), st.st_mtime_ns, st.st_size)
+    cached = _features_cache.get(key)
+    if cached is not None:
+        return cached
+    try:
+        out = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return frozenset()
+    found: set[str] = set()
+    for line in out.splitlines():
+        if line.startswith("Features:"):
+            found.update(line.split(":", 1)[1].split())
+    _features_cache[key] = frozenset(found)
+    return _features_cache[key]
 
 
 def log_tail(path: Path, limit: int = LOG_TAIL) -> str:

@@ -39,6 +39,30 @@ def criu_version(criu: Path) -> str | None:
     return None
 
 
+def _fork_mode_check() -> Check:
+    """Which memory mode restores get (``_fork.restore_mode``): CoW sharing needs the patched CRIU."""
+    from ._exceptions import CapabilityMissing
+    from ._fork import cow_available, restore_mode
+
+    cow = cow_available()
+    try:
+        mode = restore_mode()
+    except (CapabilityMissing, ValueError) as exc:
+        return Check("fork mode", False, str(exc), "live fork in the requested BUNSHIN_FORK_MODE")
+    what = {
+        "criu-cow": "copies share memory pages until written (patched CRIU)",
+        "criu": "copies get private memory"
+        + ("" if cow else " (stock CRIU: criu/patches/0001-cow-restore.patch not built; BUNSHIN_FORK_MODE=ksm merges)"),
+        "criu-ksm": "copies are KSM-mergeable (KSM is switched on while forking)",
+    }[mode]
+    return Check(
+        "fork mode",
+        mode == "criu-cow" or not cow or mode == "criu-ksm",
+        f"{mode}: {what}",
+        "memory sharing between forks (copies cost their full size)",
+    )
+
+
 def checks() -> list[Check]:
     out: list[Check] = []
     root = os.geteuid() == 0
@@ -71,11 +95,27 @@ def checks() -> list[Check]:
     if criu and version:
         res = subprocess.run([str(criu), "check"], capture_output=True, text=True, timeout=60)
         good = "Looks good" in res.stdout + res.stderr
-        out.append(Check("criu check", good, (res.stdout + res.stderr).strip().splitlines()[-1:][0] if good else
-                         (res.stdout + res.stderr).strip()[-300:], "live fork"))
+        out.append(
+            Check(
+                "criu check",
+                good,
+                (res.stdout + res.stderr).strip().splitlines()[-1:][0]
+                if good
+                else (res.stdout + res.stderr).strip()[-300:],
+                "live fork",
+            )
+        )
+    if criu and version:
+        out.append(_fork_mode_check())
     ksm = _read("/sys/kernel/mm/ksm/run")
-    out.append(Check("ksm", ksm is not None, f"run={ksm}" if ksm is not None else "absent",
-                     "the stock-CRIU copy-on-write fallback (same-page merging)"))
+    out.append(
+        Check(
+            "ksm",
+            ksm is not None,
+            f"run={ksm}" if ksm is not None else "absent",
+            "the stock-CRIU copy-on-write fallback (same-page merging)",
+        )
+    )
     uffd = Path("/proc/sys/vm/unprivileged_userfaultfd").exists()
     out.append(Check("userfaultfd", uffd, "present" if uffd else "absent", "lazy restore"))
     return out

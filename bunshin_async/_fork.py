@@ -17,17 +17,34 @@ of CRIU. CRIU restores its ``PR_SET_PDEATHSIG(SIGKILL)`` (pie/restorer.c, ``rest
 dies the kernel kills pid 1 and with it the whole pid namespace, as for a fresh workspace (where the shim is in
 between). ``Workspace._teardown`` reaps it through its pidfd.
 
+Memory of the copies (``ws.fork_mode``, chosen by ``BUNSHIN_FORK_MODE``, see ``restore_mode``):
+
+- ``"criu-cow"`` (default when CRIU carries criu/patches/0001-cow-restore.patch): the restore runs with
+  ``CRIU_COW_RESTORE=1``, so private anonymous memory is mapped ``MAP_PRIVATE`` from the snapshot's pages image on
+  tmpfs instead of being read into fresh memory: all copies of one snapshot share every page until they write it.
+  The image must never be modified while copies live; deleting the snapshot is fine (tmpfs keeps an unlinked file's
+  pages while they are mapped). Dumps run with ``CRIU_COW_ANON_PREFIX=<snapshot dir>/``, so such mappings are dumped
+  as anonymous memory (forks of forks). Differences from plain anonymous memory are listed in criu/README.md.
+- ``"criu"``: stock restore, every copy reads all its pages into private memory.
+- ``"criu-ksm"`` (``BUNSHIN_FORK_MODE=ksm``): stock restore through a wrapper that sets ``PR_SET_MEMORY_MERGE`` (it is
+  inherited across fork and exec) before exec'ing CRIU, so the restored tasks are mergeable; KSM is switched on
+  (and tuned) while this process runs, and its previous settings are put back at exit. Merging is asynchronous.
+
 Policy for calls in flight: a snapshot waits for the workspace's running tool calls to finish (new ones wait for the
 snapshot), because a connection from the host cannot be dumped; the agent's listening socket can, and is restored.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import secrets
 import shlex
 import shutil
 import signal
+import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,18 +53,20 @@ import anyio
 
 from . import _protocol as P
 from ._client import AgentClient
-from ._criu import CriuBackend, SwrkCriu, rpc
-from ._exceptions import ForkError, WorkspaceClosed
+from ._criu import COW_RESTORE, CriuBackend, SwrkCriu, criu_features, rpc
+from ._exceptions import CapabilityMissing, ForkError, WorkspaceClosed
 from ._image import Image
 from ._kernel import Cgroup, Limits
 
 if TYPE_CHECKING:
     from ._workspace import Workspace
 
-__all__ = ["ForkMode", "Snapshot", "snapshot_dir"]
+__all__ = ["ForkMode", "Snapshot", "cow_available", "restore_mode", "snapshot_dir"]
 
 ForkMode = str
-"""How a workspace came to be: ``"fresh"`` (started cold), ``"criu"`` (restored from a CRIU snapshot)."""
+"""How a workspace came to be: ``"fresh"`` (started cold), ``"criu"`` (restored from a CRIU snapshot, private
+memory), ``"criu-cow"`` (restored sharing the snapshot's memory pages until written), ``"criu-ksm"`` (restored into
+KSM-mergeable tasks)."""
 
 DRAIN_TIMEOUT = 60.0
 DUMP_TIMEOUT = 120.0
@@ -62,6 +81,114 @@ def snapshot_dir() -> Path:
 
 def default_backend() -> CriuBackend:
     return SwrkCriu()
+
+
+# ---------------------------------------------------------------------------------------------------- memory modes
+
+
+def cow_available() -> bool:
+    """Whether the CRIU in use carries the CoW-restore patch (``criu --version`` lists ``Features: cow-restore``)."""
+    return COW_RESTORE in criu_features()
+
+
+KSM_DIR = Path("/sys/kernel/mm/ksm")
+KSM_TUNING = {"run": "1", "pages_to_scan": "2000", "sleep_millisecs": "10"}
+"""What ``criu-ksm`` mode writes to /sys/kernel/mm/ksm: about 200k pages (800 MiB) scanned per second."""
+
+
+def restore_mode() -> ForkMode:
+    """The ``fork_mode`` the next restore gets, from ``BUNSHIN_FORK_MODE``: ``auto`` (default: ``criu-cow`` when
+    the patched CRIU is present, else ``criu``), ``cow``, ``criu`` (alias ``stock``) or ``ksm``. A mode the host
+    cannot provide raises ``CapabilityMissing``; nothing falls back silently except ``auto``."""
+    want = os.environ.get("BUNSHIN_FORK_MODE", "auto").strip().lower() or "auto"
+    if want == "auto":
+        return "criu-cow" if cow_available() else "criu"
+    if want in ("cow", "criu-cow"):
+        if not cow_available():
+            raise CapabilityMissing(
+                "BUNSHIN_FORK_MODE=cow but CRIU lacks the cow-restore patch",
+                capability="criu-cow",
+                remedy="list 0001-cow-restore.patch in criu/patches/series and run `criu/build.sh`",
+            )
+        return "criu-cow"
+    if want in ("criu", "stock"):
+        return "criu"
+    if want in ("ksm", "criu-ksm"):
+        if not (KSM_DIR / "run").exists():
+            raise CapabilityMissing(
+                "BUNSHIN_FORK_MODE=ksm but the kernel has no KSM", capability="ksm", remedy="CONFIG_KSM=y"
+            )
+        return "criu-ksm"
+    raise ValueError(f"BUNSHIN_FORK_MODE={want!r}: expected auto, cow, criu or ksm")
+
+
+def _cow_prefix() -> str:
+    return f"{snapshot_dir()}/"
+
+
+_KSM_SHIM = (
+    "import ctypes, os, sys\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "if libc.prctl(67, 1, 0, 0, 0):  # PR_SET_MEMORY_MERGE\n"
+    "    sys.exit('PR_SET_MEMORY_MERGE: ' + os.strerror(ctypes.get_errno()))\n"
+    "os.execvp(sys.argv[1], sys.argv[1:])\n"
+)
+
+_ksm_lock = threading.Lock()
+_ksm_saved: dict[str, str] | None = None
+
+
+def _ksm_enable() -> None:
+    """Switch KSM on with ``KSM_TUNING`` once per process; ``ksm_restore`` (run at exit) puts the old values back."""
+    global _ksm_saved
+    with _ksm_lock:
+        if _ksm_saved is not None:
+            return
+        saved: dict[str, str] = {}
+        try:
+            for name, value in KSM_TUNING.items():
+                path = KSM_DIR / name
+                saved[name] = path.read_text().strip()
+                if saved[name] != value:
+                    path.write_text(value)
+        except OSError as exc:
+            _write_ksm(saved)
+            raise CapabilityMissing(
+                f"cannot switch KSM on: {exc}", capability="ksm", remedy="run as root with CONFIG_KSM=y"
+            ) from exc
+        _ksm_saved = saved
+        atexit.register(ksm_restore)
+
+
+def _write_ksm(values: dict[str, str]) -> None:
+    for name in reversed(list(values)):  # run last in, first out
+        try:
+            (KSM_DIR / name).write_text(values[name])
+        except OSError:
+            pass
+
+
+def ksm_restore() -> None:
+    """Put back the KSM settings ``criu-ksm`` mode changed (idempotent)."""
+    global _ksm_saved
+    with _ksm_lock:
+        if _ksm_saved is not None:
+            _write_ksm(_ksm_saved)
+            _ksm_saved = None
+
+
+def _mode_wrapper(mode: ForkMode) -> list[str]:
+    """The command prefix that gives a restore's CRIU its memory mode (it ends by exec'ing the rest)."""
+    if mode == "criu-cow":
+        return ["env", "CRIU_COW_RESTORE=1", f"CRIU_COW_ANON_PREFIX={_cow_prefix()}"]
+    if mode == "criu-ksm":
+        return [sys.executable, "-I", "-S", "-c", _KSM_SHIM]
+    return []
+
+
+def _dump_wrapper() -> list[str]:
+    """Dumps always recognise CoW-restored memory when CRIU can (the workspace may be such a copy)."""
+    return ["env", f"CRIU_COW_ANON_PREFIX={_cow_prefix()}"] if cow_available() else []
 
 
 class Snapshot:
@@ -226,9 +353,15 @@ def _base_opts(req: Any) -> None:
     req.opts.manage_cgroups_mode = rpc.IGNORE
 
 
-async def _copy_tree(src: Path, dst: Path) -> None:
+async def _copy_tree(src: Path, dst: Path, *, workspace_id: str = "") -> None:
+    """A failed copy is a ``ForkError``: a snapshot or copy with missing files must never be used."""
     # cp keeps overlay's trusted.* xattrs (whiteouts, opaque dirs, origin), which shutil.copytree does not.
-    await anyio.run_process(["cp", "-a", "--reflink=auto", "--", str(src), str(dst)])
+    try:
+        await anyio.run_process(["cp", "-a", "--reflink=auto", "--", str(src), str(dst)])
+    except (OSError, subprocess.CalledProcessError) as exc:
+        why = getattr(exc, "stderr", None) or str(exc)
+        why = why.decode(errors="replace") if isinstance(why, bytes) else why
+        raise ForkError(f"copying {src} to {dst} failed: {why.strip()}", workspace_id=workspace_id) from exc
 
 
 async def snapshot(ws: Workspace, backend: CriuBackend | None = None) -> Snapshot:
@@ -269,7 +402,7 @@ async def snapshot(ws: Workspace, backend: CriuBackend | None = None) -> Snapsho
         async def on_notify(name: str, pid: int) -> None:
             if name == "post-dump":
                 frozen_at.append(time.monotonic())
-                await _copy_tree(ws.directory / "upper", snap.upper)
+                await _copy_tree(ws.directory / "upper", snap.upper, workspace_id=ws.id)
 
         fd = os.open(snap.images, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
@@ -281,6 +414,7 @@ async def snapshot(ws: Workspace, backend: CriuBackend | None = None) -> Snapsho
                 log_name="dump.log",
                 workspace_id=ws.id,
                 notify=on_notify,
+                wrapper=await anyio.to_thread.run_sync(_dump_wrapper),
                 timeout=DUMP_TIMEOUT,
             )
             snap.dump_ms = (time.monotonic() - t0) * 1000
@@ -356,7 +490,7 @@ async def restore_into(ws: Workspace, snap: Snapshot, backend: CriuBackend | Non
         ws._dir.mkdir(parents=True)
         for sub in ("work", "root"):
             (ws._dir / sub).mkdir()
-        await _copy_tree(snap.upper, ws._dir / "upper")
+        await _copy_tree(snap.upper, ws._dir / "upper", workspace_id=ws.id)
         ws._cgroup = Cgroup.create(f"ws-{ws.id}", ws.limits)
         await _restore(ws, snap, backend or default_backend())
         ws._state = "running"
@@ -381,7 +515,7 @@ async def rollback(ws: Workspace, snap: Snapshot, backend: CriuBackend | None = 
         await anyio.to_thread.run_sync(shutil.rmtree, ws._dir / "upper")
         await anyio.to_thread.run_sync(shutil.rmtree, ws._dir / "work")
         (ws._dir / "work").mkdir()
-        await _copy_tree(snap.upper, ws._dir / "upper")
+        await _copy_tree(snap.upper, ws._dir / "upper", workspace_id=ws.id)
         await _restore(ws, snap, backend or default_backend())
         ws._state = "running"
     except BaseException:
@@ -420,6 +554,9 @@ async def _stop_processes(ws: Workspace) -> None:
 
 async def _restore(ws: Workspace, snap: Snapshot, backend: CriuBackend) -> None:
     assert ws._cgroup is not None
+    mode = await anyio.to_thread.run_sync(restore_mode)
+    if mode == "criu-ksm":
+        await anyio.to_thread.run_sync(_ksm_enable)
     req = rpc.criu_req(type=rpc.RESTORE)
     _base_opts(req)
     req.opts.root = str(ws._dir / "root")
@@ -427,7 +564,9 @@ async def _restore(ws: Workspace, snap: Snapshot, backend: CriuBackend) -> None:
     fd = os.open(snap.images, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         req.opts.images_dir_fd = fd
-        wrapper = _wrapper(ws._cgroup, snap.lower, ws._dir / "upper", ws._dir / "work", ws._dir / "root")
+        wrapper = _mode_wrapper(mode) + _wrapper(
+            ws._cgroup, snap.lower, ws._dir / "upper", ws._dir / "work", ws._dir / "root"
+        )
         t0 = time.monotonic()
         try:
             resp = await backend.call(
@@ -448,7 +587,7 @@ async def _restore(ws: Workspace, snap: Snapshot, backend: CriuBackend) -> None:
     ws.pid = int(resp.restore.pid)
     ws._pidfd = os.pidfd_open(ws.pid)
     ws._client = AgentClient(f"/proc/{ws.pid}/root/run/bunshin/agent.sock", ws.id)
-    ws.fork_mode = "criu"
+    ws.fork_mode = mode
 
 
 async def reap_pid1(pidfd: int) -> None:

@@ -1,5 +1,7 @@
 """Fork tests run real workspaces and real CRIU (the README's test command builds it). The root conftest checks
-that no snapshot or child process (a restored pid 1 is our own child) is left after each test."""
+that no snapshot or child process (a restored pid 1 is our own child) is left after each test. Every test runs once
+per restore mode (``fork_mode``): ``criu-cow`` (the CoW-restore patch; skipped when CRIU lacks it) and stock
+``criu``, so that neither rots."""
 
 from __future__ import annotations
 
@@ -9,10 +11,21 @@ from pathlib import Path
 import pytest
 
 from bunshin_async import Workspace
+from bunshin_async._fork import cow_available
 
 HERE = Path(__file__).parent
 
 pytestmark = pytest.mark.root
+
+
+@pytest.fixture(autouse=True, params=["criu-cow", "criu"])
+def fork_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The ``fork_mode`` restores get in this test (through ``BUNSHIN_FORK_MODE``)."""
+    mode: str = request.param
+    if mode == "criu-cow" and not cow_available():
+        pytest.skip("CRIU lacks the cow-restore patch (criu/patches/series, criu/build.sh)")
+    monkeypatch.setenv("BUNSHIN_FORK_MODE", "cow" if mode == "criu-cow" else "criu")
+    return mode
 
 
 @pytest.fixture

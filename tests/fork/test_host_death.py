@@ -37,8 +37,11 @@ async def test_restored_workspaces_die_with_the_host() -> None:
     proc = await anyio.open_process([sys.executable, "-c", HOST], stdout=subprocess.PIPE, env=dict(os.environ))
     assert proc.stdout is not None
     try:
+        out = b""
         with anyio.fail_after(60):
-            line = (await proc.stdout.receive()).decode().split()
+            while not out.endswith(b"\n"):  # one line, which may come in several reads
+                out += await proc.stdout.receive()
+        line = out.decode().split()
     finally:
         proc.send_signal(signal.SIGKILL)
         await proc.wait()

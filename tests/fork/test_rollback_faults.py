@@ -14,7 +14,7 @@ from bunshin_async import ForkError, Workspace, _fork
 from bunshin_async._criu import NotifyHandler, SwrkCriu
 
 
-async def test_rollback_returns_exact_state(ws: Workspace) -> None:
+async def test_rollback_returns_exact_state(ws: Workspace, fork_mode: str) -> None:
     await ws.write_file("/workspace/f", "v1")
     sh = ws.shell()
     await sh.open()
@@ -28,7 +28,7 @@ async def test_rollback_returns_exact_state(ws: Workspace) -> None:
         await sh.run("cd / && X=2")
         await ws.exec("pkill -f 'x=list' || true; touch /etc/garbage")
         await ws.rollback(snap)
-        assert ws.fork_mode == "criu"
+        assert ws.fork_mode == fork_mode
         assert (ws.id, ws.directory) == (ident, directory)
         assert await ws.read_text("/workspace/f") == "v1"
         assert (await ws.exec("ls /workspace/new /etc/garbage")).exit_code != 0
@@ -68,7 +68,9 @@ class KillCriuAt(SwrkCriu):
 
 @pytest.mark.parametrize("point", ["post-dump", "network-unlock"])
 async def test_criu_killed_mid_dump(ws: Workspace, point: str) -> None:
-    await ws.spawn("i=0; while true; do i=$((i+1)); echo $i > /workspace/tick; sleep 0.02; done")
+    # Written by rename: a read never sees the file truncated but not yet written.
+    tick = "i=$((i+1)); echo $i >/workspace/t; mv /workspace/t /workspace/tick"
+    await ws.spawn(f"i=0; while true; do {tick}; sleep 0.02; done")
     backend = KillCriuAt(point)
     with pytest.raises(ForkError) as info:
         await _fork.snapshot(ws, backend)

@@ -1,0 +1,191 @@
+"""Copy-on-write restore (criu/patches/0001-cow-restore.patch, ``fork_mode == "criu-cow"``): copies of one snapshot
+share its memory pages until they write them, the snapshot can go away while they live, writes stay private, and
+copies of copies (whose memory is partly still the old image, never touched) carry exactly their parent's memory.
+The KSM fallback (``BUNSHIN_FORK_MODE=ksm``) restores mergeable tasks and puts KSM's settings back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+
+from bunshin_async import Workspace, _fork
+
+HERE = Path(__file__).parent
+HEAP_MIB = 100
+
+
+def _pids(ws: Workspace) -> list[int]:
+    assert ws.cgroup is not None
+    return ws.cgroup.pids()
+
+
+def _pss_kib(ws: Workspace) -> int:
+    total = 0
+    for pid in _pids(ws):
+        try:
+            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1])
+        except OSError:
+            pass
+    return total
+
+
+def _image_maps(pid: int) -> list[tuple[int, int, str]]:
+    """The mappings of (CoW-restored) pages images in ``pid``."""
+    out = []
+    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and "/pages-" in fields[5] and ".img" in fields[5]:
+            lo, hi = (int(x, 16) for x in fields[0].split("-"))
+            out.append((lo, hi, fields[5]))
+    return out
+
+
+def _fault_in(ws: Workspace) -> int:
+    """Read every page of every image mapping of ``ws`` through /proc/PID/mem (read faults map the image's pages,
+    as a reader inside would), so that PSS counts all of them; returns the bytes mapped."""
+    mapped = 0
+    for pid in _pids(ws):
+        maps = _image_maps(pid)
+        with open(f"/proc/{pid}/mem", "rb", buffering=0) as mem:
+            for lo, hi, _ in maps:
+                for off in range(lo, hi, 1 << 20):
+                    mem.seek(off)
+                    mem.read(min(1 << 20, hi - off))
+                mapped += hi - lo
+    return mapped
+
+
+async def _start(ws: Workspace, mib: int) -> None:
+    await ws.write_file("/workspace/cow_guest.py", (HERE / "cow_guest.py").read_bytes())
+    await ws.spawn(["python3", "/workspace/cow_guest.py", str(mib)], log_path="/workspace/cow.log")
+    with anyio.fail_after(120):
+        while (await ws.exec("cat /workspace/cow.ready 2>/dev/null")).exit_code:  # noqa: ASYNC110 - polls the guest
+            await anyio.sleep(0.05)
+
+
+async def _get(ws: Workspace, path: str) -> str:
+    code = f"import urllib.request;print(urllib.request.urlopen('http://127.0.0.1:8081{path}').read().decode())"
+    r = await ws.exec(["python3", "-c", code], timeout=60)
+    assert r.exit_code == 0, r.stderr
+    return r.stdout.strip()
+
+
+def _needs_cow(fork_mode: str) -> None:
+    if fork_mode != "criu-cow":
+        pytest.skip("about CoW restore")
+
+
+async def test_cow_copies_share_memory_until_written(
+    ws: Workspace, fork_mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _needs_cow(fork_mode)
+    await _start(ws, HEAP_MIB)
+    d0 = await _get(ws, "/digest")
+    async with await ws.snapshot() as snap:
+        monkeypatch.setenv("BUNSHIN_FORK_MODE", "criu")
+        (stock,) = await Workspace.from_snapshot(snap, 1)
+        try:
+            assert stock.fork_mode == "criu"
+            one_copy = _pss_kib(stock)
+        finally:
+            await stock.aclose()
+        monkeypatch.setenv("BUNSHIN_FORK_MODE", "cow")
+        copies = await Workspace.from_snapshot(snap, 8)
+    try:
+        assert not snap.path.exists()  # the images are unlinked; tmpfs keeps their pages while they are mapped
+        assert [c.fork_mode for c in copies] == ["criu-cow"] * 8
+        for c in copies:
+            maps = [m for pid in _pids(c) for m in _image_maps(pid)]
+            assert maps and all(path.endswith("(deleted)") for _, _, path in maps)
+            assert _fault_in(c) >= HEAP_MIB << 20
+        total = sum(_pss_kib(c) for c in copies)
+        print(f"PSS: one stock copy {one_copy / 1024:.1f} MiB, 8 CoW copies {total / 1024:.1f} MiB in all")
+        assert total <= 1.6 * one_copy, (total, one_copy)
+        for c in copies:
+            assert await _get(c, "/digest") == d0
+        # Writes stay private to the copy that makes them.
+        assert await _get(copies[0], "/write/7") == "ok"
+        d7 = await _get(copies[0], "/digest")
+        assert d7 != d0
+        for c in [*copies[1:], ws]:
+            assert await _get(c, "/digest") == d0
+    finally:
+        for c in copies:
+            await c.aclose()
+
+
+async def test_cow_fork_of_fork_carries_untouched_pages(ws: Workspace, fork_mode: str) -> None:
+    """Each generation rewrites half of its heap and is forked at once: the copy's memory is partly CoW-written,
+    partly image pages it never touched (not in pagemap until the dump populates them)."""
+    _needs_cow(fork_mode)
+    await _start(ws, 30)
+    current, made = ws, []
+    try:
+        for gen in range(1, 4):
+            assert await _get(current, f"/write/{gen}") == "ok"
+            (child,) = await current.fork()
+            made.append(child)
+            assert child.fork_mode == "criu-cow"
+            expected = await _get(current, "/digest")  # the parent's memory as it was forked (no write since)
+            assert await _get(child, "/digest") == expected, f"generation {gen}"
+            current = child
+        g1, g2, g3 = [await _get(c, "/digest") for c in made]
+        assert g1 != g2 == g3  # generation 2 wrote before it was forked; generation 3 did not write
+    finally:
+        for c in made:
+            await c.aclose()
+
+
+async def test_cow_rollback_keeps_memory(ws: Workspace, fork_mode: str) -> None:
+    _needs_cow(fork_mode)
+    await _start(ws, 20)
+    d0 = await _get(ws, "/digest")
+    async with await ws.snapshot() as snap:
+        await _get(ws, "/write/3")
+        assert await _get(ws, "/digest") != d0
+        await ws.rollback(snap)
+        assert ws.fork_mode == "criu-cow"
+        assert await _get(ws, "/digest") == d0
+        await _get(ws, "/write/4")
+    assert await _get(ws, "/digest") not in ("", d0)  # the snapshot is gone; the memory still reads
+
+
+async def test_ksm_fallback(ws: Workspace, fork_mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if fork_mode != "criu":
+        pytest.skip("KSM mode is a stock-CRIU mode")
+    if not (_fork.KSM_DIR / "run").exists():
+        pytest.skip("no KSM")
+    before = {n: (_fork.KSM_DIR / n).read_text().strip() for n in _fork.KSM_TUNING}
+    monkeypatch.setenv("BUNSHIN_FORK_MODE", "ksm")
+    await _start(ws, 10)
+    d0 = await _get(ws, "/digest")
+    try:
+        copies = await ws.fork(2)
+        try:
+            assert [c.fork_mode for c in copies] == ["criu-ksm"] * 2
+            assert (_fork.KSM_DIR / "run").read_text().strip() == "1"
+            for c in copies:
+                assert await _get(c, "/digest") == d0
+                for pid in _pids(c):
+                    stat = Path(f"/proc/{pid}/ksm_stat").read_text()
+                    assert "ksm_merge_any: yes" in stat, stat
+        finally:
+            for c in copies:
+                await c.aclose()
+    finally:
+        _fork.ksm_restore()
+    assert {n: (_fork.KSM_DIR / n).read_text().strip() for n in _fork.KSM_TUNING} == before
+
+
+def test_restore_mode_never_pretends(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BUNSHIN_FORK_MODE", "criu")
+    assert _fork.restore_mode() == "criu"
+    monkeypatch.setenv("BUNSHIN_FORK_MODE", "auto")
+    assert _fork.restore_mode() == ("criu-cow" if _fork.cow_available() else "criu")
+    monkeypatch.setenv("BUNSHIN_FORK_MODE", "bogus")
+    with pytest.raises(ValueError):
+        _fork.restore_mode()
