@@ -487,9 +487,7 @@ async def restore_into(ws: Workspace, snap: Snapshot, backend: CriuBackend | Non
         raise ForkError(f"snapshot {snap.id} is closed", workspace_id=ws.id)
     ws._state = "starting"
     try:
-        ws._dir.mkdir(parents=True)
-        for sub in ("work", "root"):
-            (ws._dir / sub).mkdir()
+        ws._make_dirs(upper=False)
         await _copy_tree(snap.upper, ws._dir / "upper", workspace_id=ws.id)
         ws._cgroup = Cgroup.create(f"ws-{ws.id}", ws.limits)
         await _restore(ws, snap, backend or default_backend())

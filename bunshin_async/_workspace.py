@@ -21,7 +21,7 @@ import anyio
 from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from . import _fork, _gc, _paths
+from . import _fork, _gc, _gui, _paths
 from . import _protocol as P
 from ._client import AgentClient
 from ._exceptions import (
@@ -79,7 +79,9 @@ class Workspace:
 
     ``image`` defaults to the cached Debian base image. ``workdir`` is where commands start and the directory the
     file tools are confined to. ``max_output`` caps each of stdout and stderr per call (bytes); the rest is read and
-    dropped and the result says ``truncated``.
+    dropped and the result says ``truncated``. ``display`` (a ``Display``, or True for 1024x768x24) starts a virtual X
+    display in the workspace, sets ``DISPLAY`` for every command and enables ``ws.gui``; ``image`` then defaults
+    to the GUI image.
     """
 
     def __init__(
@@ -91,6 +93,7 @@ class Workspace:
         env: Mapping[str, str] | None = None,
         hostname: str = "bunshin",
         max_output: int = P.DEFAULT_MAX_OUTPUT,
+        display: _gui.Display | bool | None = None,
     ) -> None:
         if not workdir.startswith("/") or os.path.normpath(workdir) != workdir or workdir == "/":
             raise ValueError(f"workdir must be a normalized absolute path below /, not {workdir!r}")
@@ -100,6 +103,11 @@ class Workspace:
         self.env = dict(env or {})
         self.hostname = hostname
         self.max_output = max_output
+        self.display = _gui.Display() if display is True else (display or None)
+        """The display this workspace starts (None for a copy restored from a snapshot: it has its parent's)."""
+        if self.display is not None:
+            self.env["DISPLAY"] = _gui.DISPLAY
+        self._gui: _gui.Gui | None = None
         self.id = secrets.token_hex(6)
         self.pid: int | None = None  # host pid of the workspace's pid 1
         self._dir = _paths.workspaces_dir() / self.id
@@ -114,8 +122,15 @@ class Workspace:
     @property
     def image(self) -> Image:
         if self._image is None:
-            self._image = Image.base()
+            self._image = Image.gui() if self.display is not None else Image.base()
         return self._image
+
+    @property
+    def gui(self) -> _gui.Gui:
+        """The GUI tools (screenshot, click, type_text, key, ...); they raise ``DisplayError`` without a display."""
+        if self._gui is None:
+            self._gui = _gui.Gui(self)
+        return self._gui
 
     @property
     def closed(self) -> bool:
@@ -160,15 +175,18 @@ class Workspace:
             self._cgroup = Cgroup.create(f"ws-{self.id}", self.limits)
             await self._spawn(image, layer)
             self._state = "running"
+            if self.display is not None:
+                await _gui.start_display(self, self.display)
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await self._teardown()
             self._state = "closed"
             raise
 
-    def _make_dirs(self) -> None:
-        """The workspace's host directory, with an ``owner`` file (our pid and start time) for ``bunshin gc``."""
-        for sub in ("upper", "work", "root"):
+    def _make_dirs(self, upper: bool = True) -> None:
+        """The workspace's host directory, with an ``owner`` file (our pid and start time) for ``bunshin gc``.
+        A restored copy brings its own upper dir (``upper=False``)."""
+        for sub in ("upper", "work", "root") if upper else ("work", "root"):
             (self._dir / sub).mkdir(parents=True)
         (self._dir / "owner").write_text(_gc.owner_token(os.getpid()))
 

@@ -1,7 +1,7 @@
 """Fork tests run real workspaces and real CRIU (the README's test command builds it). The root conftest checks
 that no snapshot or child process (a restored pid 1 is our own child) is left after each test. Every test runs once
-per restore mode (``fork_mode``): ``criu-cow`` (the CoW-restore patch; skipped when CRIU lacks it) and stock
-``criu``, so that neither rots."""
+per restore mode (``fork_mode``): ``criu-cow`` (the CoW-restore patch, which the README's set-up builds) and stock
+``criu``, so that neither rots. A test about one mode says so with ``@pytest.mark.fork_modes("criu-cow")``."""
 
 from __future__ import annotations
 
@@ -18,12 +18,17 @@ HERE = Path(__file__).parent
 pytestmark = pytest.mark.root
 
 
-@pytest.fixture(autouse=True, params=["criu-cow", "criu"])
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "fork_mode" in metafunc.fixturenames:
+        marker = metafunc.definition.get_closest_marker("fork_modes")
+        metafunc.parametrize("fork_mode", marker.args if marker else ("criu-cow", "criu"), indirect=True)
+
+
+@pytest.fixture(autouse=True)
 def fork_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """The ``fork_mode`` restores get in this test (through ``BUNSHIN_FORK_MODE``)."""
     mode: str = request.param
-    if mode == "criu-cow" and not cow_available():
-        pytest.skip("CRIU lacks the cow-restore patch (criu/patches/series, criu/build.sh)")
+    assert mode != "criu-cow" or cow_available(), "CRIU lacks the cow-restore patch: run criu/build.sh"
     monkeypatch.setenv("BUNSHIN_FORK_MODE", "cow" if mode == "criu-cow" else "criu")
     return mode
 

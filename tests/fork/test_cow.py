@@ -74,15 +74,10 @@ async def _get(ws: Workspace, path: str) -> str:
     return r.stdout.strip()
 
 
-def _needs_cow(fork_mode: str) -> None:
-    if fork_mode != "criu-cow":
-        pytest.skip("about CoW restore")
-
-
+@pytest.mark.fork_modes("criu-cow")
 async def test_cow_copies_share_memory_until_written(
     ws: Workspace, fork_mode: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _needs_cow(fork_mode)
     await _start(ws, HEAP_MIB)
     d0 = await _get(ws, "/digest")
     async with await ws.snapshot() as snap:
@@ -118,10 +113,10 @@ async def test_cow_copies_share_memory_until_written(
             await c.aclose()
 
 
+@pytest.mark.fork_modes("criu-cow")
 async def test_cow_fork_of_fork_carries_untouched_pages(ws: Workspace, fork_mode: str) -> None:
     """Each generation rewrites half of its heap and is forked at once: the copy's memory is partly CoW-written,
     partly image pages it never touched (not in pagemap until the dump populates them)."""
-    _needs_cow(fork_mode)
     await _start(ws, 30)
     current, made = ws, []
     try:
@@ -140,8 +135,8 @@ async def test_cow_fork_of_fork_carries_untouched_pages(ws: Workspace, fork_mode
             await c.aclose()
 
 
+@pytest.mark.fork_modes("criu-cow")
 async def test_cow_rollback_keeps_memory(ws: Workspace, fork_mode: str) -> None:
-    _needs_cow(fork_mode)
     await _start(ws, 20)
     d0 = await _get(ws, "/digest")
     async with await ws.snapshot() as snap:
@@ -154,11 +149,8 @@ async def test_cow_rollback_keeps_memory(ws: Workspace, fork_mode: str) -> None:
     assert await _get(ws, "/digest") not in ("", d0)  # the snapshot is gone; the memory still reads
 
 
+@pytest.mark.fork_modes("criu")
 async def test_ksm_fallback(ws: Workspace, fork_mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    if fork_mode != "criu":
-        pytest.skip("KSM mode is a stock-CRIU mode")
-    if not (_fork.KSM_DIR / "run").exists():
-        pytest.skip("no KSM")
     before = {n: (_fork.KSM_DIR / n).read_text().strip() for n in _fork.KSM_TUNING}
     monkeypatch.setenv("BUNSHIN_FORK_MODE", "ksm")
     await _start(ws, 10)
