@@ -9,7 +9,9 @@
    drawn per command from the README's per-kind distributions (deterministic per command, so identical calls take
    identical time) and slept at ``--time-scale``; LLM think time between calls desynchronises the siblings.
    The fraction of calls and of tool time served from the cache is reported for cache off, cache on (read/pure
-   hits: what is served today), and, labelled separately, the write hits a fork ``StateProvider`` would serve.
+   hits), and, labelled separately, the write hits a fork ``StateProvider`` serves (simulated without its cost).
+3. ``write_hits`` (root only): the cost of that on real workspaces with ``ForkStateProvider``, per kind of write:
+   the call executed (and its state captured) by one rollout, then served to a sibling by restoring a fork.
 
 Never fails because the machine is slow; targets are printed next to the numbers.
 """
@@ -36,10 +38,12 @@ import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bunshin_async import Workspace  # noqa: E402
 from bunshin_async._cache._records import Entry, seal  # noqa: E402
 from bunshin_async._protocol import ExecResult  # noqa: E402
 from bunshin_async.cache import (  # noqa: E402
     CachedSession,
+    ForkStateProvider,
     MemoryStore,
     RedisStore,
     SnapshotRef,
@@ -377,10 +381,49 @@ async def bench_rollouts(n_groups: int, group_size: int, time_scale: float) -> d
     out["cache_on_read_pure_hits"] = await simulate(groups, "on", time_scale)
     fork = await simulate(groups, "fork", time_scale)
     fork["note"] = (
-        "NOT served today: what a fork StateProvider would serve (write hits restored, concurrent identical writes "
-        "run once); simulated with a no-op provider, restore cost not modeled"
+        "what a fork StateProvider serves (write hits restored, concurrent identical writes run once); simulated "
+        "with a no-op provider, restore cost not modeled here (see write_hits)"
     )
     out["would_serve_with_fork_provider"] = fork
+    return out
+
+
+WRITE_KINDS = {
+    "echo": "echo {i} > f{i}",
+    "sleep_0.5s": "sleep 0.5; echo {i} > f{i}",
+    "python_100MiB": 'python3 -c \'import os, time; x = os.urandom(100 << 20); open("ready{i}", "w"); '
+    "time.sleep(1e6)' >/dev/null 2>&1 & until [ -e ready{i} ]; do sleep 0.02; done",
+}
+
+
+async def bench_write_hits(n: int) -> dict[str, Any]:
+    """Per kind: ``execute_s`` (the tool run), ``miss_s`` (run + capture, what the first rollout pays),
+    ``hit_s`` (the restore a sibling pays instead of ``execute_s``), the snapshot size."""
+    out: dict[str, Any] = {}
+    for kind, template in WRITE_KINDS.items():
+        execute, miss, hit, size = [], [], [], []
+        provider = ForkStateProvider()
+        async with ToolCache(provider=provider) as cache:
+            for i in range(n):
+                args = {"command": template.format(i=i)}
+                async with Workspace() as ws, cache.session(ws, salt=f"{kind}{i}") as first:
+                    t0 = time.perf_counter()
+                    rec = await first.call_ex("bash", args)
+                    miss.append(time.perf_counter() - t0)
+                    execute.append(rec.duration)
+                size.append(cache.metrics().snapshot_bytes / (i + 1))
+                async with Workspace() as ws, cache.session(ws, salt=f"{kind}{i}") as sibling:
+                    t0 = time.perf_counter()
+                    rec = await sibling.call_ex("bash", args)
+                    hit.append(time.perf_counter() - t0)
+                    assert rec.source == "restored", rec.source
+        out[kind] = {
+            "execute_s": round(statistics.median(execute), 4),
+            "miss_s": round(statistics.median(miss), 4),
+            "hit_s": {"median": round(statistics.median(hit), 4), "p90": round(pct(hit, 0.9), 4)},
+            "hit_over_execute": round(statistics.median(hit) / statistics.median(execute), 2),
+            "snapshot_mib": round(statistics.median(size) / (1 << 20), 1),
+        }
     return out
 
 
@@ -391,11 +434,14 @@ async def main() -> None:
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--time-scale", type=float, default=2e-4, help="sleep this fraction of simulated seconds")
     ap.add_argument("--skip-rollouts", action="store_true")
+    ap.add_argument("--write-hits", type=int, default=5, help="repeats per kind of write (0: skip; needs root)")
     args = ap.parse_args()
     result: dict[str, Any] = {"python": sys.version.split()[0], "cpus": os.cpu_count()}
     result["stores"] = await bench_stores(args.n)
     if not args.skip_rollouts and TRACES.exists():
         result["rollouts"] = await bench_rollouts(args.groups, args.group_size, args.time_scale)
+    if args.write_hits and os.geteuid() == 0:
+        result["write_hits"] = await bench_write_hits(args.write_hits)
     print(json.dumps(result, indent=2))
 
 

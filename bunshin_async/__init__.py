@@ -15,6 +15,9 @@ from ._exceptions import (
     CapabilityMissing as CapabilityMissing,
 )
 from ._exceptions import (
+    DisplayError as DisplayError,
+)
+from ._exceptions import (
     FileNotFound as FileNotFound,
 )
 from ._exceptions import (
@@ -62,6 +65,9 @@ from ._exceptions import (
 from ._exceptions import (
     WorkspaceStartError as WorkspaceStartError,
 )
+from ._gui import Display as Display
+from ._gui import Screenshot as Screenshot
+from ._gui import Window as Window
 from ._image import Image as Image
 from ._kernel import Limits as Limits
 from ._protocol import DirEntry as DirEntry
@@ -79,6 +85,8 @@ __all__ = [
     "CacheError",
     "CapabilityMissing",
     "DirEntry",
+    "Display",
+    "DisplayError",
     "ExecResult",
     "FileNotFound",
     "ForkError",
@@ -91,11 +99,13 @@ __all__ = [
     "LLMStreamError",
     "Limits",
     "PathOutsideWorkspace",
+    "Screenshot",
     "StoreUnavailable",
     "ToolCallError",
     "Shell",
     "ToolError",
     "ToolTimeout",
+    "Window",
     "Workspace",
     "WorkspaceClosed",
     "WorkspaceError",

@@ -13,6 +13,7 @@ def main(argv: list[str] | None = None) -> int:
     img = sub.add_parser("image", help="manage workspace images")
     img.add_argument("action", choices=["build"])
     img.add_argument("--force", action="store_true")
+    img.add_argument("--gui", action="store_true", help="build the GUI image (base + Xvfb and X tools) instead")
     sub.add_parser("demo", help="create a workspace, run tools in it and print what happened")
     sub.add_parser("gc", help="remove workspaces left behind by a process that died")
     from ._experiment._cli import add_arguments
@@ -33,10 +34,14 @@ def main(argv: list[str] | None = None) -> int:
         print(text)
         return 0 if ok else 1
     if args.cmd == "image":
-        from ._image import build_base_image
+        from ._image import build_base_image, build_gui_image
 
-        image = build_base_image(force=args.force)
-        print(f"base image ready: {image.rootfs}")
+        if args.gui:
+            image = build_gui_image(force=args.force)
+            print(f"GUI image ready: {image.rootfs}")
+        else:
+            image = build_base_image(force=args.force)
+            print(f"base image ready: {image.rootfs}")
         return 0
     if args.cmd == "bench":
         from ._experiment._cli import main as bench_main

@@ -10,7 +10,8 @@ failure, an httpx error) are translated once, where the foreign system is called
     │   ├── WorkspaceClosed      the workspace was used after ``aclose()`` or its init died
     │   ├── WorkspaceStartError  the workspace could not be created; nothing of it is left behind
     │   ├── AgentError           the in-workspace agent failed or broke the protocol
-    │   └── ForkError            a fork, snapshot or restore failed; the parent keeps running
+    │   ├── ForkError            a fork, snapshot or restore failed; the parent keeps running
+    │   └── DisplayError         a workspace's virtual X display failed to start or is not running
     ├── ToolError                a tool call failed (``tool``)
     │   ├── ToolTimeout          the call ran past its timeout; ``stdout``/``stderr`` keep the partial output
     │   ├── PathOutsideWorkspace a path escapes the workspace directory (``..`` or a symlink)
@@ -37,6 +38,7 @@ __all__ = [
     "BunshinError",
     "CacheError",
     "CapabilityMissing",
+    "DisplayError",
     "FileNotFound",
     "ForkError",
     "ImageError",
@@ -122,6 +124,16 @@ class AgentError(WorkspaceError):
 
 class ForkError(WorkspaceError):
     """A fork, snapshot or restore failed. The parent workspace keeps running and no half-made copy is left."""
+
+
+class DisplayError(WorkspaceError):
+    """The workspace's virtual X display did not start (``detail`` holds the X server's log tail) or is not
+    running (no ``display=`` given, or the X server died). Start the workspace with ``display=True``."""
+
+    detail: str
+
+    def __init__(self, message: str, *, workspace_id: str, detail: str = "") -> None:
+        super().__init__(message, workspace_id=workspace_id, detail=detail)
 
 
 class ToolError(BunshinError):

@@ -329,13 +329,18 @@ def _host_connections(ws: Workspace) -> int:
 
 
 async def _drain(ws: Workspace) -> GatedAgentClient:
+    """Hold new calls and wait out those in flight. On any failure, cancellation included, the gate reopens."""
     gated = await _gated(ws)
-    with anyio.move_on_after(DRAIN_TIMEOUT) as scope:
-        await gated.quiesce()
-        delay = 0.0005
-        while _host_connections(ws):  # the agent closes its end once it reads our hang-up
-            await anyio.sleep(delay)
-            delay = min(delay * 2, 0.02)
+    try:
+        with anyio.move_on_after(DRAIN_TIMEOUT) as scope:
+            await gated.quiesce()
+            delay = 0.0005
+            while _host_connections(ws):  # the agent closes its end once it reads our hang-up
+                await anyio.sleep(delay)
+                delay = min(delay * 2, 0.02)
+    except BaseException:
+        gated.resume()
+        raise
     if scope.cancelled_caught:
         gated.resume()
         raise ForkError(f"workspace {ws.id}: tool calls did not finish within {DRAIN_TIMEOUT} s", workspace_id=ws.id)

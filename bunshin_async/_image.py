@@ -2,8 +2,9 @@
 
 The base image is a minimal Debian bookworm rootfs built once with debootstrap from the mirror the host's apt already
 uses, then cached under ``$BUNSHIN_HOME/images``. It is built from Debian's packages alone, so it carries none of the
-host's secrets (no /root, /home, host /etc/shadow or sockets). The agent layer (the agent script, ``_protocol`` and
-msgspec) is a second, tiny lower layer stacked above any image.
+host's secrets (no /root, /home, host /etc/shadow or sockets). The GUI image (``Image.gui()``) is the same recipe
+plus a virtual X server and the X tools the GUI tools run inside the workspace. The agent layer (the agent script,
+``_protocol`` and msgspec) is a second, tiny lower layer stacked above any image.
 """
 
 from __future__ import annotations
@@ -40,6 +41,24 @@ BASE_PACKAGES = (
     "less",
     "xz-utils",
     "bzip2",
+)
+GUI_NAME = "debian-bookworm-gui"
+# The GUI variant adds what ``Workspace(display=...)`` and ``ws.gui`` run inside the workspace: Xvfb, xdotool (input),
+# python3-xlib (screenshots, window list), and what agents drive: xterm, Tk, a Mesa software OpenGL client
+# (mesa-utils' glxgears; libgl1-mesa-dri brings llvmpipe). x11-utils (xdpyinfo, xwininfo) is for people debugging
+# a workspace. One small TrueType font, because Tk draws with Xft and finds no core fonts without it.
+# debootstrap follows Depends only, never Recommends, which keeps the image small.
+GUI_PACKAGES = (
+    *BASE_PACKAGES,
+    "xvfb",
+    "xdotool",
+    "x11-utils",
+    "xterm",
+    "python3-tk",
+    "python3-xlib",
+    "mesa-utils",
+    "libgl1-mesa-dri",
+    "fonts-dejavu-core",
 )
 AGENT_PYTHON = "/usr/bin/python3"
 AGENT_DIR = "/opt/bunshin"
@@ -85,9 +104,20 @@ class Image(msgspec.Struct, frozen=True):
             )
         return cls.from_dir(root, name=BASE_NAME)
 
+    @classmethod
+    def gui(cls) -> Image:
+        """The cached GUI image (base + X server and tools); build it with ``bunshin image build --gui``."""
+        root = _paths.images_dir() / GUI_NAME / "rootfs"
+        if not (root.parent / "manifest.json").exists():
+            raise ImageError(
+                f"GUI image {GUI_NAME} is not built at {root}; run `bunshin image build --gui` (or `make setup`)",
+                image=GUI_NAME,
+            )
+        return cls.from_dir(root, name=GUI_NAME)
 
-def _recipe_digest() -> str:
-    return hashlib.sha256(f"{BASE_SUITE}:{','.join(BASE_PACKAGES)}:v1".encode()).hexdigest()
+
+def _recipe_digest(packages: tuple[str, ...] = BASE_PACKAGES) -> str:
+    return hashlib.sha256(f"{BASE_SUITE}:{','.join(packages)}:v1".encode()).hexdigest()
 
 
 def apt_mirror() -> str:
@@ -115,24 +145,35 @@ def apt_mirror() -> str:
 
 def build_base_image(force: bool = False) -> Image:
     """Build (or reuse) the base image. Idempotent: a complete build is recognised by its manifest."""
-    target = _paths.images_dir() / BASE_NAME
+    _build(BASE_NAME, BASE_PACKAGES, force)
+    return Image.base()
+
+
+def build_gui_image(force: bool = False) -> Image:
+    """Build (or reuse) the GUI image: the base recipe plus ``GUI_PACKAGES``, cached beside it."""
+    _build(GUI_NAME, GUI_PACKAGES, force)
+    return Image.gui()
+
+
+def _build(name: str, packages: tuple[str, ...], force: bool) -> None:
+    target = _paths.images_dir() / name
     manifest = target / "manifest.json"
-    digest = _recipe_digest()
+    digest = _recipe_digest(packages)
     if not force and manifest.exists() and json.loads(manifest.read_text()).get("digest") == digest:
-        return Image.base()
+        return
     if shutil.which("debootstrap") is None:
         raise CapabilityMissing(
             "debootstrap is not installed", capability="debootstrap", remedy="apt-get install debootstrap"
         )
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{BASE_NAME}-", dir=target.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
     try:
         rootfs = tmp / "rootfs"
         subprocess.run(
             [
                 "debootstrap",
                 "--variant=minbase",
-                f"--include={','.join(BASE_PACKAGES)}",
+                f"--include={','.join(packages)}",
                 BASE_SUITE,
                 str(rootfs),
                 apt_mirror(),
@@ -140,14 +181,13 @@ def build_base_image(force: bool = False) -> Image:
             check=True,
         )
         _scrub(rootfs)
-        (tmp / "manifest.json").write_text(json.dumps({"name": BASE_NAME, "digest": digest}))
+        (tmp / "manifest.json").write_text(json.dumps({"name": name, "digest": digest}))
         if target.exists():
             shutil.rmtree(target)
         tmp.rename(target)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
-    return Image.base()
 
 
 def _scrub(rootfs: Path) -> None:

@@ -56,4 +56,5 @@ fi
 
 log "base image"
 .venv/bin/bunshin image build
+.venv/bin/bunshin image build --gui
 log "ready"

@@ -12,6 +12,7 @@ from typing import Any
 
 import msgspec
 
+from bunshin_async._runtime._calls import chain_root, extend_chain
 from bunshin_async.speculation import CallKey, Candidate, PredictionContext
 
 from ._signature import signature
@@ -215,3 +216,11 @@ class RulePredictor:
 
     def observe(self, ctx: PredictionContext, call: CallKey) -> None:
         pass
+
+
+def _chain_for_tests(history: Sequence[CallKey], salt: str = "") -> bytes:
+    """The chain key the runtime computes for ``history`` (``WorkspaceHandle.chain``)."""
+    key = chain_root(salt)
+    for call in history:
+        key = extend_chain(key, call)
+    return key

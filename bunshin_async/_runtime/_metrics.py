@@ -38,7 +38,7 @@ class TimelineEvent(msgspec.Struct, frozen=True, array_like=True):
 class BranchRecord(msgspec.Struct, frozen=True, kw_only=True):
     """One speculative branch. ``outcome``: ``committed`` (its result was used), ``wasted`` (a wrong prediction,
     or started too late to matter and discarded), ``failed`` (the fork or the run failed; the call ran normally).
-    Seconds are wall time; ``cpu_seconds`` is the fork's cgroup CPU time (0 for in-place reads);
+    Seconds are wall time; ``cpu_seconds`` the fork's cgroup CPU time (wall time where not measurable);
     ``memory_bytes`` the fork's peak memory plus its private files."""
 
     position: int

@@ -50,6 +50,8 @@ from ._calls import CallKey, Candidate, Launch, Policy, PredictionContext, Predi
 from ._handle import CLOSE_DEADLINE, WorkspaceHandle
 from ._metrics import BranchRecord, EventKind, TimelineEvent, TurnMetrics
 
+FORK_DEADLINE = 60.0
+
 __all__ = ["BoundedPolicy", "CallResult", "Speculation", "SpeculativeTurn", "TurnOutcome", "run_turn"]
 
 
@@ -111,13 +113,15 @@ class BoundedPolicy:
 class Speculation:
     """What to speculate with: ``predictors`` (asked at every decision point), the ``policy`` that chooses
     launches, ``group`` (rollouts that share a sibling table pass the same name), and ``early``: start a call
-    as soon as the tap saw its arguments complete (the stream tap as a predictor of certainty). One ``Speculation``
-    may serve many turns and rollouts: the policy learns across them."""
+    as soon as the tap saw its arguments complete (the stream tap as a predictor of certainty). ``skip`` vetoes
+    launches (pass one that says whether the prefix cache would serve the call: such calls are not speculated).
+    One ``Speculation`` may serve many turns and rollouts: the policy learns across them."""
 
     predictors: Sequence[Predictor] = ()
     policy: Policy = field(default_factory=BoundedPolicy)
     group: str = ""
     early: bool = True
+    skip: Callable[[Launch], bool] | None = None
 
 
 # ------------------------------------------------------------------------------------------------ internals
@@ -167,10 +171,11 @@ class _Decided:
 
 
 def _cgroup_cpu_seconds(ws: Workspace) -> float:
-    """CPU time charged to the workspace's cgroup (v1 ``cpuacct.usage`` in ns, v2 ``cpu.stat`` in us). Blocking."""
+    """CPU time charged to the workspace's cgroup (v1 ``cpuacct.usage`` in ns, v2 ``cpu.stat`` in us), or -1 when
+    the cgroup has no CPU accounting (v1 hosts where workspaces do not join ``cpuacct``). Blocking."""
     cg = ws.cgroup
     if cg is None:
-        return 0.0
+        return -1.0
     for d in cg.dirs:
         try:
             return int((d / "cpuacct.usage").read_text()) / 1e9
@@ -182,7 +187,7 @@ def _cgroup_cpu_seconds(ws: Workspace) -> float:
                     return int(line.split()[1]) / 1e6
         except (OSError, ValueError):
             pass
-    return 0.0
+    return -1.0
 
 
 def _fork_cost(ws: Workspace) -> tuple[float, int]:
@@ -191,6 +196,14 @@ def _fork_cost(ws: Workspace) -> tuple[float, int]:
     peak = (cg.memory_peak() or 0) if cg is not None else 0
     upper = ws.directory / "upper"
     return _cgroup_cpu_seconds(ws), peak + (tree_bytes(upper) if Path(upper).exists() else 0)
+
+
+async def _fork_shielded(ws: Workspace) -> Workspace:
+    """``(await ws.fork(1))[0]``, shielded from cancellation (a fork takes a few hundred ms; cancelling CRIU midway
+    buys nothing), with a deadline."""
+    with anyio.CancelScope(shield=True), anyio.fail_after(FORK_DEADLINE):
+        copies = await ws.fork(1)
+    return copies[0]
 
 
 async def _run_tool(tool: Tool, ws: Workspace, args: dict[str, Any]) -> tuple[Any, ToolError | None]:
@@ -530,7 +543,11 @@ class SpeculativeTurn:
         epoch = self.handle.epoch
         running = {b.key for b in self._branches if b.epoch == epoch}
         options = sorted(
-            (launch for key, (_, launch) in merged.items() if key not in running),
+            (
+                launch
+                for key, (_, launch) in merged.items()
+                if key not in running and (spec.skip is None or not spec.skip(launch))
+            ),
             key=lambda launch: -launch.candidate.probability,
         )
         if not options:
@@ -555,8 +572,9 @@ class SpeculativeTurn:
                     async with self.handle.lock:
                         if self.handle.epoch != b.epoch:
                             return
-                        copies = await self.handle.workspace.fork(1)
-                    b.ws, b.forked = copies[0], True
+                        b.ws = await _fork_shielded(self.handle.workspace)
+                    b.forked = True
+                    await anyio.lowlevel.checkpoint()  # a cancellation that came during the fork lands here
                     b.fork_seconds = self._clock() - t
                     self._mark("branch_ready", b.position, f"fork {b.fork_seconds * 1000:.0f} ms")
                 else:
@@ -602,7 +620,10 @@ class SpeculativeTurn:
         else:
             outcome = "failed" if b.failed else "wasted"
             end = b.run_end if b.run_end else self._clock()
-            m.wasted_seconds += b.fork_seconds + (end - b.run_start if b.run_start else 0.0)
+            spent = b.fork_seconds + (end - b.run_start if b.run_start else 0.0)
+            if b.cpu_seconds < 0 or not b.forked:
+                b.cpu_seconds = spent  # no CPU accounting (or an in-place read): wall time, an upper bound
+            m.wasted_seconds += spent
             m.wasted_cpu_seconds += b.cpu_seconds
             m.wasted_memory_bytes += b.memory_bytes
             if b.failed:

@@ -113,3 +113,14 @@ async def test_cancelled_fork_leaves_nothing(ws: Workspace) -> None:
     assert await ws.ping() > 0
     (child,) = await ws.fork()
     await child.aclose()
+
+
+async def test_snapshot_cancelled_while_draining_reopens_the_workspace(ws: Workspace) -> None:
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ws.exec, "sleep 1")
+        await anyio.sleep(0.2)
+        with anyio.move_on_after(0.3) as scope:
+            await ws.snapshot()  # waits for the running command, then is cancelled
+        assert scope.cancelled_caught
+    with anyio.fail_after(10):
+        assert (await ws.exec("echo still-usable")).stdout == "still-usable\n"

@@ -11,6 +11,7 @@ import pytest
 from bunshin_async import Workspace
 from bunshin_async._llm._openai import tap_openai_stream
 from bunshin_async._tools import bash_tool, read_file_tool
+from bunshin_async.llm import FixedTiming, MessageFinished
 from bunshin_async.speculation import CallResult, Speculation, SpeculativeTurn, WorkspaceHandle, run_turn
 from speculator import CostAwarePolicy, Rule, RulePredictor
 from speculator.harness import replay_rollout, workspace_state
@@ -99,9 +100,9 @@ async def test_cancelling_the_turn_cancels_every_branch(serve: Any) -> None:
             assert time.monotonic() - t0 < 2.0
             assert {b.outcome for b in turn.metrics.branches} == {"wasted"} and len(turn.metrics.branches) == 2
             assert handle.workspace is ws
-            probe = await ws.exec("ls /workspace; ps -eo args=")
-            assert "sleep" not in probe.stdout and probe.stdout.split()[0:2] == ["start", "PID"] or "w\n" not in probe.stdout
-            assert (await ws.exec("ls /workspace")).stdout == "start\n"
+            probe = await ws.exec(["ps", "-eo", "args="])
+            assert "sleep" not in probe.stdout  # the in-place read branch was killed with its process group
+            assert (await ws.exec("ls /workspace")).stdout == "start\n"  # the write branch's fork is gone
     # the leak fixtures check that no fork, snapshot or process is left
 
 
@@ -137,21 +138,18 @@ async def test_results_arrive_before_the_message_ends(serve: Any) -> None:
         final(),
     ]
     traj = trajectory("early", steps)
-    async with serve([traj], timing=__import__("bunshin_async.llm", fromlist=["FixedTiming"]).FixedTiming(
-            ttft=0.01, itl=0.05)) as client:  # fmt: skip
+    async with serve([traj], timing=FixedTiming(ttft=0.01, itl=0.05)) as client:
         async with Workspace() as ws, WorkspaceHandle(ws) as handle:
             specs = [t.spec() for t in TOOLS]
             stream = await client.chat.completions.create(
                 model="replay:early", messages=[{"role": "user", "content": "x"}], tools=specs, stream=True
             )
             seen: list[str] = []
-            async with tap_openai_stream(stream, specs) as tap, SpeculativeTurn(
-                handle, TOOLS, Speculation()
-            ) as turn:
+            async with tap_openai_stream(stream, specs) as tap, SpeculativeTurn(handle, TOOLS, Speculation()) as turn:
                 async for item in turn.feed(tap):
                     if isinstance(item, CallResult):
                         seen.append(f"result{item.index}")
-                    elif item.__class__.__name__ == "MessageFinished":
+                    elif isinstance(item, MessageFinished):
                         seen.append("finished")
                 outcome = await turn.results()
             assert seen.index("result0") < seen.index("finished")
@@ -170,3 +168,21 @@ async def test_tool_errors_are_results(serve: Any, spec_on: bool) -> None:
             out = await replay_rollout(client, "replay:err", handle, TOOLS, rules(rs) if spec_on else None)
     assert out.calls[0].outcome.startswith("error: FileNotFound")
     assert out.metrics.committed == (1 if spec_on else 0)
+
+
+def test_speculation_module_exports_exactly_its_all() -> None:
+    import bunshin_async.speculation as spec
+
+    exported = {n for n in dir(spec) if not n.startswith("_")} - {"annotations"}
+    assert set(spec.__all__) == exported
+    for name in spec.__all__:
+        assert getattr(spec, name).__module__.startswith("bunshin_async._runtime")
+
+
+def test_bunshin_async_does_not_import_speculator() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, bunshin_async.speculation, bunshin_async.agent; print('speculator' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

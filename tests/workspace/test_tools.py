@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 
+import anyio
 import pytest
 
 from bunshin_async import (
@@ -149,7 +150,8 @@ async def test_background_process_outlives_calls(ws: Workspace) -> None:
     assert "sleep 1000" in (await ws.exec("ps -eo args")).stdout
     assert (await ws.read_text("bg.log")) == "up\n"
     await proc.kill()
-    for _ in range(100):
+    for _ in range(200):
         if await proc.poll() is not None:
             break
+        await anyio.sleep(0.01)
     assert await proc.poll() == 128 + signal.SIGKILL

@@ -1,0 +1,94 @@
+"""Predictors and policy, without workspaces."""
+
+from __future__ import annotations
+
+from bunshin_async._tools import Effect, bash_tool
+from bunshin_async.speculation import CallKey, Candidate, Launch, PredictionContext
+from bunshin_async.speculation import canonical_args as canon
+from speculator import (
+    CostAwarePolicy,
+    HistoryPredictor,
+    NgramModel,
+    Rule,
+    RulePredictor,
+    SiblingPredictor,
+    SiblingTable,
+    signature,
+    train_ngram,
+)
+from speculator._predictors import _chain_for_tests as chain
+
+BASH = bash_tool()
+
+
+def key(cmd: str) -> CallKey:
+    return CallKey.of(BASH, {"command": cmd})
+
+
+def ctx(*cmds: str) -> PredictionContext:
+    history = tuple(key(c) for c in cmds)
+    return PredictionContext(history=history, chain=chain(history), turn=len(cmds), position=0)
+
+
+def test_canonical_arguments_fill_defaults_and_sort() -> None:
+    assert canon(BASH, {"command": "ls"}) == canon(BASH, {"timeout": 120, "command": "ls"})
+    assert key("ls") == key("ls") and key("ls") != key("ls -la")
+
+
+def test_siblings_predict_what_the_group_did_from_the_same_history() -> None:
+    table = SiblingTable()
+    a, b = SiblingPredictor(table), SiblingPredictor(table)
+    a.observe(ctx("ls"), key("cat README"))
+    b.observe(ctx("ls"), key("cat README"))
+    b.observe(ctx("ls"), key("pytest"))
+    [top, second] = SiblingPredictor(table, confidence=1.0).predict(ctx("ls"))
+    assert (top.arguments["command"], round(top.probability, 2)) == ("cat README", 0.67)
+    assert second.arguments["command"] == "pytest"
+    assert SiblingPredictor(table).predict(ctx("pwd")) == []
+
+
+def test_history_predicts_a_rerun_after_an_edit() -> None:
+    model = NgramModel()
+    for _ in range(20):
+        model.add_sequence([("bash", {"command": "python t.py"}), ("bash", {"command": "sed -i s/a/b/ t.py"}),
+                            ("bash", {"command": "python t.py"})])  # fmt: skip
+    cands = HistoryPredictor(model).predict(ctx("python t.py", "sed -i s/x/y/ t.py"))
+    assert cands and cands[0].arguments["command"] == "python t.py" and cands[0].probability > 0.5
+
+
+def test_history_trained_on_public_traces() -> None:
+    model = train_ngram(limit=100)
+    assert model.next_signatures(["bash:cat >"])[0][0] == "bash:python script"
+    assert signature("bash", {"command": "cd /x && python -m pytest -q"}) == "bash:python -m pytest"
+
+
+def test_rules() -> None:
+    rules = RulePredictor([
+        Rule(at_start=True, then_tool="bash", then_args={"command": "ls -la"}, probability=0.8),
+        Rule(after=r"^pip install", then_tool="bash", then_args={"command": "pytest"}, probability=0.5),
+    ])  # fmt: skip
+    assert [c.arguments["command"] for c in rules.predict(ctx())] == ["ls -la"]
+    assert [c.arguments["command"] for c in rules.predict(ctx("pip install -e ."))] == ["pytest"]
+    assert rules.predict(ctx("ls")) == []
+
+
+def test_policy_weighs_saving_against_the_fork_and_learns() -> None:
+    policy = CostAwarePolicy(max_forks=1, fork_seconds=0.2, default_seconds=0.1)
+
+    def launch(cmd: str, p: float, effect: Effect, seconds: float | None = None) -> Launch:
+        cand = Candidate(name="bash", arguments={"command": cmd}, probability=p, expected_seconds=seconds)
+        return Launch(candidate=cand, key=key(cmd), effect=effect)
+
+    slow, quick, read = (
+        launch("make", 0.9, Effect.WRITE, 2.0),
+        launch("touch x", 0.9, Effect.WRITE),
+        launch("cat x", 0.3, Effect.READ),
+    )
+    chosen = policy.select([quick, read, slow], running=0, forks=0)
+    assert chosen == [slow, read]  # the quick write is not worth a fork; one fork at most
+    assert policy.select([slow], running=0, forks=1) == []
+    for _ in range(5):
+        policy.observe_tool(key("touch x"), 3.0)  # it turns out to be slow
+    assert policy.select([quick], running=0, forks=0) == [quick]
+    policy.observe_fork(5.0, 1 << 20)
+    assert policy.select([slow], running=0, forks=0) == []  # forks got expensive
