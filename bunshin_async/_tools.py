@@ -39,6 +39,7 @@ __all__ = [
     "list_dir_tool",
     "python_tool",
     "read_file_tool",
+    "validate",
     "write_file_tool",
 ]
 
@@ -109,29 +110,24 @@ class Tool(msgspec.Struct, frozen=True, kw_only=True):
         )
 
     def normalize(self, args: Mapping[str, Any]) -> dict[str, Any]:
-        """Validate ``args`` against the schema (shallowly) and fill in defaults. Raises ``InvalidArgument``."""
-        if not isinstance(args, Mapping):
-            raise InvalidArgument(
-                f"{self.name}: arguments must be an object, not {type(args).__name__}", tool=self.name
-            )
-        props: Mapping[str, Any] = self.schema.get("properties", {})
-        out: dict[str, Any] = {}
-        for key, value in args.items():
-            if not isinstance(key, str):
-                raise InvalidArgument(f"{self.name}: argument names must be strings", tool=self.name)
-            spec = props.get(key)
-            if spec is None:
-                if self.schema.get("additionalProperties", True) is False:
-                    raise InvalidArgument(f"{self.name}: unknown argument {key!r}", tool=self.name)
-                out[key] = value
-                continue
-            out[key] = _check_type(self.name, key, value, spec)
+        """``args`` with defaults filled in and integral numbers made ints, after checking them against the schema
+        (``validate``). Raises ``InvalidArgument``."""
+        if not isinstance(args, Mapping) or not all(isinstance(k, str) for k in args):
+            raise InvalidArgument(f"{self.name}: arguments must be an object with string keys", tool=self.name)
+        props: Mapping[str, Any] = self.schema.get("properties") or {}
+        out = dict(args)
         for key, spec in props.items():
             if key not in out and isinstance(spec, Mapping) and "default" in spec:
                 out[key] = spec["default"]
-        missing = [k for k in self.schema.get("required", ()) if k not in out]
-        if missing:
-            raise InvalidArgument(f"{self.name}: missing argument(s) {', '.join(missing)}", tool=self.name)
+        reason = validate(self.schema, out)
+        if reason is not None:
+            raise InvalidArgument(f"{self.name}: {reason}", tool=self.name)
+        for key, spec in props.items():
+            value = out.get(key)
+            if isinstance(value, float) and value.is_integer() and {"number", "integer"} & _type_names(spec):
+                out[key] = int(value)  # 1.0 and 1 are one JSON number, hence one key
+            elif isinstance(value, tuple):
+                out[key] = list(value)
         return out
 
     def spec(self) -> dict[str, Any]:
@@ -178,34 +174,86 @@ class Tool(msgspec.Struct, frozen=True, kw_only=True):
         )
 
 
-_JSON_TYPES: dict[str, tuple[type, ...]] = {
-    "string": (str,),
-    "integer": (int,),
-    "number": (int, float),
-    "boolean": (bool,),
-    "array": (list, tuple),
-    "object": (dict,),
-    "null": (type(None),),
-}
+# ---------------------------------------------------------------------------------------------- argument schemas
 
 
-def _check_type(tool: str, key: str, value: Any, spec: Any) -> Any:
-    if not isinstance(spec, Mapping) or "type" not in spec:
-        return value
-    types = spec["type"] if isinstance(spec["type"], list) else [spec["type"]]
-    for t in types:
-        py = _JSON_TYPES.get(t)
-        if py is None:
-            return value
-        if isinstance(value, bool) and t in ("integer", "number"):
-            continue
-        if isinstance(value, py):
-            if t == "number" and isinstance(value, float) and value.is_integer():
-                return int(value)  # 1.0 and 1 are one JSON number, hence one key
-            if t == "array":
-                return list(value)  # type: ignore[call-overload]
-            return value
-    raise InvalidArgument(f"{tool}: argument {key!r} must be {' or '.join(types)}, not {value!r}", tool=tool)
+def _type_names(schema: Any) -> set[str]:
+    types = schema.get("type") if isinstance(schema, Mapping) else None
+    return {types} if isinstance(types, str) else set(types or ())
+
+
+def _type_ok(name: str, value: Any) -> bool:
+    if name == "object":
+        return isinstance(value, dict)
+    if name == "string":
+        return isinstance(value, str)
+    if name == "integer":
+        # JSON has one number type: 3.0 is an integer for JSON schema.
+        return (isinstance(value, int) and not isinstance(value, bool)) or (
+            isinstance(value, float) and value.is_integer()
+        )
+    if name == "number":
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if name == "boolean":
+        return isinstance(value, bool)
+    if name == "array":
+        return isinstance(value, list | tuple)
+    if name == "null":
+        return value is None
+    return True  # an unknown type name constrains nothing
+
+
+def validate(schema: Mapping[str, Any], value: Any, path: str = "") -> str | None:
+    """Check ``value`` against the JSON-schema subset tool parameters use; None if it fits, else a one-line reason
+    naming the offending path (``$.command``).
+
+    Supported keywords: ``type`` (object, string, integer, number, boolean, array, null, or a list of them),
+    ``properties``, ``required``, ``additionalProperties`` (bool or schema), ``items``, ``enum``, ``const``,
+    ``anyOf``/``oneOf`` (any branch matching is enough). Everything else (``description``, ``default``, formats,
+    bounds) is ignored, so a schema the validator does not fully understand only ever accepts more, never less.
+    """
+    here = path or "$"
+    types = schema.get("type")
+    if types is not None:
+        names = [types] if isinstance(types, str) else list(types)
+        if not any(_type_ok(n, value) for n in names):
+            return f"{here} should be {' or '.join(names)}, not {type(value).__name__}"
+    if "enum" in schema and value not in schema["enum"]:
+        return f"{here} should be one of {list(schema['enum'])!r}, not {value!r}"
+    if "const" in schema and value != schema["const"]:
+        return f"{here} should be {schema['const']!r}, not {value!r}"
+    for key in ("anyOf", "oneOf"):
+        branches = schema.get(key)
+        if branches:
+            reasons = [validate(b, value, path) for b in branches]
+            if all(r is not None for r in reasons):
+                return f"{here} matches none of {key}: {reasons[0]}"
+    if isinstance(value, dict):
+        props: Mapping[str, Any] = schema.get("properties") or {}
+        for name in schema.get("required") or ():
+            if name not in value:
+                return f"{here} lacks required property {name!r}"
+        extra = schema.get("additionalProperties", True)
+        for name, item in value.items():
+            sub = props.get(name)
+            if sub is not None:
+                reason = validate(sub, item, f"{here}.{name}")
+                if reason:
+                    return reason
+            elif extra is False:
+                return f"{here} has unexpected property {name!r}"
+            elif isinstance(extra, Mapping):
+                reason = validate(extra, item, f"{here}.{name}")
+                if reason:
+                    return reason
+    if isinstance(value, list | tuple):
+        items = schema.get("items")
+        if isinstance(items, Mapping):
+            for i, item in enumerate(value):
+                reason = validate(items, item, f"{here}[{i}]")
+                if reason:
+                    return reason
+    return None
 
 
 # ---------------------------------------------------------------------------------------------- shell classifier
@@ -399,9 +447,12 @@ async def _list_dir(ws: Workspace, args: dict[str, Any]) -> list[DirEntry]:
     return await ws.list_dir(args["path"])
 
 
-def bash_tool(*, read_only: Iterable[str] = (), nondeterministic: Iterable[str] = (), version: str = "1") -> Tool:
-    """Run a bash command (a fresh process per call, so ``cd`` does not carry over). Its class is inferred per
-    command by ``classify_command``; ``read_only``/``nondeterministic`` add program names to the built-in lists."""
+def bash_tool(
+    *, timeout: float = 120.0, read_only: Iterable[str] = (), nondeterministic: Iterable[str] = (), version: str = "1"
+) -> Tool:
+    """Run a bash command (a fresh process per call, so ``cd`` does not carry over); ``timeout`` (seconds) is the
+    default of the call's ``timeout`` argument. Its class is inferred per command by ``classify_command``;
+    ``read_only``/``nondeterministic`` add program names to the built-in lists."""
     ro, nd = tuple(read_only), tuple(nondeterministic)
 
     def classify(args: Mapping[str, Any]) -> CallClass:
@@ -414,7 +465,7 @@ def bash_tool(*, read_only: Iterable[str] = (), nondeterministic: Iterable[str] 
             "type": "object",
             "properties": {
                 "command": {"type": "string"},
-                "timeout": {"type": ["number", "null"], "default": 120},
+                "timeout": {"type": ["number", "null"], "default": timeout},
             },
             "required": ["command"],
             "additionalProperties": False,
@@ -428,14 +479,15 @@ def bash_tool(*, read_only: Iterable[str] = (), nondeterministic: Iterable[str] 
     )
 
 
-def python_tool(*, version: str = "1") -> Tool:
-    """Run a Python cell (``python3 -``, a fresh interpreter per call). Assumed to change the workspace."""
+def python_tool(*, timeout: float = 120.0, version: str = "1") -> Tool:
+    """Run a Python cell (``python3 -``, a fresh interpreter per call; ``timeout`` as for ``bash_tool``). Assumed to
+    change the workspace."""
     return Tool(
         name="python",
         description="Run Python code in the workspace; returns exit code, stdout and stderr.",
         schema={
             "type": "object",
-            "properties": {"code": {"type": "string"}, "timeout": {"type": ["number", "null"], "default": 120}},
+            "properties": {"code": {"type": "string"}, "timeout": {"type": ["number", "null"], "default": timeout}},
             "required": ["code"],
             "additionalProperties": False,
         },

@@ -1,27 +1,33 @@
-"""A minimal agent loop: stream a turn from any OpenAI-compatible endpoint, run its tool calls in a ``Workspace``,
-repeat until the model answers without a tool call or a budget runs out, and record the ``Trajectory``.
+"""A minimal agent loop: stream a turn from any OpenAI-compatible endpoint, run its tool calls, repeat until the
+model answers without a tool call or a budget runs out, and record the ``Trajectory``.
 
-A tool call starts as soon as the tap reports its arguments complete, while the rest of the message is still
-streaming (``start_tools_early``); calls of one message run one after another, in order.
+Tools are ``bunshin_async.cache.Tool``s (the built-in ``bash_tool`` by default). Calls run through a
+``ToolExecutor``: directly in one workspace, or through a ``CachedSession`` of the tool cache, where a write hit
+can move the rollout into a restored workspace. A tool call starts as soon as the tap reports its arguments
+complete, while the rest of the message is still streaming (``start_tools_early``); calls of one message run one
+after another, in order.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import msgspec
 
-from ._exceptions import ToolError, ToolTimeout
+from ._exceptions import ToolCallError, ToolError, ToolTimeout
 from ._llm._events import ArgumentsComplete, MessageFinished, ToolCall, UsageReported
 from ._llm._openai import tap_openai_stream
+from ._protocol import ExecResult
+from ._tools import Tool as Tool  # re-exported for bunshin_async._experiment, until it imports from .cache
+from ._tools import bash_tool as bash_tool
 from ._trajectory import Step, Trajectory
 from ._workspace import Workspace
 
-__all__ = ["DEFAULT_SYSTEM_PROMPT", "Tool", "ToolHandler", "ToolResult", "bash_tool", "run_agent"]
+__all__ = ["DEFAULT_SYSTEM_PROMPT", "ToolExecutor", "ToolResult", "WorkspaceExecutor", "observation", "run_agent"]
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are an agent working in a Linux workspace. Use the tools to inspect and change it. "
@@ -29,32 +35,44 @@ DEFAULT_SYSTEM_PROMPT = (
 )
 
 
+class ToolExecutor(Protocol):
+    """What runs an agent's tool calls: ``WorkspaceExecutor``, or a ``bunshin_async.cache.CachedSession``.
+
+    ``call`` returns the tool's result or raises its ``ToolError``. ``workspace`` is the workspace the rollout is
+    in *now*: a call may replace it (a cached write restored into a fork), and whoever owns the rollout reads it
+    at the end to score and close it.
+    """
+
+    @property
+    def tools(self) -> Mapping[str, Tool]: ...
+
+    @property
+    def workspace(self) -> Workspace: ...
+
+    async def call(self, tool: str, args: Mapping[str, Any] | None = None) -> Any: ...
+
+
+class WorkspaceExecutor:
+    """Runs every call in ``workspace``, arguments normalized as the cache does (defaults filled in)."""
+
+    def __init__(self, workspace: Workspace, tools: Iterable[Tool]) -> None:
+        self.workspace = workspace
+        self.tools = {t.name: t for t in tools}
+
+    async def call(self, tool: str, args: Mapping[str, Any] | None = None) -> Any:
+        t = self.tools.get(tool)
+        if t is None:
+            raise ToolCallError(f"unknown tool {tool!r}; known: {', '.join(sorted(self.tools))}", tool_name=tool)
+        if t.handler is None:
+            raise ToolError(f"tool {tool!r} has no handler", tool=tool)
+        return await t.handler(self.workspace, t.normalize(args or {}))
+
+
 class ToolResult(msgspec.Struct, frozen=True):
-    """What a tool returns to the model (``output``) and, for commands, their ``exit_code``."""
+    """What the model sees of a call (``output``) and, for commands, their ``exit_code``."""
 
     output: str
     exit_code: int | None = None
-
-
-#: ``handler(workspace, arguments)``; arguments are already validated against the tool's schema. Raise
-#: ``ToolError`` for a failure the model should see; anything else aborts the run.
-ToolHandler = Callable[[Workspace, dict[str, Any]], Awaitable[ToolResult]]
-
-
-class Tool(msgspec.Struct, frozen=True):
-    """A tool the model may call: ``parameters`` is its JSON schema (the subset ``bunshin_async.llm`` validates)."""
-
-    name: str
-    description: str
-    parameters: dict[str, Any]
-    handler: ToolHandler
-
-    def spec(self) -> dict[str, Any]:
-        """The chat-completions ``tools=`` entry."""
-        return {
-            "type": "function",
-            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
-        }
 
 
 def _clip(text: str, limit: int) -> str:
@@ -64,35 +82,24 @@ def _clip(text: str, limit: int) -> str:
     return f"{text[:half]}\n[... {len(text) - limit} characters elided ...]\n{text[-half:]}"
 
 
-def _text(data: str | bytes) -> str:
-    return data.decode("utf-8", "replace") if isinstance(data, bytes) else data
-
-
-def bash_tool(*, timeout: float = 120.0, max_output_chars: int = 10_000) -> Tool:
-    """The ``bash`` tool: ``{"command": str}`` runs through bash in the workspace with ``timeout`` seconds; the model
-    sees the exit code and the output (stdout then stderr, the middle elided past ``max_output_chars``)."""
-
-    async def run(ws: Workspace, args: dict[str, Any]) -> ToolResult:
-        try:
-            result = await ws.exec(args["command"], timeout=timeout)
-        except ToolTimeout as exc:
-            partial = _text(exc.stdout) + _text(exc.stderr)
-            return ToolResult(_clip(f"timed out after {timeout:g} s\n{partial}", max_output_chars), exit_code=None)
-        return ToolResult(
-            _clip(f"exit code {result.exit_code}\n{result.stdout}{result.stderr}", max_output_chars),
-            exit_code=result.exit_code,
-        )
-
-    return Tool(
-        name="bash",
-        description="Run a bash command in the workspace and return its exit code and output.",
-        parameters={
-            "type": "object",
-            "properties": {"command": {"type": "string", "description": "the command line"}},
-            "required": ["command"],
-        },
-        handler=run,
-    )
+def observation(outcome: Any, *, max_chars: int = 10_000) -> ToolResult:
+    """What the model is told about a call's result or ``ToolError``: a command's exit code and output (stdout
+    then stderr, the middle elided past ``max_chars``), a timeout with what was printed, ``error: ...`` for a
+    ``ToolError``, text as it is, ``ok`` for no result, anything else as JSON."""
+    exit_code = None
+    if isinstance(outcome, ExecResult):
+        text, exit_code = f"exit code {outcome.exit_code}\n{outcome.stdout}{outcome.stderr}", outcome.exit_code
+    elif isinstance(outcome, ToolTimeout):
+        text = f"timed out after {outcome.timeout:g} s\n{outcome.stdout}{outcome.stderr}"
+    elif isinstance(outcome, ToolError):
+        text = f"error: {outcome}"
+    elif isinstance(outcome, str):
+        text = outcome
+    elif outcome is None:
+        text = "ok"
+    else:
+        text = msgspec.json.encode(outcome).decode()
+    return ToolResult(_clip(text, max_chars), exit_code)
 
 
 @asynccontextmanager
@@ -111,22 +118,22 @@ class _Executed(msgspec.Struct):
     seconds: float
 
 
-async def _execute(tools: Mapping[str, Tool], ws: Workspace, call: ToolCall) -> _Executed:
+async def _execute(executor: ToolExecutor, call: ToolCall, max_chars: int) -> _Executed:
     start = time.monotonic()
     try:
-        result = await tools[call.name].handler(ws, call.arguments)
+        outcome = await executor.call(call.name, call.arguments)
     except ToolError as exc:
-        result = ToolResult(f"error: {exc}")
-    return _Executed(result, time.monotonic() - start)
+        outcome = exc
+    return _Executed(observation(outcome, max_chars=max_chars), time.monotonic() - start)
 
 
 async def run_agent(
     client: Any,
     model: str,
     task: str,
-    workspace: Workspace,
+    workspace: Workspace | ToolExecutor,
     *,
-    tools: Sequence[Tool] | None = None,
+    tools: Iterable[Tool] | None = None,
     system: str | None = DEFAULT_SYSTEM_PROMPT,
     max_turns: int = 30,
     max_seconds: float | None = None,
@@ -134,18 +141,28 @@ async def run_agent(
     rollout: int = 0,
     start_tools_early: bool = True,
     request_options: Mapping[str, Any] | None = None,
+    max_output_chars: int = 10_000,
 ) -> Trajectory:
     """Run ``task`` to its end and return the trajectory.
 
     ``client`` is an ``openai.AsyncOpenAI`` (or anything with the same ``chat.completions.create``); point it at the
-    replay server or at any endpoint (``OPENAI_BASE_URL``/``OPENAI_API_KEY``). ``tools`` defaults to ``[bash_tool()]``.
+    replay server or at any endpoint (``OPENAI_BASE_URL``/``OPENAI_API_KEY``).
+
+    ``workspace`` is where the ``tools`` (default ``[bash_tool()]``) run, or a ``ToolExecutor`` that runs its own
+    tools (``tools`` must then be None): with a ``CachedSession`` calls are served from the tool cache, and the
+    rollout ends in ``session.workspace``, which a write hit may have replaced. What the model sees of a call is
+    ``observation(result, max_chars=max_output_chars)``.
     Budgets: ``max_turns`` model calls, ``max_seconds`` of wall-clock (the turn in flight is cancelled and dropped).
     ``stop_reason`` of the result is the last ``finish_reason`` (``stop``, ``length``), ``max_turns`` or
     ``time_budget``. Errors of the endpoint and unusable tool calls (``ToolCallError``) propagate.
     """
-    tool_list = list(tools) if tools is not None else [bash_tool()]
-    by_name = {t.name: t for t in tool_list}
-    specs = [t.spec() for t in tool_list]
+    if isinstance(workspace, Workspace):
+        executor: ToolExecutor = WorkspaceExecutor(workspace, tools if tools is not None else [bash_tool()])
+    elif tools is not None:
+        raise ValueError("an executor brings its own tools: give them to it (cache.session(ws, tools)), not here")
+    else:
+        executor = workspace
+    specs = [t.spec() for t in executor.tools.values()]
     messages: list[dict[str, Any]] = ([{"role": "system", "content": system}] if system else []) + [
         {"role": "user", "content": task}
     ]
@@ -155,7 +172,7 @@ async def run_agent(
     with anyio.move_on_after(max_seconds if max_seconds is not None else float("inf")) as budget:
         for turn in range(max_turns):
             finished, usage, llm_seconds, executed = await _turn(
-                client, model, messages, specs, by_name, workspace, start_tools_early, request_options or {}
+                client, model, messages, specs, executor, start_tools_early, request_options or {}, max_output_chars
             )
             assistant: dict[str, Any] = {"role": "assistant", "content": finished.content or None}
             if finished.tool_calls:
@@ -202,10 +219,10 @@ async def _turn(
     model: str,
     messages: list[dict[str, Any]],
     specs: list[dict[str, Any]],
-    tools: Mapping[str, Tool],
-    ws: Workspace,
+    executor: ToolExecutor,
     early: bool,
     options: Mapping[str, Any],
+    max_chars: int,
 ) -> tuple[MessageFinished, Any, float, dict[int, _Executed]]:
     """One model call; its tool calls run as their arguments complete (or after the message, if not ``early``)."""
     executed: dict[int, _Executed] = {}
@@ -214,7 +231,7 @@ async def _turn(
     async def worker() -> None:
         async with receive:
             async for call in receive:
-                executed[call.index] = await _execute(tools, ws, call)
+                executed[call.index] = await _execute(executor, call, max_chars)
 
     start = time.monotonic()
     stream = await client.chat.completions.create(

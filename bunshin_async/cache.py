@@ -4,9 +4,11 @@
 
     from bunshin_async.cache import CachedSession, LayeredStore, MemoryStore, SqliteStore, ToolCache
 
-    async with ToolCache(LayeredStore(MemoryStore(), SqliteStore("/var/cache/bunshin/tools.db"))) as cache:
+    store = LayeredStore(MemoryStore(), SqliteStore("/var/cache/bunshin/tools.db"))
+    async with ToolCache(store, ForkStateProvider()) as cache:
         async with Workspace() as ws, cache.session(ws) as session:
             result = await session.call("bash", {"command": "ls -la"})
+            session.workspace  # a write hit continues in a fork: the current workspace
 
 See ``bunshin_async._cache._cache`` for what is served and when.
 """
@@ -22,6 +24,7 @@ from ._cache._metrics import CacheMetrics as CacheMetrics
 from ._cache._metrics import ToolStats as ToolStats
 from ._cache._redis import RedisStore as RedisStore
 from ._cache._sqlite import SqliteStore as SqliteStore
+from ._cache._state import ForkStateProvider as ForkStateProvider
 from ._cache._state import SnapshotRef as SnapshotRef
 from ._cache._state import StateProvider as StateProvider
 from ._cache._store import CacheWarning as CacheWarning
@@ -49,6 +52,7 @@ __all__ = [
     "CallClass",
     "CallRecord",
     "Effect",
+    "ForkStateProvider",
     "LayeredStore",
     "MemoryStore",
     "RedisStore",

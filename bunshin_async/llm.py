@@ -41,7 +41,6 @@ from ._llm._openai import (
     tee_openai_stream,
 )
 from ._llm._replay import ReplayServer, replay_server
-from ._llm._schema import validate as validate_schema
 from ._llm._sse import ServerSentEvent, SSEDecoder
 from ._llm._tap import ToolCallTap, ToolsLike
 from ._llm._timing import (
@@ -50,6 +49,7 @@ from ._llm._timing import (
     RecordedTiming,
     TimingModel,
 )
+from ._tools import validate as validate_schema
 from ._trajectory import (
     Step,
     Trajectory,

@@ -5,8 +5,10 @@ keys it on its state chain, looks it up, executes it on a miss, stores the entry
 What is served from the cache:
 
 - ``pure`` and ``read`` calls: the recorded result (or the recorded deterministic error, e.g. ``FileNotFound``);
-- ``write`` calls: only with a ``StateProvider``, by restoring the snapshot captured after the call; without one
-  the write runs (and ``metrics().write_hits_unserved`` counts what a provider would have served);
+- ``write`` calls: only with a ``StateProvider`` (``ForkStateProvider``), by restoring the snapshot captured after
+  the call; without one the write runs (and ``metrics().write_hits_unserved`` counts what a provider would have
+  served). A restore costs about as much as a capture (a few hundred ms, see ``bench/cache_bench.py``): set
+  ``capture_min_duration`` so that writes cheaper than that are re-run instead;
 - ``external`` and nondeterministic calls: never. After a nondeterministic or failed write, or an external call
   that may touch the workspace, the session's chain moves to a state no other rollout can name.
 
@@ -109,8 +111,9 @@ class ToolCache:
         *,
         setup: Sequence[tuple[str, Mapping[str, Any]]] = (),
         salt: str = "",
+        own: bool = False,
     ) -> CachedSession:
-        return CachedSession(self, workspace, tools, setup=setup, salt=salt)
+        return CachedSession(self, workspace, tools, setup=setup, salt=salt, own=own)
 
     def metrics(self) -> CacheMetrics:
         """A copy of the counters, with the store's own stats and the snapshot accounting filled in."""
@@ -166,15 +169,18 @@ class ToolCache:
             self._metrics.store_errors += 1
 
     async def _discard(self, evicted: list[tuple[bytes, SnapshotRef]]) -> None:
-        for key, ref in evicted:
-            self._metrics.snapshots_evicted += 1
-            await self._delete(key)  # the write entry is useless without its snapshot
-            if self.provider is not None:
-                with anyio.move_on_after(30, shield=True):
-                    try:
-                        await self.provider.discard(ref)
-                    except BunshinError:
-                        pass
+        """Free snapshots the tree let go of, and their entries (useless without them). Shielded: a snapshot out of
+        the tree is freed here or never."""
+        with anyio.CancelScope(shield=True):
+            for key, ref in evicted:
+                self._metrics.snapshots_evicted += 1
+                if self.provider is not None:
+                    with anyio.move_on_after(30):
+                        try:
+                            await self.provider.discard(ref)
+                        except BunshinError:
+                            pass
+                await self._delete(key)
 
     def _audit_draw(self) -> bool:
         return self.audit_fraction > 0 and self._audit_rng.random() < self.audit_fraction
@@ -188,8 +194,10 @@ class CachedSession:
     task id when tasks share an image but differ in files the harness copied in).
 
     Calls of one session run one at a time, in order. With a ``StateProvider`` a write hit may replace the
-    workspace: use ``session.workspace`` afterwards. Workspaces the provider made are owned and closed by the
-    session; the one passed in stays the caller's.
+    workspace: use ``session.workspace`` afterwards. Who closes what: the session owns the workspaces the provider
+    made, and with ``own=True`` the one passed in too; it closes an owned workspace when a restore replaces it and
+    the current one in ``aclose()``. ``detach()`` hands the current workspace to the caller (a rollout that still
+    has to score it): the session closes it no more.
     """
 
     def __init__(
@@ -200,10 +208,11 @@ class CachedSession:
         *,
         setup: Sequence[tuple[str, Mapping[str, Any]]] = (),
         salt: str = "",
+        own: bool = False,
     ) -> None:
         self.cache = cache
         self._ws = workspace
-        self._owned: list[Workspace] = []
+        self._owns_ws = own  # whether the session closes the current workspace
         self.tools: dict[str, Tool] = {t.name: t for t in (builtin_tools() if tools is None else tools)}
         self._decoders = {name: msgspec.msgpack.Decoder(t.result_type) for name, t in self.tools.items()}
         base = BaseState(
@@ -229,6 +238,11 @@ class CachedSession:
 
     @property
     def workspace(self) -> Workspace:
+        return self._ws
+
+    def detach(self) -> Workspace:
+        """The current workspace, from now on the caller's to close (the session stays usable)."""
+        self._owns_ws = False
         return self._ws
 
     @property
@@ -276,15 +290,16 @@ class CachedSession:
         return record
 
     async def aclose(self) -> None:
-        """Unpin the session's state and close the workspaces the provider made. Idempotent."""
+        """Unpin the session's state and close the workspace if the session owns it. Idempotent."""
         if self._closed:
             return
         self._closed = True
-        self.cache._tree.unpin(self._state)
-        with anyio.CancelScope(shield=True):
-            for ws in self._owned:
-                await ws.aclose()
-        self._owned.clear()
+        tree = self.cache._tree
+        tree.unpin(self._state)
+        await self.cache._discard(tree.evict())
+        if self._owns_ws:
+            with anyio.CancelScope(shield=True):
+                await self._ws.aclose()
 
     async def __aenter__(self) -> CachedSession:
         return self
@@ -310,7 +325,7 @@ class CachedSession:
                 result, duration = await self._execute(tool, args)
             finally:
                 if changes_state:
-                    self._move(self._chain.taint)
+                    await self._move(self._chain.taint)
             ts.executed_seconds += duration
             es.executed_seconds += duration
             return CallRecord(tool.name, cls.effect, "uncacheable", result, duration)
@@ -491,13 +506,13 @@ class CachedSession:
         try:
             entry, result = await self._run_for_entry(tool, args, Effect.WRITE)
         except BaseException:
-            self._move(self._chain.taint)  # the call may have changed the workspace in a way nobody can name
+            await self._move(self._chain.taint)  # the call may have changed the workspace in a way nobody can name
             raise
         if entry is None:
-            self._move(self._chain.taint)
+            await self._move(self._chain.taint)
             self._miss(tool, Effect.WRITE, None, None)
             return CallRecord(tool.name, Effect.WRITE, "executed", result, 0.0, None), None
-        self._move(lambda: self._chain.advance(call))
+        await self._move(lambda: self._chain.advance(call))
         assert self._state == key
         provider = cache.provider
         if capture and provider is not None and entry.duration >= cache.capture_min_duration:
@@ -537,7 +552,7 @@ class CachedSession:
             cache._metrics.restores += 1
             cache._metrics.restore_seconds += time.perf_counter() - t0
             await self._switch(ws)
-            self._move(lambda: self._chain.advance(call))
+            await self._move(lambda: self._chain.advance(call))
         finally:
             tree.unpin(key)
         return self._hit(tool, Effect.WRITE, entry, "restored", key, shared=shared)
@@ -545,17 +560,19 @@ class CachedSession:
     async def _switch(self, ws: Workspace) -> None:
         if ws is self._ws:
             return
-        old, self._ws = self._ws, ws
-        self._owned.append(ws)
-        if old in self._owned:
-            self._owned.remove(old)
+        old, owned = self._ws, self._owns_ws
+        self._ws, self._owns_ws = ws, True
+        if owned:
             with anyio.CancelScope(shield=True):
                 await old.aclose()
 
-    def _move(self, step: Any) -> None:
-        """Apply ``step`` to the chain and move this session's pin to the new state."""
+    async def _move(self, step: Any) -> None:
+        """Apply ``step`` to the chain and move this session's pin to the new state (the old state's snapshot may
+        then be evicted)."""
         old = self._state
         step()
         self._state = self._chain.key
-        self.cache._tree.pin(self._state, old)
-        self.cache._tree.unpin(old)
+        tree = self.cache._tree
+        tree.pin(self._state, old)
+        tree.unpin(old)
+        await self.cache._discard(tree.evict())

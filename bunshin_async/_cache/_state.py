@@ -1,9 +1,10 @@
-"""Workspace states: snapshot references, the ``StateProvider`` protocol, and the prefix tree of states.
+"""Workspace states: snapshot references, the ``StateProvider`` protocol, its live-fork implementation and the
+prefix tree of states.
 
 A hit on a ``write`` call cannot be served by returning a result: the workspace must end up in the state the call
-left behind. A ``StateProvider`` captures that state after a call ran and restores it later. The real provider
-forks a live snapshot (``Workspace.fork``/``snapshot``, being built); until it lands, a ``ToolCache`` without a
-provider executes every write and serves only ``read``/``pure`` hits.
+left behind. A ``StateProvider`` captures that state after a call ran and restores it later; ``ForkStateProvider``
+does it with a live snapshot (processes and files) and a fork of it. A ``ToolCache`` without a provider executes
+every write and serves only ``read``/``pure`` hits.
 
 The tree mirrors the state chains of this process's sessions: a node per state, its parent, the snapshot captured
 there (if any) and how many sessions stand on it or restore from it. A pinned node's snapshot is never evicted;
@@ -13,14 +14,17 @@ the rest are evicted least recently used beyond the snapshot byte budget.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
+import anyio
+
+from .._accounting import tree_bytes
+from .._exceptions import ForkError
+from .._fork import Snapshot
+from .._workspace import Workspace
 from ._records import SnapshotRef
 
-if TYPE_CHECKING:
-    from .._workspace import Workspace
-
-__all__ = ["SnapshotRef", "StateProvider", "StateTree"]
+__all__ = ["ForkStateProvider", "SnapshotRef", "StateProvider", "StateTree"]
 
 
 class StateProvider(Protocol):
@@ -38,6 +42,47 @@ class StateProvider(Protocol):
     async def restore(self, ws: Workspace, ref: SnapshotRef) -> Workspace: ...
 
     async def discard(self, ref: SnapshotRef) -> None: ...
+
+
+class ForkStateProvider:
+    """Write hits served by live fork: the session continues in a copy of the workspace as the write left it,
+    running processes (and what they hold in memory) included.
+
+    ``capture`` takes ``ws.snapshot()`` and keeps it until ``discard`` (the cache calls it on eviction and when it
+    closes); a ref's ``size`` is the bytes of the snapshot directory (CRIU images and the upper dir copy, on tmpfs).
+    ``restore`` returns a new workspace forked from the snapshot, which the session that asked owns; ``ws`` is left
+    alone. Refs name snapshots held by this object only: one evicted meanwhile, or read from a shared store where
+    another process put it, fails the restore with ``ForkError`` and the call runs instead.
+    """
+
+    def __init__(self) -> None:
+        self._snaps: dict[str, Snapshot] = {}
+
+    def __len__(self) -> int:
+        """Snapshots held."""
+        return len(self._snaps)
+
+    async def capture(self, ws: Workspace) -> SnapshotRef:
+        snap = await ws.snapshot()
+        try:
+            size = await anyio.to_thread.run_sync(tree_bytes, snap.path)
+        except BaseException:
+            await snap.aclose()
+            raise
+        self._snaps[snap.id] = snap
+        return SnapshotRef(snap.id, size)
+
+    async def restore(self, ws: Workspace, ref: SnapshotRef) -> Workspace:
+        snap = self._snaps.get(ref.id)
+        if snap is None:
+            raise ForkError(f"snapshot {ref.id} is not held here (evicted, or captured elsewhere)", workspace_id=ws.id)
+        (fork,) = await Workspace.from_snapshot(snap, 1)
+        return fork
+
+    async def discard(self, ref: SnapshotRef) -> None:
+        snap = self._snaps.pop(ref.id, None)
+        if snap is not None:
+            await snap.aclose()
 
 
 class _Node:

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Protocol
+from typing import Any
 
 import msgspec
 
 from .._exceptions import LLMStreamError, ToolCallError
+from .._tools import Tool, validate
 from ._events import (
     ArgumentsComplete,
     ArgumentsDelta,
@@ -28,21 +29,13 @@ from ._events import (
     Usage,
     UsageReported,
 )
-from ._schema import validate
 
 __all__ = ["ToolCallTap", "ToolsLike", "feed_chat_chunk", "feed_response_event", "tool_schemas"]
 
 
-class _NamedTool(Protocol):
-    @property
-    def name(self) -> str: ...
-    @property
-    def parameters(self) -> Mapping[str, Any]: ...
-
-
 #: What the tap accepts as "the tools": the ``tools=`` list given to the endpoint (chat completions or Responses
-#: shape), objects with ``name`` and ``parameters`` (``bunshin_async.agent.Tool``), or a ``{name: schema}`` mapping.
-ToolsLike = Iterable[Mapping[str, Any] | _NamedTool] | Mapping[str, Mapping[str, Any]]
+#: shape), ``Tool`` objects, or a ``{name: schema}`` mapping.
+ToolsLike = Iterable[Mapping[str, Any] | Tool] | Mapping[str, Mapping[str, Any]]
 
 
 def tool_schemas(tools: ToolsLike) -> dict[str, Mapping[str, Any]]:
@@ -55,7 +48,7 @@ def tool_schemas(tools: ToolsLike) -> dict[str, Mapping[str, Any]]:
             spec = tool.get("function", tool)  # chat completions nest under "function"; Responses does not
             out[spec["name"]] = spec.get("parameters") or {}
         else:
-            out[tool.name] = tool.parameters
+            out[tool.name] = tool.schema
     return out
 
 

@@ -1,5 +1,6 @@
 """Cache on vs off: a seeded random sequence of reads and writes on a real workspace gives the same results and
-the same final workspace state with a cache pre-warmed by a sibling rollout as without any cache."""
+the same final workspace state (files and processes) with a cache pre-warmed by a sibling rollout as without any
+cache; with a ``ForkStateProvider`` the sibling's writes are served by restoring forks of its snapshots."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from typing import Any
 import pytest
 
 from bunshin_async import ExecResult, ToolError, Workspace
-from bunshin_async.cache import CachedSession, ToolCache, builtin_tools
+from bunshin_async.cache import CachedSession, ForkStateProvider, ToolCache, builtin_tools
+
+from .conftest import workspace_state
 
 pytestmark = pytest.mark.usefixtures("need_workspaces")
 
@@ -31,6 +34,7 @@ def random_calls(seed: int, n: int) -> list[tuple[str, dict[str, Any]]]:
                     ("bash", {"command": f"mkdir -p $(dirname {f}) && echo {w} >> {f}"}),
                     ("bash", {"command": f"sed -i 's/{w}/{w.upper()}/g' {f} 2>/dev/null; true"}),
                     ("python", {"code": f"open('{f}', 'a').write('{w} from python\\n') if True else None"}),
+                    ("bash", {"command": f"python3 -c 'import time; time.sleep(1e6)' {w} >/dev/null 2>&1 &"}),
                     # reads
                     ("read_file", {"path": f}),
                     ("list_dir", {"path": "src"}),
@@ -75,32 +79,34 @@ async def run_plain(ws: Workspace, calls: list[tuple[str, dict[str, Any]]]) -> l
     return out
 
 
-async def final_state(ws: Workspace) -> str:
-    r = await ws.exec("find . -mindepth 1 | sort; find . -type f -print0 | sort -z | xargs -0 -r sha256sum")
-    assert r.exit_code == 0
-    return r.stdout
-
-
+@pytest.mark.parametrize("fork", [False, True], ids=["no-provider", "fork-provider"])
 @pytest.mark.parametrize(("seed", "diverge_at"), [(1, None), (2, None), (3, 12)])
-async def test_cache_on_and_off_agree(seed: int, diverge_at: int | None) -> None:
+async def test_cache_on_and_off_agree(seed: int, diverge_at: int | None, fork: bool) -> None:
     calls = random_calls(seed, 60)
     sibling_calls = calls if diverge_at is None else calls[:diverge_at] + random_calls(seed + 1000, 60)
-    async with ToolCache() as cache:
-        async with Workspace() as ws:
-            await run_cached(cache.session(ws), sibling_calls)  # the sibling warms the cache
-        async with Workspace() as ws:
-            session = cache.session(ws)
+    async with ToolCache(provider=ForkStateProvider() if fork else None) as cache:
+        async with Workspace() as ws, cache.session(ws) as sibling:
+            await run_cached(sibling, sibling_calls)  # the sibling warms the cache
+        async with Workspace() as ws, cache.session(ws) as session:
             cached = await run_cached(session, calls)
-            cached_state = await final_state(ws)
+            cached_state = await workspace_state(session.workspace)
     async with Workspace() as ws:
         plain = await run_plain(ws, calls)
-        plain_state = await final_state(ws)
+        plain_state = await workspace_state(ws)
 
     assert cached == plain
     assert cached_state == plain_state
     hits = [r for r in session.history if r.hit]
     reads = [r for r in session.history if r.effect in ("read", "pure")]
-    print(f"seed={seed} calls={len(calls)} recorded={len(session.history)} hits={len(hits)} reads={len(reads)}")
-    assert hits and all(r.effect == "read" for r in hits)  # read hits only: no provider, writes ran
+    writes = [r for r in session.history if r.effect == "write"]
+    restored = [r for r in writes if r.source == "restored"]
+    print(f"seed={seed} calls={len(calls)} hits={len(hits)} reads={len(reads)} writes={len(writes)} "
+          f"restored={len(restored)}")  # fmt: skip
+    if not fork:
+        assert hits and all(r.effect == "read" for r in hits)  # read hits only: no provider, writes ran
+    elif diverge_at is None:
+        assert restored == writes and "python3 -c" in cached_state  # every write forked, processes included
+    else:
+        assert 0 < len(restored) < len(writes)  # the shared prefix forked, the rest ran
     if diverge_at is None:
-        assert len(hits) == len(reads)  # the sibling made the same calls: every read hits
+        assert len(hits) == len(reads) + len(restored)  # the sibling made the same calls: every read hits

@@ -11,11 +11,13 @@ from typing import Any
 import anyio
 import pytest
 
-from bunshin_async import FileNotFound, ToolCallError, Workspace
+from bunshin_async import FileNotFound, ForkError, ToolCallError, Workspace
 from bunshin_async._cache._state import StateTree
+from bunshin_async._fork import snapshot_dir
 from bunshin_async.cache import (
     CachedSession,
     Effect,
+    ForkStateProvider,
     MemoryStore,
     RedisStore,
     SnapshotRef,
@@ -28,7 +30,6 @@ from bunshin_async.cache import (
 )
 
 from .conftest import RedisServer
-from .providers import BrokenStateProvider, TarStateProvider
 
 pytestmark = pytest.mark.usefixtures("need_workspaces")
 
@@ -277,8 +278,20 @@ async def test_results_are_shared_through_redis(redis_server: RedisServer, tmp_p
 # ------------------------------------------------------------------------------------------ with a state provider
 
 
+class BrokenStateProvider(ForkStateProvider):
+    """Captures for real, fails every restore (a fault injected at the provider interface)."""
+
+    async def restore(self, ws: Workspace, ref: SnapshotRef) -> Workspace:
+        raise ForkError("restore is broken on purpose", workspace_id=ws.id)
+
+
+def snapshots_on_disk() -> set[str]:
+    return {p.name for p in snapshot_dir().iterdir()} if snapshot_dir().exists() else set()
+
+
 async def test_write_hits_restore_with_a_provider() -> None:
-    provider = TarStateProvider()
+    provider = ForkStateProvider()
+    before = snapshots_on_disk()
     async with ToolCache(provider=provider) as cache, workspaces(2) as (ws1, ws2):
         a = cache.session(ws1)
         await a.call("bash", {"command": "echo built > artifact && sleep 0.2"})
@@ -294,12 +307,11 @@ async def test_write_hits_restore_with_a_provider() -> None:
         m = cache.metrics()
         assert m.restores == 1 and m.by_effect["write"].hits == 1 and m.captures == 1
         await a.aclose()
-    assert provider.snaps == {}  # closing the cache discarded its snapshots
+    assert len(provider) == 0 and snapshots_on_disk() == before  # closing the cache discarded its snapshots
 
 
 async def test_concurrent_identical_writes_run_once_with_a_provider() -> None:
-    provider = TarStateProvider()
-    async with ToolCache(provider=provider) as cache, workspaces(4) as wss:
+    async with ToolCache(provider=ForkStateProvider()) as cache, workspaces(4) as wss:
         sessions = [cache.session(ws) for ws in wss]
         cmd = {"command": "echo x >> ran && sleep 0.3"}
         async with anyio.create_task_group() as tg:
@@ -311,7 +323,7 @@ async def test_concurrent_identical_writes_run_once_with_a_provider() -> None:
             assert (await s.call("read_file", {"path": "ran"})) == "x\n"
         for s in sessions:
             await s.aclose()
-        assert provider.restores == 3
+        assert cache.metrics().restores == 3
 
 
 async def test_failed_restore_falls_back_to_executing() -> None:

@@ -106,3 +106,15 @@ def test_normalize_fills_defaults_and_validates() -> None:
         tool.normalize({"command": "ls", "bogus": 1})
     with pytest.raises(InvalidArgument):
         tool.normalize({"command": "ls", "timeout": True})
+
+
+def test_normalize_validates_with_the_taps_validator() -> None:
+    """One validator (``bunshin_async.llm.validate_schema``) decides for the tap and for ``normalize``."""
+    from bunshin_async.llm import validate_schema
+
+    schema = {"type": "object", "properties": {"m": {"enum": ["a", "b"]}, "n": {"type": "integer"}}}
+    tool = Tool(name="t", schema=schema)
+    assert validate_schema(schema, {"m": "c"}) is not None
+    with pytest.raises(InvalidArgument, match=r"\$\.m should be one of"):
+        tool.normalize({"m": "c"})
+    assert tool.normalize({"m": "a", "n": 3.0}) == {"m": "a", "n": 3}  # 3.0 is a JSON integer, keyed as 3

@@ -25,17 +25,6 @@ def traj(task_id: str, *steps: Step, rollout: int = 0) -> Trajectory:
     return Trajectory(task_id=task_id, rollout=rollout, steps=list(steps))
 
 
-def assistant_message(finished: Any) -> dict[str, Any]:
-    """The assistant message to send back, from a MessageFinished event."""
-    msg: dict[str, Any] = {"role": "assistant", "content": finished.content or None}
-    if finished.tool_calls:
-        msg["tool_calls"] = [
-            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.raw}}
-            for c in finished.tool_calls
-        ]
-    return msg
-
-
 @pytest.fixture
 async def make_client() -> AsyncIterator[Any]:
     clients: list[openai.AsyncOpenAI] = []

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 import pytest
 
 from bunshin_async import ToolCallError, Workspace
-from bunshin_async.agent import Tool, ToolResult, bash_tool, run_agent
+from bunshin_async._rollout import GroupRollout, RolloutContext, Task
+from bunshin_async.agent import run_agent
+from bunshin_async.cache import ForkStateProvider, Tool, ToolCache, bash_tool, builtin_tools
 from bunshin_async.llm import (
     FixedTiming,
     RecordedTiming,
@@ -83,11 +87,17 @@ async def test_budgets(make_client: Any) -> None:
 async def test_tools_start_before_the_message_ends(make_client: Any) -> None:
     started: dict[str, float] = {}
 
-    async def mark(ws: Workspace, args: dict[str, Any]) -> ToolResult:
+    async def mark(ws: Workspace, args: dict[str, Any]) -> str:
         started[args["label"]] = time.monotonic()
-        return ToolResult("ok")
+        return "ok"
 
-    mark_tool = Tool("mark", "record a time", {"type": "object", "properties": {"label": {"type": "string"}}}, mark)
+    mark_tool = Tool(
+        name="mark",
+        description="record a time",
+        schema={"type": "object", "properties": {"label": {"type": "string"}}},
+        handler=mark,
+        result_type=str,
+    )
     long_command = {"command": "echo " + " ".join(f"word{i}" for i in range(40))}
     script = traj(
         "early",
@@ -113,3 +123,72 @@ async def test_unusable_tool_call_propagates(make_client: Any) -> None:
     async with replay_server([script], timing=FixedTiming(0.0, 0.0)) as url:
         with pytest.raises(ToolCallError, match="'python'"):
             await _run(url, make_client, model="replay:bad:0")
+
+
+class CachedReplayAgent:
+    """A ``RolloutAgent``: ``run_agent`` with its tools routed through a session of a shared ``ToolCache``. The
+    session owns the rollout's workspace while it runs and hands the live one back in ``ctx.ws`` (a write hit may
+    have replaced it), for the group to score and close."""
+
+    def __init__(self, client: Any, cache: ToolCache, tools: list[Tool]) -> None:
+        self.client, self.cache, self.tools = client, cache, tools
+
+    async def run(self, ctx: RolloutContext) -> Trajectory:
+        async with self.cache.session(ctx.ws, self.tools, own=True, salt=ctx.task.task_id) as session:
+            try:
+                return await run_agent(
+                    self.client, f"replay:{ctx.task.task_id}:0", ctx.task.prompt, session, task_id=ctx.task.task_id
+                )
+            finally:
+                ctx.ws = session.detach()
+
+
+async def test_a_second_rollout_forks_through_the_cached_writes(make_client: Any) -> None:
+    listening = "(echo > /dev/tcp/127.0.0.1/8000) 2>/dev/null"
+    start_server = f"python3 -m http.server 8000 >/dev/null 2>&1 & until {listening}; do sleep 0.05; done"
+    script = traj(
+        "cached",
+        Step("bash", {"command": "echo hi > f.txt"}),
+        Step("bash", {"command": start_server}),
+        Step("bash", {"command": "cat f.txt"}),
+        Step("write_file", {"path": "g.txt", "content": "done"}),
+        Step(None, assistant_text="f.txt says hi and a server runs."),
+    )
+    task = Task(task_id="cached", prompt="t", reward_command=f"grep -q hi f.txt && {listening}")
+    executions: Counter[str] = Counter()
+
+    def counted(tool: Tool) -> Tool:
+        inner = tool.handler
+        assert inner is not None
+
+        async def run(ws: Workspace, args: dict[str, Any]) -> Any:
+            executions[tool.name] += 1
+            return await inner(ws, args)
+
+        return msgspec.structs.replace(tool, handler=run)
+
+    tools = [counted(t) for t in builtin_tools()]
+    results = []
+    async with (
+        replay_server([script], timing=FixedTiming(0.0, 0.0)) as url,
+        ToolCache(provider=ForkStateProvider()) as cache,
+    ):
+        agent = CachedReplayAgent(make_client(url), cache, tools)
+        for _ in range(2):
+            with anyio.fail_after(60):
+                async with GroupRollout(task, 1, agent, fork=False) as group:
+                    results += await group.collect()
+            if not results[1:]:
+                assert executions == {"bash": 3, "write_file": 1}
+                executions.clear()
+        m = cache.metrics()
+    assert executions == {}  # the second rollout ran nothing: 3 writes forked, 1 read served
+    assert m.restores == 3 and m.by_effect["write"].hits == 3 and m.by_effect["read"].hits == 1
+    first, second = (r.trajectory for r in results)
+    assert first is not None and second is not None
+    assert [(s.tool, s.observation) for s in second.steps] == [(s.tool, s.observation) for s in first.steps]
+    # The reward ran in the rollout's live workspace (the last fork): the file and the server are there.
+    assert [(r.status, r.reward, r.fork_mode != "fresh") for r in results] == [
+        ("finished", 1.0, False),
+        ("finished", 1.0, True),
+    ]
