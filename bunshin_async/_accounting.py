@@ -1,8 +1,9 @@
 """Memory and CPU accounting of a set of workspaces while a run is going.
 
 Total memory is the summed PSS of every process of every tracked workspace (shared pages divided among their
-sharers, so copy-on-write copies are not counted twice) plus the bytes of any tmpfs directories the run keeps
-(snapshots are RAM too). It is sampled every ``interval`` seconds; the peak and the integral over time
+sharers, so copy-on-write copies are not counted twice), plus what PSS cannot see: the page images that
+copy-on-write copies map (resident in full on tmpfs, unlinked or not, however few pages were touched) and any other
+snapshot bytes on tmpfs. It is sampled every ``interval`` seconds; the peak and the integral over time
 (GiB-seconds: "total memory consumption") are reported.
 """
 
@@ -27,7 +28,7 @@ __all__ = ["MemoryReport", "MemorySample", "ResourceMonitor", "pss_bytes", "tree
 class MemorySample(msgspec.Struct, frozen=True, array_like=True):
     t: float  # seconds since the monitor started
     pss_bytes: int
-    extra_bytes: int  # tmpfs directories (snapshots)
+    extra_bytes: int  # snapshots on tmpfs and copy-on-write page images, beyond what PSS shows
     workspaces: int
 
 
@@ -55,15 +56,49 @@ def pss_bytes(pids: Iterable[int]) -> int:
     return total
 
 
-def tree_bytes(path: Path) -> int:
+def mapped_image_bytes(pids: Iterable[int], marker: bytes = b"/pages-") -> tuple[int, set[tuple[int, int]]]:
+    """Memory held by page-image files that ``pids`` map copy-on-write and that PSS does not show.
+
+    A copy-on-write restore maps its CRIU page image (a tmpfs file, often already unlinked) MAP_PRIVATE: the whole
+    file stays in RAM while any copy maps it, but PSS only counts the pages a process has touched. For each such
+    file (by inode) this returns its size minus the PSS of every mapping of it (so no page is counted twice), and
+    the inodes seen, so that a caller also walking the snapshot directory can skip them. Blocking."""
+    sizes: dict[tuple[int, int], int] = {}
+    pss: dict[tuple[int, int], int] = {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/smaps", "rb") as f:
+                key: tuple[int, int] | None = None
+                for line in f:
+                    if line[:1].isdigit() or line[:1] in b"abcdef":
+                        fields = line.split(None, 5)
+                        key = None
+                        if len(fields) == 6 and marker in fields[5] and b".img" in fields[5]:
+                            major, minor = (int(x, 16) for x in fields[3].split(b":"))
+                            key = (os.makedev(major, minor), int(fields[4]))
+                            if key not in sizes:
+                                try:
+                                    sizes[key] = os.stat(f"/proc/{pid}/map_files/{fields[0].decode()}").st_size
+                                except OSError:
+                                    sizes[key] = 0
+                    elif key is not None and line.startswith(b"Pss:"):
+                        pss[key] = pss.get(key, 0) + int(line.split()[1]) * 1024
+        except (OSError, ValueError):
+            pass
+    return sum(max(0, sizes[k] - pss.get(k, 0)) for k in sizes), set(sizes)
+
+
+def tree_bytes(path: Path, skip: set[tuple[int, int]] = frozenset()) -> int:  # type: ignore[assignment]
     """Allocated bytes of the files under ``path`` (st_blocks, so sparse files count what they hold). Blocking."""
     total = 0
     for root, _dirs, files in os.walk(path):
         for name in files:
             try:
-                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+                st = os.lstat(os.path.join(root, name))
             except OSError:
-                pass
+                continue
+            if (st.st_dev, st.st_ino) not in skip:
+                total += st.st_blocks * 512
     return total
 
 
@@ -105,7 +140,8 @@ class ResourceMonitor:
         pids = [pid for ws in list(self._workspaces) if ws.cgroup is not None for pid in ws.cgroup.pids()]
         for pid in pids:
             self._cpu[pid] = _cpu_seconds([pid])
-        extra = sum(tree_bytes(d) for d in self.extra_dirs if d.exists())
+        images, inodes = mapped_image_bytes(pids)
+        extra = images + sum(tree_bytes(d, inodes) for d in self.extra_dirs if d.exists())
         return MemorySample(
             t=time.monotonic() - self._t0,
             pss_bytes=pss_bytes(pids),

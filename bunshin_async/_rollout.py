@@ -245,10 +245,14 @@ class GroupRollout:
         try:
             try:
                 await ws.start()
+                if self.monitor:  # the set-up is part of what a rollout costs without fork
+                    self.monitor.track(ws)
                 t0 = time.monotonic()
                 await prepare(ws, self.task)
                 self.setup_seconds = time.monotonic() - t0
             except BaseException:
+                if self.monitor:
+                    self.monitor.untrack(ws)
                 await ws.aclose()
                 await self.limiter.release()
                 raise

@@ -8,10 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 
 from .._rollout import Budget, RolloutContext, Task
+from .._tools import Tool, bash_tool
 from .._trajectory import Trajectory, load_trajectories
-from ..agent import Tool, ToolResult, bash_tool
 from ._bundled import calc_task, calc_trajectories
 from ._runner import CONFIGS, markdown_table, run_experiment, write_outputs
 
@@ -32,19 +33,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _padded_bash(recorded: dict[tuple[str, int], list[float]], scale: float) -> Any:
     """A bash tool per rollout that sleeps after each call until its recorded duration x ``scale`` has passed."""
-    inner = bash_tool(timeout=120)
+    inner = bash_tool(timeout=120.0)
+    handler = inner.handler
+    assert handler is not None
 
     def for_rollout(task_id: str, rollout: int) -> Tool:
         queue = list(recorded.get((task_id, rollout), []))
 
-        async def run(ws: Any, args: dict[str, Any]) -> ToolResult:
+        async def run(ws: Any, args: dict[str, Any]) -> Any:
             start = anyio.current_time()
-            result = await inner.handler(ws, args)
+            result = await handler(ws, args)
             want = (queue.pop(0) if queue else 0.0) * scale
             await anyio.sleep(max(0.0, want - (anyio.current_time() - start)))
             return result
 
-        return Tool(inner.name, inner.description, inner.parameters, run)
+        return msgspec.structs.replace(inner, handler=run)
 
     return for_rollout
 

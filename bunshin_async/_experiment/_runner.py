@@ -33,8 +33,10 @@ from .._fork import snapshot_dir
 from .._llm._replay import ReplayServer
 from .._llm._timing import RecordedTiming
 from .._rollout import Budget, GroupRollout, RolloutContext, RolloutResult, Task
+from .._tools import Tool, bash_tool
 from .._trajectory import Trajectory
-from ..agent import Tool, bash_tool, run_agent
+from ..agent import run_agent
+from ..cache import ForkStateProvider, ToolCache
 
 __all__ = ["CONFIGS", "Config", "ConfigResult", "ExperimentResult", "run_experiment"]
 
@@ -94,31 +96,48 @@ class ExperimentResult(msgspec.Struct):
 
 
 class ReplayAgent:
-    """The agent loop (``bunshin_async.agent.run_agent``) against the replay server, one trajectory per rollout."""
+    """The agent loop (``bunshin_async.agent.run_agent``) against the replay server, one trajectory per rollout.
+
+    With a ``cache`` every tool call goes through a session of that group-wide cache (write hits fork the cached
+    state); with ``speculation`` (a factory per rollout) the loop speculates while the model generates. Without
+    either, a rollout's calls run after each message ends, as a plain agent loop does."""
 
     def __init__(
         self,
         base_url: str,
         tools_for: Callable[[RolloutContext], Sequence[Tool]],
         model_for: Callable[[RolloutContext], str],
+        *,
+        cache: ToolCache | None = None,
+        speculation: Callable[[RolloutContext], Any] | None = None,
     ) -> None:
         import openai
 
         self.client = openai.AsyncOpenAI(base_url=base_url, api_key="replay", max_retries=0, timeout=600)
         self.tools_for = tools_for
         self.model_for = model_for
+        self.cache = cache
+        self.speculation = speculation
 
     async def run(self, ctx: RolloutContext) -> Trajectory:
-        return await run_agent(
-            self.client,
-            self.model_for(ctx),
-            ctx.task.prompt,
-            ctx.ws,
-            tools=list(self.tools_for(ctx)),
-            max_turns=ctx.budget.max_turns or 1000,
-            task_id=ctx.task.task_id,
-            rollout=ctx.rollout,
-        )
+        options: dict[str, Any] = {
+            "max_turns": ctx.budget.max_turns or 1000,
+            "task_id": ctx.task.task_id,
+            "rollout": ctx.rollout,
+        }
+        if self.speculation is not None:
+            options["speculation"] = self.speculation(ctx)
+        else:
+            options["start_tools_early"] = False
+        if self.cache is None:
+            return await run_agent(
+                self.client, self.model_for(ctx), ctx.task.prompt, ctx.ws, tools=list(self.tools_for(ctx)), **options
+            )
+        async with self.cache.session(ctx.ws, list(self.tools_for(ctx)), own=True, salt=ctx.task.task_id) as session:
+            try:
+                return await run_agent(self.client, self.model_for(ctx), ctx.task.prompt, session, **options)
+            finally:
+                ctx.ws = session.detach()
 
     async def aclose(self) -> None:
         await self.client.close()
@@ -167,8 +186,19 @@ async def run_config(
     trajectories = [t for _, ts in groups for t in ts]
     results: list[RolloutResult] = []
     setup: list[float] = []
+    caches: list[ToolCache] = []
     async with ReplayServer(trajectories, timing=RecordedTiming(ttft=0.05), time_scale=time_scale) as server:
-        agent = ReplayAgent(server.base_url, tools_for, lambda ctx: f"replay:{ctx.task.task_id}:{ctx.rollout}")
+        # Capturing a state costs a dump (~0.1-0.5 s here); only writes slower than that are worth serving by fork.
+        cache = ToolCache(provider=ForkStateProvider(), capture_min_duration=1.0) if config.cache else None
+        if cache is not None:
+            caches.append(cache)
+        agent = ReplayAgent(
+            server.base_url,
+            tools_for,
+            lambda ctx: f"replay:{ctx.task.task_id}:{ctx.rollout}",
+            cache=cache,
+            speculation=_speculation_factory() if config.speculation else None,
+        )
         t0 = time.monotonic()
         try:
             async with ResourceMonitor(interval=0.1, extra_dirs=[snapshot_dir()]) as monitor:
@@ -192,8 +222,22 @@ async def run_config(
             latency = time.monotonic() - t0
         finally:
             await agent.aclose()
+            for c in caches:
+                await c.aclose()
     report = monitor.report()
     results.sort(key=lambda r: (r.task_id, r.rollout))
+    extra: dict[str, Any] = {}
+    if caches:
+        m = caches[0].metrics()
+        extra["cache"] = {
+            "hits": m.hits,
+            "misses": m.misses,
+            "saved_seconds": round(m.saved_seconds, 3),
+            "restores": m.restores,
+            "restore_seconds": round(m.restore_seconds, 3),
+            "captures": m.captures,
+            "restore_failures": m.restore_failures,
+        }
     return ConfigResult(
         name=config.name,
         group_latency_s=round(latency, 3),
@@ -204,7 +248,24 @@ async def run_config(
         cpu_seconds=round(report.cpu_seconds, 2),
         rollouts=[_summary(r) for r in results],
         memory_timeline=[(round(s.t, 2), round((s.pss_bytes + s.extra_bytes) / (1 << 20), 1)) for s in report.samples],
+        extra=extra,
     )
+
+
+def _speculation_factory() -> Callable[[RolloutContext], Any]:
+    """Per rollout: the default predictors (stream tap, siblings of the same group, n-gram history trained on the
+    public traces once, cost-aware policy shared by all rollouts)."""
+    from speculator import CostAwarePolicy, SiblingTable, default_speculation, train_ngram
+
+    model = train_ngram(limit=200)
+    policy = CostAwarePolicy()
+    tables: dict[str, SiblingTable] = {}
+
+    def make(ctx: RolloutContext) -> Any:
+        table = tables.setdefault(ctx.task.task_id, SiblingTable())
+        return default_speculation(group=ctx.task.task_id, table=table, policy=policy, model=model)
+
+    return make
 
 
 def _ratio(new: float, old: float) -> float:
@@ -223,7 +284,7 @@ async def run_experiment(
 ) -> ExperimentResult:
     budget = budget or Budget(max_turns=100, wall_seconds=1800)
     if tools_for is None:
-        default = [bash_tool(timeout=600)]
+        default = [bash_tool(timeout=600.0)]
         tools_for = lambda ctx: default  # noqa: E731
     out: list[ConfigResult] = []
     for name in configs:

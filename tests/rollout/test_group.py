@@ -53,7 +53,7 @@ async def test_group_of_8_yields_in_completion_order_from_one_setup() -> None:
     assert [r.rollout for r in results] == list(range(7, -1, -1))  # fastest first
     assert all(r.status == "finished" and r.loss_mask == 1.0 for r in results)
     assert {r.rollout: r.reward for r in results} == {i: 1.0 if i % 2 == 0 else 0.0 for i in range(8)}
-    assert all(r.fork_mode == "criu" for r in results)
+    assert all(r.fork_mode.startswith("criu") for r in results)
     assert agent.seen_prepared == {i: "prepared\n" for i in range(8)}
     assert all(agent.seen_background.values())  # the forked copies kept the set-up's background process
 
