@@ -1,15 +1,18 @@
-# The two commands of the README: `make demo` (the main job) and `make test` (the whole suite).
-# Both set up everything first (scripts/setup.sh is idempotent).
-.PHONY: setup demo test lint bench
+# The two commands of the README: `make run` (the main job: the latency-hiding experiment) and `make test` (lint,
+# types and the whole suite). Both set up everything first (scripts/setup.sh is idempotent).
+.PHONY: setup run demo test lint bench
 
 setup:
 	@scripts/setup.sh
+
+run: setup
+	.venv/bin/bunshin bench
 
 demo: setup
 	.venv/bin/bunshin demo
 
 lint: setup
-	.venv/bin/ruff check bunshin_async speculator tests bench examples
+	.venv/bin/ruff check .
 	.venv/bin/mypy
 
 test: setup lint
@@ -17,3 +20,7 @@ test: setup lint
 
 bench: setup
 	.venv/bin/python bench/workspace_bench.py
+	.venv/bin/python bench/fork_bench.py
+	.venv/bin/python bench/cache_bench.py
+	.venv/bin/python bench/spec_bench.py
+	.venv/bin/python bench/gui_bench.py

@@ -6,10 +6,15 @@ Tools are ``bunshin_async.cache.Tool``s (the built-in ``bash_tool`` by default).
 can move the rollout into a restored workspace. A tool call starts as soon as the tap reports its arguments
 complete, while the rest of the message is still streaming (``start_tools_early``); calls of one message run one
 after another, in order.
+
+With a ``Speculation`` each turn runs through the speculative turn runtime (``bunshin_async.speculation``):
+predicted calls start while the model generates (reads in place, writes in forks) and a decided call takes its
+matching branch, which the executor then ``adopt``s; every other call runs through the executor as without it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
@@ -22,6 +27,7 @@ from ._exceptions import ToolCallError, ToolError, ToolTimeout
 from ._llm._events import ArgumentsComplete, MessageFinished, ToolCall, UsageReported
 from ._llm._openai import tap_openai_stream
 from ._protocol import ExecResult
+from ._runtime import Executor, Launch, Speculation, WorkspaceHandle, WorkspaceSlot, run_turn
 from ._tools import Tool as Tool  # re-exported for bunshin_async._experiment, until it imports from .cache
 from ._tools import bash_tool as bash_tool
 from ._trajectory import Step, Trajectory
@@ -53,11 +59,33 @@ class ToolExecutor(Protocol):
 
 
 class WorkspaceExecutor:
-    """Runs every call in ``workspace``, arguments normalized as the cache does (defaults filled in)."""
+    """Runs every call in ``workspace``, arguments normalized as the cache does (defaults filled in).
 
-    def __init__(self, workspace: Workspace, tools: Iterable[Tool]) -> None:
-        self.workspace = workspace
+    With speculation a committed write moves the rollout into the branch's fork (``adopt``): ``workspace`` is then
+    that fork, which the executor owns (closed when replaced, or by ``aclose``) until ``detach()`` hands it to the
+    caller. ``own`` says whether the executor closes the first workspace too."""
+
+    def __init__(self, workspace: Workspace, tools: Iterable[Tool], *, own: bool = False) -> None:
+        self._slot = WorkspaceSlot(workspace, own=own)
         self.tools = {t.name: t for t in tools}
+
+    @property
+    def workspace(self) -> Workspace:
+        return self._slot.workspace
+
+    def detach(self) -> Workspace:
+        """The current workspace, from now on the caller's to close."""
+        return self._slot.detach()
+
+    async def adopt(
+        self, workspace: Workspace, tool: str, args: Mapping[str, Any], result: Any, duration: float
+    ) -> None:
+        """A speculative branch ran this call in ``workspace`` (a fork, for a write): continue there."""
+        await self._slot.swap(workspace)
+
+    async def aclose(self) -> None:
+        """Close the current workspace if the executor owns it. Idempotent."""
+        await self._slot.aclose()
 
     async def call(self, tool: str, args: Mapping[str, Any] | None = None) -> Any:
         t = self.tools.get(tool)
@@ -142,6 +170,7 @@ async def run_agent(
     start_tools_early: bool = True,
     request_options: Mapping[str, Any] | None = None,
     max_output_chars: int = 10_000,
+    speculation: Speculation | None = None,
 ) -> Trajectory:
     """Run ``task`` to its end and return the trajectory.
 
@@ -155,13 +184,30 @@ async def run_agent(
     Budgets: ``max_turns`` model calls, ``max_seconds`` of wall-clock (the turn in flight is cancelled and dropped).
     ``stop_reason`` of the result is the last ``finish_reason`` (``stop``, ``length``), ``max_turns`` or
     ``time_budget``. Errors of the endpoint and unusable tool calls (``ToolCallError``) propagate.
+
+    ``speculation`` (e.g. ``speculator.default_speculation(group=task_id, ...)``) runs each turn speculatively; its
+    ``metrics`` sum the turns. A committed write moves the rollout into a fork, so ``workspace`` must then be an
+    executor the caller reads the live workspace from afterwards (a ``CachedSession``, or a ``WorkspaceExecutor``:
+    ``detach()`` it); ``task_id`` keys the sibling predictor's histories, so rollouts of one group must share it.
+    Calls a ``CachedSession`` would serve are not speculated (its ``would_hit`` joins ``speculation.skip``).
     """
     if isinstance(workspace, Workspace):
+        if speculation is not None:
+            raise ValueError(
+                "with speculation the rollout may move into a fork: pass WorkspaceExecutor(ws, tools) (or a "
+                "CachedSession) and read its .workspace (detach()) afterwards, not the workspace itself"
+            )
         executor: ToolExecutor = WorkspaceExecutor(workspace, tools if tools is not None else [bash_tool()])
     elif tools is not None:
         raise ValueError("an executor brings its own tools: give them to it (cache.session(ws, tools)), not here")
     else:
         executor = workspace
+    handle: WorkspaceHandle | None = None
+    if speculation is not None:
+        if not isinstance(executor, Executor):
+            raise TypeError(f"speculation needs an executor with adopt() (see _runtime.Executor), not {executor!r}")
+        handle = WorkspaceHandle.over(executor, salt=task_id)
+        speculation = _with_cache_skip(speculation, executor)
     specs = [t.spec() for t in executor.tools.values()]
     messages: list[dict[str, Any]] = ([{"role": "system", "content": system}] if system else []) + [
         {"role": "user", "content": task}
@@ -171,9 +217,16 @@ async def run_agent(
     started = time.monotonic()
     with anyio.move_on_after(max_seconds if max_seconds is not None else float("inf")) as budget:
         for turn in range(max_turns):
-            finished, usage, llm_seconds, executed = await _turn(
-                client, model, messages, specs, executor, start_tools_early, request_options or {}, max_output_chars
-            )
+            if handle is None:
+                finished, usage, llm_seconds, executed = await _turn(
+                    client, model, messages, specs, executor, start_tools_early, request_options or {}, max_output_chars
+                )
+            else:
+                assert speculation is not None
+                finished, usage, llm_seconds, executed = await _speculative_turn(
+                    client, model, messages, specs, executor, handle, speculation, start_tools_early,
+                    request_options or {}, max_output_chars,
+                )  # fmt: skip
             assistant: dict[str, Any] = {"role": "assistant", "content": finished.content or None}
             if finished.tool_calls:
                 assistant["tool_calls"] = [
@@ -259,3 +312,51 @@ async def _turn(
                     usage = event.usage
     assert finished is not None  # the tap raises when the stream ends without finishing
     return finished, usage, finished.t - start, executed
+
+
+def _with_cache_skip(speculation: Speculation, executor: ToolExecutor) -> Speculation:
+    """``speculation`` whose ``skip`` also vetoes calls ``executor`` would serve from its cache (``would_hit``)."""
+    would_hit = getattr(executor, "would_hit", None)
+    if would_hit is None:
+        return speculation
+    inner = speculation.skip
+
+    def skip(launch: Launch) -> bool:
+        return bool(would_hit(launch.key.name, launch.key.arguments())) or (inner is not None and inner(launch))
+
+    return dataclasses.replace(speculation, skip=skip)
+
+
+async def _speculative_turn(
+    client: Any,
+    model: str,
+    messages: list[dict[str, Any]],
+    specs: list[dict[str, Any]],
+    executor: ToolExecutor,
+    handle: WorkspaceHandle,
+    speculation: Speculation,
+    early: bool,
+    options: Mapping[str, Any],
+    max_chars: int,
+) -> tuple[MessageFinished, Any, float, dict[int, _Executed]]:
+    """``_turn`` through the speculative runtime: the main line runs through ``executor`` (via ``handle``)."""
+    start = time.monotonic()
+    stream = await client.chat.completions.create(
+        model=model,
+        messages=messages,
+        tools=specs,
+        stream=True,
+        stream_options={"include_usage": True},
+        **options,
+    )
+    async with tap_openai_stream(stream, specs, keep_chunks=False) as tap:
+        outcome = await run_turn(tap, handle, executor.tools, speculation, start_early=early and speculation.early)
+    finished = outcome.message
+    executed: dict[int, _Executed] = {}
+    for r in outcome.results:
+        if r.call.name not in executor.tools:  # as the plain path: an unusable call is the model's error
+            known = ", ".join(sorted(executor.tools))
+            raise ToolCallError(f"unknown tool {r.call.name!r}; known: {known}", tool_name=r.call.name)
+        result = observation(r.error if r.error is not None else r.result, max_chars=max_chars)
+        executed[r.call.index] = _Executed(result, r.seconds)
+    return finished, outcome.usage, finished.t - start, executed

@@ -6,7 +6,6 @@ import os
 from pathlib import Path
 
 import anyio
-
 import psutil
 
 from bunshin_async import _paths

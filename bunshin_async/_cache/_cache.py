@@ -29,18 +29,19 @@ import anyio
 import msgspec
 
 from .._exceptions import BunshinError, StoreUnavailable, ToolCallError, ToolError
+from .._runtime._handle import WorkspaceSlot
 from .._tools import CallClass, Effect, Tool, builtin_tools
 from ._flight import SingleFlight
 from ._keys import SCHEMA_VERSION, BaseState, StateChain, encode_call, pure_key
 from ._metrics import AuditMismatch, CacheMetrics
 from ._records import CorruptRecord, Entry, error_record, rebuild_error, seal, unseal
 from ._state import SnapshotRef, StateProvider, StateTree
-from ._store import MemoryStore, Store
+from ._store import LayeredStore, MemoryStore, Store
 
 if TYPE_CHECKING:
     from .._workspace import Workspace
 
-Source = Literal["executed", "cache", "shared", "restored", "uncacheable"]
+Source = Literal["executed", "cache", "shared", "restored", "uncacheable", "adopted"]
 
 _result_encoder = msgspec.msgpack.Encoder()
 _MAX_MISMATCHES = 100
@@ -48,7 +49,8 @@ _MAX_MISMATCHES = 100
 
 class CallRecord(msgspec.Struct, frozen=True):
     """What one call did. ``source``: ``executed`` (a miss), ``cache`` (a stored hit), ``shared`` (a concurrent
-    identical call's result), ``restored`` (a write hit served by the state provider) or ``uncacheable``.
+    identical call's result), ``restored`` (a write hit served by the state provider), ``uncacheable`` or
+    ``adopted`` (run elsewhere, by a speculative branch, and handed to ``CachedSession.adopt``).
     ``duration`` is the recorded run time of the call (seconds), also for hits; ``key`` is the hex cache key."""
 
     tool: str
@@ -185,6 +187,14 @@ class ToolCache:
     def _audit_draw(self) -> bool:
         return self.audit_fraction > 0 and self._audit_rng.random() < self.audit_fraction
 
+    def _known(self, key: bytes) -> bool:
+        """Whether ``key`` is in flight or in an in-memory layer of the store, without touching the store's LRU
+        order or stats (other layers are not asked: this must not await)."""
+        if self._flights.get(key) is not None:
+            return True
+        layers = self.store.layers if isinstance(self.store, LayeredStore) else (self.store,)
+        return any(isinstance(layer, MemoryStore) and key in layer._raw() for layer in layers)
+
 
 class CachedSession:
     """One rollout's tool calls through a ``ToolCache``.
@@ -211,8 +221,7 @@ class CachedSession:
         own: bool = False,
     ) -> None:
         self.cache = cache
-        self._ws = workspace
-        self._owns_ws = own  # whether the session closes the current workspace
+        self._slot = WorkspaceSlot(workspace, own=own)  # the current workspace and whether the session closes it
         self.tools: dict[str, Tool] = {t.name: t for t in (builtin_tools() if tools is None else tools)}
         self._decoders = {name: msgspec.msgpack.Decoder(t.result_type) for name, t in self.tools.items()}
         base = BaseState(
@@ -238,12 +247,11 @@ class CachedSession:
 
     @property
     def workspace(self) -> Workspace:
-        return self._ws
+        return self._slot.workspace
 
     def detach(self) -> Workspace:
         """The current workspace, from now on the caller's to close (the session stays usable)."""
-        self._owns_ws = False
-        return self._ws
+        return self._slot.detach()
 
     @property
     def state(self) -> str:
@@ -289,6 +297,51 @@ class CachedSession:
         self.history.append(record)
         return record
 
+    def would_hit(self, tool: str, args: Mapping[str, Any] | None = None) -> bool:
+        """Whether ``call(tool, args)`` would now be served without running (a stored read or pure result, a write
+        whose snapshot this process holds, or an identical call in flight). Cheap and synchronous (only in-memory
+        layers of the store are asked), so it may say False for a call a slower layer would serve. For
+        ``Speculation.skip``: a call the cache serves is not worth speculating."""
+        t = self.tools.get(tool)
+        if t is None or self._closed:
+            return False
+        try:
+            norm = t.normalize(args or {})
+        except ToolError:
+            return False
+        cls = t.classify_call(norm)
+        if not cls.cacheable:
+            return False
+        call = encode_call(t.name, t.version, norm)
+        cache = self.cache
+        if cls.effect is Effect.WRITE:
+            if cache.provider is None:
+                return False
+            key = self._chain.write_key(call)
+            return cache._flights.get(key) is not None or cache._tree.snapshot(key) is not None
+        return cache._known(pure_key(call) if cls.effect is Effect.PURE else self._chain.read_key(call))
+
+    async def adopt(
+        self, workspace: Workspace, tool: str, args: Mapping[str, Any], result: Any, duration: float
+    ) -> CallRecord:
+        """Account a call that ran elsewhere (a committed speculative branch) as if ``call`` had run it here: switch
+        to ``workspace`` (a write's fork, owned by the session from now on; for a read or pure call the current
+        workspace), advance the state chain for a write, and record ``result`` (the tool's result, or the
+        ``ToolError`` it raised) under the call's key so sibling rollouts hit it. A write is captured by the state
+        provider as a missed write would be (``capture_min_duration`` applies to ``duration``, seconds). Returns
+        the ``CallRecord`` (also in ``history``); the ``ToolError`` is not raised."""
+        t = self.tools.get(tool)
+        if t is None:
+            raise ToolCallError(f"unknown tool {tool!r}; known: {', '.join(sorted(self.tools))}", tool_name=tool)
+        async with self._lock:
+            await self._slot.swap(workspace)  # first: whatever fails below, the fork has an owner
+            if self._closed:
+                raise ToolError("the cached session is closed", tool=tool)
+            norm = t.normalize(args)
+            record = await self._adopt(t, norm, t.classify_call(norm), result, duration)
+        self.history.append(record)
+        return record
+
     async def aclose(self) -> None:
         """Unpin the session's state and close the workspace if the session owns it. Idempotent."""
         if self._closed:
@@ -297,9 +350,7 @@ class CachedSession:
         tree = self.cache._tree
         tree.unpin(self._state)
         await self.cache._discard(tree.evict())
-        if self._owns_ws:
-            with anyio.CancelScope(shield=True):
-                await self._ws.aclose()
+        await self._slot.aclose()
 
     async def __aenter__(self) -> CachedSession:
         return self
@@ -338,7 +389,7 @@ class CachedSession:
         if tool.handler is None:
             raise ToolError(f"tool {tool.name!r} has no handler", tool=tool.name)
         t0 = time.perf_counter()
-        result = await tool.handler(self._ws, args)
+        result = await tool.handler(self._slot.workspace, args)
         return result, time.perf_counter() - t0
 
     async def _run_for_entry(self, tool: Tool, args: dict[str, Any], effect: Effect) -> tuple[Entry | None, Any]:
@@ -517,7 +568,7 @@ class CachedSession:
         provider = cache.provider
         if capture and provider is not None and entry.duration >= cache.capture_min_duration:
             try:
-                ref = await provider.capture(self._ws)
+                ref = await provider.capture(self._slot.workspace)
             except BunshinError:
                 cache._metrics.capture_failures += 1
             else:
@@ -545,26 +596,72 @@ class CachedSession:
         t0 = time.perf_counter()
         try:
             try:
-                ws = await cache.provider.restore(self._ws, entry.snapshot)
+                ws = await cache.provider.restore(self._slot.workspace, entry.snapshot)
             except BunshinError:
                 cache._metrics.restore_failures += 1
                 return None
             cache._metrics.restores += 1
             cache._metrics.restore_seconds += time.perf_counter() - t0
-            await self._switch(ws)
+            await self._slot.swap(ws)
             await self._move(lambda: self._chain.advance(call))
         finally:
             tree.unpin(key)
         return self._hit(tool, Effect.WRITE, entry, "restored", key, shared=shared)
 
-    async def _switch(self, ws: Workspace) -> None:
-        if ws is self._ws:
-            return
-        old, owned = self._ws, self._owns_ws
-        self._ws, self._owns_ws = ws, True
-        if owned:
-            with anyio.CancelScope(shield=True):
-                await old.aclose()
+    async def _adopt(
+        self, tool: Tool, args: dict[str, Any], cls: CallClass, outcome: Any, duration: float
+    ) -> CallRecord:
+        m = self.cache._metrics
+        ts, es = m._for(tool.name, cls.effect.value)
+        ts.calls += 1
+        es.calls += 1
+        result = None if isinstance(outcome, ToolError) else outcome
+        changes_state = cls.effect is Effect.WRITE or (cls.effect is Effect.EXTERNAL and tool.touches_workspace)
+        entry: Entry | None = None
+        if cls.cacheable:
+            if isinstance(outcome, ToolError):
+                rec = error_record(outcome)
+                if rec is not None:
+                    entry = Entry(tool.name, cls.effect.value, None, duration, time.time(), error=rec)
+            else:
+                try:
+                    raw = _result_encoder.encode(outcome)
+                except (TypeError, msgspec.EncodeError):
+                    pass
+                else:
+                    entry = Entry(tool.name, cls.effect.value, raw, duration, time.time())
+        if entry is None:  # like a live run whose outcome may not be cached
+            if changes_state:
+                await self._move(self._chain.taint)
+            if not cls.cacheable:
+                ts.uncacheable += 1
+                es.uncacheable += 1
+            else:
+                self._miss(tool, cls.effect, None, duration)
+            return CallRecord(tool.name, cls.effect, "adopted", result, duration)
+        call = encode_call(tool.name, tool.version, args)
+        cache = self.cache
+        if cls.effect is Effect.WRITE:
+            key = self._chain.write_key(call)
+            await self._move(lambda: self._chain.advance(call))
+            provider = cache.provider
+            known = cache._tree.snapshot(key)
+            if known is not None:  # a sibling captured this state already: keep its snapshot in the entry
+                entry = msgspec.structs.replace(entry, snapshot=known)
+            elif provider is not None and duration >= cache.capture_min_duration:
+                try:
+                    ref = await provider.capture(self._slot.workspace)
+                except BunshinError:
+                    cache._metrics.capture_failures += 1
+                else:
+                    cache._metrics.captures += 1
+                    entry = msgspec.structs.replace(entry, snapshot=ref)
+                    await cache._discard(cache._tree.attach(key, ref))
+        else:
+            key = pure_key(call) if cls.effect is Effect.PURE else self._chain.read_key(call)
+        await cache._put(key, entry)
+        self._miss(tool, cls.effect, entry, None)
+        return CallRecord(tool.name, cls.effect, "adopted", result, duration, key.hex())
 
     async def _move(self, step: Any) -> None:
         """Apply ``step`` to the chain and move this session's pin to the new state (the old state's snapshot may

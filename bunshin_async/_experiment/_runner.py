@@ -35,7 +35,7 @@ from .._llm._timing import RecordedTiming
 from .._rollout import Budget, GroupRollout, RolloutContext, RolloutResult, Task
 from .._tools import Tool, bash_tool
 from .._trajectory import Trajectory
-from ..agent import run_agent
+from ..agent import WorkspaceExecutor, run_agent
 from ..cache import ForkStateProvider, ToolCache
 
 __all__ = ["CONFIGS", "Config", "ConfigResult", "ExperimentResult", "run_experiment"]
@@ -129,11 +129,15 @@ class ReplayAgent:
             options["speculation"] = self.speculation(ctx)
         else:
             options["start_tools_early"] = False
+        tools = list(self.tools_for(ctx))
         if self.cache is None:
-            return await run_agent(
-                self.client, self.model_for(ctx), ctx.task.prompt, ctx.ws, tools=list(self.tools_for(ctx)), **options
-            )
-        async with self.cache.session(ctx.ws, list(self.tools_for(ctx)), own=True, salt=ctx.task.task_id) as session:
+            # A committed speculative write moves the rollout into a fork: the executor owns it and hands it back.
+            executor = WorkspaceExecutor(ctx.ws, tools, own=True)
+            try:
+                return await run_agent(self.client, self.model_for(ctx), ctx.task.prompt, executor, **options)
+            finally:
+                ctx.ws = executor.detach()
+        async with self.cache.session(ctx.ws, tools, own=True, salt=ctx.task.task_id) as session:
             try:
                 return await run_agent(self.client, self.model_for(ctx), ctx.task.prompt, session, **options)
             finally:

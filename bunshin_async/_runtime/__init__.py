@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ._calls import CallKey, Candidate, Launch, Policy, PredictionContext, Predictor, canonical_args
-from ._handle import WorkspaceHandle
+from ._handle import Executor, WorkspaceHandle, WorkspaceSlot
 from ._metrics import BranchRecord, RolloutMetrics, TimelineEvent, TurnMetrics
 from ._turn import BoundedPolicy, CallResult, Speculation, SpeculativeTurn, TurnOutcome, run_turn
 
@@ -13,6 +13,7 @@ __all__ = [
     "CallKey",
     "CallResult",
     "Candidate",
+    "Executor",
     "Launch",
     "Policy",
     "PredictionContext",
@@ -24,6 +25,7 @@ __all__ = [
     "TurnMetrics",
     "TurnOutcome",
     "WorkspaceHandle",
+    "WorkspaceSlot",
     "canonical_args",
     "run_turn",
 ]

@@ -4,13 +4,18 @@ A committed speculative write means the rollout now lives in the branch's fork. 
 agent loop reads the workspace from, so the swap is a single assignment made under the handle's lock: whoever
 holds the handle sees either the old workspace (before the call) or the new one (after it), never a mix. Code that
 needs a stable workspace across several awaits takes ``async with handle.pinned() as ws``.
+
+A handle made ``over`` an ``Executor`` (a ``CachedSession``, the agent's ``WorkspaceExecutor``) owns nothing: the
+main line's calls run through the executor, a committed branch is handed to ``executor.adopt``, and the handle's
+workspace is whatever the executor's is now (a cache write hit may have replaced it).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from types import TracebackType
+from typing import Any, Protocol, runtime_checkable
 
 import anyio
 
@@ -18,9 +23,62 @@ from .._workspace import Workspace
 from ._calls import CallKey, chain_root, extend_chain
 from ._metrics import RolloutMetrics
 
-__all__ = ["WorkspaceHandle"]
+__all__ = ["Executor", "WorkspaceHandle", "WorkspaceSlot"]
 
 CLOSE_DEADLINE = 10.0
+
+
+class WorkspaceSlot:
+    """The one place a rollout's current workspace is replaced: holds it with whether the holder closes it
+    (``owned``). Shared by ``WorkspaceHandle``, ``CachedSession`` and the agent's ``WorkspaceExecutor``."""
+
+    __slots__ = ("owned", "workspace")
+
+    def __init__(self, workspace: Workspace, *, own: bool) -> None:
+        self.workspace, self.owned = workspace, own
+
+    async def swap(self, new: Workspace) -> bool:
+        """Point at ``new`` (owned from now on) and close the previous workspace if it was owned; False (and nothing
+        changes) when ``new`` is the current one. Closing is shielded, with a deadline."""
+        if new is self.workspace:
+            return False
+        old, owned = self.workspace, self.owned
+        self.workspace, self.owned = new, True
+        if owned:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(CLOSE_DEADLINE):
+                await old.aclose()
+        return True
+
+    def detach(self) -> Workspace:
+        """The current workspace, from now on the caller's to close."""
+        self.owned = False
+        return self.workspace
+
+    async def aclose(self) -> None:
+        """Close the current workspace if owned (shielded, with a deadline). Idempotent."""
+        if self.owned:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(CLOSE_DEADLINE):
+                await self.workspace.aclose()
+
+
+@runtime_checkable
+class Executor(Protocol):
+    """What runs a rollout's calls for the turn runtime (``CachedSession``, ``agent.WorkspaceExecutor``).
+
+    ``call`` runs a main-line call (the tool's result, or its ``ToolError`` raised) and may replace ``workspace``.
+    ``adopt`` accounts a call a speculative branch ran as if ``call`` had run it: ``workspace`` is where it ran (a
+    committed fork for a write, which the executor owns from then on; the current workspace for a read), ``result``
+    the tool's result or its ``ToolError``, ``duration`` its run time in seconds.
+    """
+
+    @property
+    def workspace(self) -> Workspace: ...
+
+    async def call(self, tool: str, args: Mapping[str, Any] | None = None) -> Any: ...
+
+    async def adopt(
+        self, workspace: Workspace, tool: str, args: Mapping[str, Any], result: Any, duration: float
+    ) -> object: ...
 
 
 class WorkspaceHandle:
@@ -35,8 +93,8 @@ class WorkspaceHandle:
     """
 
     def __init__(self, workspace: Workspace, *, own: bool = True, salt: str = "") -> None:
-        self._ws = workspace
-        self._owned = own
+        self._slot = WorkspaceSlot(workspace, own=own)
+        self.executor: Executor | None = None
         self._lock = anyio.Lock()
         self.epoch = 0
         self.chain = chain_root(salt)
@@ -46,16 +104,23 @@ class WorkspaceHandle:
         self.turns = 0
         self.metrics = RolloutMetrics()
 
+    @classmethod
+    def over(cls, executor: Executor, *, salt: str = "") -> WorkspaceHandle:
+        """A handle that follows ``executor``'s workspace and owns none: calls run and branches commit through it."""
+        handle = cls(executor.workspace, own=False, salt=salt)
+        handle.executor = executor
+        return handle
+
     @property
     def workspace(self) -> Workspace:
         """The current workspace. Between turns it is stable; during a turn use ``pinned()`` for several awaits."""
-        return self._ws
+        return self.executor.workspace if self.executor is not None else self._slot.workspace
 
     @asynccontextmanager
     async def pinned(self) -> AsyncIterator[Workspace]:
         """Hold the current workspace: no swap happens inside the block."""
         async with self._lock:
-            yield self._ws
+            yield self.workspace
 
     @property
     def lock(self) -> anyio.Lock:
@@ -71,20 +136,26 @@ class WorkspaceHandle:
         """The workspace state changed (a write ran or a branch was committed). Caller holds ``lock``."""
         self.epoch += 1
 
+    async def commit(self, workspace: Workspace, call: CallKey, result: Any, duration: float) -> None:
+        """A branch's call is the rollout's: for a write ``workspace`` is its fork, from now on the handle's (or the
+        executor's); for a read it is the current workspace. ``result`` is the result or the ``ToolError``. Caller
+        holds ``lock`` for a write. Whatever happens, a fork passed here is owned by someone afterwards."""
+        if self.executor is not None:
+            before = self.executor.workspace
+            await self.executor.adopt(workspace, call.name, call.arguments(), result, duration)
+            self.swaps += self.executor.workspace is not before
+        elif await self._slot.swap(workspace):
+            self.swaps += 1
+
     async def _swap(self, new: Workspace) -> None:
         """Point at ``new`` (owned from now on) and close the previous workspace if owned. Caller holds ``lock``."""
-        old, owned = self._ws, self._owned
-        self._ws, self._owned = new, True
-        self.swaps += 1
-        if owned and old is not new:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(CLOSE_DEADLINE):
-                await old.aclose()
+        if await self._slot.swap(new):
+            self.swaps += 1
 
     async def aclose(self) -> None:
-        """Close the current workspace if the handle owns it. Idempotent."""
-        if self._owned:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(CLOSE_DEADLINE):
-                await self._ws.aclose()
+        """Close the current workspace if the handle owns it (never with an executor). Idempotent."""
+        if self.executor is None:
+            await self._slot.aclose()
 
     async def __aenter__(self) -> WorkspaceHandle:
         return self
@@ -95,4 +166,4 @@ class WorkspaceHandle:
         await self.aclose()
 
     def __repr__(self) -> str:
-        return f"<WorkspaceHandle {self._ws.id} epoch={self.epoch} calls={len(self.history)}>"
+        return f"<WorkspaceHandle {self.workspace.id} epoch={self.epoch} calls={len(self.history)}>"

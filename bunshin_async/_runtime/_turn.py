@@ -8,7 +8,8 @@ Who runs where (all tasks live in the turn's task group; each branch has its own
 - main line, one task per decided call, in message order: a read/pure call waits for the previous write of the
   message, a write/external call for every previous call (the order the plain agent loop runs them). When due, it
   takes the branch started for the identical call (same tool, same canonical arguments, same starting state) if
-  one exists, else runs the call in the current workspace.
+  one exists, else runs the call in the current workspace (through the handle's ``Executor`` when it has one, so
+  a tool cache can serve it; a committed branch is then handed to ``Executor.adopt``).
 - branches, one task each: a ``write`` candidate runs in a fork of the current workspace, a ``pure``/``read`` one
   in the workspace itself (only while no write of this turn is pending or running, so it sees the committed state);
   ``external`` and nondeterministic calls are never speculated.
@@ -48,7 +49,7 @@ from .._tools import Effect, Tool
 from .._workspace import Workspace
 from ._calls import CallKey, Candidate, Launch, Policy, PredictionContext, Predictor
 from ._handle import CLOSE_DEADLINE, WorkspaceHandle
-from ._metrics import BranchRecord, EventKind, TimelineEvent, TurnMetrics
+from ._metrics import BranchRecord, EventKind, RolloutMetrics, TimelineEvent, TurnMetrics
 
 FORK_DEADLINE = 60.0
 
@@ -115,13 +116,16 @@ class Speculation:
     launches, ``group`` (rollouts that share a sibling table pass the same name), and ``early``: start a call
     as soon as the tap saw its arguments complete (the stream tap as a predictor of certainty). ``skip`` vetoes
     launches (pass one that says whether the prefix cache would serve the call: such calls are not speculated).
-    One ``Speculation`` may serve many turns and rollouts: the policy learns across them."""
+    One ``Speculation`` may serve many turns and rollouts: the policy learns across them; ``metrics`` sums the
+    turns run with it (make one per rollout, sharing the policy and the predictors' tables, to get per-rollout
+    metrics)."""
 
     predictors: Sequence[Predictor] = ()
     policy: Policy = field(default_factory=BoundedPolicy)
     group: str = ""
     early: bool = True
     skip: Callable[[Launch], bool] | None = None
+    metrics: RolloutMetrics = field(default_factory=RolloutMetrics)
 
 
 # ------------------------------------------------------------------------------------------------ internals
@@ -204,6 +208,10 @@ async def _fork_shielded(ws: Workspace) -> Workspace:
     with anyio.CancelScope(shield=True), anyio.fail_after(FORK_DEADLINE):
         copies = await ws.fork(1)
     return copies[0]
+
+
+def _outcome(result: Any, error: ToolError | None) -> Any:
+    return error if error is not None else result
 
 
 async def _run_tool(tool: Tool, ws: Workspace, args: dict[str, Any]) -> tuple[Any, ToolError | None]:
@@ -432,11 +440,11 @@ class SpeculativeTurn:
         t_due = self._clock()
         tool = self.tools.get(d.call.name)
         try:
-            if tool is None or d.key is None:
+            if tool is None or (d.key is None and self.handle.executor is None):
                 err = ToolError(f"no tool {d.call.name!r} in this turn's tools", tool=d.call.name)
                 self._deliver(d, CallResult(index=d.call.index, call=d.call, error=err, t=self._clock()))
                 return
-            branch = self._match(d)
+            branch = self._match(d) if d.key is not None else None
             if branch is not None:
                 result = await self._use_branch(d, branch, t_due)
                 if result is not None:
@@ -464,9 +472,12 @@ class SpeculativeTurn:
                 async with self.handle.lock:
                     self._cancel_branches(lambda other: other is not b)
                     await self._quiesce()
-                    b.committed = True  # from here the fork is the handle's
-                    await self.handle._swap(b.ws)
+                    b.committed = True  # from here the fork is the handle's (or its executor's)
+                    await self.handle.commit(b.ws, b.key, _outcome(b.result, b.error), b.run_end - b.run_start)
                     self.handle.advance()
+            elif self.handle.executor is not None:  # a read: let the executor account it (a cache records it)
+                assert b.ws is not None
+                await self.handle.commit(b.ws, b.key, _outcome(b.result, b.error), b.run_end - b.run_start)
             now = self._clock()
             self._mark("branch_commit", d.position, f"{d.call.name} {b.launch.effect.value}")
             run = b.run_end - b.run_start
@@ -480,8 +491,7 @@ class SpeculativeTurn:
             b.released.set()
 
     async def _execute(self, d: _Decided, tool: Tool) -> CallResult:
-        assert d.key is not None
-        args = d.key.arguments()
+        args = d.key.arguments() if d.key is not None else dict(d.call.arguments)
         if d.changes_state:
             async with self.handle.lock:
                 self._writing = True
@@ -491,7 +501,7 @@ class SpeculativeTurn:
                     ws = self.handle.workspace
                     self._mark("call_start", d.position, d.call.name)
                     t = self._clock()
-                    result, error = await _run_tool(tool, ws, args)
+                    result, error = await self._run_main(tool, ws, args)
                     seconds = self._clock() - t
                     self.handle.advance()
                 finally:
@@ -500,11 +510,20 @@ class SpeculativeTurn:
             ws = self.handle.workspace
             self._mark("call_start", d.position, d.call.name)
             t = self._clock()
-            result, error = await _run_tool(tool, ws, args)
+            result, error = await self._run_main(tool, ws, args)
             seconds = self._clock() - t
-        if self.speculation is not None:
+        if self.speculation is not None and d.key is not None:
             self.speculation.policy.observe_tool(d.key, seconds)
         return CallResult(index=d.call.index, call=d.call, result=result, error=error, seconds=seconds, t=self._clock())
+
+    async def _run_main(self, tool: Tool, ws: Workspace, args: dict[str, Any]) -> tuple[Any, ToolError | None]:
+        executor = self.handle.executor
+        if executor is None:
+            return await _run_tool(tool, ws, args)
+        try:
+            return await executor.call(tool.name, args), None
+        except ToolError as exc:
+            return None, exc
 
     def _deliver(self, d: _Decided, result: CallResult) -> None:
         self._results[d.call.index] = result
@@ -674,6 +693,8 @@ class SpeculativeTurn:
         m.turn_seconds = end - self._t0
         self._mark("turn_end")
         self.handle.metrics.add(m)
+        if self.speculation is not None:
+            self.speculation.metrics.add(m)
 
 
 async def run_turn(
