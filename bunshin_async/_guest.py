@@ -3,8 +3,8 @@
 It is started by the workspace's pid 1 as ``python3 -I -S agent.py`` with ``lib/`` (msgspec and ``_protocol``) beside
 it, so it imports nothing from the host package. It avoids ``subprocess`` (whose imports cost ~20 ms of start-up and
 a few MiB in every workspace) and spawns with posix_spawn itself. One thread serves each connection; the host opens
-one connection per request in flight. File tools are confined to ``BUNSHIN_WORKDIR``; commands are not (the whole workspace is the
-sandbox).
+one connection per request in flight. File tools are confined to ``BUNSHIN_WORKDIR``; commands are not (the whole
+workspace is the sandbox).
 """
 
 from __future__ import annotations

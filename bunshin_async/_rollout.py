@@ -53,6 +53,7 @@ class Task(msgspec.Struct, frozen=True):
     files: dict[str, bytes] = msgspec.field(default_factory=dict)
     setup: list[str] = msgspec.field(default_factory=list)
     background: list[str] = msgspec.field(default_factory=list)  # long-running set-up processes (kernels, servers)
+    ready: list[str] = msgspec.field(default_factory=list)  # polled until each exits 0: the set-up is warm
     reward_command: str | None = None
     setup_timeout: float = 600.0
 
@@ -124,7 +125,8 @@ class _NoLimit(WorkspaceLimiter):
 
 
 async def prepare(ws: Workspace, task: Task) -> None:
-    """Put the task's files in place, run its set-up and start its background processes."""
+    """Put the task's files in place, run its set-up, start its background processes and wait until its ``ready``
+    checks pass (a fork taken before a warm interpreter has built its state would copy a half-built one)."""
     for path, data in task.files.items():
         await ws.write_file(path, data)
     for cmd in task.setup:
@@ -133,6 +135,12 @@ async def prepare(ws: Workspace, task: Task) -> None:
             raise BunshinError(f"task {task.task_id}: set-up `{cmd}` exited {r.exit_code}: {r.stderr[-500:]}")
     for i, cmd in enumerate(task.background):
         await ws.spawn(cmd, log_path=f".bunshin-bg-{i}.log")
+    with anyio.fail_after(task.setup_timeout):
+        for cmd in task.ready:
+            delay = 0.01
+            while (await ws.exec(cmd, timeout=task.setup_timeout)).exit_code != 0:
+                await anyio.sleep(delay)
+                delay = min(delay * 2, 0.25)
 
 
 class GroupRollout:
@@ -233,7 +241,11 @@ class GroupRollout:
                 self.monitor.track(base)
             await prepare(base, self.task)
             self.setup_seconds = time.monotonic() - t0
-            return await base.fork(self.n)
+            copies = await base.fork(self.n)
+            if self.monitor:
+                for c in copies:
+                    self.monitor.track(c)
+            return copies
         finally:
             if self.monitor:
                 self.monitor.untrack(base)

@@ -52,6 +52,7 @@ def calc_task(kernel_mib: int = 96) -> Task:
         files=files,
         setup=["python3 -m venv --system-site-packages .venv"],
         background=[f"python3 warm_kernel.py 0 {kernel_mib}"],
+        ready=["grep -q 'kernel ready' .bunshin-bg-0.log"],
         reward_command=f"{PY} -m unittest -q",
     )
 

@@ -23,7 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--groups", type=int, default=1, help="concurrent groups (bundled workload)")
     p.add_argument("--time-scale", type=float, default=1.0, help="multiplies recorded LLM (and padded tool) times")
     p.add_argument("--llm-median", type=float, default=1.5, help="median LLM seconds per turn (bundled workload)")
-    p.add_argument("--kernel-mib", type=int, default=96, help="memory of the task's warm interpreter")
+    p.add_argument("--kernel-mib", type=int, default=256, help="memory of the task's warm interpreter (MiB)")
     p.add_argument("--trajectories", type=Path, help="replay this JSONL(.gz) trajectory file instead")
     p.add_argument("--limit", type=int, default=40, help="trajectories taken from --trajectories")
     p.add_argument("--pad-tools", action="store_true", help="pad each tool call to its recorded duration")

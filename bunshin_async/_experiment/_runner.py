@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import re
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -147,11 +148,16 @@ class ReplayAgent:
         await self.client.close()
 
 
+# Parts of tool output that differ between runs of the same deterministic call: file times (`ls -l`) and
+# measured durations (`Ran 4 tests in 0.001s`).
+_VOLATILE = re.compile(r"[A-Z][a-z]{2} +\d+ +\d\d:\d\d|\d+\.\d+s\b")
+
+
 def _summary(r: RolloutResult) -> RolloutSummary:
     steps = r.trajectory.steps if r.trajectory else []
     h = hashlib.sha256()
     for s in steps:
-        h.update(f"{s.tool}|{s.exit_code}|{s.observation}\n".encode())
+        h.update(f"{s.tool}|{s.exit_code}|{_VOLATILE.sub('~', s.observation or '')}\n".encode())
     return RolloutSummary(
         rollout=r.rollout,
         status=r.status,
