@@ -320,7 +320,8 @@ async def run_experiment(
             "llm": f"replay server: recorded per-turn llm_seconds x time_scale {time_scale} (first token after "
             "min(0.05 s, llm_seconds)); simulated, not a real model",
             "tools": "executed for real in the workspace (measured)",
-            "memory": "summed PSS of all workspace processes + snapshot bytes on tmpfs, sampled every 0.1 s",
+            "memory": "summed PSS of all workspace processes + snapshots and copy-on-write page images on tmpfs "
+            "(beyond what PSS shows), sampled every 0.1 s",
         },
         configs=out,
         vs_baseline=vs,
@@ -342,8 +343,10 @@ def markdown_table(result: ExperimentResult) -> str:
     for c in result.configs:
         vs = result.vs_baseline.get(c.name)
         rel = (
-            f"-{100 * vs['peak_memory_reduction']:.0f}% / -{100 * vs['total_memory_reduction']:.0f}% / "
-            f"-{100 * vs['group_latency_reduction']:.0f}%"
+            " / ".join(
+                f"{-100 * vs[k]:+.0f}%"
+                for k in ("peak_memory_reduction", "total_memory_reduction", "group_latency_reduction")
+            )
             if vs
             else "(baseline)"
         )
