@@ -1,0 +1,52 @@
+"""The bundled task driven by the real agent loop against the replay server, and the experiment end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bunshin_async._experiment._bundled import calc_task, calc_trajectories
+from bunshin_async._experiment._runner import ReplayAgent, markdown_table, run_experiment, write_outputs
+from bunshin_async._llm._replay import ReplayServer
+from bunshin_async._llm._timing import RecordedTiming
+from bunshin_async._rollout import GroupRollout
+from bunshin_async._tools import bash_tool
+
+
+async def test_group_of_8_on_the_bundled_task_with_the_agent_loop() -> None:
+    task = calc_task(kernel_mib=16)
+    trajectories = calc_trajectories(8, seed=3, llm_median=0.1)
+    async with ReplayServer(trajectories, timing=RecordedTiming(ttft=0.01)) as server:
+        agent = ReplayAgent(server.base_url, lambda ctx: [bash_tool()], lambda ctx: f"replay:calc:{ctx.rollout}")
+        try:
+            async with GroupRollout(task, 8, agent) as group:
+                results = [r async for r in group]
+        finally:
+            await agent.aclose()
+    assert sorted(r.rollout for r in results) == list(range(8))
+    for r in results:
+        assert r.status == "finished" and r.fork_mode.startswith("criu") and r.trajectory is not None
+        commands = [s.args["command"] for s in r.trajectory.steps if s.tool == "bash" and s.args]
+        assert commands == [s.args["command"] for s in trajectories[r.rollout].steps if s.tool and s.args]
+        assert r.reward == 1.0, r.reward_output  # every scripted attempt ends with the fix in place
+        pip = next(s for s in r.trajectory.steps if s.args and "pip install" in s.args["command"])
+        assert pip.exit_code == 0
+
+
+async def test_the_experiment_end_to_end(tmp_path: Path) -> None:
+    groups = [(calc_task(kernel_mib=16), calc_trajectories(2, seed=1, llm_median=0.05))]
+    result = await run_experiment(groups, configs=["baseline", "fork", "fork+cache"], progress=lambda _: None)
+    assert [c.name for c in result.configs] == ["baseline", "fork", "fork+cache"]
+    assert result.same_calls_and_results
+    for c in result.configs:
+        assert c.peak_memory_mib > 0 and c.total_memory_gib_s > 0 and c.group_latency_s > 0
+        assert [r.status for r in c.rollouts] == ["finished", "finished"]
+    assert result.configs[0].setup_seconds and result.configs[1].setup_seconds
+    assert result.configs[2].extra["cache"]["hits"] > 0  # the shared prefix's reads at least
+    assert set(result.vs_baseline) == {"fork", "fork+cache"}
+    assert "simulated" in result.models["llm"]
+    paths = write_outputs(result, tmp_path)
+    assert {p.name for p in paths} == {"experiment.json", "experiment.md", "memory.png", "latency.png"}
+    assert json.loads((tmp_path / "experiment.json").read_text())["same_calls_and_results"] is True
+    assert (tmp_path / "memory.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| fork |" in markdown_table(result)
