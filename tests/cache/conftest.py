@@ -72,8 +72,7 @@ class RedisServer:
 
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
-    if not os.path.exists(REDIS_SERVER):
-        pytest.skip("redis-server is not installed")
+    assert os.path.exists(REDIS_SERVER), "redis-server is not installed: run `make setup`"
     with tempfile.TemporaryDirectory(prefix="bunshin-redis-") as d:
         server = RedisServer(Path(d))
         server.start()
@@ -95,8 +94,7 @@ def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
 
 
 def _need_workspaces() -> None:
-    if os.geteuid() != 0:
-        pytest.skip("workspaces need root")
+    assert os.geteuid() == 0, "workspaces need root"
 
 
 @pytest.fixture

@@ -38,9 +38,9 @@ def test_all_is_what_is_exported(module: Any, sources: tuple[str, ...]) -> None:
     assert defined_here <= set(module.__all__)
 
 
-@pytest.mark.skipif(not SHARED_TRACE.exists(), reason="the shared trace file is not on this host")
 async def test_replays_the_shared_trace(tmp_path: Path, make_client: Any) -> None:
     """The real trace format (gzip JSONL, extra fields, format_error and submit steps) replays turn by turn."""
+    assert SHARED_TRACE.exists(), f"{SHARED_TRACE} (../shared/traces beside the checkout) is missing"
     with gzip.open(SHARED_TRACE, "rb") as f:
         head = b"".join(f.readline() for _ in range(3))
     path = tmp_path / "head.jsonl.gz"

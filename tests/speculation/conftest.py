@@ -24,8 +24,7 @@ from bunshin_async.llm import RecordedTiming, ReplayServer  # noqa: E402
 
 pytestmark = pytest.mark.root
 
-if os.geteuid() != 0 or criu_binary() is None:
-    pytest.skip("speculation tests need root and CRIU (criu/build.sh)", allow_module_level=True)
+assert os.geteuid() == 0 and criu_binary() is not None, "speculation tests need root and CRIU: run `make setup`"
 
 
 def _children() -> list[str]:
