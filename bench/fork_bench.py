@@ -6,7 +6,8 @@ fails because the machine is slow.
 Memory per mode and n: ``total_pss_mib`` / ``per_copy_private_mib`` as restored, and the same ``*_resident`` after
 every page of each copy's CoW image mappings was read once (through /proc/PID/mem, as a reader inside would), which is
 the honest figure for CoW copies: an untouched image page is in no one's PSS. For ``ksm`` the figures are taken
-after ``--ksm-wait`` seconds of merging.
+after ``--ksm-wait`` seconds of merging. ``warm_spares``: ``from_snapshot`` latency with ``--spares`` warm spares
+(``snap.keep_spares``: frozen pre-restored copies handed out thawed), median/p90, against plain restores.
 
     BUNSHIN_RUNDIR=/tmp/fork-ws .venv/bin/python bench/fork_bench.py --mib 200 --repeat 3
 """
@@ -84,7 +85,31 @@ async def _with_state(mib: int) -> tuple[Workspace, float]:
     return ws, (time.monotonic() - t0) * 1000
 
 
-async def main(mib: int, repeat: int, modes: list[str], ksm_wait: float) -> None:
+async def _warm_spares(parent: Workspace, k: int, n: int) -> dict[str, object]:
+    """``from_snapshot`` latency with ``k`` warm spares (frozen pre-restored copies), waiting for the pool to refill
+    between takes, against the same call without spares (a CRIU restore); each copy is pinged before it counts."""
+    warm: list[float] = []
+    cold: list[float] = []
+    async with await parent.snapshot() as snap:
+        for _ in range(n):
+            t0 = time.monotonic()
+            [c] = await Workspace.from_snapshot(snap)
+            await c.ping()
+            cold.append((time.monotonic() - t0) * 1000)
+            await c.aclose()
+        async with snap.keep_spares(k) as pool:
+            for _ in range(n):
+                with anyio.fail_after(300):
+                    await pool.wait_ready()
+                t0 = time.monotonic()
+                [c] = await Workspace.from_snapshot(snap)
+                warm.append((time.monotonic() - t0) * 1000)
+                await c.ping()
+                await c.aclose()
+    return {"spares": k, "from_snapshot_ms": _stats(warm), "without_spares_ms_incl_ping": _stats(cold)}
+
+
+async def main(mib: int, repeat: int, modes: list[str], ksm_wait: float, spares: int = 2) -> None:
     cold_start, cold_state = [], []
     for _ in range(repeat):
         t0 = time.monotonic()
@@ -148,6 +173,7 @@ async def main(mib: int, repeat: int, modes: list[str], ksm_wait: float) -> None
                     "speedup_vs_cold": round(statistics.median(cold_state) / statistics.median(total), 2),
                 }
             out[mode] = per_mode
+        out["warm_spares"] = await _warm_spares(parent, spares, max(5, repeat * 3))
     finally:
         await parent.aclose()
     print(json.dumps(out, indent=1))
@@ -159,9 +185,10 @@ if __name__ == "__main__":
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--modes", default="criu,cow", help="comma-separated BUNSHIN_FORK_MODE values (criu, cow, ksm)")
     ap.add_argument("--ksm-wait", type=float, default=10.0, help="seconds of merging before ksm copies are measured")
+    ap.add_argument("--spares", type=int, default=2, help="warm spares kept for the from-snapshot measurement")
     args = ap.parse_args()
     try:
-        anyio.run(main, args.mib, args.repeat, args.modes.split(","), args.ksm_wait)
+        anyio.run(main, args.mib, args.repeat, args.modes.split(","), args.ksm_wait, args.spares)
     finally:
         from bunshin_async._fork import ksm_restore
 

@@ -2,10 +2,21 @@
 
 A snapshot is a CRIU dump of the workspace's whole process tree (``leave_running``: the parent carries on) plus a
 copy of its overlay upper dir taken in the ``post-dump`` notification, while the tree is still frozen, so memory and
-files are one moment. Both live on tmpfs (``BUNSHIN_SNAPDIR``, default ``/dev/shm/bunshin-snap``).
+files are one moment. Both live on tmpfs (``BUNSHIN_SNAPDIR``, default ``/dev/shm/bunshin-snap``), so the freeze
+stays short; the first restore moves the upper copy next to the workspaces, as a layer (below).
 
-A fork is a restore of that snapshot into a new workspace: a new id, cgroup and directory, and its own copy of the
-snapshot's upper dir under a fresh overlay. CRIU recreates the tree's own mount, pid, net, ipc and uts namespaces
+A fork is a restore of that snapshot into a new workspace: a new id, cgroup and directory, and a fresh, empty upper
+dir over the snapshot's upper copy, stacked read-only as the top lower layer (copied once per snapshot, by its first
+restore, to the workspaces' filesystem, so that files stat as in the parent; later restores copy nothing):
+``lowerdir=<snapshot layer>:<the parent's lower chain>``, so a fork of a fork has a longer chain (``Workspace._lower``).
+Layers live outside the snapshot dir (``<workspaces dir>/.layers/<snapshot id>``), because overlayfs forbids changing
+a lower layer while an overlay on it is mounted and the snapshot dir goes as soon as the snapshot is closed: each
+user (the snapshot, each workspace whose chain holds the layer) has a file in ``layers/<id>.users/`` (its owner
+token, for ``bunshin gc``), and the last one to let go deletes the layer. A chain deeper than ``MAX_LAYERS`` is
+not stacked further: the restore copies the top layer into the new upper instead (the old way), so depth stays
+bounded (overlayfs allows 500 layers and a mount's options fit in a page).
+
+CRIU recreates the tree's own mount, pid, net, ipc and uts namespaces
 (they differ from CRIU's, so they are in the images); the overlay root is handed to it as ``root`` (as runc does),
 mounted by a wrapper in a private mount namespace that exists only for the restore, so no host mount is ever
 made. The wrapper first moves itself into the new cgroup; CRIU runs with ``manage_cgroups_mode=IGNORE``, so the
@@ -51,6 +62,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from . import _gc, _paths
 from . import _protocol as P
 from ._client import AgentClient
 from ._criu import COW_RESTORE, CriuBackend, SwrkCriu, criu_features, rpc
@@ -59,6 +71,7 @@ from ._image import Image
 from ._kernel import Cgroup, Limits
 
 if TYPE_CHECKING:
+    from ._spares import SparePool
     from ._workspace import Workspace
 
 __all__ = ["ForkMode", "Snapshot", "cow_available", "restore_mode", "snapshot_dir"]
@@ -77,6 +90,85 @@ LOG_LEVEL = int(os.environ.get("BUNSHIN_CRIU_LOG_LEVEL", "2"))
 def snapshot_dir() -> Path:
     """Where snapshots live; a tmpfs, so that images and the upper copy cost no disk I/O."""
     return Path(os.environ.get("BUNSHIN_SNAPDIR", "/dev/shm/bunshin-snap"))
+
+
+def layers_dir() -> Path:
+    """Read-only overlay layers (snapshots' upper copies) and, beside each, ``<id>.users/`` (one file per user).
+    On the workspaces' filesystem, not tmpfs: a file seen through a layer must stat as it did in the parent's
+    upper dir (a directory's size and block count differ between tmpfs and a disk filesystem), and with every
+    layer on one filesystem overlayfs keeps one st_dev for all files."""
+    return _paths.workspaces_dir() / ".layers"
+
+
+MAX_LAYERS = 40
+"""Longest lower chain a restore stacks (the agent layer and image included); past it the top layer is copied."""
+
+_layers_lock = threading.Lock()
+
+
+def chain_layers(lower: str) -> list[Path]:
+    """The snapshot layers in a lowerdir chain (not the agent layer or image, which are not reference-counted)."""
+    base = layers_dir()
+    return [Path(p) for p in lower.split(":") if Path(p).parent == base]
+
+
+def _users(layer: Path) -> Path:
+    return layer.with_name(layer.name + ".users")
+
+
+def hold_layers(layers: list[Path], user: str) -> None:
+    """Register ``user`` on each layer (blocking). The caller must already hold them through a live user."""
+    token = _gc.owner_token(os.getpid())
+    with _layers_lock:
+        for layer in layers:
+            users = _users(layer)
+            users.mkdir(parents=True, exist_ok=True)
+            (users / user).write_text(token)
+
+
+def release_layers(layers: list[Path], user: str) -> None:
+    """Drop ``user`` from each layer and delete those left with no user (blocking, idempotent)."""
+    with _layers_lock:
+        for layer in layers:
+            users = _users(layer)
+            (users / user).unlink(missing_ok=True)
+            try:
+                users.rmdir()
+            except OSError:  # other users remain (or it is already gone)
+                if users.exists():
+                    continue
+            shutil.rmtree(layer, ignore_errors=True)
+        try:
+            layers_dir().rmdir()
+        except OSError:
+            pass
+
+
+def collect_layers() -> list[str]:
+    """``bunshin gc``: delete the layers whose users are all dead processes (blocking)."""
+    out: list[str] = []
+    base = layers_dir()
+    with _layers_lock:
+        for entry in sorted(base.iterdir()) if base.exists() else []:
+            if entry.name.endswith(".users"):
+                continue
+            users = _users(entry.with_name(entry.name.removesuffix(".partial")))  # a layer being made
+            tokens = [u.read_text().strip() for u in users.iterdir()] if users.is_dir() else []
+            alive = [t for t in tokens if _gc.alive(t)]
+            if alive:
+                out.append(f"kept layer {entry.name} ({len(alive)} live users)")
+                continue
+            shutil.rmtree(users, ignore_errors=True)
+            shutil.rmtree(entry, ignore_errors=True)
+            out.append(f"removed layer {entry.name}")
+        for users in sorted(base.glob("*.users")) if base.exists() else []:
+            if not users.with_name(users.name[: -len(".users")]).exists():
+                shutil.rmtree(users, ignore_errors=True)
+        try:
+            base.rmdir()
+        except OSError:
+            pass
+    return out
 
 
 def default_backend() -> CriuBackend:
@@ -192,14 +284,15 @@ def _dump_wrapper() -> list[str]:
 
 
 class Snapshot:
-    """A frozen moment of a workspace: CRIU images and the upper dir. Owns its directory; ``aclose()`` removes
-    it (idempotent). Workspaces restored from it do not need it afterwards."""
+    """A frozen moment of a workspace: CRIU images and the upper dir (a layer, see the module doc). Owns its
+    directory; ``aclose()`` removes it and lets go of its layers (idempotent). Workspaces restored from it do not
+    need it afterwards. ``lower`` is the full lowerdir chain a copy mounts under its empty upper."""
 
     def __init__(
         self,
         *,
         workspace_id: str,
-        lower: str,
+        parent_lower: str,
         image: Image,
         limits: Limits,
         workdir: str,
@@ -210,7 +303,9 @@ class Snapshot:
         self.id = secrets.token_hex(6)
         self.workspace_id = workspace_id
         self.path = snapshot_dir() / self.id
-        self.lower = lower
+        self.parent_lower = parent_lower
+        self.lower = f"{self.layer}:{parent_lower}"
+        self._layer_lock = anyio.Lock()
         self.image = image
         self.limits = limits
         self.workdir = workdir
@@ -220,6 +315,7 @@ class Snapshot:
         self.dump_ms: float | None = None
         self.frozen_ms: float | None = None
         self._closed = False
+        self._spares: SparePool | None = None
 
     @property
     def images(self) -> Path:
@@ -227,17 +323,55 @@ class Snapshot:
 
     @property
     def upper(self) -> Path:
+        """The upper dir as copied at the dump (on tmpfs: short freeze); the first restore turns it into ``layer``."""
         return self.path / "upper"
+
+    @property
+    def layer(self) -> Path:
+        """The upper copy as a read-only overlay layer on the workspaces' filesystem (made by the first restore)."""
+        return layers_dir() / self.id
+
+    async def _materialize(self) -> None:
+        """Move the tmpfs upper copy to ``layer`` once (a copy: another filesystem), then free the tmpfs copy."""
+        async with self._layer_lock:
+            if self.layer.is_dir():
+                return
+            if self.closed:
+                raise ForkError(f"snapshot {self.id} is closed", workspace_id=self.workspace_id)
+            partial = self.layer.with_name(f"{self.id}.partial")
+            try:
+                partial.parent.mkdir(parents=True, exist_ok=True)
+                await _copy_tree(self.upper, partial, workspace_id=self.workspace_id)
+                partial.rename(self.layer)
+            finally:
+                with anyio.CancelScope(shield=True):
+                    if partial.exists():
+                        await anyio.to_thread.run_sync(shutil.rmtree, partial, True)
+            await anyio.to_thread.run_sync(shutil.rmtree, self.upper, True)
 
     @property
     def closed(self) -> bool:
         return self._closed
 
+    def keep_spares(self, k: int) -> SparePool:
+        """A pool keeping ``k`` frozen, pre-restored copies for ``Workspace.from_snapshot`` to hand out in
+        milliseconds (``async with snap.keep_spares(k):``; see ``bunshin_async._spares``)."""
+        from ._spares import SparePool
+
+        return SparePool(self, k)
+
     async def aclose(self) -> None:
         self._closed = True
-        if self.path.exists():
-            with anyio.CancelScope(shield=True):
+        with anyio.CancelScope(shield=True):
+            if self._spares is not None:
+                await self._spares.aclose()
+            if self.path.exists():
                 await anyio.to_thread.run_sync(shutil.rmtree, self.path, True)
+            await anyio.to_thread.run_sync(release_layers, chain_layers(self.lower), self._user)
+
+    @property
+    def _user(self) -> str:
+        return f"snapshot-{self.id}"
 
     async def __aenter__(self) -> Snapshot:
         return self
@@ -378,7 +512,7 @@ async def snapshot(ws: Workspace, backend: CriuBackend | None = None) -> Snapsho
     layer = await anyio.to_thread.run_sync(agent_layer)
     snap = Snapshot(
         workspace_id=ws.id,
-        lower=f"{layer}:{ws.image.rootfs}",
+        parent_lower=ws._lower or f"{layer}:{ws.image.rootfs}",
         image=ws.image,
         limits=ws.limits,
         workdir=ws.workdir,
@@ -386,9 +520,10 @@ async def snapshot(ws: Workspace, backend: CriuBackend | None = None) -> Snapsho
         hostname=ws.hostname,
         max_output=ws.max_output,
     )
-    snap.images.mkdir(parents=True)
     gated: GatedAgentClient | None = None
     try:
+        snap.images.mkdir(parents=True)
+        await anyio.to_thread.run_sync(hold_layers, chain_layers(snap.lower), snap._user)
         gated = await _drain(ws)
         freezer = ws.cgroup.freezer_dir if ws.cgroup is not None else None
         req = rpc.criu_req(type=rpc.DUMP)
@@ -493,7 +628,7 @@ async def restore_into(ws: Workspace, snap: Snapshot, backend: CriuBackend | Non
     ws._state = "starting"
     try:
         ws._make_dirs(upper=False)
-        await _copy_tree(snap.upper, ws._dir / "upper", workspace_id=ws.id)
+        await _upper_from(ws, snap)
         ws._cgroup = Cgroup.create(f"ws-{ws.id}", ws.limits)
         await _restore(ws, snap, backend or default_backend())
         ws._state = "running"
@@ -518,7 +653,7 @@ async def rollback(ws: Workspace, snap: Snapshot, backend: CriuBackend | None = 
         await anyio.to_thread.run_sync(shutil.rmtree, ws._dir / "upper")
         await anyio.to_thread.run_sync(shutil.rmtree, ws._dir / "work")
         (ws._dir / "work").mkdir()
-        await _copy_tree(snap.upper, ws._dir / "upper", workspace_id=ws.id)
+        await _upper_from(ws, snap)
         await _restore(ws, snap, backend or default_backend())
         ws._state = "running"
     except BaseException:
@@ -526,6 +661,27 @@ async def rollback(ws: Workspace, snap: Snapshot, backend: CriuBackend | None = 
             await ws._teardown()
         ws._state = "closed"
         raise
+
+
+async def _upper_from(ws: Workspace, snap: Snapshot) -> None:
+    """Give ``ws`` (no upper dir yet, processes stopped) the snapshot's files: an empty upper over the snapshot's
+    layer chain, or, past ``MAX_LAYERS``, a copy of the top layer over the rest. ``ws`` takes its references on the
+    new chain first, then lets go of its old one."""
+    lower = snap.lower
+    await snap._materialize()
+    if len(lower.split(":")) > MAX_LAYERS:
+        lower = snap.parent_lower
+        await _copy_tree(snap.layer, ws._dir / "upper", workspace_id=ws.id)
+    else:
+        (ws._dir / "upper").mkdir()
+    old = chain_layers(ws._lower or "")
+    new = chain_layers(lower)
+    ws._lower = lower  # from here teardown lets go of the new chain
+    try:
+        await anyio.to_thread.run_sync(hold_layers, new, ws.id)
+    finally:
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(release_layers, [p for p in old if p not in new], ws.id)
 
 
 async def _stop_processes(ws: Workspace) -> None:
@@ -567,8 +723,9 @@ async def _restore(ws: Workspace, snap: Snapshot, backend: CriuBackend) -> None:
     fd = os.open(snap.images, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         req.opts.images_dir_fd = fd
+        assert ws._lower is not None
         wrapper = _mode_wrapper(mode) + _wrapper(
-            ws._cgroup, snap.lower, ws._dir / "upper", ws._dir / "work", ws._dir / "root"
+            ws._cgroup, ws._lower, ws._dir / "upper", ws._dir / "work", ws._dir / "root"
         )
         t0 = time.monotonic()
         try:

@@ -3,7 +3,7 @@
 A workspace's processes die with the process that owns it (PR_SET_PDEATHSIG chains the kill), but a process killed
 outright cannot remove its workspaces' directories and cgroups. Each workspace directory holds an ``owner`` file
 (pid and start time, so a recycled pid is not mistaken for the owner); ``collect()`` removes the workspaces whose
-owner is gone.
+owner is gone, then the snapshot layers (read-only overlay lowers) whose users are all gone.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def owner_token(pid: int) -> str:
     return f"{pid} {_start_time(pid)}"
 
 
-def _alive(token: str) -> bool:
+def alive(token: str) -> bool:
     try:
         pid_s, start = token.split()
         return _start_time(int(pid_s)) == start
@@ -49,13 +49,17 @@ def collect() -> list[str]:
     out = []
     base = _paths.workspaces_dir()
     for ws_dir in sorted(base.iterdir()) if base.exists() else []:
+        if ws_dir.name.startswith("."):  # .layers: collect_layers
+            continue
         owner = ws_dir / "owner"
         token = owner.read_text().strip() if owner.exists() else ""
-        if token and _alive(token):
+        if token and alive(token):
             out.append(f"kept {ws_dir.name} (owner {token.split()[0]} is alive)")
             continue
         cgroup = Cgroup(1, _cgroup_dirs(f"ws-{ws_dir.name}"))
         cgroup.destroy_sync()
         shutil.rmtree(ws_dir, ignore_errors=True)
         out.append(f"removed {ws_dir.name}")
-    return out
+    from ._fork import collect_layers
+
+    return out + collect_layers()

@@ -115,6 +115,7 @@ class Workspace:
         self._shim: Process | None = None
         self._pidfd: int | None = None
         self._client: AgentClient | None = None
+        self._lower: str | None = None  # overlay lowerdir chain: snapshot layers (forks), agent layer, image
         self._state = "new"  # new -> running -> closed
 
     # ------------------------------------------------------------------------------------------------ lifecycle
@@ -185,7 +186,7 @@ class Workspace:
 
     def _make_dirs(self, upper: bool = True) -> None:
         """The workspace's host directory, with an ``owner`` file (our pid and start time) for ``bunshin gc``.
-        A restored copy brings its own upper dir (``upper=False``)."""
+        A restored copy makes its upper dir itself (``upper=False``)."""
         for sub in ("upper", "work", "root") if upper else ("work", "root"):
             (self._dir / sub).mkdir(parents=True)
         (self._dir / "owner").write_text(_gc.owner_token(os.getpid()))
@@ -193,9 +194,10 @@ class Workspace:
     async def _spawn(self, image: Image, layer: Path) -> None:
         assert self._cgroup is not None
         env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "BUNSHIN_WORKDIR": self.workdir}
+        self._lower = f"{layer}:{image.rootfs}"
         argv = [
             str(_paths.init_binary()),
-            "--lower", f"{layer}:{image.rootfs}",
+            "--lower", self._lower,
             "--upper", str(self._dir / "upper"),
             "--work", str(self._dir / "work"),
             "--root", str(self._dir / "root"),
@@ -263,6 +265,8 @@ class Workspace:
                 await self._cgroup.destroy()
             if self._dir.exists():
                 await anyio.to_thread.run_sync(shutil.rmtree, self._dir, True)
+        if self._lower is not None:  # after the overlay on them is gone (pid 1 reaped), even past the deadline
+            await anyio.to_thread.run_sync(_fork.release_layers, _fork.chain_layers(self._lower), self.id)
 
     # ------------------------------------------------------------------------------------------------ fork
 
@@ -278,9 +282,25 @@ class Workspace:
     @classmethod
     async def from_snapshot(cls, snap: _fork.Snapshot, n: int = 1) -> list[Workspace]:
         """``n`` new live workspaces, each a copy of ``snap`` with its own namespaces, cgroup and files. All or
-        nothing: if one copy fails the others are closed and ``ForkError`` raised."""
+        nothing: if one copy fails the others are closed and ``ForkError`` raised. Warm spares of the snapshot
+        (``snap.keep_spares(k)``) are handed out first, thawed; the rest are restored now."""
         if n < 1:
             raise ValueError("n must be at least 1")
+        if snap.closed:
+            raise ForkError(f"snapshot {snap.id} is closed", workspace_id=snap.workspace_id)
+        spares = snap._spares.take(n) if snap._spares is not None else []
+        if len(spares) == n:
+            return spares
+        try:
+            return spares + await cls._restore_many(snap, n - len(spares))
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                for ws in spares:
+                    await ws.aclose()
+            raise
+
+    @classmethod
+    async def _restore_many(cls, snap: _fork.Snapshot, n: int) -> list[Workspace]:
         copies = [cls._for_restore(snap) for _ in range(n)]
         try:
             async with anyio.create_task_group() as tg:

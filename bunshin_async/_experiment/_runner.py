@@ -148,9 +148,10 @@ class ReplayAgent:
         await self.client.close()
 
 
-# Parts of tool output that differ between runs of the same deterministic call: file times (`ls -l`) and
-# measured durations (`Ran 4 tests in 0.001s`).
-_VOLATILE = re.compile(r"[A-Z][a-z]{2} +\d+ +\d\d:\d\d|\d+\.\d+s\b")
+# Parts of tool output that differ between runs of the same deterministic call: file times (`ls -l`), measured
+# durations (`Ran 4 tests in 0.001s`) and `ls -l`'s block total (a file a fork's restore reopens for writing is
+# copied up from its snapshot layer, and overlayfs's origin xattr can take an extra block on ext4).
+_VOLATILE = re.compile(r"[A-Z][a-z]{2} +\d+ +\d\d:\d\d|\d+\.\d+s\b|^total \d+$", re.MULTILINE)
 
 
 def _summary(r: RolloutResult) -> RolloutSummary:

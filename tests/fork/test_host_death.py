@@ -14,6 +14,7 @@ import anyio
 import psutil
 
 from bunshin_async import _paths
+from bunshin_async._fork import collect_layers
 from bunshin_async._kernel import CGROUP_ROOT, parent_name
 
 HOST = textwrap.dedent(
@@ -65,3 +66,5 @@ async def test_restored_workspaces_die_with_the_host() -> None:
                             await anyio.sleep(0.02)
         for p in Path(os.environ["BUNSHIN_SNAPDIR"]).iterdir():
             shutil.rmtree(p, ignore_errors=True)
+        # `bunshin gc` removes the snapshot layer the copies stood on: its users (the host) are all dead.
+        assert any(line.startswith("removed layer") for line in collect_layers())
