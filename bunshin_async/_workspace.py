@@ -216,8 +216,9 @@ class Workspace:
         )
         assert self._shim.stdout is not None
         status = BufferedByteReceiveStream(self._shim.stdout)
+        ready = joined = False
         with anyio.fail_after(START_TIMEOUT):
-            while True:
+            while not (ready and joined):
                 try:
                     line = (await status.receive_until(b"\n", 4096)).decode(errors="replace")
                 except (anyio.EndOfStream, anyio.IncompleteRead):
@@ -228,7 +229,9 @@ class Workspace:
                     self.pid = int(line[2:])
                     self._pidfd = os.pidfd_open(self.pid)
                 elif line.startswith("R"):
-                    break
+                    ready = True
+                elif line.startswith("J"):  # pid 1 and the agent are in the workspace's cgroups
+                    joined = True
                 elif line.startswith("E "):
                     raise WorkspaceStartError(f"workspace {self.id}: {line[2:]}", workspace_id=self.id)
         await self._shim.stdout.aclose()

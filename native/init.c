@@ -1,12 +1,13 @@
 /*
  * bunshin-init: the shim and the pid-1 init of a Bunshin workspace.
  *
- * The host runs this binary (the "shim").  It joins the workspace's cgroups, unshares the mount, pid, ipc, uts and
- * network namespaces and forks the workspace's pid 1, which mounts the overlayfs root and the pseudo filesystems,
+ * The host runs this binary (the "shim").  It unshares the mount, pid, ipc, uts and network namespaces, forks the
+ * workspace's pid 1 and moves it into the workspace's cgroups, which mounts the overlayfs root and the pseudo filesystems,
  * pivots into the root, starts the in-workspace agent and reaps orphans until the agent exits.
  *
  * Status protocol on stdout (a pipe to the host), one line each:
  *   "P <host pid of the workspace's pid 1>"   written by the shim right after the fork
+ *   "J"                                       written by the shim once pid 1 and the agent are in their cgroups
  *   "R"                                       written by pid 1 once the agent listens
  *   "E <step>: <error>"                       written by either on failure; the process then exits 1
  * pid 1 then replaces its stdout with /dev/null: CRIU refuses to dump a tree holding a descriptor from the host
@@ -68,14 +69,36 @@ static void failf(const char *fmt, ...)
 	_exit(1);
 }
 
-static void join_cgroup(const char *procs)
+static void attach(int procs_fd, pid_t pid)
 {
-	int fd = open(procs, O_WRONLY | O_CLOEXEC);
+	if (dprintf(procs_fd, "%d\n", pid) < 0)
+		fail("attach to cgroup", errno);
+}
+
+/* Move pid 1, and the agent if pid 1 already forked it, into the workspace's cgroups. The first cgroup-v1 attach of
+ * a burst waits for an RCU grace period (~10 ms here, cgroup_threadgroup_rwsem), so the shim does it while pid 1
+ * builds the root and the agent imports: nothing in the workspace runs a command before the host has both "R" and
+ * "J". An attach takes the rwsem for writing and fork() for reading, so a child forked before the attach is already
+ * on pid 1's children list and one forked after inherits the cgroup. The shim shares pid 1's mount namespace, whose
+ * root pid 1 pivots, so every path it needs was opened before the fork (procs_fds, proc_fd). */
+static void attach_tree(const int *procs_fds, int n, int proc_fd, pid_t pid1)
+{
+	for (int i = 0; i < n; i++)
+		attach(procs_fds[i], pid1);
+	char path[64], buf[256];
+	snprintf(path, sizeof(path), "%d/task/%d/children", pid1, pid1);
+	int fd = openat(proc_fd, path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
-		fail(procs, errno);
-	if (dprintf(fd, "%d\n", getpid()) < 0)
-		fail(procs, errno);
+		fail(path, errno);
+	ssize_t len = read(fd, buf, sizeof(buf) - 1);
 	close(fd);
+	buf[len > 0 ? len : 0] = 0;
+	for (char *tok = strtok(buf, " \n"); tok; tok = strtok(NULL, " \n"))
+		for (int i = 0; i < n; i++)
+			attach(procs_fds[i], (pid_t)atoi(tok));
+	for (int i = 0; i < n; i++)
+		close(procs_fds[i]);
+	close(proc_fd);
 }
 
 static void mount_or_fail(const char *src, const char *dst, const char *type, unsigned long flags, const char *data)
@@ -343,8 +366,15 @@ int main(int argc, char **argv)
 	    !c.workdir || !c.self_exe)
 		usage();
 
-	for (int i = 0; i < c.ncgroups; i++)
-		join_cgroup(c.cgroups[i]);
+	int procs_fds[MAX_CGROUPS];
+	for (int i = 0; i < c.ncgroups; i++) {
+		procs_fds[i] = open(c.cgroups[i], O_WRONLY | O_CLOEXEC);
+		if (procs_fds[i] < 0)
+			fail(c.cgroups[i], errno);
+	}
+	int proc_fd = open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (proc_fd < 0)
+		fail("/proc", errno);
 	if (unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET) < 0)
 		fail("unshare", errno);
 
@@ -359,6 +389,8 @@ int main(int argc, char **argv)
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGHUP, &sa, NULL);
 	dprintf(STDOUT_FILENO, "P %d\n", child_pid);
+	attach_tree(procs_fds, c.ncgroups, proc_fd, child_pid);
+	dprintf(STDOUT_FILENO, "J\n");
 	int null = open("/dev/null", O_WRONLY);
 	dup2(null, STDOUT_FILENO);
 	close(null);
