@@ -55,57 +55,45 @@ class BranchRecord(msgspec.Struct, frozen=True, kw_only=True):
     saved_seconds: float = 0.0
 
 
-class TurnMetrics(msgspec.Struct, kw_only=True):
+class _Counts(msgspec.Struct, kw_only=True):
+    """The counters a turn reports and a rollout sums."""
+
+    calls: int = 0
+    predicted: int = 0
+    launched: int = 0
+    committed: int = 0
+    wasted: int = 0
+    failed: int = 0
+    wasted_seconds: float = 0.0
+    wasted_cpu_seconds: float = 0.0
+    wasted_memory_bytes: int = 0
+    fork_seconds: float = 0.0
+    saved_seconds: float = 0.0
+    llm_seconds: float = 0.0
+    tool_seconds: float = 0.0
+
+
+class TurnMetrics(_Counts, kw_only=True):
     """One turn: ``predicted`` distinct candidates seen, ``launched`` branches, ``committed`` (hits), ``wasted``
     ones with their cost, ``saved_seconds`` (tool time moved off the critical path, net of waiting for the branch),
     ``llm_seconds`` (turn start to message end), ``tool_seconds`` (critical tool time after the message ended) and
     ``turn_seconds`` (turn start to the last result)."""
 
     turn: int = 0
-    calls: int = 0
-    predicted: int = 0
-    launched: int = 0
-    committed: int = 0
-    wasted: int = 0
-    failed: int = 0
-    wasted_seconds: float = 0.0
-    wasted_cpu_seconds: float = 0.0
-    wasted_memory_bytes: int = 0
-    fork_seconds: float = 0.0
-    saved_seconds: float = 0.0
-    llm_seconds: float = 0.0
-    tool_seconds: float = 0.0
     turn_seconds: float = 0.0
     branches: list[BranchRecord] = msgspec.field(default_factory=list)
     timeline: list[TimelineEvent] = msgspec.field(default_factory=list)
 
 
-class RolloutMetrics(msgspec.Struct, kw_only=True):
+class RolloutMetrics(_Counts, kw_only=True):
     """Sums over a rollout's turns (``add`` one ``TurnMetrics`` per turn)."""
 
     turns: int = 0
-    calls: int = 0
-    predicted: int = 0
-    launched: int = 0
-    committed: int = 0
-    wasted: int = 0
-    failed: int = 0
-    wasted_seconds: float = 0.0
-    wasted_cpu_seconds: float = 0.0
-    wasted_memory_bytes: int = 0
-    fork_seconds: float = 0.0
-    saved_seconds: float = 0.0
-    llm_seconds: float = 0.0
-    tool_seconds: float = 0.0
     wall_seconds: float = 0.0
 
     def add(self, turn: TurnMetrics) -> None:
         self.turns += 1
-        for name in (
-            "calls", "predicted", "launched", "committed", "wasted", "failed", "wasted_seconds",
-            "wasted_cpu_seconds", "wasted_memory_bytes", "fork_seconds", "saved_seconds", "llm_seconds",
-            "tool_seconds",
-        ):  # fmt: skip
+        for name in _Counts.__struct_fields__:
             setattr(self, name, getattr(self, name) + getattr(turn, name))
         self.wall_seconds += turn.turn_seconds
 
