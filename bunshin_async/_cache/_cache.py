@@ -565,16 +565,8 @@ class CachedSession:
             return CallRecord(tool.name, Effect.WRITE, "executed", result, 0.0, None), None
         await self._move(lambda: self._chain.advance(call))
         assert self._state == key
-        provider = cache.provider
-        if capture and provider is not None and entry.duration >= cache.capture_min_duration:
-            try:
-                ref = await provider.capture(self._slot.workspace)
-            except BunshinError:
-                cache._metrics.capture_failures += 1
-            else:
-                cache._metrics.captures += 1
-                entry = msgspec.structs.replace(entry, snapshot=ref)
-                await cache._discard(cache._tree.attach(key, ref))
+        if capture:
+            entry = await self._capture(key, entry)
         await cache._put(key, entry)
         self._miss(tool, Effect.WRITE, entry, None)
         if isinstance(result, BaseException):
@@ -644,24 +636,32 @@ class CachedSession:
         if cls.effect is Effect.WRITE:
             key = self._chain.write_key(call)
             await self._move(lambda: self._chain.advance(call))
-            provider = cache.provider
             known = cache._tree.snapshot(key)
             if known is not None:  # a sibling captured this state already: keep its snapshot in the entry
                 entry = msgspec.structs.replace(entry, snapshot=known)
-            elif provider is not None and duration >= cache.capture_min_duration:
-                try:
-                    ref = await provider.capture(self._slot.workspace)
-                except BunshinError:
-                    cache._metrics.capture_failures += 1
-                else:
-                    cache._metrics.captures += 1
-                    entry = msgspec.structs.replace(entry, snapshot=ref)
-                    await cache._discard(cache._tree.attach(key, ref))
+            else:
+                entry = await self._capture(key, entry)
         else:
             key = pure_key(call) if cls.effect is Effect.PURE else self._chain.read_key(call)
         await cache._put(key, entry)
         self._miss(tool, cls.effect, entry, None)
         return CallRecord(tool.name, cls.effect, "adopted", result, duration, key.hex())
+
+    async def _capture(self, key: bytes, entry: Entry) -> Entry:
+        """Snapshot the workspace as a write left it, if the write took long enough to be worth a restore; the
+        returned entry references the snapshot, which the state tree now holds."""
+        cache = self.cache
+        provider = cache.provider
+        if provider is None or entry.duration < cache.capture_min_duration:
+            return entry
+        try:
+            ref = await provider.capture(self._slot.workspace)
+        except BunshinError:
+            cache._metrics.capture_failures += 1
+            return entry
+        cache._metrics.captures += 1
+        await cache._discard(cache._tree.attach(key, ref))
+        return msgspec.structs.replace(entry, snapshot=ref)
 
     async def _move(self, step: Any) -> None:
         """Apply ``step`` to the chain and move this session's pin to the new state (the old state's snapshot may

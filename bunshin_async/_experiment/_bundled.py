@@ -17,28 +17,9 @@ from .._trajectory import Step, Trajectory
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"
 PY = ".venv/bin/python"
 
-FIXED_MODULE = '''"""Statistics helpers."""
-
-
-def mean(xs):
-    xs = list(xs)
-    if not xs:
-        raise ValueError("mean of empty data")
-    return sum(xs) / len(xs)
-
-
-def variance(xs):
-    xs = list(xs)
-    m = mean(xs)
-    return sum((x - m) ** 2 for x in xs) / len(xs)
-
-
-def median(xs):
-    s = sorted(xs)
-    n = len(s)
-    mid = n // 2
-    return s[mid] if n % 2 else (s[mid - 1] + s[mid]) / 2
-'''
+BUGGY_MEAN = "sum(xs) / (len(xs) - 1)"
+# What a correct fix leaves behind: the task's own module with the off-by-one mended.
+FIXED_MODULE = (TASKS_DIR / "calc" / "statkit" / "__init__.py").read_text().replace(BUGGY_MEAN, "sum(xs) / len(xs)")
 
 
 def calc_task(kernel_mib: int = 96) -> Task:
@@ -64,7 +45,7 @@ PREFIX = [
     f"{PY} repro.py",
 ]
 
-SED_FIX = "sed -i 's|sum(xs) / (len(xs) - 1)|sum(xs) / len(xs)|' statkit/__init__.py"
+SED_FIX = f"sed -i 's|{BUGGY_MEAN}|sum(xs) / len(xs)|' statkit/__init__.py"
 HEREDOC_FIX = f"cat > statkit/__init__.py <<'EOF'\n{FIXED_MODULE}EOF"
 WRONG_FIX = "sed -i 's|(len(xs) - 1)|(len(xs) + 1)|' statkit/__init__.py"
 TESTS = f"{PY} -m unittest -q"
