@@ -1,13 +1,22 @@
-"""Fork latency and memory: a workspace holding ``--mib`` MiB of non-uniform Python state, forked n = 1, 4, 8 ways,
-against creating the same state cold, for each restore mode side by side (``--modes``: ``criu`` = stock CRIU,
-``cow`` = CoW restore with the patched CRIU, ``ksm`` = stock restore into KSM-mergeable tasks). Prints JSON; never
-fails because the machine is slow.
+"""Fork latency and memory (issue #3): a workspace holding ``--mib`` MiB of non-uniform Python state
+(tests/fork/guest_state.py), forked n = ``--ns`` ways (default 1, 4, 8, 16), for each restore mode side by side
+(``--modes``: ``criu`` = stock CRIU, ``cow`` = CoW restore with the patched CRIU, ``ksm`` = stock restore into
+KSM-mergeable tasks), against creating the same state cold (``cold_with_state_ms``: a new workspace plus re-running
+the setup) and against ``os.fork()`` of the same Python process (``os_fork_ms``, the lower bound). All in one run;
+prints JSON; never fails because the machine is slow (``met`` says which of issue #3's ``targets`` the cow mode met).
 
 Memory per mode and n: ``total_pss_mib`` / ``per_copy_private_mib`` as restored, and the same ``*_resident`` after
 every page of each copy's CoW image mappings was read once (through /proc/PID/mem, as a reader inside would), which is
 the honest figure for CoW copies: an untouched image page is in no one's PSS. For ``ksm`` the figures are taken
-after ``--ksm-wait`` seconds of merging. ``warm_spares``: ``from_snapshot`` latency with ``--spares`` warm spares
-(``snap.keep_spares``: frozen pre-restored copies handed out thawed), median/p90, against plain restores.
+after ``--ksm-wait`` seconds of merging. ``nested`` (per mode): a copy ``c`` of the parent dirties ``--nested-mib``
+MiB of distinct pages of its existing heap in place (the same pages each time), then ``c`` is forked (snapshot +
+restore of one copy) ``--repeat`` times, re-dirtied before each; ``image_mib`` is the size of that snapshot's CRIU
+images, ``digest_ok`` that every nested copy serves ``c``'s digest; ``gen3`` forks one nested copy once more.
+``warm_spares``: ``from_snapshot`` latency with ``--spares`` warm spares (``snap.keep_spares``: frozen pre-restored
+copies handed out thawed), median/p90, against plain restores, in the cow mode when it is measured.
+
+The parent's server indexes its heap's pages (``/dirty/0``) before anything is measured, so that every copy shares
+that index and a copy's first ``/dirty`` allocates nothing.
 
     BUNSHIN_RUNDIR=/tmp/fork-ws .venv/bin/python bench/fork_bench.py --mib 200 --repeat 3
 """
@@ -20,6 +29,7 @@ import os
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import anyio
 
@@ -68,6 +78,18 @@ def _fault_in_images(ws: Workspace) -> None:
             pass
 
 
+def _tree_mib(path: Path) -> float:
+    """Total size of the regular files under ``path`` (a snapshot's images), in MiB."""
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                pass
+    return total / (1 << 20)
+
+
 def _stats(xs: list[float]) -> dict[str, float]:
     xs = sorted(xs)
     return {"median": round(statistics.median(xs), 1), "p90": round(xs[min(len(xs) - 1, int(0.9 * len(xs)))], 1)}
@@ -83,6 +105,93 @@ async def _with_state(mib: int) -> tuple[Workspace, float]:
         while (await ws.exec("cat /workspace/digest 2>/dev/null")).exit_code:  # noqa: ASYNC110 - polls the guest
             await anyio.sleep(0.05)
     return ws, (time.monotonic() - t0) * 1000
+
+
+_HTTP_GET = (
+    "import sys, urllib.request\n"
+    "for p in sys.argv[1:]:\n"
+    "    print(urllib.request.urlopen('http://127.0.0.1:8080' + p, timeout=600).read().decode())"
+)
+
+
+async def _http(ws: Workspace, *paths: str) -> list[str]:
+    """GET each of ``paths`` from the guest's server, in order, in one exec; the answers (one line each)."""
+    r = await ws.exec(["python3", "-c", _HTTP_GET, *paths], timeout=900)
+    if r.exit_code:
+        raise RuntimeError(f"GET {paths} in {ws.id}: exit {r.exit_code}: {r.stderr.strip()[-500:]}")
+    return r.stdout.split()
+
+
+async def _fork_one(ws: Workspace) -> tuple[Workspace, dict[str, float]]:
+    """``ws.fork()`` taken apart: the copy and the times (ms) of the snapshot and the restore, the images' size."""
+    t0 = time.monotonic()
+    snap = await ws.snapshot()
+    t1 = time.monotonic()
+    try:
+        [copy] = await Workspace.from_snapshot(snap)
+        t2 = time.monotonic()
+        image = await anyio.to_thread.run_sync(_tree_mib, snap.images)
+    finally:
+        await snap.aclose()
+    times = {"total": (t2 - t0) * 1000, "snapshot": (t1 - t0) * 1000, "restore": (t2 - t1) * 1000, "image": image}
+    return copy, times
+
+
+async def _nested(parent: Workspace, mib: int, repeat: int) -> dict[str, object]:
+    """Forks of a fork that dirtied ``mib`` MiB of its heap (see the module doc), and one fork of such a fork.
+
+    Only ``/dirty`` (which hashes the heap without walking the guest's table) runs in a workspace about to be
+    forked: a ``/`` there would write a refcount into every page of the table and inflate the dirtied set."""
+    live: list[Workspace] = []
+    total: list[float] = []
+    dump: list[float] = []
+    restore: list[float] = []
+    image: list[float] = []
+    ok = changed = True
+    try:
+        [c] = await parent.fork()
+        live.append(c)
+        [before] = await _http(c, "/dirty/0")
+        d = c
+        for i in range(repeat):
+            if d is not c:  # one nested copy at a time; the last one lives on for gen3
+                await d.aclose()
+            [dirtied] = await _http(c, f"/dirty/{mib}")
+            changed &= dirtied != before
+            before = dirtied
+            d, t = await _fork_one(c)
+            live.append(d)
+            total.append(t["total"])
+            dump.append(t["snapshot"])
+            restore.append(t["restore"])
+            image.append(t["image"])
+            ok &= await _http(d, "/" if i < repeat - 1 else "/dirty/0") == [dirtied]
+        ok &= await _http(c, "/") == [dirtied]
+        [d_dirtied] = await _http(d, f"/dirty/{mib}")
+        e, t3 = await _fork_one(d)
+        live.append(e)
+        gen3_ok = (await _http(e, "/")) == (await _http(d, "/")) == [d_dirtied]
+        return {
+            "dirty_mib": mib,
+            "fork_mode": d.fork_mode,
+            "fork_total_ms": _stats(total),
+            "snapshot_ms": _stats(dump),
+            "restore_ms": _stats(restore),
+            "image_mib": round(statistics.median(image), 1),
+            "digest_ok": ok,
+            "dirty_changed_digest": changed,
+            "gen3": {
+                "fork_mode": e.fork_mode,
+                "fork_total_ms": round(t3["total"], 1),
+                "snapshot_ms": round(t3["snapshot"], 1),
+                "restore_ms": round(t3["restore"], 1),
+                "image_mib": round(t3["image"], 1),
+                "digest_ok": gen3_ok,
+            },
+        }
+    finally:
+        for ws in reversed(live):
+            await ws.aclose()
 
 
 async def _warm_spares(parent: Workspace, k: int, n: int) -> dict[str, object]:
@@ -109,7 +218,92 @@ async def _warm_spares(parent: Workspace, k: int, n: int) -> dict[str, object]:
     return {"spares": k, "from_snapshot_ms": _stats(warm), "without_spares_ms_incl_ping": _stats(cold)}
 
 
-async def main(mib: int, repeat: int, modes: list[str], ksm_wait: float, spares: int = 2) -> None:
+TARGETS = {
+    "total_pss_8_copies_over_one_max": 1.6,
+    "first_fork_ms_max": 250.0,
+    "fork_8_ms_max": 400.0,
+    "nested_fork_ms_max": 60.0,
+    "warm_from_snapshot_ms_p50_max": 5.0,
+}
+"""Issue #3's acceptance targets, for the cow mode (medians): 8 copies' total PSS (resident) over one copy's (the
+parent's, which holds the state once); the first fork (n = 1); an 8-way fork; a nested fork; a warm from_snapshot."""
+
+
+def _measured(out: dict[str, Any]) -> dict[str, float | None]:
+    cow = out.get("cow", {})
+    n1, n8, nested = cow.get("n1", {}), cow.get("n8", {}), cow.get("nested", {})
+    spares = out.get("warm_spares", {})
+
+    def med(d: dict[str, Any], key: str) -> float | None:
+        return d[key]["median"] if key in d else None
+
+    return {
+        "total_pss_8_copies_over_one": (
+            round(n8["total_pss_mib_resident"] / out["parent_pss_mib"], 2) if n8 and out["parent_pss_mib"] else None
+        ),
+        "first_fork_ms": med(n1, "fork_total_ms"),
+        "fork_8_ms": med(n8, "fork_total_ms"),
+        "nested_fork_ms": med(nested, "fork_total_ms"),
+        "warm_from_snapshot_ms_p50": med(spares, "from_snapshot_ms") if spares.get("mode") == "cow" else None,
+    }
+
+
+async def _fork_n(parent: Workspace, n: int, repeat: int, mode: str, ksm_wait: float) -> dict[str, Any]:
+    total: list[float] = []
+    dump: list[float] = []
+    restore: list[float] = []
+    per_restore: list[float] = []
+    pss: list[float] = []
+    priv: list[float] = []
+    pss_res: list[float] = []
+    priv_res: list[float] = []
+    fork_mode = ""
+    for _ in range(repeat):
+        t0 = time.monotonic()
+        snap = await parent.snapshot()
+        t1 = time.monotonic()
+        try:
+            copies = await Workspace.from_snapshot(snap, n)
+            t2 = time.monotonic()
+        finally:
+            await snap.aclose()
+        total.append((t2 - t0) * 1000)
+        dump.append((t1 - t0) * 1000)
+        restore.append((t2 - t1) * 1000)
+        per_restore.extend(c.restore_ms or 0.0 for c in copies)
+        if mode == "ksm":
+            await anyio.sleep(ksm_wait)
+        pss.append(sum(_pss_kib(c) for c in copies) / 1024)
+        priv.append(sum(_private_kib(c) for c in copies) / 1024)
+        for c in copies:
+            await anyio.to_thread.run_sync(_fault_in_images, c)
+        pss_res.append(sum(_pss_kib(c) for c in copies) / 1024)
+        priv_res.append(sum(_private_kib(c) for c in copies) / 1024)
+        fork_mode = copies[0].fork_mode
+        for c in copies:
+            await c.aclose()
+    return {
+        "fork_mode": fork_mode,
+        "fork_total_ms": _stats(total),
+        "snapshot_ms": _stats(dump),
+        "restore_all_ms": _stats(restore),
+        "restore_each_ms": _stats(per_restore),
+        "total_pss_mib": round(statistics.median(pss), 1),
+        "per_copy_private_mib": round(statistics.median(priv) / n, 1),
+        "total_pss_mib_resident": round(statistics.median(pss_res), 1),
+        "per_copy_private_mib_resident": round(statistics.median(priv_res) / n, 1),
+    }
+
+
+async def main(
+    mib: int,
+    repeat: int,
+    modes: list[str],
+    ksm_wait: float,
+    spares: int = 2,
+    ns: tuple[int, ...] = (1, 4, 8, 16),
+    nested_mib: int = 8,
+) -> None:
     cold_start, cold_state = [], []
     for _ in range(repeat):
         t0 = time.monotonic()
@@ -118,64 +312,42 @@ async def main(mib: int, repeat: int, modes: list[str], ksm_wait: float, spares:
         ws, ms = await _with_state(mib)
         cold_state.append(ms)
         await ws.aclose()
-    out: dict[str, object] = {
+    out: dict[str, Any] = {
         "mib": mib,
+        "repeat": repeat,
+        "targets": TARGETS,
         "cold_start_ms": _stats(cold_start),
         "cold_with_state_ms": _stats(cold_state),
     }
     parent, _ = await _with_state(mib)
     try:
+        await _http(parent, "/dirty/0")  # index the heap's pages (allocates) before anything is forked
         out["parent_pss_mib"] = round(_pss_kib(parent) / 1024, 1)
+        os_fork = [float(x) for x in await _http(parent, *["/osfork"] * (repeat * 3))]
+        out["os_fork_ms"] = _stats(os_fork)
         for mode in modes:
             os.environ["BUNSHIN_FORK_MODE"] = mode
-            per_mode: dict[str, object] = {}
-            for n in (1, 4, 8):
-                total: list[float] = []
-                dump: list[float] = []
-                restore: list[float] = []
-                per_restore: list[float] = []
-                pss: list[float] = []
-                priv: list[float] = []
-                pss_res: list[float] = []
-                priv_res: list[float] = []
-                for _ in range(repeat):
-                    t0 = time.monotonic()
-                    snap = await parent.snapshot()
-                    t1 = time.monotonic()
-                    copies = await Workspace.from_snapshot(snap, n)
-                    t2 = time.monotonic()
-                    await snap.aclose()
-                    total.append((t2 - t0) * 1000)
-                    dump.append((t1 - t0) * 1000)
-                    restore.append((t2 - t1) * 1000)
-                    per_restore.extend(c.restore_ms or 0.0 for c in copies)
-                    if mode == "ksm":
-                        await anyio.sleep(ksm_wait)
-                    pss.append(sum(_pss_kib(c) for c in copies) / 1024)
-                    priv.append(sum(_private_kib(c) for c in copies) / 1024)
-                    for c in copies:
-                        await anyio.to_thread.run_sync(_fault_in_images, c)
-                    pss_res.append(sum(_pss_kib(c) for c in copies) / 1024)
-                    priv_res.append(sum(_private_kib(c) for c in copies) / 1024)
-                    fork_mode = copies[0].fork_mode
-                    for c in copies:
-                        await c.aclose()
-                per_mode[f"n{n}"] = {
-                    "fork_mode": fork_mode,
-                    "fork_total_ms": _stats(total),
-                    "snapshot_ms": _stats(dump),
-                    "restore_all_ms": _stats(restore),
-                    "restore_each_ms": _stats(per_restore),
-                    "total_pss_mib": round(statistics.median(pss), 1),
-                    "per_copy_private_mib": round(statistics.median(priv) / n, 1),
-                    "total_pss_mib_resident": round(statistics.median(pss_res), 1),
-                    "per_copy_private_mib_resident": round(statistics.median(priv_res) / n, 1),
-                    "speedup_vs_cold": round(statistics.median(cold_state) / statistics.median(total), 2),
-                }
+            per_mode: dict[str, Any] = {}
+            for n in ns:
+                per_mode[f"n{n}"] = r = await _fork_n(parent, n, repeat, mode, ksm_wait)
+                r["speedup_vs_cold"] = round(statistics.median(cold_state) / r["fork_total_ms"]["median"], 2)
+                r["over_os_fork"] = round(r["fork_total_ms"]["median"] / max(statistics.median(os_fork), 1e-3), 1)
+            try:
+                per_mode["nested"] = await _nested(parent, nested_mib, repeat)
+            except Exception as exc:  # reported, so that the rest of the run still prints
+                per_mode["nested"] = {"error": repr(exc)}
             out[mode] = per_mode
-        out["warm_spares"] = await _warm_spares(parent, spares, max(5, repeat * 3))
+        spares_mode = "cow" if "cow" in modes else modes[-1]
+        os.environ["BUNSHIN_FORK_MODE"] = spares_mode
+        out["warm_spares"] = {"mode": spares_mode, **await _warm_spares(parent, spares, max(5, repeat * 3))}
     finally:
         await parent.aclose()
+    out["measured"] = measured = _measured(out)
+    met: dict[str, bool | None] = {}
+    for key, target in TARGETS.items():
+        value = measured[key.removesuffix("_max")]
+        met[key.removesuffix("_max")] = None if value is None else value <= target
+    out["met"] = met
     print(json.dumps(out, indent=1))
 
 
@@ -186,9 +358,12 @@ if __name__ == "__main__":
     ap.add_argument("--modes", default="criu,cow", help="comma-separated BUNSHIN_FORK_MODE values (criu, cow, ksm)")
     ap.add_argument("--ksm-wait", type=float, default=10.0, help="seconds of merging before ksm copies are measured")
     ap.add_argument("--spares", type=int, default=2, help="warm spares kept for the from-snapshot measurement")
+    ap.add_argument("--ns", default="1,4,8,16", help="comma-separated numbers of copies per fork")
+    ap.add_argument("--nested-mib", type=int, default=8, help="MiB of its heap a copy dirties before it is forked")
     args = ap.parse_args()
+    ns = tuple(int(x) for x in args.ns.split(","))
     try:
-        anyio.run(main, args.mib, args.repeat, args.modes.split(","), args.ksm_wait, args.spares)
+        anyio.run(main, args.mib, args.repeat, args.modes.split(","), args.ksm_wait, args.spares, ns, args.nested_mib)
     finally:
         from bunshin_async._fork import ksm_restore
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import array
 import contextlib
+import fcntl
 import os
 import signal
 import socket
@@ -31,7 +32,7 @@ from anyio.abc import Process
 from . import _paths
 from ._exceptions import CapabilityMissing, ForkError
 
-__all__ = ["COW_RESTORE", "CriuBackend", "NotifyHandler", "SwrkCriu", "criu_features", "rpc"]
+__all__ = ["COW_RESTORE", "CriuBackend", "NotifyHandler", "SwrkCriu", "criu_features", "criu_unavailable", "rpc"]
 
 _pycriu_dir = _paths.PACKAGE_DIR.parent / "criu" / "dist" / "python"
 if _pycriu_dir.is_dir() and str(_pycriu_dir) not in sys.path:
@@ -96,6 +97,39 @@ def criu_features(path: Path | None = None) -> frozenset[str]:
             found.update(line.split(":", 1)[1].split())
     _features_cache[key] = frozenset(found)
     return _features_cache[key]
+
+
+_unavailable_cache: dict[tuple[str, int, int], str | None] = {}
+
+
+def criu_unavailable(path: Path | None = None) -> str | None:
+    """Why CRIU cannot be used on this host (pycriu missing, no binary, ``criu --version`` failing), or None when
+    it can; cached per binary (path, mtime, size) like ``criu_features``. ``restore_mode`` falls back to
+    filesystem-only forks on a reason."""
+    if rpc is None:
+        return "pycriu is not importable (run `criu/build.sh`)"
+    path = path or _paths.criu_binary()
+    if path is None:
+        return "criu not found (run `criu/build.sh`, or set BUNSHIN_CRIU)"
+    try:
+        st = path.stat()
+    except OSError as exc:
+        return f"{path}: {exc.strerror} (run `criu/build.sh`, or set BUNSHIN_CRIU)"
+    key = (str(path), st.st_mtime_ns, st.st_size)
+    if key in _unavailable_cache:
+        return _unavailable_cache[key]
+    reason: str | None
+    try:
+        res = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=10)
+    except OSError as exc:
+        reason = f"cannot run {path}: {exc.strerror}"
+    except subprocess.TimeoutExpired:
+        reason = f"`{path} --version` did not answer within 10 s"
+    else:
+        tail = (res.stderr or res.stdout).strip()[-200:]
+        reason = None if res.returncode == 0 else f"`{path} --version` exited with status {res.returncode}: {tail}"
+    _unavailable_cache[key] = reason
+    return reason
 
 
 def log_tail(path: Path, limit: int = LOG_TAIL) -> str:
@@ -163,6 +197,10 @@ class SwrkCriu:
             req.opts.work_dir_fd = work_fd
             req.opts.log_file = log_name
             ours.setblocking(False)
+            if theirs.fileno() < 10:  # fds 3-9 are the wrapper's to use (sh(1) redirects only those)
+                high = fcntl.fcntl(theirs.fileno(), fcntl.F_DUPFD_CLOEXEC, 10)
+                theirs.close()
+                theirs = socket.socket(fileno=high)
             argv = [*wrapper, str(criu), "swrk", str(theirs.fileno())]
             try:
                 proc = await anyio.open_process(

@@ -40,15 +40,26 @@ def criu_version(criu: Path) -> str | None:
 
 
 def _fork_mode_check() -> Check:
-    """Which memory mode restores get (``_fork.restore_mode``): CoW sharing needs the patched CRIU."""
+    """Which fork mode restores get (``_fork.restore_mode``) and why: CoW sharing needs the patched CRIU; without a
+    usable CRIU, ``auto`` falls back to filesystem-only forks."""
+    from ._criu import criu_unavailable
     from ._exceptions import CapabilityMissing
     from ._fork import cow_available, restore_mode
 
-    cow = cow_available()
     try:
         mode = restore_mode()
     except (CapabilityMissing, ValueError) as exc:
         return Check("fork mode", False, str(exc), "live fork in the requested BUNSHIN_FORK_MODE")
+    if mode == "fs":
+        reason = criu_unavailable()
+        why = f"CRIU unavailable: {reason}" if reason else "BUNSHIN_FORK_MODE=fs"
+        return Check(
+            "fork mode",
+            reason is None,
+            f"fs only: {why}; processes are restarted from the recorded setup, not carried",
+            "live fork (memory, shell sessions and connections of the processes are not carried)",
+        )
+    cow = cow_available()
     what = {
         "criu-cow": "copies share memory pages until written (patched CRIU)",
         "criu": "copies get private memory"
@@ -105,8 +116,7 @@ def checks() -> list[Check]:
                 "live fork",
             )
         )
-    if criu and version:
-        out.append(_fork_mode_check())
+    out.append(_fork_mode_check())
     ksm = _read("/sys/kernel/mm/ksm/run")
     out.append(
         Check(

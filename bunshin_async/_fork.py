@@ -33,13 +33,31 @@ Memory of the copies (``ws.fork_mode``, chosen by ``BUNSHIN_FORK_MODE``, see ``r
 - ``"criu-cow"`` (default when CRIU carries criu/patches/0001-cow-restore.patch): the restore runs with
   ``CRIU_COW_RESTORE=1``, so private anonymous memory is mapped ``MAP_PRIVATE`` from the snapshot's pages image on
   tmpfs instead of being read into fresh memory: all copies of one snapshot share every page until they write it.
-  The image must never be modified while copies live; deleting the snapshot is fine (tmpfs keeps an unlinked file's
-  pages while they are mapped). Dumps run with ``CRIU_COW_ANON_PREFIX=<snapshot dir>/``, so such mappings are dumped
-  as anonymous memory (forks of forks). Differences from plain anonymous memory are listed in criu/README.md.
+  The image must never be modified while copies live. Each such copy holds its snapshot's directory
+  (``ws._mem_parent``, reference-counted like the layers: ``<id>.users/``), so closing the snapshot keeps it while
+  copies map it. Dumps run with ``CRIU_COW_ANON_PREFIX=<snapshot dir>/``, so such mappings are dumped as anonymous
+  memory (forks of forks), and a dump of a CoW copy is incremental on the images it was restored from
+  (criu/patches/0002, ``_dump_parent``): pages it never wrote are referenced, not written again, so a fork of a copy
+  costs what the copy dirtied. The new snapshot holds that parent directory (its ``parent`` file names it) and lets
+  go of it when it is deleted; a chain longer than ``MAX_MEM_CHAIN`` is cut by a full dump. Differences from plain
+  anonymous memory are listed in criu/README.md.
 - ``"criu"``: stock restore, every copy reads all its pages into private memory.
 - ``"criu-ksm"`` (``BUNSHIN_FORK_MODE=ksm``): stock restore through a wrapper that sets ``PR_SET_MEMORY_MERGE`` (it is
   inherited across fork and exec) before exec'ing CRIU, so the restored tasks are mergeable; KSM is switched on
   (and tuned) while this process runs, and its previous settings are put back at exit. Merging is asynchronous.
+- ``"fs"`` (``BUNSHIN_FORK_MODE=fs``, and ``auto`` when CRIU is unusable, see ``_criu.criu_unavailable``): a
+  filesystem-only fork, not a live one. The snapshot (``snap.mode == "fs"``) freezes the workspace's cgroup, copies
+  the upper dir and records which ``Workspace.spawn`` processes still run; no CRIU call is made. A copy is a cold
+  start over the snapshot's layer chain that re-runs those spawns in their order (``ws.restarted_processes``, same
+  argv, cwd, env and log file; started, not waited for: a server may not listen yet when the restore returns).
+  Nothing in memory is carried: restarted processes start from scratch (in-workspace pids change), shell sessions,
+  open connections and processes started any other way (``exec`` with ``&``, the children of a shell) are gone,
+  and pid or lock files they left stay in the files. Any restore of an fs snapshot is an fs restore, and so is a
+  restore of a CRIU snapshot while ``BUNSHIN_FORK_MODE=fs`` (its upper copy and record are the same).
+
+Network: a workspace's net namespace that is as it started (``plain_netns``: loopback only, default addresses) is
+left out of the images (``--external net[...]``) and each copy gets a fresh one, made by the restore wrapper and
+handed to CRIU (``inherit_fd``); sockets are carried as always. Otherwise CRIU dumps and restores the namespace.
 
 Policy for calls in flight: a snapshot waits for the workspace's running tool calls to finish (new ones wait for the
 snapshot), because a connection from the host cannot be dumped; the agent's listening socket can, and is restored.
@@ -61,12 +79,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import msgspec
 
 from . import _gc, _paths
 from . import _protocol as P
 from ._client import AgentClient
-from ._criu import COW_RESTORE, CriuBackend, SwrkCriu, criu_features, rpc
-from ._exceptions import CapabilityMissing, ForkError, WorkspaceClosed
+from ._criu import COW_RESTORE, CriuBackend, SwrkCriu, criu_features, criu_unavailable, rpc
+from ._exceptions import BunshinError, CapabilityMissing, ForkError, WorkspaceClosed
 from ._image import Image
 from ._kernel import Cgroup, Limits
 
@@ -74,12 +93,31 @@ if TYPE_CHECKING:
     from ._spares import SparePool
     from ._workspace import Workspace
 
-__all__ = ["ForkMode", "Snapshot", "cow_available", "restore_mode", "snapshot_dir"]
+__all__ = ["ForkMode", "SetupStep", "Snapshot", "cow_available", "restore_mode", "snapshot_dir"]
 
 ForkMode = str
 """How a workspace came to be: ``"fresh"`` (started cold), ``"criu"`` (restored from a CRIU snapshot, private
 memory), ``"criu-cow"`` (restored sharing the snapshot's memory pages until written), ``"criu-ksm"`` (restored into
-KSM-mergeable tasks)."""
+KSM-mergeable tasks), ``"fs"`` (files only: started cold over the snapshot's files, its recorded processes
+restarted, no memory carried)."""
+
+
+class SetupStep(msgspec.Struct, frozen=True):
+    """One ``Workspace.spawn`` as it was sent to the agent (``env`` already merged with the workspace's), recorded
+    so that a filesystem-only copy can start the process again."""
+
+    argv: list[str] | None = None
+    command: str | None = None
+    cwd: str | None = None
+    env: dict[str, str] | None = None
+    log_path: str | None = None
+
+    def request(self) -> P.Spawn:
+        return P.Spawn(argv=self.argv, command=self.command, cwd=self.cwd, env=self.env, log_path=self.log_path)
+
+    def __str__(self) -> str:
+        return self.command if self.command is not None else shlex.join(self.argv or [])
+
 
 DRAIN_TIMEOUT = 60.0
 DUMP_TIMEOUT = 120.0
@@ -103,7 +141,12 @@ def layers_dir() -> Path:
 MAX_LAYERS = 40
 """Longest lower chain a restore stacks (the agent layer and image included); past it the top layer is copied."""
 
-_layers_lock = threading.Lock()
+MAX_MEM_CHAIN = 8
+"""Longest chain of incremental memory images (criu/patches/0002): a dump of a copy whose chain is this long
+writes all its memory again, so restores open at most this many images (CRIU's limit is 16)."""
+"""Longest lower chain a restore stacks (the agent layer and image included); past it the top layer is copied."""
+
+_layers_lock = threading.RLock()
 
 
 def chain_layers(lower: str) -> list[Path]:
@@ -127,7 +170,9 @@ def hold_layers(layers: list[Path], user: str) -> None:
 
 
 def release_layers(layers: list[Path], user: str) -> None:
-    """Drop ``user`` from each layer and delete those left with no user (blocking, idempotent)."""
+    """Drop ``user`` from each layer (or snapshot directory: the same reference counting) and delete those left
+    with no user; a deleted snapshot directory lets go of the one its images are incremental on (blocking,
+    idempotent)."""
     with _layers_lock:
         for layer in layers:
             users = _users(layer)
@@ -137,17 +182,41 @@ def release_layers(layers: list[Path], user: str) -> None:
             except OSError:  # other users remain (or it is already gone)
                 if users.exists():
                     continue
+            parent = _mem_parent_of(layer)
             shutil.rmtree(layer, ignore_errors=True)
+            if parent is not None:
+                release_layers([parent], f"child-{layer.name}")
         try:
             layers_dir().rmdir()
         except OSError:
             pass
 
 
+def _mem_parent_of(snap_dir: Path) -> Path | None:
+    """The snapshot directory whose images ``snap_dir``'s images are incremental on (its ``parent`` file)."""
+    try:
+        return snap_dir.with_name((snap_dir / "parent").read_text().strip())
+    except OSError:
+        return None
+
+
+def mem_chain_depth(snap_dir: Path) -> int:
+    """How many images an incremental image chain starting at ``snap_dir`` holds (blocking)."""
+    depth = 0
+    cur: Path | None = snap_dir
+    while cur is not None and depth <= MAX_MEM_CHAIN:
+        depth += 1
+        cur = _mem_parent_of(cur)
+    return depth
+
+
 def collect_layers() -> list[str]:
-    """``bunshin gc``: delete the layers whose users are all dead processes (blocking)."""
+    """``bunshin gc``: delete the layers and snapshot directories whose users are all dead processes (blocking)."""
+    return _collect(layers_dir(), "layer") + _collect(snapshot_dir(), "snapshot")
+
+
+def _collect(base: Path, what: str) -> list[str]:
     out: list[str] = []
-    base = layers_dir()
     with _layers_lock:
         for entry in sorted(base.iterdir()) if base.exists() else []:
             if entry.name.endswith(".users"):
@@ -156,11 +225,11 @@ def collect_layers() -> list[str]:
             tokens = [u.read_text().strip() for u in users.iterdir()] if users.is_dir() else []
             alive = [t for t in tokens if _gc.alive(t)]
             if alive:
-                out.append(f"kept layer {entry.name} ({len(alive)} live users)")
+                out.append(f"kept {what} {entry.name} ({len(alive)} live users)")
                 continue
             shutil.rmtree(users, ignore_errors=True)
             shutil.rmtree(entry, ignore_errors=True)
-            out.append(f"removed layer {entry.name}")
+            out.append(f"removed {what} {entry.name}")
         for users in sorted(base.glob("*.users")) if base.exists() else []:
             if not users.with_name(users.name[: -len(".users")]).exists():
                 shutil.rmtree(users, ignore_errors=True)
@@ -190,11 +259,16 @@ KSM_TUNING = {"run": "1", "pages_to_scan": "2000", "sleep_millisecs": "10"}
 
 def restore_mode() -> ForkMode:
     """The ``fork_mode`` the next restore gets, from ``BUNSHIN_FORK_MODE``: ``auto`` (default: ``criu-cow`` when
-    the patched CRIU is present, else ``criu``), ``cow``, ``criu`` (alias ``stock``) or ``ksm``. A mode the host
-    cannot provide raises ``CapabilityMissing``; nothing falls back silently except ``auto``."""
-    want = os.environ.get("BUNSHIN_FORK_MODE", "auto").strip().lower() or "auto"
+    the patched CRIU is present, else ``criu``, and ``fs`` when CRIU is unusable), ``cow``, ``criu`` (alias
+    ``stock``), ``ksm`` or ``fs``. A mode the host cannot provide raises ``CapabilityMissing``; nothing falls back
+    silently except ``auto``, and its ``fs`` shows in ``ws.fork_mode`` and ``bunshin doctor``."""
+    want = _wanted_mode()
     if want == "auto":
+        if criu_unavailable() is not None:
+            return "fs"
         return "criu-cow" if cow_available() else "criu"
+    if want == "fs":
+        return "fs"
     if want in ("cow", "criu-cow"):
         if not cow_available():
             raise CapabilityMissing(
@@ -211,7 +285,18 @@ def restore_mode() -> ForkMode:
                 "BUNSHIN_FORK_MODE=ksm but the kernel has no KSM", capability="ksm", remedy="CONFIG_KSM=y"
             )
         return "criu-ksm"
-    raise ValueError(f"BUNSHIN_FORK_MODE={want!r}: expected auto, cow, criu or ksm")
+    raise ValueError(f"BUNSHIN_FORK_MODE={want!r}: expected auto, cow, criu, ksm or fs")
+
+
+def _wanted_mode() -> str:
+    return os.environ.get("BUNSHIN_FORK_MODE", "auto").strip().lower() or "auto"
+
+
+def fs_only() -> bool:
+    """Whether a snapshot taken now is filesystem-only (``BUNSHIN_FORK_MODE=fs``, or ``auto`` with CRIU unusable).
+    Unlike ``restore_mode`` it never raises: the CRIU modes are a restore's choice, made per restore."""
+    want = _wanted_mode()
+    return want == "fs" or (want == "auto" and criu_unavailable() is not None)
 
 
 def _cow_prefix() -> str:
@@ -284,7 +369,8 @@ def _dump_wrapper() -> list[str]:
 
 
 class Snapshot:
-    """A frozen moment of a workspace: CRIU images and the upper dir (a layer, see the module doc). Owns its
+    """A frozen moment of a workspace: CRIU images and the upper dir (a layer, see the module doc); for ``mode ==
+    "fs"`` only the upper dir and the recorded setup (``setup``), no images. Owns its
     directory; ``aclose()`` removes it and lets go of its layers (idempotent). Workspaces restored from it do not
     need it afterwards. ``lower`` is the full lowerdir chain a copy mounts under its empty upper."""
 
@@ -299,9 +385,15 @@ class Snapshot:
         env: dict[str, str],
         hostname: str,
         max_output: int,
+        mode: str = "criu",
+        setup: list[tuple[SetupStep, int]] | None = None,
     ) -> None:
         self.id = secrets.token_hex(6)
         self.workspace_id = workspace_id
+        self.mode = mode
+        """``"criu"`` (CRIU images: a live fork) or ``"fs"`` (files and ``setup`` only, see the module doc)."""
+        self.setup = list(setup or [])
+        """The workspace's recorded spawns with their in-workspace pids (for ``"fs"``: those still running)."""
         self.path = snapshot_dir() / self.id
         self.parent_lower = parent_lower
         self.lower = f"{self.layer}:{parent_lower}"
@@ -314,6 +406,8 @@ class Snapshot:
         self.max_output = max_output
         self.dump_ms: float | None = None
         self.frozen_ms: float | None = None
+        self.fresh_net = False
+        """The net namespace was left out of the images (``plain_netns``): each copy gets a fresh loopback-only one."""
         self._closed = False
         self._spares: SparePool | None = None
 
@@ -365,9 +459,10 @@ class Snapshot:
         with anyio.CancelScope(shield=True):
             if self._spares is not None:
                 await self._spares.aclose()
-            if self.path.exists():
-                await anyio.to_thread.run_sync(shutil.rmtree, self.path, True)
-            await anyio.to_thread.run_sync(release_layers, chain_layers(self.lower), self._user)
+            await anyio.to_thread.run_sync(shutil.rmtree, self.upper, True)
+            # The directory itself goes with its last user: CoW copies map its pages image and incremental
+            # images of their own memory refer to it (``release_layers``).
+            await anyio.to_thread.run_sync(release_layers, [self.path, *chain_layers(self.lower)], self._user)
 
     @property
     def _user(self) -> str:
@@ -519,11 +614,16 @@ async def snapshot(ws: Workspace, backend: CriuBackend | None = None) -> Snapsho
         env=dict(ws.env),
         hostname=ws.hostname,
         max_output=ws.max_output,
+        mode="fs" if await anyio.to_thread.run_sync(fs_only) else "criu",
+        setup=ws._setup,
     )
+    if snap.mode == "fs":
+        return await _fs_snapshot(ws, snap)
     gated: GatedAgentClient | None = None
     try:
         snap.images.mkdir(parents=True)
-        await anyio.to_thread.run_sync(hold_layers, chain_layers(snap.lower), snap._user)
+        await anyio.to_thread.run_sync(hold_layers, [snap.path, *chain_layers(snap.lower)], snap._user)
+        parent = await anyio.to_thread.run_sync(_dump_parent, ws, snap)
         gated = await _drain(ws)
         freezer = ws.cgroup.freezer_dir if ws.cgroup is not None else None
         req = rpc.criu_req(type=rpc.DUMP)
@@ -537,6 +637,12 @@ async def snapshot(ws: Workspace, backend: CriuBackend | None = None) -> Snapsho
         req.opts.notify_scripts = True
         if freezer is not None:
             req.opts.freeze_cgroup = str(freezer)
+        if parent is not None:
+            req.opts.parent_img = f"../../{parent.name}/images"  # relative to snap.images, as CRIU wants it
+        netns = await anyio.to_thread.run_sync(plain_netns, ws.pid)
+        if netns is not None:
+            req.opts.external.append(f"net[{netns}]:{NET_KEY}")
+            snap.fresh_net = True
         frozen_at: list[float] = []
 
         async def on_notify(name: str, pid: int) -> None:
@@ -573,6 +679,70 @@ async def snapshot(ws: Workspace, backend: CriuBackend | None = None) -> Snapsho
     return snap
 
 
+async def _fs_snapshot(ws: Workspace, snap: Snapshot) -> Snapshot:
+    """A filesystem-only snapshot (no CRIU): drain the tool calls, freeze the cgroup so that no process writes
+    while the upper dir is copied, note which recorded spawns still run, thaw."""
+    from ._spares import freeze
+
+    gated: GatedAgentClient | None = None
+    try:
+        snap.path.mkdir(parents=True)
+        await anyio.to_thread.run_sync(hold_layers, [snap.path, *chain_layers(snap.lower)], snap._user)
+        gated = await _drain(ws)
+        t0 = time.monotonic()
+        try:
+            try:
+                await freeze(ws)
+            except (OSError, TimeoutError) as exc:
+                raise ForkError(f"workspace {ws.id}: cannot freeze its cgroup: {exc!r}", workspace_id=ws.id) from exc
+            live = await anyio.to_thread.run_sync(_live_ns_pids, ws)
+            snap.setup = [(step, pid) for step, pid in snap.setup if pid in live]
+            await _copy_tree(ws.directory / "upper", snap.upper, workspace_id=ws.id)
+        finally:
+            _thaw(ws)
+        snap.frozen_ms = (time.monotonic() - t0) * 1000
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            _thaw(ws)
+            await snap.aclose()
+        raise
+    finally:
+        if gated is not None:
+            gated.resume()
+    return snap
+
+
+def _live_ns_pids(ws: Workspace) -> set[int]:
+    """In-workspace pids of the workspace's processes that have not exited (blocking; call it frozen). A spawned
+    process that exited is a zombie until the agent polls it; ``NSpid`` in /proc/<pid>/status lists a task's pid in
+    each pid namespace it is in, innermost last (proc(5))."""
+    live: set[int] = set()
+    for pid in ws.cgroup.pids() if ws.cgroup is not None else []:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        nspid = fields.get("NSpid", "").split()
+        if nspid and not fields.get("State", "").strip().startswith(("Z", "X")):
+            live.add(int(nspid[-1]))
+    return live
+
+
+def _dump_parent(ws: Workspace, snap: Snapshot) -> Path | None:
+    """The snapshot directory whose images ``ws``'s memory is mapped from, when its dump can be incremental on
+    them (criu/patches/0002: pages the copy never wrote are referenced, not written again): ``ws`` is a CoW copy
+    and the chain is not too long. ``snap`` then holds that directory (blocking)."""
+    parent = ws._mem_parent
+    if ws.fork_mode != "criu-cow" or parent is None or not (parent / "images").is_dir():
+        return None
+    if mem_chain_depth(parent) >= MAX_MEM_CHAIN:
+        return None
+    (snap.path / "parent").write_text(parent.name)
+    hold_layers([parent], f"child-{snap.id}")
+    return parent
+
+
 def _thaw(ws: Workspace) -> None:
     """A CRIU killed while the tree is frozen leaves the freezer cgroup FROZEN (ptrace lets go by itself)."""
     freezer = ws.cgroup.freezer_dir if ws.cgroup is not None else None
@@ -588,13 +758,44 @@ def _thaw(ws: Workspace) -> None:
 # ---------------------------------------------------------------------------------------------------- restore
 
 
-def _wrapper(cgroup: Cgroup, lower: str, upper: Path, work: Path, root: Path) -> list[str]:
+NET_KEY = "bunshin-net"
+NET_FD = 9
+"""``--external net[ino]:NET_KEY`` at the dump; at the restore CRIU inherits the fresh namespace on fd ``NET_FD``."""
+
+
+def plain_netns(pid: int) -> int | None:
+    """The inode of ``pid``'s net namespace if it holds nothing but loopback with its default addresses and no
+    route of its own (as a workspace starts), else ``None`` (blocking). Such a namespace is left out of the images
+    and each copy gets a fresh one: CRIU would otherwise run ip(8) for its addresses, routes and rules (about 30 ms
+    at the dump, 20 ms at each restore, and "Address already assigned" noise for loopback's own address). Sockets
+    are per task and still carried; netfilter rules and sysctls set inside the workspace are not checked for."""
+    net = Path(f"/proc/{pid}/net")
+    try:
+        devs = [line.split(":", 1)[0].strip() for line in (net / "dev").read_text().splitlines()[2:]]
+        inet6 = [line.split() for line in (net / "if_inet6").read_text().splitlines()]
+        routes = (net / "route").read_text().splitlines()[1:]
+        trie = (net / "fib_trie").read_text().splitlines()
+        ino = os.stat(f"/proc/{pid}/ns/net").st_ino
+    except OSError:
+        return None
+    local = {trie[i - 1].split()[-1] for i, line in enumerate(trie) if line.strip() == "/32 host LOCAL"}
+    if devs != ["lo"] or routes or local - {"127.0.0.1"}:
+        return None
+    if any(f[0] != "0" * 31 + "1" or f[-1] != "lo" for f in inet6):
+        return None
+    return ino
+
+
+def _wrapper(cgroup: Cgroup, lower: str, upper: Path, work: Path, root: Path, fresh_net: bool = False) -> list[str]:
     """unshare(1) gives the restore a private mount namespace (no host mount, nothing to clean up if we die); the
-    shell joins the cgroup and mounts the root overlay there, then execs CRIU (same pid: still our child)."""
+    shell joins the cgroup and mounts the root overlay there, then execs CRIU (same pid: still our child). With
+    ``fresh_net`` it also gets a new net namespace, brings its loopback up and hands it to CRIU on ``NET_FD``."""
     opts = f"lowerdir={lower},upperdir={upper},workdir={work},index=on,nfs_export=on"
     joins = "".join(f"echo $$ > {shlex.quote(p)} && " for p in cgroup.procs_files)
-    script = f'{joins}mount -t overlay overlay -o {shlex.quote(opts)} {shlex.quote(str(root))} && exec "$@"'
-    return ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c", script, "sh"]
+    net = f"ip link set lo up && exec {NET_FD}</proc/self/ns/net && " if fresh_net else ""
+    script = f'{joins}mount -t overlay overlay -o {shlex.quote(opts)} {shlex.quote(str(root))} && {net}exec "$@"'
+    unshare = ["unshare", "--mount", *(["--net"] if fresh_net else []), "--propagation", "private", "--"]
+    return [*unshare, "/bin/sh", "-c", script, "sh"]
 
 
 def _strays(cgroup: Cgroup) -> list[int]:
@@ -612,17 +813,43 @@ def _strays(cgroup: Cgroup) -> list[int]:
     return ours
 
 
+def _dead_restored_children() -> list[int]:
+    """Our zombie children in another pid namespace: a restored root task (our child through rst_sibling) that
+    died with a failed restore has left its cgroup already, so ``_strays`` cannot see it (blocking)."""
+    me, out = str(os.getpid()), []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            status = dict(
+                line.split(":", 1) for line in Path(f"/proc/{entry}/status").read_text().splitlines() if ":" in line
+            )
+        except OSError:
+            continue
+        if status.get("PPid", "").strip() == me and status.get("State", "").strip().startswith("Z"):
+            if len(status.get("NSpid", "").split()) > 1:
+                out.append(int(entry))
+    return out
+
+
 async def _reap_strays(cgroup: Cgroup) -> None:
-    for pid in _strays(cgroup):
+    strays = _strays(cgroup)
+    for pid in strays:
         try:
             await anyio.to_thread.run_sync(os.waitpid, pid, 0)
+        except ChildProcessError:
+            pass
+    for pid in await anyio.to_thread.run_sync(_dead_restored_children):
+        try:
+            os.waitpid(pid, os.WNOHANG)  # noqa: ASYNC222 - WNOHANG on a zombie
         except ChildProcessError:
             pass
 
 
 async def restore_into(ws: Workspace, snap: Snapshot, backend: CriuBackend | None = None) -> None:
-    """Make ``ws`` (state "new", no directory yet) a live copy of ``snap``. On failure everything made for it is
-    removed and the error (``ForkError`` for CRIU failures) raised."""
+    """Make ``ws`` (state "new", no directory yet) a live copy of ``snap`` (a filesystem-only one for an fs snapshot
+    or mode). On failure everything made for it is removed and the error (``ForkError`` for CRIU failures and failed
+    restarts) raised."""
     if snap.closed:
         raise ForkError(f"snapshot {snap.id} is closed", workspace_id=ws.id)
     ws._state = "starting"
@@ -713,19 +940,25 @@ async def _stop_processes(ws: Workspace) -> None:
 
 async def _restore(ws: Workspace, snap: Snapshot, backend: CriuBackend) -> None:
     assert ws._cgroup is not None
-    mode = await anyio.to_thread.run_sync(restore_mode)
+    mode = "fs" if snap.mode == "fs" else await anyio.to_thread.run_sync(restore_mode)
+    await anyio.to_thread.run_sync(_map_from, ws, snap.path if mode == "criu-cow" else None)
+    if mode == "fs":
+        await _restart(ws, snap)
+        return
     if mode == "criu-ksm":
         await anyio.to_thread.run_sync(_ksm_enable)
     req = rpc.criu_req(type=rpc.RESTORE)
     _base_opts(req)
     req.opts.root = str(ws._dir / "root")
     req.opts.rst_sibling = True
+    if snap.fresh_net:
+        req.opts.inherit_fd.add(key=NET_KEY, fd=NET_FD)
     fd = os.open(snap.images, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         req.opts.images_dir_fd = fd
         assert ws._lower is not None
         wrapper = _mode_wrapper(mode) + _wrapper(
-            ws._cgroup, ws._lower, ws._dir / "upper", ws._dir / "work", ws._dir / "root"
+            ws._cgroup, ws._lower, ws._dir / "upper", ws._dir / "work", ws._dir / "root", snap.fresh_net
         )
         t0 = time.monotonic()
         try:
@@ -748,6 +981,40 @@ async def _restore(ws: Workspace, snap: Snapshot, backend: CriuBackend) -> None:
     ws._pidfd = os.pidfd_open(ws.pid)
     ws._client = AgentClient(f"/proc/{ws.pid}/root/run/bunshin/agent.sock", ws.id)
     ws.fork_mode = mode
+    ws._setup, ws.restarted_processes = list(snap.setup), []  # carried, with their pids
+
+
+def _map_from(ws: Workspace, snap_dir: Path | None) -> None:
+    """Make ``snap_dir`` the snapshot ``ws``'s memory is mapped from (``None``: private memory): ``ws`` holds it
+    while it lives, so that dumps of ``ws`` can be incremental on its images (blocking). Its processes are gone or
+    not yet there, so the old one is let go first."""
+    if ws._mem_parent is not None:
+        release_layers([ws._mem_parent], ws.id)
+        ws._mem_parent = None
+    if snap_dir is not None:
+        hold_layers([snap_dir], ws.id)
+        ws._mem_parent = snap_dir
+
+
+async def _restart(ws: Workspace, snap: Snapshot) -> None:
+    """Filesystem-only restore into ``ws`` (directory, upper over the snapshot's chain and cgroup made, no process):
+    a cold start of bunshin-init, then the snapshot's recorded spawns again, in their order. Failures are
+    ``ForkError``; the caller tears down what was made."""
+    t0 = time.monotonic()
+    ws._setup, ws.restarted_processes = [], []
+    try:
+        await ws._spawn()
+    except (BunshinError, OSError) as exc:
+        why = f"workspace {ws.id}: cold start of a filesystem-only copy failed: {exc}"
+        raise ForkError(why, workspace_id=ws.id) from exc
+    ws._state = "running"  # tool calls are allowed from here; on failure the caller closes it
+    for step, _pid in snap.setup:
+        try:
+            ws.restarted_processes.append(await ws._start_step(step))
+        except BunshinError as exc:
+            raise ForkError(f"workspace {ws.id}: restarting `{step}` failed: {exc}", workspace_id=ws.id) from exc
+    ws.restore_ms = (time.monotonic() - t0) * 1000
+    ws.fork_mode = "fs"
 
 
 async def reap_pid1(pidfd: int) -> None:

@@ -116,7 +116,12 @@ class Workspace:
         self._pidfd: int | None = None
         self._client: AgentClient | None = None
         self._lower: str | None = None  # overlay lowerdir chain: snapshot layers (forks), agent layer, image
+        self._mem_parent: Path | None = None  # snapshot dir a CoW copy's memory is mapped from (held while alive)
         self._state = "new"  # new -> running -> closed
+        self._setup: list[tuple[_fork.SetupStep, int]] = []  # every spawn() in order, with its in-workspace pid
+        self.restarted_processes: list[BackgroundProcess] = []
+        """For a filesystem-only copy (``fork_mode == "fs"``): the recorded processes started again in it, in
+        order, each with its ``step``; they did not carry their memory. Empty otherwise."""
 
     # ------------------------------------------------------------------------------------------------ lifecycle
 
@@ -174,7 +179,8 @@ class Workspace:
             layer = await anyio.to_thread.run_sync(agent_layer)
             self._make_dirs()
             self._cgroup = Cgroup.create(f"ws-{self.id}", self.limits)
-            await self._spawn(image, layer)
+            self._lower = f"{layer}:{image.rootfs}"
+            await self._spawn()
             self._state = "running"
             if self.display is not None:
                 await _gui.start_display(self, self.display)
@@ -191,10 +197,10 @@ class Workspace:
             (self._dir / sub).mkdir(parents=True)
         (self._dir / "owner").write_text(_gc.owner_token(os.getpid()))
 
-    async def _spawn(self, image: Image, layer: Path) -> None:
-        assert self._cgroup is not None
+    async def _spawn(self) -> None:
+        """Start bunshin-init over ``_lower`` (set by ``start``, or a snapshot's chain for a filesystem-only copy)."""
+        assert self._cgroup is not None and self._lower is not None
         env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "BUNSHIN_WORKDIR": self.workdir}
-        self._lower = f"{layer}:{image.rootfs}"
         argv = [
             str(_paths.init_binary()),
             "--lower", self._lower,
@@ -270,16 +276,26 @@ class Workspace:
                 await anyio.to_thread.run_sync(shutil.rmtree, self._dir, True)
         if self._lower is not None:  # after the overlay on them is gone (pid 1 reaped), even past the deadline
             await anyio.to_thread.run_sync(_fork.release_layers, _fork.chain_layers(self._lower), self.id)
+        await anyio.to_thread.run_sync(_fork._map_from, self, None)
 
     # ------------------------------------------------------------------------------------------------ fork
 
     fork_mode: str = "fresh"
-    """``"fresh"`` for a workspace started cold, ``"criu"`` for one restored from a CRIU snapshot (fork, rollback)."""
+    """``"fresh"`` for a workspace started cold, ``"criu"`` (or ``"criu-cow"``, ``"criu-ksm"``) for one restored
+    from a CRIU snapshot (fork, rollback), ``"fs"`` for a filesystem-only copy: files carried, the recorded
+    processes restarted (``restarted_processes``), no memory carried (``_fork`` module doc)."""
     restore_ms: float | None = None
+
+    @property
+    def setup(self) -> list[_fork.SetupStep]:
+        """Every ``spawn`` of this workspace (a copy: those its snapshot recorded, then its own), in order: what a
+        filesystem-only copy starts again."""
+        return [step for step, _pid in self._setup]
 
     async def snapshot(self) -> _fork.Snapshot:
         """Checkpoint the live workspace (processes and files) without stopping it. Waits for tool calls in flight
-        to finish and holds new ones for the duration. The caller owns the snapshot (``aclose()`` it)."""
+        to finish and holds new ones for the duration. The caller owns the snapshot (``aclose()`` it). Without a
+        usable CRIU (or with ``BUNSHIN_FORK_MODE=fs``) it holds files and the recorded setup only (``snap.mode``)."""
         return await _fork.snapshot(self)
 
     @classmethod
@@ -414,16 +430,21 @@ class Workspace:
         log_path: str | None = None,
     ) -> BackgroundProcess:
         """Start a process that keeps running between calls; output goes to ``log_path`` (in the workspace
-        directory) or is dropped."""
-        req = P.Spawn(
+        directory) or is dropped. It is recorded (``setup``): a filesystem-only copy starts it again."""
+        step = _fork.SetupStep(
             **_argv_or_command(cmd, "spawn"),  # type: ignore[arg-type]
             cwd=cwd,
             env={**self.env, **(env or {})} or None,
             log_path=log_path,
         )
-        resp = await self._call(req, "spawn")
+        return await self._start_step(step)
+
+    async def _start_step(self, step: _fork.SetupStep) -> BackgroundProcess:
+        resp = await self._call(step.request(), "spawn")
         assert isinstance(resp, P.Spawned)
-        return BackgroundProcess(self, resp.pid)
+        # No await between the answer and the record: a snapshot's drain cannot see one without the other.
+        self._setup.append((step, resp.pid))
+        return BackgroundProcess(self, resp.pid, step)
 
     async def ping(self) -> int:
         """Round-trip to the agent; returns its pid inside the workspace."""
@@ -436,11 +457,13 @@ class Workspace:
 
 
 class BackgroundProcess:
-    """A process started with ``Workspace.spawn``; ``pid`` is its pid inside the workspace."""
+    """A process started with ``Workspace.spawn``; ``pid`` is its pid inside the workspace, ``step`` how it was
+    started."""
 
-    def __init__(self, workspace: Workspace, pid: int) -> None:
+    def __init__(self, workspace: Workspace, pid: int, step: _fork.SetupStep | None = None) -> None:
         self.workspace = workspace
         self.pid = pid
+        self.step = step
 
     async def poll(self) -> int | None:
         """Exit code, or None while it runs."""

@@ -15,7 +15,7 @@ PYTHON=${PYTHON:-python3}
 }
 
 # System packages: only the missing ones, apt-get update only when something is missing.
-PACKAGES=(gcc make libc6-dev debootstrap redis-server ca-certificates)
+PACKAGES=(gcc make libc6-dev debootstrap redis-server ca-certificates iproute2)
 missing=()
 for p in "${PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

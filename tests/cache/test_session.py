@@ -286,7 +286,9 @@ class BrokenStateProvider(ForkStateProvider):
 
 
 def snapshots_on_disk() -> set[str]:
-    return {p.name for p in snapshot_dir().iterdir()} if snapshot_dir().exists() else set()
+    """Snapshot directories (not their ``<id>.users`` reference lists)."""
+    base = snapshot_dir()
+    return {p.name for p in base.iterdir() if not p.name.endswith(".users")} if base.exists() else set()
 
 
 async def test_write_hits_restore_with_a_provider() -> None:

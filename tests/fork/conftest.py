@@ -1,7 +1,8 @@
 """Fork tests run real workspaces and real CRIU (the README's test command builds it). The root conftest checks
 that no snapshot or child process (a restored pid 1 is our own child) is left after each test. Every test runs once
 per restore mode (``fork_mode``): ``criu-cow`` (the CoW-restore patch, which the README's set-up builds) and stock
-``criu``, so that neither rots. A test about one mode says so with ``@pytest.mark.fork_modes("criu-cow")``."""
+``criu``, so that neither rots. A test about one mode says so with ``@pytest.mark.fork_modes("criu-cow")``;
+``"fs"`` (filesystem-only forks, ``BUNSHIN_FORK_MODE=fs``) is only run where asked for."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def fork_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
     """The ``fork_mode`` restores get in this test (through ``BUNSHIN_FORK_MODE``)."""
     mode: str = request.param
     assert mode != "criu-cow" or cow_available(), "CRIU lacks the cow-restore patch: run criu/build.sh"
-    monkeypatch.setenv("BUNSHIN_FORK_MODE", "cow" if mode == "criu-cow" else "criu")
+    monkeypatch.setenv("BUNSHIN_FORK_MODE", {"criu-cow": "cow", "criu": "criu", "fs": "fs"}[mode])
     return mode
 
 

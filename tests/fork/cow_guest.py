@@ -1,6 +1,7 @@
 """Runs inside a workspace (python3 cow_guest.py MIB): a non-uniform heap of MIB MiB of mutable buffers, served
 over HTTP on 127.0.0.1:8081. GET /digest hashes the heap (and the table); GET /write/SEED rewrites every other
-buffer in place (the other buffers' pages stay untouched) and answers "ok". Writes /workspace/cow.ready when set up."""
+buffer in place (the other buffers' pages stay untouched) and answers "ok"; GET /dirty/SEED/MIB rewrites about MIB
+MiB of buffers spread over the heap. Writes /workspace/cow.ready when set up."""
 
 import hashlib
 import http.server
@@ -35,10 +36,21 @@ def write(seed: int) -> None:
     table[seed] = ("w", seed)
 
 
+def dirty(seed: int, mib: int) -> None:
+    r = random.Random(seed)
+    step = max(1, (total // (mib << 20)) if mib else len(blobs))
+    for b in blobs[seed % step :: step]:
+        b[:] = r.randbytes(len(b))
+
+
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         if self.path.startswith("/write/"):
             write(int(self.path.rsplit("/", 1)[1]))
+            body = b"ok"
+        elif self.path.startswith("/dirty/"):
+            _, _, seed, mib = self.path.split("/")
+            dirty(int(seed), int(mib))
             body = b"ok"
         else:
             body = digest().encode()

@@ -91,11 +91,11 @@ async def test_cow_copies_share_memory_until_written(
         monkeypatch.setenv("BUNSHIN_FORK_MODE", "cow")
         copies = await Workspace.from_snapshot(snap, 8)
     try:
-        assert not snap.path.exists()  # the images are unlinked; tmpfs keeps their pages while they are mapped
+        assert snap.path.exists()  # closed, but its copies map its pages image (and may dump incrementally on it)
         assert [c.fork_mode for c in copies] == ["criu-cow"] * 8
         for c in copies:
             maps = [m for pid in _pids(c) for m in _image_maps(pid)]
-            assert maps and all(path.endswith("(deleted)") for _, _, path in maps)
+            assert maps and all(path.startswith(f"{snap.images}/pages-") for _, _, path in maps)
             assert _fault_in(c) >= HEAP_MIB << 20
         total = sum(_pss_kib(c) for c in copies)
         print(f"PSS: one stock copy {one_copy / 1024:.1f} MiB, 8 CoW copies {total / 1024:.1f} MiB in all")
@@ -111,6 +111,66 @@ async def test_cow_copies_share_memory_until_written(
     finally:
         for c in copies:
             await c.aclose()
+    assert not snap.path.exists()  # gone with its last copy
+
+
+def _pages_bytes(snap: _fork.Snapshot) -> int:
+    return sum(p.stat().st_size for p in snap.images.glob("pages-*.img"))
+
+
+@pytest.mark.fork_modes("criu-cow")
+async def test_cow_nested_fork_dumps_only_what_the_copy_wrote(ws: Workspace, fork_mode: str) -> None:
+    """criu/patches/0002: a dump of a CoW copy refers to its parent image for the pages the copy never wrote, so
+    its image holds about what the copy dirtied; restores of it (three generations deep) carry the exact memory,
+    and the chain outlives the copies and snapshots it was made from."""
+    await _start(ws, 40)
+    async with await ws.snapshot() as base:
+        full = _pages_bytes(base)
+        assert full >= 40 << 20
+        (current,) = await Workspace.from_snapshot(base)
+    made = [current]
+    try:
+        for gen in range(2, 5):
+            assert await _get(current, f"/dirty/{gen}/4") == "ok"
+            async with await current.snapshot() as snap:
+                # Hashing allocates (Python writes memory to read it): digests are taken after the dump, and on a
+                # second copy, so that the next generation's image holds only what /dirty wrote.
+                expected = await _get(current, "/digest")
+                assert (snap.path / "parent").read_text() == current._mem_parent.name  # type: ignore[union-attr]
+                assert _pages_bytes(snap) < full / 4, (gen, _pages_bytes(snap), full)
+                if gen == 4:  # the copy it was taken from, and that copy's own snapshot, go first
+                    for c in made:
+                        await c.aclose()
+                    made = []
+                current, probe = await Workspace.from_snapshot(snap, 2)
+            made.append(current)
+            try:
+                assert current.fork_mode == probe.fork_mode == "criu-cow"
+                assert await _get(probe, "/digest") == expected, f"generation {gen}"
+            finally:
+                await probe.aclose()
+        assert _fork.mem_chain_depth(current._mem_parent) == 4  # type: ignore[arg-type]
+    finally:
+        for c in made:
+            await c.aclose()
+
+
+@pytest.mark.fork_modes("criu-cow")
+async def test_cow_chain_is_bounded(ws: Workspace, fork_mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_fork, "MAX_MEM_CHAIN", 1)
+    await _start(ws, 20)
+    (c1,) = await ws.fork()
+    try:
+        async with await c1.snapshot() as snap:
+            assert not (snap.path / "parent").exists()  # a full dump: the chain would be too long
+            assert _pages_bytes(snap) >= 20 << 20
+            (c2,) = await Workspace.from_snapshot(snap)
+        try:
+            assert await _get(c2, "/digest") == await _get(c1, "/digest")
+        finally:
+            await c2.aclose()
+    finally:
+        await c1.aclose()
 
 
 @pytest.mark.fork_modes("criu-cow")
