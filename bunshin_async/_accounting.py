@@ -77,8 +77,10 @@ def mapped_image_bytes(pids: Iterable[int], marker: bytes = b"/pages-") -> tuple
                             major, minor = (int(x, 16) for x in fields[3].split(b":"))
                             key = (os.makedev(major, minor), int(fields[4]))
                             if key not in sizes:
+                                # maps pads addresses to 8 digits, map_files names them without leading zeros
+                                lo, hi = (int(x, 16) for x in fields[0].split(b"-"))
                                 try:
-                                    sizes[key] = os.stat(f"/proc/{pid}/map_files/{fields[0].decode()}").st_size
+                                    sizes[key] = os.stat(f"/proc/{pid}/map_files/{lo:x}-{hi:x}").st_size
                                 except OSError:
                                     sizes[key] = 0
                     elif key is not None and line.startswith(b"Pss:"):

@@ -1,18 +1,20 @@
 """Fork tests run real workspaces and real CRIU (the README's test command builds it). The root conftest checks
 that no snapshot or child process (a restored pid 1 is our own child) is left after each test. Every test runs once
-per restore mode (``fork_mode``): ``criu-cow`` (the CoW-restore patch, which the README's set-up builds) and stock
-``criu``, so that neither rots. A test about one mode says so with ``@pytest.mark.fork_modes("criu-cow")``;
-``"fs"`` (filesystem-only forks, ``BUNSHIN_FORK_MODE=fs``) is only run where asked for."""
+per restore mode (``fork_mode``): ``criu-cow`` (the CoW-restore patch, which the README's set-up builds) and the
+fallback ``criu-ksm`` (stock CRIU restore into KSM-mergeable tasks, so the stock restore path is covered too), so that
+neither rots. A test about one mode says so with ``@pytest.mark.fork_modes("criu-cow")``; plain stock ``"criu"`` and
+``"fs"`` (filesystem-only forks, ``BUNSHIN_FORK_MODE=fs``) are run where asked for. KSM's host settings are put back
+after each test that switched it on."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
 from bunshin_async import Workspace
-from bunshin_async._fork import cow_available
+from bunshin_async._fork import cow_available, ksm_restore
 
 HERE = Path(__file__).parent
 
@@ -22,16 +24,18 @@ pytestmark = pytest.mark.root
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "fork_mode" in metafunc.fixturenames:
         marker = metafunc.definition.get_closest_marker("fork_modes")
-        metafunc.parametrize("fork_mode", marker.args if marker else ("criu-cow", "criu"), indirect=True)
+        metafunc.parametrize("fork_mode", marker.args if marker else ("criu-cow", "criu-ksm"), indirect=True)
 
 
 @pytest.fixture(autouse=True)
-def fork_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+def fork_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """The ``fork_mode`` restores get in this test (through ``BUNSHIN_FORK_MODE``)."""
     mode: str = request.param
     assert mode != "criu-cow" or cow_available(), "CRIU lacks the cow-restore patch: run criu/build.sh"
-    monkeypatch.setenv("BUNSHIN_FORK_MODE", {"criu-cow": "cow", "criu": "criu", "fs": "fs"}[mode])
-    return mode
+    monkeypatch.setenv("BUNSHIN_FORK_MODE", {"criu-cow": "cow", "criu": "criu", "criu-ksm": "ksm", "fs": "fs"}[mode])
+    yield mode
+    if mode == "criu-ksm":
+        ksm_restore()
 
 
 @pytest.fixture

@@ -12,10 +12,14 @@ from pathlib import Path
 
 import anyio
 import psutil
+import pytest
 
 from bunshin_async import _paths
 from bunshin_async._fork import collect_layers
 from bunshin_async._kernel import CGROUP_ROOT, parent_name
+
+# A host killed outright cannot put KSM's settings back, so the KSM mode is not killed here.
+pytestmark = pytest.mark.fork_modes("criu-cow", "criu")
 
 HOST = textwrap.dedent(
     """
