@@ -768,15 +768,19 @@ def plain_netns(pid: int) -> int | None:
     route of its own (as a workspace starts), else ``None`` (blocking). Such a namespace is left out of the images
     and each copy gets a fresh one: CRIU would otherwise run ip(8) for its addresses, routes and rules (about 30 ms
     at the dump, 20 ms at each restore, and "Address already assigned" noise for loopback's own address). Sockets
-    are per task and still carried; netfilter rules and sysctls set inside the workspace are not checked for."""
+    are per task and still carried. Loaded iptables tables count as configuration; nftables rules and sysctls set
+    inside the workspace cannot be seen from /proc and are not carried by this path."""
     net = Path(f"/proc/{pid}/net")
     try:
         devs = [line.split(":", 1)[0].strip() for line in (net / "dev").read_text().splitlines()[2:]]
         inet6 = [line.split() for line in (net / "if_inet6").read_text().splitlines()]
         routes = (net / "route").read_text().splitlines()[1:]
         trie = (net / "fib_trie").read_text().splitlines()
+        tables = [(net / name).read_text().strip() for name in ("ip_tables_names", "ip6_tables_names")]
         ino = os.stat(f"/proc/{pid}/ns/net").st_ino
     except OSError:
+        return None
+    if any(tables):  # (legacy) iptables tables are loaded in it
         return None
     local = {trie[i - 1].split()[-1] for i, line in enumerate(trie) if line.strip() == "/32 host LOCAL"}
     if devs != ["lo"] or routes or local - {"127.0.0.1"}:
