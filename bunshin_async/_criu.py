@@ -70,55 +70,19 @@ COW_RESTORE = "cow-restore"
 image, so copies share pages until they write them; with ``CRIU_COW_ANON_PREFIX=<dir>/`` a dump treats mappings of
 pages images under that dir as anonymous memory (forks of such copies)."""
 
-_features_cache: dict[tuple[str, int, int], frozenset[str]] = {}
+_probe_cache: dict[tuple[str, int, int], tuple[frozenset[str], str | None]] = {}
 
 
-def criu_features(path: Path | None = None) -> frozenset[str]:
-    """The ``Features:`` that ``criu --version`` lists (none for a stock CRIU or none found); cached per binary
-    (path, mtime, size), so a rebuild is noticed."""
-    path = path or _paths.criu_binary()
-    if path is None:
-        return frozenset()
-    try:
-        st = path.stat()
-    except OSError:
-        return frozenset()
+def _probe(path: Path) -> tuple[frozenset[str], str | None]:
+    """One ``criu --version`` per binary (path, mtime, size, so a rebuild is noticed): the ``Features:`` it lists
+    and why it cannot be used (None when it answered). Raises ``OSError`` when ``path`` cannot be stat'ed."""
+    st = path.stat()
     key = (str(path), st.st_mtime_ns, st.st_size)
-    cached = _features_cache.get(key)
+    cached = _probe_cache.get(key)
     if cached is not None:
         return cached
-    try:
-        out = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return frozenset()
     found: set[str] = set()
-    for line in out.splitlines():
-        if line.startswith("Features:"):
-            found.update(line.split(":", 1)[1].split())
-    _features_cache[key] = frozenset(found)
-    return _features_cache[key]
-
-
-_unavailable_cache: dict[tuple[str, int, int], str | None] = {}
-
-
-def criu_unavailable(path: Path | None = None) -> str | None:
-    """Why CRIU cannot be used on this host (pycriu missing, no binary, ``criu --version`` failing), or None when
-    it can; cached per binary (path, mtime, size) like ``criu_features``. ``restore_mode`` falls back to
-    filesystem-only forks on a reason."""
-    if rpc is None:
-        return "pycriu is not importable (run `criu/build.sh`)"
-    path = path or _paths.criu_binary()
-    if path is None:
-        return "criu not found (run `criu/build.sh`, or set BUNSHIN_CRIU)"
-    try:
-        st = path.stat()
-    except OSError as exc:
-        return f"{path}: {exc.strerror} (run `criu/build.sh`, or set BUNSHIN_CRIU)"
-    key = (str(path), st.st_mtime_ns, st.st_size)
-    if key in _unavailable_cache:
-        return _unavailable_cache[key]
-    reason: str | None
+    reason: str | None = None
     try:
         res = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=10)
     except OSError as exc:
@@ -126,10 +90,40 @@ def criu_unavailable(path: Path | None = None) -> str | None:
     except subprocess.TimeoutExpired:
         reason = f"`{path} --version` did not answer within 10 s"
     else:
-        tail = (res.stderr or res.stdout).strip()[-200:]
-        reason = None if res.returncode == 0 else f"`{path} --version` exited with status {res.returncode}: {tail}"
-    _unavailable_cache[key] = reason
-    return reason
+        if res.returncode:
+            tail = (res.stderr or res.stdout).strip()[-200:]
+            reason = f"`{path} --version` exited with status {res.returncode}: {tail}"
+        for line in res.stdout.splitlines():
+            if line.startswith("Features:"):
+                found.update(line.split(":", 1)[1].split())
+    _probe_cache[key] = (frozenset(found), reason)
+    return _probe_cache[key]
+
+
+def criu_features(path: Path | None = None) -> frozenset[str]:
+    """The ``Features:`` that ``criu --version`` lists (none for a stock CRIU or none found); cached per binary."""
+    path = path or _paths.criu_binary()
+    if path is None:
+        return frozenset()
+    try:
+        return _probe(path)[0]
+    except OSError:
+        return frozenset()
+
+
+def criu_unavailable(path: Path | None = None) -> str | None:
+    """Why CRIU cannot be used on this host (pycriu missing, no binary, ``criu --version`` failing), or None when
+    it can; cached per binary like ``criu_features``. ``restore_mode`` falls back to filesystem-only forks on a
+    reason."""
+    if rpc is None:
+        return "pycriu is not importable (run `criu/build.sh`)"
+    path = path or _paths.criu_binary()
+    if path is None:
+        return "criu not found (run `criu/build.sh`, or set BUNSHIN_CRIU)"
+    try:
+        return _probe(path)[1]
+    except OSError as exc:
+        return f"{path}: {exc.strerror} (run `criu/build.sh`, or set BUNSHIN_CRIU)"
 
 
 def log_tail(path: Path, limit: int = LOG_TAIL) -> str:

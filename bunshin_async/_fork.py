@@ -617,57 +617,16 @@ async def snapshot(ws: Workspace, backend: CriuBackend | None = None) -> Snapsho
         mode="fs" if await anyio.to_thread.run_sync(fs_only) else "criu",
         setup=ws._setup,
     )
-    if snap.mode == "fs":
-        return await _fs_snapshot(ws, snap)
     gated: GatedAgentClient | None = None
     try:
-        snap.images.mkdir(parents=True)
+        (snap.path if snap.mode == "fs" else snap.images).mkdir(parents=True)
         await anyio.to_thread.run_sync(hold_layers, [snap.path, *chain_layers(snap.lower)], snap._user)
-        parent = await anyio.to_thread.run_sync(_dump_parent, ws, snap)
+        parent = None if snap.mode == "fs" else await anyio.to_thread.run_sync(_dump_parent, ws, snap)
         gated = await _drain(ws)
-        freezer = ws.cgroup.freezer_dir if ws.cgroup is not None else None
-        req = rpc.criu_req(type=rpc.DUMP)
-        _base_opts(req)
-        req.opts.pid = ws.pid
-        req.opts.leave_running = True
-        # The workspace's net namespace has only loopback, so every TCP peer is in the frozen tree and no packet
-        # can arrive while it is dumped: no lock is needed (and a lock left by a killed CRIU would cut the
-        # workspace's loopback).
-        req.opts.network_lock = rpc.SKIP
-        req.opts.notify_scripts = True
-        if freezer is not None:
-            req.opts.freeze_cgroup = str(freezer)
-        if parent is not None:
-            req.opts.parent_img = f"../../{parent.name}/images"  # relative to snap.images, as CRIU wants it
-        netns = await anyio.to_thread.run_sync(plain_netns, ws.pid)
-        if netns is not None:
-            req.opts.external.append(f"net[{netns}]:{NET_KEY}")
-            snap.fresh_net = True
-        frozen_at: list[float] = []
-
-        async def on_notify(name: str, pid: int) -> None:
-            if name == "post-dump":
-                frozen_at.append(time.monotonic())
-                await _copy_tree(ws.directory / "upper", snap.upper, workspace_id=ws.id)
-
-        fd = os.open(snap.images, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            req.opts.images_dir_fd = fd
-            t0 = time.monotonic()
-            await backend.call(
-                req,
-                work_dir=snap.images,
-                log_name="dump.log",
-                workspace_id=ws.id,
-                notify=on_notify,
-                wrapper=await anyio.to_thread.run_sync(_dump_wrapper),
-                timeout=DUMP_TIMEOUT,
-            )
-            snap.dump_ms = (time.monotonic() - t0) * 1000
-        finally:
-            os.close(fd)
-        if not snap.upper.is_dir():
-            raise ForkError(f"workspace {ws.id}: CRIU never sent post-dump", workspace_id=ws.id)
+        if snap.mode == "fs":
+            await _fs_copy(ws, snap)
+        else:
+            await _dump(ws, snap, backend, parent)
     except BaseException:
         with anyio.CancelScope(shield=True):
             _thaw(ws)
@@ -679,37 +638,70 @@ async def snapshot(ws: Workspace, backend: CriuBackend | None = None) -> Snapsho
     return snap
 
 
-async def _fs_snapshot(ws: Workspace, snap: Snapshot) -> Snapshot:
-    """A filesystem-only snapshot (no CRIU): drain the tool calls, freeze the cgroup so that no process writes
+async def _dump(ws: Workspace, snap: Snapshot, backend: CriuBackend, parent: Path | None) -> None:
+    """CRIU dump of the drained workspace into ``snap.images``, the upper dir copied in the post-dump notification
+    (``parent``: the snapshot directory the dump is incremental on, see ``_dump_parent``)."""
+    assert ws.pid is not None
+    freezer = ws.cgroup.freezer_dir if ws.cgroup is not None else None
+    req = rpc.criu_req(type=rpc.DUMP)
+    _base_opts(req)
+    req.opts.pid = ws.pid
+    req.opts.leave_running = True
+    # The workspace's net namespace has only loopback, so every TCP peer is in the frozen tree and no packet can
+    # arrive while it is dumped: no lock is needed (and a lock left by a killed CRIU would cut the workspace's
+    # loopback).
+    req.opts.network_lock = rpc.SKIP
+    req.opts.notify_scripts = True
+    if freezer is not None:
+        req.opts.freeze_cgroup = str(freezer)
+    if parent is not None:
+        req.opts.parent_img = f"../../{parent.name}/images"  # relative to snap.images, as CRIU wants it
+    netns = await anyio.to_thread.run_sync(plain_netns, ws.pid)
+    if netns is not None:
+        req.opts.external.append(f"net[{netns}]:{NET_KEY}")
+        snap.fresh_net = True
+
+    async def on_notify(name: str, pid: int) -> None:
+        if name == "post-dump":
+            await _copy_tree(ws.directory / "upper", snap.upper, workspace_id=ws.id)
+
+    fd = os.open(snap.images, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        req.opts.images_dir_fd = fd
+        t0 = time.monotonic()
+        await backend.call(
+            req,
+            work_dir=snap.images,
+            log_name="dump.log",
+            workspace_id=ws.id,
+            notify=on_notify,
+            wrapper=await anyio.to_thread.run_sync(_dump_wrapper),
+            timeout=DUMP_TIMEOUT,
+        )
+        snap.dump_ms = (time.monotonic() - t0) * 1000
+    finally:
+        os.close(fd)
+    if not snap.upper.is_dir():
+        raise ForkError(f"workspace {ws.id}: CRIU never sent post-dump", workspace_id=ws.id)
+
+
+async def _fs_copy(ws: Workspace, snap: Snapshot) -> None:
+    """A filesystem-only snapshot (no CRIU) of the drained workspace: freeze the cgroup so that no process writes
     while the upper dir is copied, note which recorded spawns still run, thaw."""
     from ._spares import freeze
 
-    gated: GatedAgentClient | None = None
+    t0 = time.monotonic()
     try:
-        snap.path.mkdir(parents=True)
-        await anyio.to_thread.run_sync(hold_layers, [snap.path, *chain_layers(snap.lower)], snap._user)
-        gated = await _drain(ws)
-        t0 = time.monotonic()
         try:
-            try:
-                await freeze(ws)
-            except (OSError, TimeoutError) as exc:
-                raise ForkError(f"workspace {ws.id}: cannot freeze its cgroup: {exc!r}", workspace_id=ws.id) from exc
-            live = await anyio.to_thread.run_sync(_live_ns_pids, ws)
-            snap.setup = [(step, pid) for step, pid in snap.setup if pid in live]
-            await _copy_tree(ws.directory / "upper", snap.upper, workspace_id=ws.id)
-        finally:
-            _thaw(ws)
-        snap.frozen_ms = (time.monotonic() - t0) * 1000
-    except BaseException:
-        with anyio.CancelScope(shield=True):
-            _thaw(ws)
-            await snap.aclose()
-        raise
+            await freeze(ws)
+        except (OSError, TimeoutError) as exc:
+            raise ForkError(f"workspace {ws.id}: cannot freeze its cgroup: {exc!r}", workspace_id=ws.id) from exc
+        live = await anyio.to_thread.run_sync(_live_ns_pids, ws)
+        snap.setup = [(step, pid) for step, pid in snap.setup if pid in live]
+        await _copy_tree(ws.directory / "upper", snap.upper, workspace_id=ws.id)
     finally:
-        if gated is not None:
-            gated.resume()
-    return snap
+        _thaw(ws)
+    snap.frozen_ms = (time.monotonic() - t0) * 1000
 
 
 def _live_ns_pids(ws: Workspace) -> set[int]:
