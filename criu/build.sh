@@ -55,7 +55,9 @@ want_stamp=$( { cat VERSION SHA256 patches/series ${PATCHES[@]+"${PATCHES[@]}"} 
 up_to_date() {
     [[ -x "$DIST/sbin/criu" && -f "$STAMP" && -f "$DIST/python/pycriu/rpc_pb2.py" ]] || return 1
     [[ "$(cat "$STAMP")" == "$want_stamp" ]] || return 1
-    "$DIST/sbin/criu" --version 2>/dev/null | grep -qx "Version: $VERSION"
+    # Capture first: grep -q exits at the first match and, under pipefail, the
+    # SIGPIPE criu gets writing its next line ("Features: ...") fails the pipe.
+    grep -qx "Version: $VERSION" <<<"$("$DIST/sbin/criu" --version 2>/dev/null || true)"
 }
 
 if [[ "${CRIU_FORCE:-0}" != 1 ]] && up_to_date; then
@@ -229,7 +231,7 @@ ensure_rundir
 log "installed $DIST/sbin/criu and $DIST/python/pycriu ($((SECONDS - t0))s)"
 
 # --- 5. sanity checks -------------------------------------------------------
-"$DIST/sbin/criu" --version | grep -qx "Version: $VERSION" || die "dist/sbin/criu --version is not $VERSION"
+grep -qx "Version: $VERSION" <<<"$("$DIST/sbin/criu" --version)" || die "dist/sbin/criu --version is not $VERSION"
 VENV_PY="$HERE/../.venv/bin/python"
 for py in "$PY" "$VENV_PY"; do
     [[ -x "$py" ]] || continue

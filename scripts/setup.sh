@@ -18,7 +18,7 @@ PYTHON=${PYTHON:-python3}
 PACKAGES=(gcc make libc6-dev debootstrap redis-server ca-certificates iproute2)
 missing=()
 for p in "${PACKAGES[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    [[ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)" == "install ok installed" ]] || missing+=("$p")
 done
 if ((${#missing[@]})); then
     log "installing ${missing[*]}"
