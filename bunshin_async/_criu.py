@@ -22,7 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -145,7 +145,8 @@ class HookFailed(Exception):
 
 class CriuBackend(Protocol):
     """Runs one CRIU request to its end. ``wrapper`` is a command prefix that ends by exec'ing its last argument
-    list (for a restore: join the cgroup and mount the root in a private mount namespace, then ``exec criu``)."""
+    list (for a restore: join the cgroup and mount the root in a private mount namespace, then ``exec criu``);
+    ``env`` is added to CRIU's environment (the patches' switches)."""
 
     async def call(
         self,
@@ -156,6 +157,7 @@ class CriuBackend(Protocol):
         workspace_id: str,
         notify: NotifyHandler | None = None,
         wrapper: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
         timeout: float = 120.0,
     ) -> Any: ...
 
@@ -176,6 +178,7 @@ class SwrkCriu:
         workspace_id: str,
         notify: NotifyHandler | None = None,
         wrapper: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
         timeout: float = 120.0,
     ) -> Any:
         pb = _require_rpc()
@@ -191,7 +194,7 @@ class SwrkCriu:
             req.opts.work_dir_fd = work_fd
             req.opts.log_file = log_name
             ours.setblocking(False)
-            if theirs.fileno() < 10:  # fds 3-9 are the wrapper's to use (sh(1) redirects only those)
+            if theirs.fileno() < 10:  # fds 3-9 are the wrapper's to use (NET_FD)
                 high = fcntl.fcntl(theirs.fileno(), fcntl.F_DUPFD_CLOEXEC, 10)
                 theirs.close()
                 theirs = socket.socket(fileno=high)
@@ -203,6 +206,7 @@ class SwrkCriu:
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.PIPE,
                     pass_fds=(theirs.fileno(),),
+                    env={**os.environ, **env} if env else None,
                 )
             finally:
                 theirs.close()

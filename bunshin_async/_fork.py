@@ -144,7 +144,6 @@ MAX_LAYERS = 40
 MAX_MEM_CHAIN = 8
 """Longest chain of incremental memory images (criu/patches/0002): a dump of a copy whose chain is this long
 writes all its memory again, so restores open at most this many images (CRIU's limit is 16)."""
-"""Longest lower chain a restore stacks (the agent layer and image included); past it the top layer is copied."""
 
 _layers_lock = threading.RLock()
 
@@ -354,18 +353,19 @@ def ksm_restore() -> None:
             _ksm_saved = None
 
 
-def _mode_wrapper(mode: ForkMode) -> list[str]:
-    """The command prefix that gives a restore's CRIU its memory mode (it ends by exec'ing the rest)."""
+def _mode_wrapper(mode: ForkMode) -> tuple[dict[str, str], list[str]]:
+    """The environment and command prefix (it ends by exec'ing the rest) that give a restore's CRIU its memory
+    mode."""
     if mode == "criu-cow":
-        return ["env", "CRIU_COW_RESTORE=1", f"CRIU_COW_ANON_PREFIX={_cow_prefix()}"]
+        return {"CRIU_COW_RESTORE": "1", "CRIU_COW_ANON_PREFIX": _cow_prefix()}, []
     if mode == "criu-ksm":
-        return [sys.executable, "-I", "-S", "-c", _KSM_SHIM]
-    return []
+        return {}, [sys.executable, "-I", "-S", "-c", _KSM_SHIM]
+    return {}, []
 
 
-def _dump_wrapper() -> list[str]:
+def _dump_env() -> dict[str, str]:
     """Dumps always recognise CoW-restored memory when CRIU can (the workspace may be such a copy)."""
-    return ["env", f"CRIU_COW_ANON_PREFIX={_cow_prefix()}"] if cow_available() else []
+    return {"CRIU_COW_ANON_PREFIX": _cow_prefix()} if cow_available() else {}
 
 
 class Snapshot:
@@ -675,7 +675,7 @@ async def _dump(ws: Workspace, snap: Snapshot, backend: CriuBackend, parent: Pat
             log_name="dump.log",
             workspace_id=ws.id,
             notify=on_notify,
-            wrapper=await anyio.to_thread.run_sync(_dump_wrapper),
+            env=await anyio.to_thread.run_sync(_dump_env),
             timeout=DUMP_TIMEOUT,
         )
         snap.dump_ms = (time.monotonic() - t0) * 1000
@@ -783,15 +783,14 @@ def plain_netns(pid: int) -> int | None:
 
 
 def _wrapper(cgroup: Cgroup, lower: str, upper: Path, work: Path, root: Path, fresh_net: bool = False) -> list[str]:
-    """unshare(1) gives the restore a private mount namespace (no host mount, nothing to clean up if we die); the
-    shell joins the cgroup and mounts the root overlay there, then execs CRIU (same pid: still our child). With
-    ``fresh_net`` it also gets a new net namespace, brings its loopback up and hands it to CRIU on ``NET_FD``."""
+    """``bunshin-init --restore-wrap`` (native/init.c) gives the restore a private mount namespace (no host mount,
+    nothing to clean up if we die), joins the cgroup and mounts the root overlay there, then execs CRIU (same pid:
+    still our child). With ``fresh_net`` it also makes a new net namespace, brings its loopback up and hands it to
+    CRIU on ``NET_FD``."""
     opts = f"lowerdir={lower},upperdir={upper},workdir={work},index=on,nfs_export=on"
-    joins = "".join(f"echo $$ > {shlex.quote(p)} && " for p in cgroup.procs_files)
-    net = f"ip link set lo up && exec {NET_FD}</proc/self/ns/net && " if fresh_net else ""
-    script = f'{joins}mount -t overlay overlay -o {shlex.quote(opts)} {shlex.quote(str(root))} && {net}exec "$@"'
-    unshare = ["unshare", "--mount", *(["--net"] if fresh_net else []), "--propagation", "private", "--"]
-    return [*unshare, "/bin/sh", "-c", script, "sh"]
+    joins = [arg for p in cgroup.procs_files for arg in ("--cgroup", str(p))]
+    net = ["--net"] if fresh_net else []
+    return [str(_paths.init_binary()), "--restore-wrap", *net, *joins, "--overlay", opts, "--root", str(root), "--"]
 
 
 def _strays(cgroup: Cgroup) -> list[int]:
@@ -953,7 +952,8 @@ async def _restore(ws: Workspace, snap: Snapshot, backend: CriuBackend) -> None:
     try:
         req.opts.images_dir_fd = fd
         assert ws._lower is not None
-        wrapper = _mode_wrapper(mode) + _wrapper(
+        env, prefix = _mode_wrapper(mode)
+        wrapper = prefix + _wrapper(
             ws._cgroup, ws._lower, ws._dir / "upper", ws._dir / "work", ws._dir / "root", snap.fresh_net
         )
         t0 = time.monotonic()
@@ -964,6 +964,7 @@ async def _restore(ws: Workspace, snap: Snapshot, backend: CriuBackend) -> None:
                 log_name="restore.log",
                 workspace_id=ws.id,
                 wrapper=wrapper,
+                env=env,
                 timeout=RESTORE_TIMEOUT,
             )
         except BaseException:

@@ -34,7 +34,6 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
-#include <sys/sysmacros.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -52,9 +51,11 @@ struct config {
 	int nenv;
 };
 
+static int status_fd = STDOUT_FILENO; /* where failures are reported: the status pipe, or stderr (--restore-wrap) */
+
 static void fail(const char *step, int err)
 {
-	dprintf(STDOUT_FILENO, "E %s: %s\n", step, strerror(err));
+	dprintf(status_fd, "E %s: %s\n", step, strerror(err));
 	_exit(1);
 }
 
@@ -65,7 +66,7 @@ static void failf(const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(buf, sizeof(buf), fmt, ap);
 	va_end(ap);
-	dprintf(STDOUT_FILENO, "E %s\n", buf);
+	dprintf(status_fd, "E %s\n", buf);
 	_exit(1);
 }
 
@@ -125,15 +126,6 @@ static void mkdir_p(const char *path, mode_t mode)
 		fail(path, errno);
 }
 
-static void make_dev(const char *name, mode_t mode, unsigned maj, unsigned min)
-{
-	char path[64];
-	snprintf(path, sizeof(path), "dev/%s", name);
-	if (mknod(path, S_IFCHR | mode, makedev(maj, min)) < 0)
-		fail(path, errno);
-	chmod(path, mode); /* mknod obeys the umask */
-}
-
 /* Everything below runs as pid 1 of the new pid namespace, with the new mount namespace still rooted at the host's. */
 static void setup_root(const struct config *c)
 {
@@ -153,25 +145,10 @@ static void setup_root(const struct config *c)
 	mount_or_fail("proc", "proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
 	mkdir_p("sys", 0555);
 	mount_or_fail("sysfs", "sys", "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
-	mkdir_p("dev", 0755);
-	mount_or_fail("tmpfs", "dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=755,size=64k");
-	make_dev("null", 0666, 1, 3);
-	make_dev("zero", 0666, 1, 5);
-	make_dev("full", 0666, 1, 7);
-	make_dev("random", 0666, 1, 8);
-	make_dev("urandom", 0666, 1, 9);
-	make_dev("tty", 0666, 5, 0);
+	/* /dev is a directory of the agent layer (_image._make_dev), not a tmpfs: CRIU would tar a tmpfs at every
+	 * dump and restore. A private devpts instance: terminals opened inside never reach the host's /dev/pts. */
 	mkdir_p("dev/pts", 0755);
-	/* A private devpts instance: terminals opened inside never reach the host's /dev/pts. */
 	mount_or_fail("devpts", "dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620");
-	if (symlink("pts/ptmx", "dev/ptmx") < 0)
-		fail("dev/ptmx", errno);
-	mkdir_p("dev/shm", 01777);
-	mount_or_fail("tmpfs", "dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777");
-	symlink("/proc/self/fd", "dev/fd");
-	symlink("/proc/self/fd/0", "dev/stdin");
-	symlink("/proc/self/fd/1", "dev/stdout");
-	symlink("/proc/self/fd/2", "dev/stderr");
 
 	/* pivot_root(".", ".") stacks the old root under the new one; detaching it leaves no host path reachable
 	 * (pivot_root(2), NOTES). */
@@ -184,10 +161,8 @@ static void setup_root(const struct config *c)
 	mkdir_p(c->workdir, 0755);
 }
 
-static void setup_net(const char *hostname)
+static void loopback_up(void)
 {
-	if (sethostname(hostname, strlen(hostname)) < 0)
-		fail("sethostname", errno);
 	int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
 	if (s < 0)
 		fail("socket", errno);
@@ -199,6 +174,13 @@ static void setup_net(const char *hostname)
 	if (ioctl(s, SIOCSIFFLAGS, &ifr) < 0)
 		fail("SIOCSIFFLAGS lo", errno);
 	close(s);
+}
+
+static void setup_net(const char *hostname)
+{
+	if (sethostname(hostname, strlen(hostname)) < 0)
+		fail("sethostname", errno);
+	loopback_up();
 }
 
 /* Close every descriptor but keep: the status pipe stays on 1 until the agent is ready. */
@@ -309,6 +291,61 @@ static void usage(void)
 	      "--python PATH --agent PATH --workdir PATH --self PATH [--cgroup PROCS_FILE]... [--env K=V]...");
 }
 
+#define NET_FD 9 /* _fork.NET_FD: CRIU inherits the fresh net namespace on this descriptor */
+
+/* The wrapper CRIU restores a workspace through (_fork._wrapper): a private mount namespace that exists only for the
+ * restore (no host mount to clean up if anything dies), joined to the new workspace's cgroups, its overlay root
+ * mounted; with --net also a fresh net namespace with loopback up, handed to CRIU on NET_FD. Then it execs CRIU (same
+ * pid: still the host's child). One exec where unshare(1), sh, mount(8) and ip(8) took ~5 ms a restore. */
+static int restore_wrap(int argc, char **argv)
+{
+	const char *overlay = NULL, *root = NULL, *cgroups[MAX_CGROUPS];
+	int ncgroups = 0, net = 0, i;
+
+	status_fd = STDERR_FILENO;
+	for (i = 2; i < argc; i++) {
+		if (!strcmp(argv[i], "--")) {
+			i++;
+			break;
+		}
+		if (!strcmp(argv[i], "--net"))
+			net = 1;
+		else if (i + 1 < argc && !strcmp(argv[i], "--overlay"))
+			overlay = argv[++i];
+		else if (i + 1 < argc && !strcmp(argv[i], "--root"))
+			root = argv[++i];
+		else if (i + 1 < argc && !strcmp(argv[i], "--cgroup") && ncgroups < MAX_CGROUPS)
+			cgroups[ncgroups++] = argv[++i];
+		else
+			break;
+	}
+	if (!overlay || !root || i >= argc || strcmp(argv[i - 1], "--"))
+		failf("usage: bunshin-init --restore-wrap [--net] [--cgroup PROCS_FILE]... --overlay OPTS --root DIR "
+		      "-- CMD [ARG]...");
+	if (unshare(CLONE_NEWNS | (net ? CLONE_NEWNET : 0)) < 0)
+		fail("unshare", errno);
+	mount_or_fail(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL);
+	for (int k = 0; k < ncgroups; k++) {
+		int fd = open(cgroups[k], O_WRONLY | O_CLOEXEC);
+		if (fd < 0)
+			fail(cgroups[k], errno);
+		attach(fd, getpid());
+		close(fd);
+	}
+	mount_or_fail("overlay", root, "overlay", 0, overlay);
+	if (net) {
+		loopback_up();
+		int fd = open("/proc/self/ns/net", O_RDONLY);
+		if (fd < 0 || (fd != NET_FD && dup2(fd, NET_FD) < 0))
+			fail("net namespace descriptor", errno);
+		if (fd != NET_FD)
+			close(fd);
+	}
+	execv(argv[i], argv + i);
+	fail(argv[i], errno);
+	return 1;
+}
+
 int main(int argc, char **argv)
 {
 	struct config c = {0};
@@ -325,6 +362,8 @@ int main(int argc, char **argv)
 		dprintf(STDERR_FILENO, "bunshin: cannot execute %s: %s\n", argv[3], strerror(errno));
 		_exit(127);
 	}
+	if (argc >= 2 && !strcmp(argv[1], "--restore-wrap"))
+		return restore_wrap(argc, argv);
 	if (argc == 4 && !strcmp(argv[1], "--pid1")) {
 		c.agent_python = argv[2];
 		c.agent_script = argv[3];

@@ -109,6 +109,48 @@ async def test_copies_are_isolated(ws: Workspace) -> None:
         await b.aclose()
 
 
+_SHM_GUEST = """
+import mmap, os, time
+fd = os.open("/dev/shm/seg", os.O_CREAT | os.O_RDWR, 0o600)
+os.ftruncate(fd, 4096)
+m = mmap.mmap(fd, 4096)  # MAP_SHARED: the file is the memory
+m[:5] = b"hello"
+open("/workspace/shm.ready", "w").write("1")
+while True:
+    try:
+        data = open("/workspace/shm.poke", "rb").read()
+    except FileNotFoundError:
+        time.sleep(0.01)
+        continue
+    os.remove("/workspace/shm.poke")
+    m[:5] = data[:5]
+    open("/workspace/shm.seen", "w").write(open("/dev/shm/seg", "rb").read(5).decode())
+"""
+
+
+async def test_shared_memory_segment_forks(ws: Workspace) -> None:
+    """A POSIX shared memory segment (/dev/shm, a directory of the overlay) mapped by a live process: each copy's
+    process maps its own copy of the file, and writes through the mapping reach no sibling or parent."""
+    await ws.write_file("/workspace/shm.py", _SHM_GUEST)
+    await ws.spawn(["python3", "/workspace/shm.py"], log_path="/workspace/shm.log")
+    await _wait_file(ws, "/workspace/shm.ready")
+    a, b = await ws.fork(2)
+    try:
+        for c in (a, b, ws):
+            assert (await c.exec("head -c 5 /dev/shm/seg")).stdout == "hello"
+        await a.write_file("/workspace/shm.poke", "world")
+        assert await _wait_file(a, "/workspace/shm.seen") == "world"
+        for c in (b, ws):
+            assert (await c.exec("head -c 5 /dev/shm/seg")).stdout == "hello"
+        await b.write_file("/workspace/shm.poke", "bbbbb")
+        assert await _wait_file(b, "/workspace/shm.seen") == "bbbbb"
+        assert (await a.exec("head -c 5 /dev/shm/seg")).stdout == "world"
+        assert (await ws.exec("cat /workspace/shm.log")).stdout == ""
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
 async def test_fork_of_fork_three_generations(ws: Workspace) -> None:
     await ws.exec("echo 0 > /workspace/gen")
     sh = ws.shell()

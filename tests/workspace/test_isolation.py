@@ -96,3 +96,17 @@ async def test_own_devpts_lets_terminal_programs_run() -> None:
         assert "from-tmux-42" in r.stdout, r
         with anyio.fail_after(5):
             assert (await ws.exec("ls /dev/pts")).stdout.split()[0] in ("0", "ptmx")
+
+
+async def test_dev_is_a_private_minimal_tree() -> None:
+    """/dev is the agent layer's curated directory (no host node such as the image's console shows through) and
+    what a workspace writes under it, /dev/shm included, stays in that workspace."""
+    async with Workspace() as a, Workspace() as b:
+        names = set((await a.exec("ls -A /dev")).stdout.split())
+        assert names == {"fd", "full", "null", "ptmx", "pts", "random", "shm", "stderr", "stdin", "stdout", "tty",
+                         "urandom", "zero"}  # fmt: skip
+        assert (await a.exec("stat -c %a /dev/shm")).stdout == "1777\n"
+        assert (await a.exec("echo x > /dev/shm/seg && echo y > /dev/extra")).exit_code == 0
+        assert (await b.exec("ls /dev/shm/seg /dev/extra")).exit_code != 0
+        r = await a.exec("head -c 4 /dev/zero | od -An -tx1; echo hi > /dev/null; readlink /dev/ptmx")
+        assert r.stdout.split() == ["00", "00", "00", "00", "pts/ptmx"]
