@@ -337,9 +337,10 @@ async def main(
             except Exception as exc:  # reported, so that the rest of the run still prints
                 per_mode["nested"] = {"error": repr(exc)}
             out[mode] = per_mode
-        spares_mode = "cow" if "cow" in modes else modes[-1]
-        os.environ["BUNSHIN_FORK_MODE"] = spares_mode
-        out["warm_spares"] = {"mode": spares_mode, **await _warm_spares(parent, spares, max(5, repeat * 3))}
+        if spares > 0:  # --spares 0 leaves the measurement out
+            spares_mode = "cow" if "cow" in modes else modes[-1]
+            os.environ["BUNSHIN_FORK_MODE"] = spares_mode
+            out["warm_spares"] = {"mode": spares_mode, **await _warm_spares(parent, spares, max(5, repeat * 3))}
     finally:
         await parent.aclose()
     out["measured"] = measured = _measured(out)

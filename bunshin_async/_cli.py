@@ -16,6 +16,7 @@ def main(argv: list[str] | None = None) -> int:
     img.add_argument("--gui", action="store_true", help="build the GUI image (base + Xvfb and X tools) instead")
     sub.add_parser("demo", help="create a workspace, run tools in it and print what happened")
     sub.add_parser("gc", help="remove workspaces left behind by a process that died")
+    sub.add_parser("snapstore", help="mount the snapshot store (a tmpfs with large folios) unless it is mounted")
     from ._experiment._cli import add_arguments
 
     add_arguments(sub.add_parser("bench", help="the latency-hiding experiment: baseline vs fork, cache, speculation"))
@@ -52,6 +53,16 @@ def main(argv: list[str] | None = None) -> int:
 
         for line in collect():
             print(line)
+        return 0
+    if args.cmd == "snapstore":
+        from ._exceptions import CapabilityMissing
+        from ._fork import prepare_snapshot_store
+
+        try:
+            print(f"snapshot store: {prepare_snapshot_store()}")
+        except CapabilityMissing as exc:
+            print(f"bunshin snapstore: {exc}", file=sys.stderr)
+            return 1
         return 0
     if args.cmd == "demo":
         import anyio

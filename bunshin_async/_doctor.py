@@ -117,6 +117,10 @@ def checks() -> list[Check]:
             )
         )
     out.append(_fork_mode_check())
+    from ._fork import snapshot_store
+
+    huge, where = snapshot_store()
+    out.append(Check("snapshot store", huge, where, "large folios for page images (`bunshin snapstore` mounts them)"))
     ksm = _read("/sys/kernel/mm/ksm/run")
     out.append(
         Check(

@@ -2,8 +2,9 @@
 
 A snapshot is a CRIU dump of the workspace's whole process tree (``leave_running``: the parent carries on) plus a
 copy of its overlay upper dir taken in the ``post-dump`` notification, while the tree is still frozen, so memory and
-files are one moment. Both live on tmpfs (``BUNSHIN_SNAPDIR``, default ``/dev/shm/bunshin-snap``), so the freeze
-stays short; the first restore moves the upper copy next to the workspaces, as a layer (below).
+files are one moment. Both live on tmpfs (``BUNSHIN_SNAPDIR``, default ``/dev/shm/bunshin-snap``; the set-up mounts
+one with large folios there, ``prepare_snapshot_store``), so the freeze stays short; the first restore moves the
+upper copy next to the workspaces, as a layer (below).
 
 A fork is a restore of that snapshot into a new workspace: a new id, cgroup and directory, and a fresh, empty upper
 dir over the snapshot's upper copy, stacked read-only as the top lower layer (copied once per snapshot, by its first
@@ -18,9 +19,10 @@ bounded (overlayfs allows 500 layers and a mount's options fit in a page).
 
 CRIU recreates the tree's own mount, pid, net, ipc and uts namespaces
 (they differ from CRIU's, so they are in the images); the overlay root is handed to it as ``root`` (as runc does),
-mounted by a wrapper in a private mount namespace that exists only for the restore, so no host mount is ever
-made. The wrapper first moves itself into the new cgroup; CRIU runs with ``manage_cgroups_mode=IGNORE``, so the
-restored tree simply inherits it.
+mounted by a wrapper (``bunshin-init --restore-wrap``, ``_wrapper``) in a private mount namespace that exists only
+for the restore, so no host mount is ever made. The wrapper first moves itself into the new cgroup; CRIU runs with
+``manage_cgroups_mode=IGNORE``, so the restored tree simply inherits it. The workspace's /dev is a directory of the
+agent layer, not a tmpfs, so CRIU has no tmpfs to archive (it tars each one at every dump and restore).
 
 Who reaps the restored pid 1, and who kills it when the host dies: ``rst_sibling`` makes CRIU clone the root task
 with ``CLONE_PARENT`` (cr-restore.c, ``maybe_clone_parent``), so the restored pid 1 is a child of this process, not
@@ -81,7 +83,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import msgspec
 
-from . import _gc, _paths
+from . import _gc, _kernel, _paths
 from . import _protocol as P
 from ._client import AgentClient
 from ._criu import COW_RESTORE, CriuBackend, SwrkCriu, criu_features, criu_unavailable, rpc
@@ -126,8 +128,51 @@ LOG_LEVEL = int(os.environ.get("BUNSHIN_CRIU_LOG_LEVEL", "2"))
 
 
 def snapshot_dir() -> Path:
-    """Where snapshots live; a tmpfs, so that images and the upper copy cost no disk I/O."""
+    """Where snapshots live; a tmpfs, so that images and the upper copy cost no disk I/O (see
+    ``prepare_snapshot_store``)."""
     return Path(os.environ.get("BUNSHIN_SNAPDIR", "/dev/shm/bunshin-snap"))
+
+
+STORE_OPTIONS = "huge=within_size,mode=0755"
+"""The snapshot store's tmpfs: large folios for the page images. A first dump of a 200 MiB workspace writes its pages
+~2x faster than into 4 KiB pages (fewer allocations and page-cache insertions), and CoW copies fault the image in
+1 MiB-and-up folios (measured: mapping and reading 245 MiB 4.5 ms instead of 18 ms)."""
+
+
+def snapshot_store() -> tuple[bool, str]:
+    """Whether the snapshot directory is on a tmpfs with large folios (``huge=`` other than ``never``), and what it
+    is on (blocking)."""
+    found = _kernel.mount_options(snapshot_dir())
+    if found is None:
+        return False, f"{snapshot_dir()}: mount not found"
+    fstype, options = found
+    huge = next((o.split("=", 1)[1] for o in options.split(",") if o.startswith("huge=")), "never")
+    ok = fstype == "tmpfs" and huge != "never"
+    return ok, f"{snapshot_dir()} on {fstype} (huge={huge})"
+
+
+def prepare_snapshot_store() -> str:
+    """Mount a tmpfs with ``STORE_OPTIONS`` on the snapshot directory unless it is a mount point already (``bunshin
+    snapstore``, run by the set-up; blocking). A directory that holds anything is left alone: mounting over it would
+    hide live snapshots. Host configuration like a sysctl: the mount stays until reboot or ``umount``. Raises
+    ``CapabilityMissing`` when it cannot mount."""
+    base = snapshot_dir()
+    base.mkdir(parents=True, exist_ok=True)
+    if os.path.ismount(base):
+        return snapshot_store()[1]
+    if any(base.iterdir()):
+        raise CapabilityMissing(
+            f"{base} holds snapshots: not mounting over them", capability="snapshot store", remedy="retry when idle"
+        )
+    try:
+        _kernel.mount_tmpfs(base, STORE_OPTIONS)
+    except OSError as exc:
+        raise CapabilityMissing(
+            f"cannot mount a tmpfs on {base}: {exc.strerror}",
+            capability="snapshot store",
+            remedy="run as root, or point BUNSHIN_SNAPDIR at a tmpfs mounted with huge=within_size",
+        ) from exc
+    return snapshot_store()[1]
 
 
 def layers_dir() -> Path:

@@ -208,3 +208,34 @@ class Cgroup:
                     return
                 await anyio.sleep(delay)
                 delay = min(delay * 2, 0.05)
+
+
+def mount_options(path: Path) -> tuple[str, str] | None:
+    """The filesystem type and super-block options of the mount ``path`` is on (the deepest mount point that is a
+    prefix of its resolved path, per /proc/self/mountinfo), or None if none is found."""
+    target = os.path.realpath(path)
+    best: tuple[int, str, str] | None = None
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        fields = line.split()
+        if "-" not in fields:
+            continue
+        sep = fields.index("-")
+        point = fields[4].encode().decode("unicode_escape")  # mountinfo escapes spaces as \040
+        if target == point or target.startswith(point.rstrip("/") + "/"):
+            if best is None or len(point) >= best[0]:
+                best = (len(point), fields[sep + 1], fields[sep + 3] if len(fields) > sep + 3 else "")
+    return None if best is None else (best[1], best[2])
+
+
+def mount_tmpfs(path: Path, options: str) -> None:
+    """Mount a tmpfs with ``options`` on the directory ``path`` (blocking; raises ``OSError``)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.mount(b"bunshin-snap", os.fsencode(path), b"tmpfs", 0, options.encode()) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), str(path))

@@ -54,6 +54,9 @@ if [[ "$(cat .venv/.native-sum 2>/dev/null)" != "$native_sum" || ! -x bunshin_as
     echo "$native_sum" > .venv/.native-sum
 fi
 
+log "snapshot store"
+.venv/bin/bunshin snapstore
+
 log "base image"
 .venv/bin/bunshin image build
 .venv/bin/bunshin image build --gui

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import tempfile
 
 _RUNDIR = tempfile.mkdtemp(prefix="bunshin-test-")
@@ -15,7 +16,10 @@ os.environ["BUNSHIN_CGROUP_PARENT"] = f"bunshin-test-{os.getpid()}"
 
 import pytest  # noqa: E402
 
+from bunshin_async._fork import prepare_snapshot_store  # noqa: E402
 from tests._leaks import children, leftovers  # noqa: E402
+
+prepare_snapshot_store()  # as `bunshin snapstore` does for the default one: a tmpfs with large folios
 
 
 @pytest.fixture(autouse=True)
@@ -39,4 +43,5 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             except OSError:
                 pass
     shutil.rmtree(_RUNDIR, ignore_errors=True)
+    subprocess.run(["umount", "--lazy", _SNAPDIR], check=False)
     shutil.rmtree(_SNAPDIR, ignore_errors=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import tempfile
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
@@ -18,6 +19,7 @@ import pytest
 _SNAPDIR = tempfile.mkdtemp(prefix="bunshin-snap-spec-", dir="/dev/shm")
 os.environ["BUNSHIN_SNAPDIR"] = _SNAPDIR
 
+from bunshin_async._fork import prepare_snapshot_store  # noqa: E402
 from bunshin_async._paths import criu_binary  # noqa: E402
 from bunshin_async._trajectory import Step, Trajectory  # noqa: E402
 from bunshin_async.llm import RecordedTiming, ReplayServer  # noqa: E402
@@ -25,6 +27,7 @@ from bunshin_async.llm import RecordedTiming, ReplayServer  # noqa: E402
 pytestmark = pytest.mark.root
 
 assert os.geteuid() == 0 and criu_binary() is not None, "speculation tests need root and CRIU: run `make setup`"
+prepare_snapshot_store()
 
 
 def _children() -> list[str]:
@@ -48,6 +51,7 @@ async def no_spec_leaks() -> AsyncIterator[None]:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    subprocess.run(["umount", "--lazy", _SNAPDIR], check=False)
     shutil.rmtree(_SNAPDIR, ignore_errors=True)
 
 
