@@ -84,10 +84,12 @@ def _report(label: str, totals: list[float], wall: float) -> None:
     print(f"{label}: min {totals[0]:.3f} median {totals[len(totals) // 2]:.3f} max {totals[-1]:.3f} wall {wall:.3f}")
 
 
-async def _all_within(label: str, run_one: Any, low: float = 0.85, high: float = 1.15, attempts: int = 3) -> None:
+async def _all_within(
+    label: str, run_one: Any, low: float = 0.85, high: float = 1.15, attempts: int = 3, overloaded_high: float = 2.5
+) -> None:
     """64 concurrent turns must all end within [low, high] s. The host is shared (other test suites run beside this
-    one), so take the best of ``attempts`` rounds; if every round misses while the host is overloaded by others,
-    skip with the numbers instead of failing on a measurement we could not make."""
+    one), so take the best of ``attempts`` rounds; if every round misses while the host is overloaded by others, the
+    bound is ``overloaded_high``: still far below what serialized streams would take (64 s), and never early."""
     rounds = []
     for _ in range(attempts):
         totals, wall = await _concurrent(64, run_one)
@@ -97,9 +99,10 @@ async def _all_within(label: str, run_one: Any, low: float = 0.85, high: float =
             return
         rounds.append((totals[0], totals[-1]))
     load = os.getloadavg()[0]
-    if load > (os.cpu_count() or 1):
-        pytest.skip(f"host overloaded (load {load:.1f}): rounds (min, max) {rounds}")
-    raise AssertionError(f"{label}: no round within [{low}, {high}] s: {rounds}")
+    if load > (os.cpu_count() or 1) and any(low <= lo and hi <= overloaded_high for lo, hi in rounds):
+        print(f"{label}: host overloaded (load {load:.1f}), a round within [{low}, {overloaded_high}] s: {rounds}")
+        return
+    raise AssertionError(f"{label}: no round within [{low}, {high}] s (load {load:.1f}): {rounds}")
 
 
 ONE_SECOND = traj(
