@@ -65,6 +65,8 @@ from ._exceptions import (
 from ._exceptions import (
     WorkspaceStartError as WorkspaceStartError,
 )
+from ._fork import SetupStep as SetupStep
+from ._fork import Snapshot as Snapshot
 from ._gui import Display as Display
 from ._gui import Screenshot as Screenshot
 from ._gui import Window as Window
@@ -100,9 +102,11 @@ __all__ = [
     "Limits",
     "PathOutsideWorkspace",
     "Screenshot",
+    "SetupStep",
+    "Shell",
+    "Snapshot",
     "StoreUnavailable",
     "ToolCallError",
-    "Shell",
     "ToolError",
     "ToolTimeout",
     "Window",
