@@ -210,6 +210,29 @@ class Cgroup:
                 delay = min(delay * 2, 0.05)
 
 
+def prime_cgroup_attach() -> None:
+    """Start the grace period that the next cgroup attach would wait for (blocking, best effort; call it in a
+    thread while other work goes on). Any migration takes ``cgroup_threadgroup_rwsem`` for writing, and the first
+    writer after an idle spell waits a full RCU grace period in ``rcu_sync_enter`` (~8 ms here); writers that come
+    during that period or within one period after the last writer leaves pass at once. Moving this process into the
+    cgroup it is already in is such a writer and changes nothing."""
+    me = str(os.getpid())
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return
+    for line in lines:
+        _hid, controllers, path = line.split(":", 2)
+        if controllers.startswith("name="):
+            continue
+        base = CGROUP_ROOT if not controllers else CGROUP_ROOT / controllers.split(",")[0]
+        try:
+            (base / path.lstrip("/") / "cgroup.procs").write_text(me)
+            return
+        except OSError:
+            continue
+
+
 def mount_options(path: Path) -> tuple[str, str] | None:
     """The filesystem type and super-block options of the mount ``path`` is on (the deepest mount point that is a
     prefix of its resolved path, per /proc/self/mountinfo), or None if none is found."""

@@ -1,0 +1,46 @@
+"""Host-side kernel helpers (``bunshin_async._kernel``) that need no workspace."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+from pathlib import Path
+
+from bunshin_async._kernel import mount_options, mount_tmpfs, prime_cgroup_attach
+
+
+def _cgroups() -> dict[str, str]:
+    """This process's and each of its threads' cgroups."""
+    out = {"self": Path("/proc/self/cgroup").read_text()}
+    for task in Path("/proc/self/task").iterdir():
+        out[task.name] = (task / "cgroup").read_text()
+    return out
+
+
+def test_prime_cgroup_attach_moves_nothing() -> None:
+    gate = threading.Event()
+    worker = threading.Thread(target=gate.wait)  # a second thread: cgroup.procs moves whole thread groups
+    worker.start()
+    try:
+        before = _cgroups()
+        prime_cgroup_attach()
+        assert _cgroups() == before
+    finally:
+        gate.set()
+        worker.join()
+
+
+def test_mount_options_reports_the_deepest_mount(tmp_path: Path) -> None:
+    point = tmp_path / "m"
+    point.mkdir()
+    outer = mount_options(tmp_path)
+    assert outer is not None and outer == mount_options(tmp_path.parent)
+    mount_tmpfs(point, "size=1m,huge=within_size")
+    try:
+        (point / "deeper").mkdir()
+        fstype, options = mount_options(point / "deeper" / "not-yet") or ("", "")
+        assert fstype == "tmpfs" and "size=1024k" in options.split(",") and "huge=within_size" in options
+        assert mount_options(tmp_path) == outer
+    finally:
+        subprocess.run(["umount", str(point)], check=True)
+    assert mount_options(point) == outer
