@@ -27,12 +27,22 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import anyio
+import msgspec
 from anyio.abc import Process
 
 from . import _paths
 from ._exceptions import CapabilityMissing, ForkError
 
-__all__ = ["COW_RESTORE", "CriuBackend", "NotifyHandler", "SwrkCriu", "criu_features", "criu_unavailable", "rpc"]
+__all__ = [
+    "COW_RESTORE",
+    "CriuBackend",
+    "NotifyHandler",
+    "SwrkCriu",
+    "criu_features",
+    "criu_unavailable",
+    "criu_version",
+    "rpc",
+]
 
 _pycriu_dir = _paths.PACKAGE_DIR.parent / "criu" / "dist" / "python"
 if _pycriu_dir.is_dir() and str(_pycriu_dir) not in sys.path:
@@ -70,17 +80,27 @@ COW_RESTORE = "cow-restore"
 image, so copies share pages until they write them; with ``CRIU_COW_ANON_PREFIX=<dir>/`` a dump treats mappings of
 pages images under that dir as anonymous memory (forks of such copies)."""
 
-_probe_cache: dict[tuple[str, int, int], tuple[frozenset[str], str | None]] = {}
+class _Probe(msgspec.Struct, frozen=True):
+    """What one ``criu --version`` said: its version, the ``Features:`` it lists, why it cannot be used (None when
+    it answered)."""
+
+    version: str | None
+    features: frozenset[str]
+    unusable: str | None
 
 
-def _probe(path: Path) -> tuple[frozenset[str], str | None]:
-    """One ``criu --version`` per binary (path, mtime, size, so a rebuild is noticed): the ``Features:`` it lists
-    and why it cannot be used (None when it answered). Raises ``OSError`` when ``path`` cannot be stat'ed."""
+_probe_cache: dict[tuple[str, int, int], _Probe] = {}
+
+
+def _probe(path: Path) -> _Probe:
+    """One ``criu --version`` per binary (path, mtime, size, so a rebuild is noticed). Raises ``OSError`` when
+    ``path`` cannot be stat'ed."""
     st = path.stat()
     key = (str(path), st.st_mtime_ns, st.st_size)
     cached = _probe_cache.get(key)
     if cached is not None:
         return cached
+    version: str | None = None
     found: set[str] = set()
     reason: str | None = None
     try:
@@ -94,10 +114,23 @@ def _probe(path: Path) -> tuple[frozenset[str], str | None]:
             tail = (res.stderr or res.stdout).strip()[-200:]
             reason = f"`{path} --version` exited with status {res.returncode}: {tail}"
         for line in res.stdout.splitlines():
-            if line.startswith("Features:"):
+            if line.startswith("Version:"):
+                version = line.split(":", 1)[1].strip()
+            elif line.startswith("Features:"):
                 found.update(line.split(":", 1)[1].split())
-    _probe_cache[key] = (frozenset(found), reason)
+    _probe_cache[key] = _Probe(version, frozenset(found), reason)
     return _probe_cache[key]
+
+
+def criu_version(path: Path | None = None) -> str | None:
+    """The version ``criu --version`` prints (None when it cannot be run); cached per binary."""
+    path = path or _paths.criu_binary()
+    if path is None:
+        return None
+    try:
+        return _probe(path).version
+    except OSError:
+        return None
 
 
 def criu_features(path: Path | None = None) -> frozenset[str]:
@@ -106,7 +139,7 @@ def criu_features(path: Path | None = None) -> frozenset[str]:
     if path is None:
         return frozenset()
     try:
-        return _probe(path)[0]
+        return _probe(path).features
     except OSError:
         return frozenset()
 
@@ -121,7 +154,7 @@ def criu_unavailable(path: Path | None = None) -> str | None:
     if path is None:
         return "criu not found (run `criu/build.sh`, or set BUNSHIN_CRIU)"
     try:
-        return _probe(path)[1]
+        return _probe(path).unusable
     except OSError as exc:
         return f"{path}: {exc.strerror} (run `criu/build.sh`, or set BUNSHIN_CRIU)"
 

@@ -28,17 +28,6 @@ def _read(path: str) -> str | None:
         return None
 
 
-def criu_version(criu: Path) -> str | None:
-    try:
-        out = subprocess.run([str(criu), "--version"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    for line in out.splitlines():
-        if line.startswith("Version:"):
-            return line.split(":", 1)[1].strip()
-    return None
-
-
 def _fork_mode_check() -> Check:
     """Which fork mode restores get (``_fork.restore_mode``) and why: CoW sharing needs the patched CRIU; without a
     usable CRIU, ``auto`` falls back to filesystem-only forks."""
@@ -93,6 +82,8 @@ def checks() -> list[Check]:
         out.append(Check("base image", True, image.rootfs))
     except BunshinError as exc:
         out.append(Check("base image", False, str(exc), "Workspace() without an explicit image"))
+    from ._criu import criu_version
+
     criu = _paths.criu_binary()
     version = criu_version(criu) if criu else None
     out.append(

@@ -164,8 +164,10 @@ def prepare_snapshot_store() -> str:
         raise CapabilityMissing(
             f"{base} holds snapshots: not mounting over them", capability="snapshot store", remedy="retry when idle"
         )
+    from . import _native
+
     try:
-        _kernel.mount_tmpfs(base, STORE_OPTIONS)
+        _native.mount("bunshin-snap", str(base), "tmpfs", 0, STORE_OPTIONS)
     except OSError as exc:
         raise CapabilityMissing(
             f"cannot mount a tmpfs on {base}: {exc.strerror}",

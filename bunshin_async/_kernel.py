@@ -253,12 +253,3 @@ def mount_options(path: Path) -> tuple[str, str] | None:
                 best = (len(point), fields[sep + 1], fields[sep + 3] if len(fields) > sep + 3 else "")
     return None if best is None else (best[1], best[2])
 
-
-def mount_tmpfs(path: Path, options: str) -> None:
-    """Mount a tmpfs with ``options`` on the directory ``path`` (blocking; raises ``OSError``)."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.mount(b"bunshin-snap", os.fsencode(path), b"tmpfs", 0, options.encode()) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err), str(path))

@@ -6,7 +6,8 @@ import subprocess
 import threading
 from pathlib import Path
 
-from bunshin_async._kernel import mount_options, mount_tmpfs, prime_cgroup_attach
+from bunshin_async._kernel import mount_options, prime_cgroup_attach
+from bunshin_async._native import mount
 
 
 def _cgroups() -> dict[str, str]:
@@ -35,7 +36,7 @@ def test_mount_options_reports_the_deepest_mount(tmp_path: Path) -> None:
     point.mkdir()
     outer = mount_options(tmp_path)
     assert outer is not None and outer == mount_options(tmp_path.parent)
-    mount_tmpfs(point, "size=1m,huge=within_size")
+    mount("test", str(point), "tmpfs", 0, "size=1m,huge=within_size")
     try:
         (point / "deeper").mkdir()
         fstype, options = mount_options(point / "deeper" / "not-yet") or ("", "")
