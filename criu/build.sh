@@ -79,7 +79,7 @@ fi
 
 # --- 1. build dependencies ------------------------------------------------
 DEPS=(gcc make libc6-dev pkg-config patch xz-utils python3
-      libprotobuf-c-dev protobuf-c-compiler protobuf-compiler python3-protobuf
+      libprotobuf-c-dev libprotobuf-dev protobuf-c-compiler protobuf-compiler python3-protobuf
       libnl-3-dev libnet1-dev libcap-dev libbsd-dev libaio-dev libgnutls28-dev
       libnftables-dev uuid-dev libdrm-dev)
 missing=()
