@@ -30,6 +30,9 @@ fi
 log "CRIU"
 criu/build.sh
 
+log "Docker engine"
+scripts/docker.sh
+
 # The virtual environment, re-synced only when requirements.lock changes.
 if [[ ! -x .venv/bin/python ]]; then
     log "creating .venv"
