@@ -1,6 +1,6 @@
 # The two commands of the README: `make run` (the main job: the latency-hiding experiment) and `make test` (lint,
 # types and the whole suite). Both set up everything first (scripts/setup.sh is idempotent).
-.PHONY: setup run demo test lint bench
+.PHONY: setup run demo test lint bench fresh-check
 
 setup:
 	@scripts/setup.sh
@@ -15,8 +15,13 @@ lint: setup
 	.venv/bin/ruff check .
 	.venv/bin/mypy
 
-test: setup lint
+test: setup lint fresh-check
 	.venv/bin/python -m pytest -q
+
+# The clean-root set-up check: the set-up on a minimal Debian root that has never seen Bunshin (scripts/).
+FRESH_SUITES ?= bookworm
+fresh-check:
+	@for suite in $(FRESH_SUITES); do scripts/check-fresh-setup.sh $$suite || exit 1; done
 
 bench: setup
 	.venv/bin/python bench/workspace_bench.py

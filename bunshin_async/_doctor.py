@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
+from importlib import resources
 from pathlib import Path
 
 import msgspec
@@ -19,6 +21,60 @@ class Check(msgspec.Struct, frozen=True):
     ok: bool
     detail: str
     disables: str = ""
+    remedy: str = ""
+    """The command that provides what is missing."""
+
+
+SETUP = "make setup (scripts/setup.sh)"
+
+
+def system_packages() -> list[tuple[str, str]]:
+    """(package, what needs it) from ``system-packages.txt``, the list scripts/setup.sh installs from."""
+    text = resources.files(__package__).joinpath("system-packages.txt").read_text()
+    rows = [line.split(None, 1) for line in text.splitlines() if line.strip() and not line.startswith("#")]
+    return [(row[0], row[1].strip() if len(row) > 1 else "") for row in rows]
+
+
+def _installed(packages: list[str]) -> set[str]:
+    try:
+        res = subprocess.run(
+            ["dpkg-query", "-W", "-f", "${Package} ${Status}\n", *packages],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return set()
+    return {line.split()[0] for line in res.stdout.splitlines() if line.endswith(" install ok installed")}
+
+
+def _package_checks() -> list[Check]:
+    wanted = system_packages()
+    have = _installed([name for name, _ in wanted])
+    return [
+        Check(f"package {name}", name in have, "installed" if name in have else "not installed", why,
+              f"apt-get install {name} (or {SETUP})")
+        for name, why in wanted
+    ]  # fmt: skip
+
+
+def _docker_check() -> Check:
+    sock = Path("/var/run/docker.sock")
+    detail = "no daemon socket at /var/run/docker.sock"
+    if sock.is_socket():
+        try:
+            with socket.socket(socket.AF_UNIX) as s:
+                s.settimeout(5)
+                s.connect(str(sock))
+                s.sendall(b"GET /_ping HTTP/1.0\r\n\r\n")
+                ok = b" 200 " in s.recv(256)
+        except OSError as exc:
+            ok, detail = False, f"{sock}: {exc.strerror or exc}"
+        if ok:
+            return Check("docker engine", True, f"answers on {sock}")
+    return Check(
+        "docker engine", False, detail, "Image.from_docker and the peer benchmark", "scripts/docker.sh (make setup)"
+    )
 
 
 def _read(path: str) -> str | None:
@@ -66,22 +122,38 @@ def _fork_mode_check() -> Check:
 def checks() -> list[Check]:
     out: list[Check] = []
     root = os.geteuid() == 0
-    out.append(Check("root", root, f"euid {os.geteuid()}", "" if root else "workspaces (namespaces, mounts, cgroups)"))
+    out.append(Check("root", root, f"euid {os.geteuid()}", "workspaces (namespaces, mounts, cgroups)", "run as root"))
     userns = _read("/proc/sys/user/max_user_namespaces")
     out.append(
-        Check("user namespaces", bool(userns and userns != "0"), f"max_user_namespaces={userns}", "rootless mode")
+        Check(
+            "user namespaces",
+            bool(userns and userns != "0"),
+            f"max_user_namespaces={userns}",
+            "rootless mode",
+            "sysctl -w user.max_user_namespaces=15000",
+        )
     )
     overlay = "overlay" in (_read("/proc/filesystems") or "")
-    out.append(Check("overlayfs", overlay, "in /proc/filesystems" if overlay else "not available", "workspaces"))
+    out.append(
+        Check(
+            "overlayfs",
+            overlay,
+            "in /proc/filesystems" if overlay else "not available",
+            "workspaces",
+            "modprobe overlay (a kernel with CONFIG_OVERLAY_FS)",
+        )
+    )
     cg = cgroup_version()
-    out.append(Check("cgroups", cg is not None, f"v{cg}" if cg else "none", "workspace resource limits"))
+    out.append(
+        Check("cgroups", cg is not None, f"v{cg}" if cg else "none", "workspace resource limits", "mount cgroupfs")
+    )
     init = _paths.init_binary()
-    out.append(Check("bunshin-init", init.exists(), str(init), "workspaces (reinstall: `make setup`)"))
+    out.append(Check("bunshin-init", init.exists(), str(init), "workspaces", SETUP))
     try:
         image = Image.base()
         out.append(Check("base image", True, image.rootfs))
     except BunshinError as exc:
-        out.append(Check("base image", False, str(exc), "Workspace() without an explicit image"))
+        out.append(Check("base image", False, str(exc), "Workspace() without an explicit image", "bunshin image build"))
     from ._criu import criu_version
 
     criu = _paths.criu_binary()
@@ -92,6 +164,7 @@ def checks() -> list[Check]:
             version is not None and version.startswith("4.2"),
             f"{criu} {version}" if criu else "not found (criu/build.sh builds 4.2.1)",
             "live fork, snapshot, rollback (filesystem-only fork remains)",
+            f"criu/build.sh ({SETUP})",
         )
     )
     if criu and version:
@@ -105,13 +178,14 @@ def checks() -> list[Check]:
                 if good
                 else (res.stdout + res.stderr).strip()[-300:],
                 "live fork",
+                "a kernel with CONFIG_CHECKPOINT_RESTORE (see `criu check --all`)",
             )
         )
     out.append(_fork_mode_check())
     from ._fork import snapshot_store
 
     huge, where = snapshot_store()
-    out.append(Check("snapshot store", huge, where, "large folios for page images (`bunshin snapstore` mounts them)"))
+    out.append(Check("snapshot store", huge, where, "large folios for CRIU's page images", "bunshin snapstore"))
     ksm = _read("/sys/kernel/mm/ksm/run")
     out.append(
         Check(
@@ -122,7 +196,9 @@ def checks() -> list[Check]:
         )
     )
     uffd = Path("/proc/sys/vm/unprivileged_userfaultfd").exists()
-    out.append(Check("userfaultfd", uffd, "present" if uffd else "absent", "lazy restore"))
+    out.append(Check("userfaultfd", uffd, "present" if uffd else "absent", "lazy restore", "CONFIG_USERFAULTFD"))
+    out += _package_checks()
+    out.append(_docker_check())
     return out
 
 
@@ -135,6 +211,8 @@ def report() -> tuple[str, bool]:
         line = f"{mark} {c.name:<{width}}  {c.detail}"
         if not c.ok and c.disables:
             line += f"\n     {'':<{width}}  disables: {c.disables}"
+        if not c.ok and c.remedy:
+            line += f"\n     {'':<{width}}  fix: {c.remedy}"
         lines.append(line)
     essential = {"root", "overlayfs", "cgroups", "bunshin-init", "base image"}
     return "\n".join(lines), all(c.ok for c in rows if c.name in essential)

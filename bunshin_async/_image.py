@@ -121,25 +121,23 @@ def _recipe_digest(packages: tuple[str, ...] = BASE_PACKAGES) -> str:
 
 
 def apt_mirror() -> str:
-    """The Debian archive URI the host's apt is configured with (never a hard-coded host)."""
+    """The Debian archive URI the host's apt is configured with (never a hard-coded host). Any suite of it will do:
+    a Debian 13 host's archive serves bookworm too."""
     texts = []
     for p in [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*"))]:
-        if p.is_file():
+        if p.is_file() and p.suffix in ("", ".list", ".sources"):
             texts.append(p.read_text())
+    uris: list[str] = []
     for text in texts:
-        for stanza in re.split(r"\n\s*\n", text):
-            uri = re.search(r"^URIs:\s*(\S+)", stanza, re.M)
-            suites = re.search(r"^Suites:\s*(.+)$", stanza, re.M)
-            if uri and suites and any(s in ("bookworm", "stable") for s in suites.group(1).split()):
-                return uri.group(1)
-        for line in text.splitlines():
-            m = re.match(r"\s*deb\s+(?:\[[^\]]*\]\s+)?(\S+)\s+(bookworm|stable)\s", line)
-            if m:
-                return m.group(1)
+        uris += re.findall(r"^URIs:\s*(\S+)", text, re.M)
+        uris += re.findall(r"^\s*deb\s+(?:\[[^\]]*\]\s+)?(\S+)\s", text, re.M)
+    for uri in uris:
+        if "security" not in uri and re.search(r"/debian/?$", uri):
+            return uri
     raise CapabilityMissing(
-        "no Debian bookworm mirror in the host's apt sources",
+        "no Debian archive in the host's apt sources",
         capability="debian-mirror",
-        remedy="add a bookworm entry to /etc/apt/sources.list",
+        remedy="add a Debian archive (deb http://deb.debian.org/debian bookworm main) to /etc/apt/sources.list",
     )
 
 

@@ -172,7 +172,10 @@ EOF
     if id _apt >/dev/null 2>&1; then chown -R _apt "$tmp/lists/partial" "$tmp/cache/archives/partial" "$tmp/dl"; fi
     local APT=(-c "$tmp/apt.conf"
                -o "Dir::Etc::SourceList=$tmp/sources.list" -o "Dir::Etc::SourceParts=$tmp/parts"
-               -o "Dir::State::Lists=$tmp/lists" -o "Dir::Cache=$tmp/cache")
+               -o "Dir::State::Lists=$tmp/lists" -o "Dir::Cache=$tmp/cache"
+               # sid's Release carries a Valid-Until that a frozen or slow mirror outlives; the tarball's
+               # sha256 (criu/SHA256) is what we trust, not the index's freshness.
+               -o "Acquire::Check-Valid-Until=false")
 
     apt-get "${APT[@]}" -q update >"$tmp/update.log" 2>&1 \
         || { cat "$tmp/update.log" >&2; die "apt-get update of $mirror sid (deb-src) failed"; }
@@ -214,7 +217,10 @@ done
 PY=/usr/bin/python3
 log "building criu $VERSION (RUNDIR=$RUNDIR, make -j$(nproc))"
 make -C "$BUILD/src" -j"$(nproc)" PYTHON="$PY" RUNDIR="$RUNDIR" criu lib >"$BUILD/make.log" 2>&1 \
-    || { tail -50 "$BUILD/make.log" >&2; die "make failed (full log: $BUILD/make.log)"; }
+    || { tail -50 "$BUILD/make.log" >&2
+         # With -j2 the first error is often far above the tail: name it.
+         grep -m3 -E 'No rule to make target|\*\*\*|error:' "$BUILD/make.log" >&2 || true
+         die "make failed (full log: $BUILD/make.log)"; }
 grep -E '^(Note|Warn):' "$BUILD/make.log" | sort -u || true
 
 # --- 4. install into criu/dist ----------------------------------------------

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Debian's Docker engine (docker.io), installed when missing and started by hand when not running (these machines
+# Starts Debian's Docker engine (docker.io, installed by setup.sh) by hand when it is not running (these machines
 # have no init system to start it). Idempotent; seconds when it already runs. Used by setup.sh: the image import
 # tests (Image.from_docker) and the peer benchmark need a real engine. The daemon gets no bridge and no iptables
 # rules (--bridge=none --iptables=false): nothing of the host's network is changed, containers run with
@@ -10,23 +10,25 @@ log() { echo "==> $*"; }
 SOCK=${DOCKER_SOCK:-/var/run/docker.sock}
 LOG=${DOCKERD_LOG:-/var/log/bunshin-dockerd.log}
 
-if [[ "$(dpkg-query -W -f='${Status}' docker.io 2>/dev/null || true)" != "install ok installed" ]]; then
-    log "installing docker.io"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y -qq --no-install-recommends docker.io >/dev/null 2>&1 \
-        || { apt-get update -qq && apt-get install -y -qq --no-install-recommends docker.io >/dev/null; }
-fi
+command -v dockerd >/dev/null || { echo "docker.sh: dockerd not found: apt-get install docker.io (scripts/setup.sh does)" >&2; exit 1; }
 # /usr/bin/docker is Debian's client for this daemon (another docker on PATH may be a different client).
 DOCKER=/usr/bin/docker
 up() { "$DOCKER" -H "unix://$SOCK" version --format '{{.Server.Version}}' >/dev/null 2>&1; }
+if [[ -n "${BUNSHIN_DOCKER_NO_START:-}" ]]; then
+    echo "skipped (clean-root check): starting dockerd (a second daemon on the host's kernel)"
+    exit 0
+fi
 if up; then
     echo "dockerd running"
     exit 0
 fi
 log "starting dockerd (log: $LOG)"
 # setsid: the daemon outlives this script and the make run that called it.
-setsid /usr/sbin/dockerd -H "unix://$SOCK" --iptables=false --ip6tables=false --bridge=none \
-    </dev/null >>"$LOG" 2>&1 &
+# --experimental enables `docker checkpoint` (the peer benchmark compares it with BunshinFork); runc finds CRIU on
+# the daemon's PATH, so the project's CRIU 4.2.1 goes first (Debian 12's criu 3.17 fails on newer kernels).
+CRIU_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/criu/dist/sbin
+PATH="$CRIU_DIR:$PATH" setsid /usr/sbin/dockerd -H "unix://$SOCK" --iptables=false --ip6tables=false \
+    --bridge=none --experimental </dev/null >>"$LOG" 2>&1 &
 for _ in $(seq 1 300); do
     up && { echo "dockerd up"; exit 0; }
     sleep 0.1

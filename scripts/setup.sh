@@ -15,7 +15,11 @@ PYTHON=${PYTHON:-python3}
 }
 
 # System packages: only the missing ones, apt-get update only when something is missing.
-PACKAGES=(gcc make libc6-dev debootstrap redis-server ca-certificates iproute2)
+# The list is bunshin_async/system-packages.txt, which `bunshin doctor` reads too.
+mapfile -t PACKAGES < <(awk '!/^#/ && NF { print $1 }' bunshin_async/system-packages.txt)
+# Debian's python3 needs its venv module and headers as separate packages (a python built elsewhere has both).
+"$PYTHON" -c 'import ensurepip' 2>/dev/null || PACKAGES+=("python3-venv")
+[[ -f "$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')/Python.h" ]] || PACKAGES+=("python3-dev")
 missing=()
 for p in "${PACKAGES[@]}"; do
     [[ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)" == "install ok installed" ]] || missing+=("$p")
@@ -31,7 +35,11 @@ log "CRIU"
 criu/build.sh
 
 log "Docker engine"
-scripts/docker.sh
+if [[ -n "${BUNSHIN_CLEAN_ROOT_CHECK:-}" ]]; then
+    BUNSHIN_DOCKER_NO_START=1 scripts/docker.sh
+else
+    scripts/docker.sh
+fi
 
 # The virtual environment, re-synced only when requirements.lock changes.
 if [[ ! -x .venv/bin/python ]]; then
@@ -60,7 +68,11 @@ fi
 log "snapshot store"
 .venv/bin/bunshin snapstore
 
-log "base image"
-.venv/bin/bunshin image build
-.venv/bin/bunshin image build --gui
+if [[ -n "${BUNSHIN_CLEAN_ROOT_CHECK:-}" ]]; then
+    echo "skipped (clean-root check): building the workspace images (debootstrap inside a chroot)"
+else
+    log "base image"
+    .venv/bin/bunshin image build
+    .venv/bin/bunshin image build --gui
+fi
 log "ready"

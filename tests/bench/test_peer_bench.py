@@ -1,0 +1,49 @@
+"""The peer benchmark in its quick mode, so that it cannot rot: every peer of every row has a figure or the
+recorded reason it failed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+ROWS = {
+    "create_to_first_exec": ("bunshin", "docker", "podman", "bwrap"),
+    "exec_round_trip": ("bunshin", "docker", "docker_api", "podman"),
+    "live_fork": ("bunshin", "docker", "podman", "bwrap"),
+    "idle_memory": ("bunshin", "docker", "podman", "bwrap"),
+    "concurrent_creations": ("bunshin", "docker", "podman", "bwrap"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.root
+@pytest.mark.timeout(900)
+def test_quick_run_reports_every_peer(tmp_path: Path) -> None:
+    env = {**os.environ, "BUNSHIN_RUNDIR": str(tmp_path / "ws")}
+    res = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "peer_bench.py"), "--quick"],
+        capture_output=True, text=True, env=env, timeout=880,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout)
+    for row, peers in ROWS.items():
+        for peer in peers:
+            fig = out[row][peer]
+            assert fig, (row, peer)
+            if "failed" in fig:
+                assert isinstance(fig["failed"], str) and fig["failed"], (row, peer, fig)
+            elif row == "live_fork":
+                for n in ("1", "2"):
+                    assert fig[n]["ms"] > 0 and fig[n]["total_pss_mib"] > 0, (row, peer, fig)
+            else:
+                assert fig["median"] > 0, (row, peer, fig)
+    # Bunshin itself must never be a failed row: it is what the others are compared with.
+    for row in ROWS:
+        assert "failed" not in out[row]["bunshin"], out[row]["bunshin"]
+    assert out["live_fork"]["bunshin"]["2"]["total_pss_mib"] < 2 * out["live_fork"]["bunshin"]["1"]["total_pss_mib"]
