@@ -1,6 +1,6 @@
 # The two commands of the README: `make run` (the main job: the latency-hiding experiment) and `make test` (lint,
 # types and the whole suite). Both set up everything first (scripts/setup.sh is idempotent).
-.PHONY: setup run demo test lint bench fresh-check
+.PHONY: setup run demo test lint bench bench-peers fresh-check
 
 setup:
 	@scripts/setup.sh
@@ -29,3 +29,8 @@ bench: setup
 	.venv/bin/python bench/cache_bench.py
 	.venv/bin/python bench/spec_bench.py
 	.venv/bin/python bench/gui_bench.py
+	.venv/bin/python bench/peer_bench.py
+
+# Bunshin beside Docker, Podman and bubblewrap (installs podman and bubblewrap on first use).
+bench-peers: setup
+	.venv/bin/python bench/peer_bench.py
