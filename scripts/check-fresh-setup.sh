@@ -15,6 +15,9 @@
 #
 #   scripts/check-fresh-setup.sh [bookworm|trixie]     (default bookworm; trixie is Debian 13, Python 3.13)
 #   KEEP=1 keeps the root afterwards for inspection; DEBIAN_MIRROR overrides the archive URI.
+#   FRESH_TESTS="tests/workspace ..." then runs those tests in the fresh root, on its own Python and its own build
+#   of everything, with the host's already-built workspace images bound read-only (the set-up skips building them
+#   there); this is how the suite runs on a second Python version (Debian 13's 3.13).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 SRC=$PWD
@@ -112,6 +115,11 @@ if grep -E '^==> installing|building criu|creating .venv' /setup2.log; then exit
 step "bunshin doctor"
 .venv/bin/bunshin doctor >/doctor.log 2>&1
 cat /doctor.log
+if [[ -n "${FRESH_TESTS:-}" ]]; then
+    step "pytest $FRESH_TESTS on $(.venv/bin/python --version)"
+    # shellcheck disable=SC2086
+    .venv/bin/python -m pytest -q -p no:cacheprovider $FRESH_TESTS || exit 13
+fi
 exit 0
 INNER
 
@@ -124,18 +132,24 @@ unshare --mount --propagation private bash -euo pipefail -c '
     mount --bind /dev/pts "$R/dev/pts"
     mount -t tmpfs -o mode=1777 tmpfs "$R/dev/shm"
     mount -t tmpfs -o mode=0755 tmpfs "$R/run"
+    if [[ -n "${FRESH_TESTS:-}" ]]; then
+        mkdir -p "$R/var/lib/bunshin/images"
+        mount --bind -o ro /var/lib/bunshin/images "$R/var/lib/bunshin/images"
+        mount -o remount,bind,ro "$R/var/lib/bunshin/images"
+    fi
     mkdir -p "$R/.oldroot"
     cd "$R"
     pivot_root . .oldroot
     umount --lazy /.oldroot
     exec /usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root \
-        LANG=C.UTF-8 TERM=dumb BUNSHIN_CLEAN_ROOT_CHECK=1 /bin/bash /fresh-check.sh
+        LANG=C.UTF-8 TERM=dumb BUNSHIN_CLEAN_ROOT_CHECK=1 FRESH_TESTS="${FRESH_TESTS:-}" /bin/bash /fresh-check.sh
 ' fresh-check "$ROOTFS" | sed -u "s/^/    /" && rc=0 || rc=$?
 case $rc in
     0) ;;
     10) die "the set-up failed in a fresh $SUITE root (above: the failing step's own error)" ;;
     11) die "the second set-up run failed" ;;
     12) die "the second set-up run installed or built something again (not idempotent)" ;;
+    13) die "tests failed in the fresh $SUITE root (FRESH_TESTS=$FRESH_TESTS)" ;;
     *) die "the check itself failed (exit $rc)" ;;
 esac
 # In a chroot the workspace images are not built and dockerd is not started (said above); everything else the
