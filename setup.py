@@ -10,7 +10,9 @@ from setuptools.command.build_ext import build_ext
 
 
 class BuildWithInit(build_ext):
-    """Also compiles native/init.c into ``bunshin_async/bunshin-init``, next to the extension module."""
+    """Also compiles native/init.c into ``bunshin_async/bunshin-init`` and native/agent.c into the static
+    ``bunshin_async/bunshin-agent`` (it runs inside workspaces, so it may use nothing from their images), next to the
+    extension module."""
 
     def run(self) -> None:
         super().run()
@@ -18,7 +20,10 @@ class BuildWithInit(build_ext):
         os.makedirs(ext_dir, exist_ok=True)
         out = os.path.join(ext_dir, "bunshin-init")
         cc = os.environ.get("CC", "cc")
-        subprocess.check_call([cc, "-O2", "-Wall", "-Wextra", "-Werror", "-o", out, "native/init.c"])
+        warn = ["-Wall", "-Wextra", "-Werror"]
+        subprocess.check_call([cc, "-O2", *warn, "-o", out, "native/init.c"])
+        agent = os.path.join(ext_dir, "bunshin-agent")
+        subprocess.check_call([cc, "-static", "-O2", *warn, "-pthread", "-o", agent, "native/agent.c"])
 
 
 setup(

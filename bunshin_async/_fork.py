@@ -113,9 +113,12 @@ class SetupStep(msgspec.Struct, frozen=True):
     cwd: str | None = None
     env: dict[str, str] | None = None
     log_path: str | None = None
+    user: str | None = None
 
     def request(self) -> P.Spawn:
-        return P.Spawn(argv=self.argv, command=self.command, cwd=self.cwd, env=self.env, log_path=self.log_path)
+        return P.Spawn(
+            argv=self.argv, command=self.command, cwd=self.cwd, env=self.env, log_path=self.log_path, user=self.user
+        )
 
     def __str__(self) -> str:
         return self.command if self.command is not None else shlex.join(self.argv or [])
@@ -432,6 +435,7 @@ class Snapshot:
         env: dict[str, str],
         hostname: str,
         max_output: int,
+        user: str | None = None,
         mode: str = "criu",
         setup: list[tuple[SetupStep, int]] | None = None,
     ) -> None:
@@ -451,6 +455,7 @@ class Snapshot:
         self.env = env
         self.hostname = hostname
         self.max_output = max_output
+        self.user = user
         self.dump_ms: float | None = None
         self.frozen_ms: float | None = None
         self.fresh_net = False
@@ -661,6 +666,7 @@ async def snapshot(ws: Workspace, backend: CriuBackend | None = None) -> Snapsho
         env=dict(ws.env),
         hostname=ws.hostname,
         max_output=ws.max_output,
+        user=ws.user,
         mode="fs" if await anyio.to_thread.run_sync(fs_only) else "criu",
         setup=ws._setup,
     )

@@ -3,8 +3,9 @@
 The base image is a minimal Debian bookworm rootfs built once with debootstrap from the mirror the host's apt already
 uses, then cached under ``$BUNSHIN_HOME/images``. It is built from Debian's packages alone, so it carries none of the
 host's secrets (no /root, /home, host /etc/shadow or sockets). The GUI image (``Image.gui()``) is the same recipe
-plus a virtual X server and the X tools the GUI tools run inside the workspace. The agent layer (the agent script,
-``_protocol`` and msgspec) is a second, tiny lower layer stacked above any image.
+plus a virtual X server and the X tools the GUI tools run inside the workspace. The agent layer (pid 1's
+``bunshin-init`` and the static ``bunshin-agent``, a /dev tree) is a second, tiny lower layer stacked above any image;
+it needs nothing from the image, so any root filesystem works, one without Python or a shell included.
 """
 
 from __future__ import annotations
@@ -60,7 +61,6 @@ GUI_PACKAGES = (
     "libgl1-mesa-dri",
     "fonts-dejavu-core",
 )
-AGENT_PYTHON = "/usr/bin/python3"
 AGENT_DIR = "/opt/bunshin"
 
 
@@ -73,17 +73,11 @@ class Image(msgspec.Struct, frozen=True):
 
     @classmethod
     def from_dir(cls, path: str | os.PathLike[str], *, name: str | None = None) -> Image:
-        """Use a directory holding a root filesystem. It must have /bin/sh and python3.11 (the agent runs on it);
-        it is never written to."""
+        """Use a directory holding a root filesystem; it is never written to. The agent needs nothing from it:
+        command strings and shell sessions need /bin/bash or /bin/sh, argv commands and the file tools nothing."""
         root = Path(path).resolve()
         if not root.is_dir():
             raise ImageError(f"image directory {str(root)!r} does not exist", image=str(root))
-        for needed in ("bin/sh", "usr/bin/python3", "usr/lib/python3.11"):
-            if not (root / needed).exists() and not (root / needed).is_symlink():
-                raise ImageError(
-                    f"image {str(root)!r} lacks /{needed}; the workspace agent needs /bin/sh and python3.11",
-                    image=str(root),
-                )
         manifest = root.parent / "manifest.json"
         digest = None
         if manifest.exists():
@@ -205,15 +199,9 @@ def _scrub(rootfs: Path) -> None:
     (rootfs / "workspace").mkdir(exist_ok=True)
 
 
-AGENT_LAUNCHER = """import sys
-sys.path.insert(0, "/opt/bunshin/lib")
-import bunshin_guest
-bunshin_guest.main()
-"""
-
-
-LAYER_LAYOUT = 2
-"""Bumped when what ``agent_layer`` lays out changes (2: the /dev tree), so hosts build the new layer."""
+LAYER_LAYOUT = 3
+"""Bumped when what ``agent_layer`` lays out changes (2: the /dev tree; 3: the static C agent), so hosts build the
+new layer."""
 
 DEV_NODES = {"null": (1, 3), "zero": (1, 5), "full": (1, 7), "random": (1, 8), "urandom": (1, 9), "tty": (5, 0)}
 DEV_LINKS = {
@@ -246,22 +234,9 @@ def _make_dev(dev: Path) -> None:
 
 
 def agent_layer() -> Path:
-    """The overlay layer holding pid 1's binary and the agent, built once per version (content-addressed).
-
-    The agent's modules are byte-compiled here with unchecked hashes (the workspace's python3.11 shares the magic
-    number of the host's), so no workspace compiles or writes them at start-up.
-    """
-    import compileall
-
-    import msgspec as _msgspec
-
-    init = _paths.init_binary()
-    sources = {
-        "lib/bunshin_guest.py": _paths.PACKAGE_DIR / "_guest.py",
-        "lib/_protocol.py": _paths.PACKAGE_DIR / "_protocol.py",
-        "bunshin-init": init,
-    }
-    h = hashlib.sha256(f"{_msgspec.__version__} {LAYER_LAYOUT}".encode())
+    """The overlay layer holding pid 1's binary and the agent, built once per version (content-addressed)."""
+    sources = {"bunshin-init": _paths.init_binary(), "bunshin-agent": _paths.agent_binary()}
+    h = hashlib.sha256(f"{LAYER_LAYOUT}".encode())
     for rel, src in sorted(sources.items()):
         h.update(rel.encode())
         h.update(src.read_bytes())
@@ -272,19 +247,9 @@ def agent_layer() -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=".agent-", dir=layer.parent))
     try:
         opt = tmp / "root" / AGENT_DIR.lstrip("/")
-        (opt / "lib").mkdir(parents=True)
+        opt.mkdir(parents=True)
         for rel, src in sources.items():
             shutil.copy2(src, opt / rel)
-        (opt / "agent.py").write_text(AGENT_LAUNCHER)
-        shutil.copytree(
-            Path(_msgspec.__file__).parent, opt / "lib" / "msgspec", ignore=shutil.ignore_patterns("__pycache__")
-        )
-        compileall.compile_dir(
-            opt / "lib",
-            quiet=1,
-            ddir="/opt/bunshin/lib",
-            invalidation_mode=__import__("py_compile").PycInvalidationMode.UNCHECKED_HASH,
-        )
         (tmp / "root" / "run" / "bunshin").mkdir(parents=True, mode=0o700)
         _make_dev(tmp / "root" / "dev")
         (tmp / ".complete").touch()

@@ -31,6 +31,11 @@ def init_binary() -> Path:
     return PACKAGE_DIR / "bunshin-init"
 
 
+def agent_binary() -> Path:
+    """The static in-workspace agent (native/agent.c)."""
+    return PACKAGE_DIR / "bunshin-agent"
+
+
 def criu_binary() -> Path | None:
     """CRIU 4.2.1 as built by criu/build.sh (``BUNSHIN_CRIU`` overrides; then the source tree; then PATH)."""
     import shutil

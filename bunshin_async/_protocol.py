@@ -1,7 +1,9 @@
-"""Messages between the host and the agent inside a workspace.
+"""Messages between the host and the agent inside a workspace: the one definition of the protocol.
 
-This module is copied into every workspace's agent layer and imported there by the agent, so it must import nothing
-but msgspec and the standard library. Frames on the agent socket are a 4-byte big-endian length and a msgpack body.
+Frames on the agent socket are a 4-byte big-endian length and a msgpack body (msgspec's encoding: a Struct is a map
+tagged by "op" or "kind", bytes are bin, an optional field is absent or nil). The agent (native/agent.c, a static C
+program) decodes exactly these shapes and answers anything else with ``Failure(error="protocol")``; a change here
+needs the same change there and a new ``PROTOCOL_VERSION``.
 """
 
 from __future__ import annotations
@@ -9,8 +11,11 @@ from __future__ import annotations
 import msgspec
 
 #: Bumped whenever a message changes shape; the agent refuses a host that speaks another version.
-PROTOCOL_VERSION = 1
+#: 2: the C agent (``user`` on Exec, Spawn and ShellOpen; ``shell`` on Pong, ShellOpened and ExecResult).
+PROTOCOL_VERSION = 2
 DEFAULT_MAX_OUTPUT = 1 << 20
+#: Largest request frame the agent reads (agent.c MAX_REQUEST); it answers a larger one with a protocol Failure.
+MAX_REQUEST = 256 << 20
 
 
 class Request(msgspec.Struct, tag_field="op", frozen=True, forbid_unknown_fields=True):
@@ -22,7 +27,9 @@ class Ping(Request, tag="ping", frozen=True):
 
 
 class Exec(Request, tag="exec", frozen=True):
-    """Run ``argv`` (or ``command`` through bash) to completion in a new session."""
+    """Run ``argv`` (or ``command`` through /bin/bash, or /bin/sh where the image has no bash) to completion in a
+    new session. ``user`` is ``NAME``, ``UID``, or either with ``:GROUP``/``:GID``, resolved from the image's
+    /etc/passwd and /etc/group; None runs as the workspace's root."""
 
     argv: list[str] | None = None
     command: str | None = None
@@ -31,11 +38,13 @@ class Exec(Request, tag="exec", frozen=True):
     stdin: bytes | None = None
     timeout: float | None = None
     max_output: int = DEFAULT_MAX_OUTPUT
+    user: str | None = None
 
 
 class ShellOpen(Request, tag="shell_open", frozen=True):
     cwd: str | None = None
     env: dict[str, str] | None = None
+    user: str | None = None
 
 
 class ShellRun(Request, tag="shell_run", frozen=True):
@@ -79,6 +88,7 @@ class Spawn(Request, tag="spawn", frozen=True):
     cwd: str | None = None
     env: dict[str, str] | None = None
     log_path: str | None = None
+    user: str | None = None
 
 
 class Signal(Request, tag="signal", frozen=True):
@@ -104,6 +114,7 @@ class Response(msgspec.Struct, tag_field="kind", frozen=True):
 class Pong(Response, tag="pong", frozen=True):
     version: int
     pid: int
+    shell: str | None = None  # what command strings run through: /bin/bash, /bin/sh, or None (no shell)
 
 
 class Ok(Response, tag="ok", frozen=True):
@@ -112,13 +123,15 @@ class Ok(Response, tag="ok", frozen=True):
 
 class ExecResult(Response, tag="exec_result", frozen=True):
     """Outcome of a finished command. Output is decoded as UTF-8 with replacement; ``truncated`` says a stream
-    went past ``max_output`` bytes, the rest being read and dropped."""
+    went past ``max_output`` bytes, the rest being read and dropped. ``shell`` is the shell a command string or a
+    shell session ran through (/bin/bash, or /bin/sh where the image has no bash); None for an argv."""
 
     exit_code: int
     stdout: str
     stderr: str
     duration: float
     truncated: bool = False
+    shell: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -142,6 +155,7 @@ class DirListing(Response, tag="dir_listing", frozen=True):
 
 class ShellOpened(Response, tag="shell_opened", frozen=True):
     shell_id: int
+    shell: str | None = None
 
 
 class Spawned(Response, tag="spawned", frozen=True):
@@ -164,9 +178,7 @@ class Failure(Response, tag="failure", frozen=True):
 
 ERROR_KINDS = ("timeout", "path_outside", "not_found", "invalid", "os", "protocol", "internal")
 
-AnyResponse = (
-    Pong | Ok | ExecResult | FileData | DirListing | ShellOpened | Spawned | PollResult | Failure
-)
+AnyResponse = Pong | Ok | ExecResult | FileData | DirListing | ShellOpened | Spawned | PollResult | Failure
 
 request_encoder = msgspec.msgpack.Encoder()
 response_encoder = request_encoder

@@ -36,7 +36,7 @@ from ._exceptions import (
     WorkspaceClosed,
     WorkspaceStartError,
 )
-from ._image import AGENT_DIR, AGENT_PYTHON, Image, agent_layer
+from ._image import AGENT_DIR, Image, agent_layer
 from ._kernel import Cgroup, Limits
 from ._protocol import DirEntry, ExecResult
 
@@ -81,7 +81,9 @@ class Workspace:
     file tools are confined to. ``max_output`` caps each of stdout and stderr per call (bytes); the rest is read and
     dropped and the result says ``truncated``. ``display`` (a ``Display``, or True for 1024x768x24) starts a virtual X
     display in the workspace, sets ``DISPLAY`` for every command and enables ``ws.gui``; ``image`` then defaults
-    to the GUI image.
+    to the GUI image. ``user`` (``NAME``, ``UID``, or either with ``:GROUP``/``:GID``, resolved from the image's
+    /etc/passwd and /etc/group) is who commands, background processes and shells run as unless a call names its own;
+    None is the workspace's root. The file tools always act as root.
     """
 
     def __init__(
@@ -94,6 +96,7 @@ class Workspace:
         hostname: str = "bunshin",
         max_output: int = P.DEFAULT_MAX_OUTPUT,
         display: _gui.Display | bool | None = None,
+        user: str | None = None,
     ) -> None:
         if not workdir.startswith("/") or os.path.normpath(workdir) != workdir or workdir == "/":
             raise ValueError(f"workdir must be a normalized absolute path below /, not {workdir!r}")
@@ -103,6 +106,7 @@ class Workspace:
         self.env = dict(env or {})
         self.hostname = hostname
         self.max_output = max_output
+        self.user = user
         self.display = _gui.Display() if display is True else (display or None)
         """The display this workspace starts (None for a copy restored from a snapshot: it has its parent's)."""
         if self.display is not None:
@@ -208,8 +212,7 @@ class Workspace:
             "--work", str(self._dir / "work"),
             "--root", str(self._dir / "root"),
             "--hostname", self.hostname,
-            "--python", AGENT_PYTHON,
-            "--agent", f"{AGENT_DIR}/agent.py",
+            "--agent", f"{AGENT_DIR}/bunshin-agent",
             "--workdir", self.workdir,
             "--self", f"{AGENT_DIR}/bunshin-init",
         ]  # fmt: skip
@@ -356,6 +359,7 @@ class Workspace:
             env=snap.env,
             hostname=snap.hostname,
             max_output=snap.max_output,
+            user=snap.user,
         )
 
     def _live_client(self) -> AgentClient:
@@ -379,9 +383,11 @@ class Workspace:
         env: Mapping[str, str] | None = None,
         stdin: bytes | str | None = None,
         timeout: float | None = None,
+        user: str | None = None,
     ) -> ExecResult:
-        """Run a command to completion. A string runs through bash; a list is an argv. A non-zero exit is a result,
-        not an error. Raises ``ToolTimeout`` (partial output attached) past ``timeout`` seconds."""
+        """Run a command to completion. A string runs through bash (/bin/sh where the image has no bash;
+        ``result.shell`` says which); a list is an argv. A non-zero exit is a result, not an error. Raises
+        ``ToolTimeout`` (partial output attached) past ``timeout`` seconds. ``user`` overrides the workspace's."""
         _check_timeout(timeout, "exec")
         req = P.Exec(
             **_argv_or_command(cmd, "exec"),  # type: ignore[arg-type]
@@ -390,14 +396,16 @@ class Workspace:
             stdin=stdin.encode() if isinstance(stdin, str) else stdin,
             timeout=timeout,
             max_output=self.max_output,
+            user=user if user is not None else self.user,
         )
         resp = await self._call(req, "exec", timeout)
         assert isinstance(resp, ExecResult)
         return resp
 
-    def shell(self, *, cwd: str | None = None, env: Mapping[str, str] | None = None) -> Shell:
-        """A persistent bash session (``async with ws.shell() as sh: await sh.run("cd src")``)."""
-        return Shell(self, cwd=cwd, env={**self.env, **(env or {})})
+    def shell(self, *, cwd: str | None = None, env: Mapping[str, str] | None = None, user: str | None = None) -> Shell:
+        """A persistent bash session, or /bin/sh where the image has no bash (``async with ws.shell() as sh: await
+        sh.run("cd src")``; ``sh.path`` says which once open). ``user`` overrides the workspace's."""
+        return Shell(self, cwd=cwd, env={**self.env, **(env or {})}, user=user if user is not None else self.user)
 
     async def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
         resp = await self._call(P.ReadFile(path=path, max_bytes=max_bytes), "read_file")
@@ -407,9 +415,7 @@ class Workspace:
     async def read_text(self, path: str) -> str:
         return (await self.read_file(path)).decode("utf-8", "replace")
 
-    async def write_file(
-        self, path: str, data: bytes | str, *, append: bool = False, mode: int | None = None
-    ) -> None:
+    async def write_file(self, path: str, data: bytes | str, *, append: bool = False, mode: int | None = None) -> None:
         raw = data.encode() if isinstance(data, str) else data
         await self._call(P.WriteFile(path=path, data=raw, append=append, mode=mode), "write_file")
 
@@ -428,14 +434,17 @@ class Workspace:
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
         log_path: str | None = None,
+        user: str | None = None,
     ) -> BackgroundProcess:
         """Start a process that keeps running between calls; output goes to ``log_path`` (in the workspace
-        directory) or is dropped. It is recorded (``setup``): a filesystem-only copy starts it again."""
+        directory) or is dropped. It is recorded (``setup``): a filesystem-only copy starts it again. ``user``
+        overrides the workspace's."""
         step = _fork.SetupStep(
             **_argv_or_command(cmd, "spawn"),  # type: ignore[arg-type]
             cwd=cwd,
             env={**self.env, **(env or {})} or None,
             log_path=log_path,
+            user=user if user is not None else self.user,
         )
         return await self._start_step(step)
 
@@ -448,9 +457,14 @@ class Workspace:
 
     async def ping(self) -> int:
         """Round-trip to the agent; returns its pid inside the workspace."""
+        return (await self.agent_info()).pid
+
+    async def agent_info(self) -> P.Pong:
+        """The agent's answer to a ping: protocol version, pid and the shell command strings run through
+        (``/bin/bash``, ``/bin/sh``, or None when the image has neither)."""
         resp = await self._call(P.Ping(), "ping")
         assert isinstance(resp, P.Pong)
-        return resp.pid
+        return resp
 
     def __repr__(self) -> str:
         return f"<Workspace {self.id} {self._state} pid={self.pid}>"
@@ -482,10 +496,14 @@ class Shell:
     """A persistent bash session inside a workspace: cwd, exported and plain shell variables survive between
     ``run`` calls. A timed-out command is killed with its children; the session itself survives."""
 
-    def __init__(self, workspace: Workspace, *, cwd: str | None, env: Mapping[str, str]) -> None:
+    def __init__(
+        self, workspace: Workspace, *, cwd: str | None, env: Mapping[str, str], user: str | None = None
+    ) -> None:
         self.workspace = workspace
-        self._open_args = P.ShellOpen(cwd=cwd, env=dict(env) or None)
+        self._open_args = P.ShellOpen(cwd=cwd, env=dict(env) or None, user=user)
         self._id: int | None = None
+        self.path: str | None = None
+        """The shell the session runs (/bin/bash, or /bin/sh where the image has no bash), once open."""
 
     async def __aenter__(self) -> Shell:
         await self.open()
@@ -498,6 +516,7 @@ class Shell:
         resp = await self.workspace._call(self._open_args, "shell")
         assert isinstance(resp, P.ShellOpened)
         self._id = resp.shell_id
+        self.path = resp.shell
 
     async def run(self, command: str, *, timeout: float | None = None) -> ExecResult:
         if self._id is None:

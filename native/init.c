@@ -3,7 +3,8 @@
  *
  * The host runs this binary (the "shim").  It unshares the mount, pid, ipc, uts and network namespaces, forks the
  * workspace's pid 1 and moves it into the workspace's cgroups, which mounts the overlayfs root and the pseudo filesystems,
- * pivots into the root, starts the in-workspace agent and reaps orphans until the agent exits.
+ * pivots into the root, starts the in-workspace agent (bunshin-agent, native/agent.c: a static executable, so it needs
+ * nothing from the image) and reaps orphans until the agent exits.
  *
  * Status protocol on stdout (a pipe to the host), one line each:
  *   "P <host pid of the workspace's pid 1>"   written by the shim right after the fork
@@ -44,7 +45,7 @@ extern char **environ;
 #define MAX_ENV 64
 
 struct config {
-	const char *lower, *upper, *work, *root, *hostname, *agent_python, *agent_script, *workdir, *self_exe;
+	const char *lower, *upper, *work, *root, *hostname, *agent, *workdir, *self_exe;
 	const char *cgroups[MAX_CGROUPS];
 	int ncgroups;
 	char *env[MAX_ENV + 1];
@@ -224,7 +225,7 @@ static void setup_pid1(const struct config *c)
 		dprintf(oom, "-1000\n");
 		close(oom);
 	}
-	char *argv[] = {"bunshin-init", "--pid1", (char *)c->agent_python, (char *)c->agent_script, NULL};
+	char *argv[] = {"bunshin-init", "--pid1", (char *)c->agent, NULL};
 	execve(c->self_exe, argv, (char **)c->env);
 	fail(c->self_exe, errno);
 }
@@ -244,9 +245,9 @@ static int run_pid1(const struct config *c)
 		dup2(null, STDOUT_FILENO);
 		if (null > 3)
 			close(null);
-		char *argv[] = {(char *)c->agent_python, "-I", "-S", (char *)c->agent_script, NULL};
-		execve(c->agent_python, argv, (char **)c->env);
-		dprintf(3, "E exec %s: %s\n", c->agent_python, strerror(errno));
+		char *argv[] = {(char *)c->agent, NULL};
+		execve(c->agent, argv, (char **)c->env);
+		dprintf(3, "E exec %s: %s\n", c->agent, strerror(errno));
 		_exit(127);
 	}
 	close(ready[1]);
@@ -288,7 +289,7 @@ static void forward_kill(int sig)
 static void usage(void)
 {
 	failf("usage: bunshin-init --lower DIRS --upper DIR --work DIR --root DIR --hostname NAME "
-	      "--python PATH --agent PATH --workdir PATH --self PATH [--cgroup PROCS_FILE]... [--env K=V]...");
+	      "--agent PATH --workdir PATH --self PATH [--cgroup PROCS_FILE]... [--env K=V]...");
 }
 
 #define NET_FD 9 /* _fork.NET_FD: CRIU inherits the fresh net namespace on this descriptor */
@@ -351,22 +352,10 @@ int main(int argc, char **argv)
 	struct config c = {0};
 	pid_t parent = getppid();
 
-	/* The agent's exec helper: posix_spawn has no chdir action before glibc 2.29's _np one, which Python 3.11
-	 * does not expose, so commands with a cwd other than the agent's go through here (one cheap execve). */
-	if (argc >= 5 && !strcmp(argv[1], "--exec")) { /* --exec CWD PATH ARGV0 [ARG]... */
-		if (chdir(argv[2]) < 0) {
-			dprintf(STDERR_FILENO, "bunshin: cannot enter %s: %s\n", argv[2], strerror(errno));
-			_exit(127);
-		}
-		execv(argv[3], argv + 4);
-		dprintf(STDERR_FILENO, "bunshin: cannot execute %s: %s\n", argv[3], strerror(errno));
-		_exit(127);
-	}
 	if (argc >= 2 && !strcmp(argv[1], "--restore-wrap"))
 		return restore_wrap(argc, argv);
-	if (argc == 4 && !strcmp(argv[1], "--pid1")) {
-		c.agent_python = argv[2];
-		c.agent_script = argv[3];
+	if (argc == 3 && !strcmp(argv[1], "--pid1")) {
+		c.agent = argv[2];
 		for (char **e = environ; *e && c.nenv < MAX_ENV; e++)
 			c.env[c.nenv++] = *e;
 		return run_pid1(&c);
@@ -386,10 +375,8 @@ int main(int argc, char **argv)
 			c.root = v;
 		else if (!strcmp(k, "--hostname"))
 			c.hostname = v;
-		else if (!strcmp(k, "--python"))
-			c.agent_python = v;
 		else if (!strcmp(k, "--agent"))
-			c.agent_script = v;
+			c.agent = v;
 		else if (!strcmp(k, "--workdir"))
 			c.workdir = v;
 		else if (!strcmp(k, "--self"))
@@ -401,7 +388,7 @@ int main(int argc, char **argv)
 		else
 			usage();
 	}
-	if (!c.lower || !c.upper || !c.work || !c.root || !c.hostname || !c.agent_python || !c.agent_script ||
+	if (!c.lower || !c.upper || !c.work || !c.root || !c.hostname || !c.agent ||
 	    !c.workdir || !c.self_exe)
 		usage();
 
