@@ -10,9 +10,9 @@ from setuptools.command.build_ext import build_ext
 
 
 class BuildWithInit(build_ext):
-    """Also compiles native/init.c into ``bunshin_async/bunshin-init`` and native/agent.c into the static
-    ``bunshin_async/bunshin-agent`` (it runs inside workspaces, so it may use nothing from their images), next to the
-    extension module."""
+    """Also compiles native/init.c into ``bunshin_async/bunshin-init`` and native/agent.c into
+    ``bunshin_async/bunshin-agent``, next to the extension module: static executables, since both run inside
+    workspaces and may use nothing from their images."""
 
     def run(self) -> None:
         super().run()
@@ -20,10 +20,11 @@ class BuildWithInit(build_ext):
         os.makedirs(ext_dir, exist_ok=True)
         out = os.path.join(ext_dir, "bunshin-init")
         cc = os.environ.get("CC", "cc")
-        warn = ["-Wall", "-Wextra", "-Werror"]
-        subprocess.check_call([cc, "-O2", *warn, "-o", out, "native/init.c"])
+        # Both static: pid 1 and the agent run on any image, one without a libc included.
+        flags = ["-static", "-O2", "-Wall", "-Wextra", "-Werror"]
+        subprocess.check_call([cc, *flags, "-o", out, "native/init.c"])
         agent = os.path.join(ext_dir, "bunshin-agent")
-        subprocess.check_call([cc, "-static", "-O2", *warn, "-pthread", "-o", agent, "native/agent.c"])
+        subprocess.check_call([cc, *flags, "-pthread", "-o", agent, "native/agent.c"])
 
 
 setup(

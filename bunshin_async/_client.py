@@ -1,7 +1,9 @@
 """The host end of the agent protocol: one Unix-socket connection per request in flight, pooled when idle.
 
 A request cancelled mid-flight closes its connection; the agent sees the hang-up and kills the command it was
-running, so cancellation leaves no process behind.
+running, so cancellation leaves no process behind. The socket lives inside the workspace, so whatever answers on it
+is untrusted: a frame larger than ``MAX_FRAME`` or a body that is not a response is an ``AgentError``, a hang-up a
+``WorkspaceClosed``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from ._exceptions import AgentError, WorkspaceClosed
 
 _header = struct.Struct(">I")
 MAX_FRAME = 1 << 31
+"""Largest answer read from the agent (bytes)."""
 
 
 class AgentClient:
@@ -44,6 +47,12 @@ class AgentClient:
         try:
             await conn.send(_header.pack(len(payload)) + payload)
             size = _header.unpack(await _receive_exact(conn, 4))[0]
+            if size > MAX_FRAME:
+                raise AgentError(
+                    f"workspace {self.workspace_id}: the agent announced a {size}-byte answer to "
+                    f"{type(req).__name__}, over the {MAX_FRAME}-byte limit",
+                    workspace_id=self.workspace_id,
+                )
             body = await _receive_exact(conn, size)
             ok = True
         except (OSError, anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:

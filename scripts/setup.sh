@@ -9,8 +9,8 @@ log() { echo "==> $*"; }
 
 [[ $(id -u) -eq 0 ]] || { echo "setup.sh: must run as root (namespaces, mounts, cgroups, CRIU)" >&2; exit 1; }
 PYTHON=${PYTHON:-python3}
-"$PYTHON" -c 'import sys; assert sys.version_info[:2] == (3, 11), sys.version' 2>/dev/null || {
-    echo "setup.sh: need Python 3.11 (the workspace agent shares its ABI with the base image's python3.11); set PYTHON=" >&2
+"$PYTHON" -c 'import sys; assert sys.version_info[:2] >= (3, 10), sys.version' 2>/dev/null || {
+    echo "setup.sh: need Python 3.10 or later on the host (set PYTHON=)" >&2
     exit 1
 }
 
