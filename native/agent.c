@@ -465,9 +465,9 @@ static int rd_int(struct rd *r, int64_t *out)
 		return 0;
 	}
 	if (c >= 0xcc && c <= 0xcf) {
-		if (rd_be(r, 1 << (c - 0xcc), &v) < 0 || v > INT64_MAX)
+		if (rd_be(r, 1 << (c - 0xcc), &v) < 0)
 			goto bad;
-		*out = (int64_t)v;
+		*out = v > INT64_MAX ? INT64_MAX : (int64_t)v; /* msgspec takes a uint64; no field needs one */
 		return 0;
 	}
 	if (c >= 0xd0 && c <= 0xd3) {
@@ -627,6 +627,33 @@ static void req_free(struct req *r)
 	free(r->env);
 }
 
+/* ShellRun.command is a required str, where Exec's and Spawn's is optional. */
+static int strict_command(enum op op, int fid)
+{
+	return op == OP_SHELL_RUN && fid == F_COMMAND;
+}
+
+static void clear_field(struct req *q, int fid)
+{
+	q->present &= ~(1u << fid);
+	free(q->strs[fid].s);
+	memset(&q->strs[fid], 0, sizeof(q->strs[fid]));
+	if (fields[fid].type == T_STRLIST) {
+		for (uint32_t i = 0; i < q->argc; i++)
+			free(q->argv[i].s);
+		free(q->argv);
+		q->argv = NULL;
+		q->argc = 0;
+	} else if (fields[fid].type == T_STRMAP) {
+		for (uint32_t i = 0; i < q->nenv; i++)
+			free(q->env[i].s);
+		free(q->env);
+		q->env = NULL;
+		q->nenv = 0;
+		q->env_bad = 0;
+	}
+}
+
 static int take_str(struct rd *r, struct str *out)
 {
 	const uint8_t *s;
@@ -657,7 +684,7 @@ static int decode_field(struct rd *r, struct req *q, int fid, struct fail *f)
 {
 	const struct fspec *spec = &fields[fid];
 	if (r->p < r->end && *r->p == 0xc0) {
-		if (!spec->nullable)
+		if (!spec->nullable || strict_command(q->op, fid))
 			return proto(f, "Expected `%s`, got `null` - at `$.%s`",
 				     spec->type == T_INT ? "int" : spec->type == T_BOOL ? "bool" : "str", spec->name);
 		r->p++;
@@ -784,15 +811,14 @@ static int decode_request(const uint8_t *p, size_t n, struct req *q, struct fail
 		if (klen == 2 && !memcmp(key, "op", 2)) {
 			const uint8_t *val;
 			size_t vlen;
-			if (op >= 0)
-				return proto(f, "Duplicate field `op`%s%s", "", "");
 			if (rd_raw(&r, 0, &val, &vlen) < 0)
 				return proto(f, "Expected `str`, got `%s` - at `$.op`%s",
 					     r.p < r.end ? mp_type_name(*r.p) : "nothing", "");
+			int this_op = -1;
 			for (int o = 0; o < OP_COUNT; o++)
 				if (strlen(op_names[o]) == vlen && !memcmp(op_names[o], val, vlen))
-					op = o;
-			if (op < 0) {
+					this_op = o;
+			if (this_op < 0 || (op >= 0 && this_op != op)) { /* a repeated tag must repeat the value */
 				char tag[64];
 				size_t m = vlen < sizeof(tag) - 1 ? vlen : sizeof(tag) - 1;
 				memcpy(tag, val, m);
@@ -802,6 +828,7 @@ static int decode_request(const uint8_t *p, size_t n, struct req *q, struct fail
 						tag[i] = '?';
 				return proto(f, "Invalid value '%s' - at `$.op`%s", tag, "");
 			}
+			op = this_op;
 		} else if (rd_skip(&r, 1) < 0) {
 			return proto(f, r.p >= r.end ? "Input data was truncated%s%s" : "MessagePack data is malformed%s%s",
 				     "", "");
@@ -836,14 +863,12 @@ static int decode_request(const uint8_t *p, size_t n, struct req *q, struct fail
 					name[i] = '?';
 			return proto(f, "Object contains unknown field `%s`%s", name, "");
 		}
-		if (q->present >> fid & 1 || (fields[fid].type == T_STRLIST && q->argv) ||
-		    (fields[fid].type == T_STRMAP && q->env) || (fields[fid].type == T_STR && q->strs[fid].s))
-			return proto(f, "Duplicate field `%s`%s", fields[fid].name, "");
+		clear_field(q, fid); /* a repeated key: the last value wins, as in msgspec */
 		if (decode_field(&r, q, fid, f) < 0)
 			return -1;
 	}
 	for (const int *fp = op_fields[op]; *fp >= 0; fp++)
-		if (fields[*fp].required && !HAS(q, *fp))
+		if ((fields[*fp].required || strict_command(q->op, *fp)) && !HAS(q, *fp))
 			return proto(f, "Object missing required field `%s`%s", fields[*fp].name, "");
 	return 0;
 }

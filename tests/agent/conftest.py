@@ -18,7 +18,9 @@ pytestmark = pytest.mark.root
 
 BUSYBOX = Path("/bin/busybox")  # Debian's busybox-static (scripts/setup.sh installs it)
 
-PASSWD = "root:x:0:0:root:/root:/bin/sh\nalice:x:1500:1500:Alice:/home/alice:/bin/sh\nnobody:x:65534:65534::/:/bin/false\n"
+PASSWD = (
+    "root:x:0:0:root:/root:/bin/sh\nalice:x:1500:1500:Alice:/home/alice:/bin/sh\nnobody:x:65534:65534::/:/bin/false\n"
+)
 GROUP = "root:x:0:\nalice:x:1500:\ndevs:x:1600:bob,alice\nops:x:1700:alice\nnogroup:x:65534:\n"
 
 

@@ -38,7 +38,7 @@ async def test_exec_files_and_shell_without_python_or_bash(busybox_image: Image)
         async with ws.shell() as sh:
             assert sh.path == "/bin/sh"
             await sh.run("cd /tmp && X=1 && export Y=2")
-            r = await sh.run("pwd; echo $X$Y; it=\"it's\"; echo \"$it\"")
+            r = await sh.run('pwd; echo $X$Y; it="it\'s"; echo "$it"')
             assert (r.stdout, r.shell) == ("/tmp\n12\nit's\n", "/bin/sh")
             with pytest.raises(ToolTimeout) as info:
                 await sh.run("echo before; sleep 1000", timeout=0.5)
