@@ -13,7 +13,6 @@ doubt a shell command is ``write``; callers can override per tool (``Tool.with_e
 
 from __future__ import annotations
 
-import enum
 import functools
 import re
 import shlex
@@ -22,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from ._compat import StrEnum
 from ._exceptions import InvalidArgument
 from ._protocol import DirEntry, ExecResult
 
@@ -44,7 +44,7 @@ __all__ = [
 ]
 
 
-class Effect(enum.StrEnum):
+class Effect(StrEnum):
     PURE = "pure"
     READ = "read"
     WRITE = "write"

@@ -24,6 +24,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from . import _fork, _gc, _gui, _paths
 from . import _protocol as P
 from ._client import AgentClient
+from ._compat import BaseExceptionGroup
 from ._exceptions import (
     AgentError,
     CapabilityMissing,

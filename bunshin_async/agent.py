@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import anyio
 import msgspec
 
+from ._compat import BaseExceptionGroup
 from ._exceptions import ToolCallError, ToolError, ToolTimeout
 from ._llm._events import ArgumentsComplete, MessageFinished, ToolCall, UsageReported
 from ._llm._openai import tap_openai_stream

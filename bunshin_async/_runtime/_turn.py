@@ -34,6 +34,7 @@ from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectSendStream
 
 from .._accounting import tree_bytes
+from .._compat import BaseExceptionGroup
 from .._exceptions import BunshinError, InvalidArgument, ToolError
 from .._llm._events import (
     ArgumentsComplete,
