@@ -1,6 +1,8 @@
 """Workspace benchmark: create-to-first-exec, exec and shell round-trips, idle PSS, 32 concurrent creations.
 
-Prints one JSON object. Times are milliseconds (median, p90 over repeated runs in this one process).
+Prints one JSON object. Times are milliseconds (median, p90 over repeated runs in this one process). Each figure is
+measured for the C agent and, side by side in the same run (creations interleaved), for the Python agent it replaced,
+rebuilt from git history (``_old_agent``; skipped with ``BENCH_OLD_AGENT=0`` or outside a git checkout).
 """
 
 from __future__ import annotations
@@ -10,30 +12,35 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _old_agent import OldAgent, OldAgentWorkspace, old_revision  # noqa: E402
 from _stats import pss_kib, summary  # noqa: E402
 
 from bunshin_async import Workspace  # noqa: E402
 
+Factory = Callable[[], Workspace]
 
-async def create_to_first_exec(n: int) -> list[float]:
-    out = []
+
+async def create_to_first_exec(factories: dict[str, Factory], n: int) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {k: [] for k in factories}
     for _ in range(n):
-        t = time.perf_counter()
-        ws = Workspace()
-        await ws.start()
-        await ws.exec(["true"])
-        out.append(time.perf_counter() - t)
-        await ws.aclose()
+        for kind, make in factories.items():  # interleaved: both see the same machine load
+            t = time.perf_counter()
+            ws = make()
+            await ws.start()
+            await ws.exec(["true"])
+            out[kind].append(time.perf_counter() - t)
+            await ws.aclose()
     return out
 
 
-async def round_trips(n: int) -> tuple[list[float], list[float], list[float]]:
-    async with Workspace() as ws:
+async def round_trips(make: Factory, n: int) -> tuple[list[float], list[float], list[float]]:
+    async with make() as ws:
         execs, shells, pings = [], [], []
         for _ in range(20):
             await ws.exec(["true"])
@@ -55,9 +62,9 @@ async def round_trips(n: int) -> tuple[list[float], list[float], list[float]]:
     return execs, shells, pings
 
 
-async def idle_pss(count: int) -> dict[str, float]:
+async def idle_pss(make: Factory, count: int) -> dict[str, float]:
     """PSS of every process of ``count`` idle workspaces (pid 1 + agent), per workspace."""
-    workspaces = [Workspace() for _ in range(count)]
+    workspaces = [make() for _ in range(count)]
     try:
         for ws in workspaces:
             await ws.start()
@@ -75,13 +82,13 @@ async def idle_pss(count: int) -> dict[str, float]:
             await ws.aclose()
 
 
-async def concurrent_creations(n: int) -> dict[str, object]:
+async def concurrent_creations(make: Factory, n: int) -> dict[str, object]:
     latencies: list[float] = []
     workspaces: list[Workspace] = []
 
     async def one() -> None:
         t = time.perf_counter()
-        ws = Workspace()
+        ws = make()
         workspaces.append(ws)
         await ws.start()
         await ws.exec(["true"])
@@ -99,23 +106,63 @@ async def concurrent_creations(n: int) -> dict[str, object]:
     return {"n": n, "wall_ms": round(wall * 1000, 1), "per_workspace": summary(latencies)}
 
 
-async def main() -> None:
-    reps = int(os.environ.get("BENCH_REPS", "30"))
-    first = await create_to_first_exec(reps)
-    execs, shells, pings = await round_trips(reps * 10)
-    result = {
-        "benchmark": "workspace",
-        "date": time.strftime("%Y-%m-%d"),
-        "machine": {"cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version()},
+async def measure(make: Factory, reps: int, first: list[float]) -> dict[str, object]:
+    execs, shells, pings = await round_trips(make, reps * 10)
+    return {
         "create_to_first_exec_ms": summary(first),
         "exec_true_round_trip_ms": summary(execs),
         "shell_round_trip_ms": summary(shells),
         "agent_ping_round_trip_ms": summary(pings),
-        "idle_pss_1": await idle_pss(1),
-        "idle_pss_16": await idle_pss(16),
-        "concurrent_32": await concurrent_creations(32),
-        "targets": {"create_to_first_exec_p50_ms": 50, "exec_round_trip_p50_ms": 2, "idle_pss_mib": 10},
+        "idle_pss_1": await idle_pss(make, 1),
+        "idle_pss_16": await idle_pss(make, 16),
+        "concurrent_32": await concurrent_creations(make, 32),
     }
+
+
+async def main() -> None:
+    reps = int(os.environ.get("BENCH_REPS", "30"))
+    factories: dict[str, Factory] = {"c": Workspace}
+    rev = old_revision() if os.environ.get("BENCH_OLD_AGENT", "1") != "0" else None
+    old = OldAgent(rev) if rev else None
+    try:
+        if old is not None:
+
+            def make_old() -> Workspace:
+                ws = OldAgentWorkspace()
+                ws.old = old
+                return ws
+
+            factories["python"] = make_old
+        firsts = await create_to_first_exec(factories, reps)
+        agents = {kind: await measure(make, reps, firsts[kind]) for kind, make in factories.items()}
+    finally:
+        if old is not None:
+            old.close()
+    result: dict[str, object] = {
+        "benchmark": "workspace",
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": {"cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version()},
+        "old_agent_revision": rev,
+        "agents": agents,
+        "targets": {
+            "create_to_first_exec_p50_ms": 20,
+            "exec_round_trip_p50_ms": 0.5,
+            "idle_pss_16_per_workspace_mib": 2,
+        },
+    }
+    if "python" in agents:
+        c, py = agents["c"], agents["python"]
+
+        def ratio(key: str, field: str = "median") -> float:
+            return round(c[key][field] / py[key][field], 3)  # type: ignore[index]
+
+        result["c_over_python"] = {
+            "create_to_first_exec_p50": ratio("create_to_first_exec_ms"),
+            "exec_round_trip_p50": ratio("exec_true_round_trip_ms"),
+            "shell_round_trip_p50": ratio("shell_round_trip_ms"),
+            "ping_round_trip_p50": ratio("agent_ping_round_trip_ms"),
+            "idle_pss_16": ratio("idle_pss_16", "per_workspace_mib"),
+        }
     print(json.dumps(result, indent=2))
 
 
