@@ -4,7 +4,7 @@
  * OSError with errno set, like the os module; callers translate it into BunshinError where they call it.
  */
 #define PY_SSIZE_T_CLEAN
-#define _GNU_SOURCE
+#define _GNU_SOURCE 1 /* as Python 3.10's pyconfig.h defines it: an identical redefinition is no warning */
 #include <Python.h>
 #include <errno.h>
 #include <sched.h>
