@@ -10,6 +10,7 @@ it needs nothing from the image, so any root filesystem works, one without Pytho
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -199,6 +200,23 @@ def _scrub(rootfs: Path) -> None:
     (rootfs / "workspace").mkdir(exist_ok=True)
 
 
+def _stat_key(path: Path) -> tuple[int, int, int]:
+    st = path.stat()
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+@functools.lru_cache(maxsize=8)
+def _layer_name(stats: tuple[tuple[object, ...], ...]) -> str:
+    """Digest of the layer's binaries (about 1 MiB each), computed once per process and version of them: hashing
+    them at every start would cost a few ms of create-to-first-exec."""
+    h = hashlib.sha256(f"{LAYER_LAYOUT}".encode())
+    for rel, src, *_ in stats:
+        assert isinstance(rel, str) and isinstance(src, Path)
+        h.update(rel.encode())
+        h.update(src.read_bytes())
+    return h.hexdigest()[:16]
+
+
 LAYER_LAYOUT = 3
 """Bumped when what ``agent_layer`` lays out changes (2: the /dev tree; 3: the static C agent), so hosts build the
 new layer."""
@@ -236,11 +254,8 @@ def _make_dev(dev: Path) -> None:
 def agent_layer() -> Path:
     """The overlay layer holding pid 1's binary and the agent, built once per version (content-addressed)."""
     sources = {"bunshin-init": _paths.init_binary(), "bunshin-agent": _paths.agent_binary()}
-    h = hashlib.sha256(f"{LAYER_LAYOUT}".encode())
-    for rel, src in sorted(sources.items()):
-        h.update(rel.encode())
-        h.update(src.read_bytes())
-    layer = _paths.agent_layers_dir() / h.hexdigest()[:16]
+    stats = tuple((rel, src, *_stat_key(src)) for rel, src in sorted(sources.items()))
+    layer = _paths.agent_layers_dir() / _layer_name(stats)
     if (layer / ".complete").exists():
         return layer / "root"
     layer.parent.mkdir(parents=True, exist_ok=True)
