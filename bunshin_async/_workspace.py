@@ -181,6 +181,7 @@ class Workspace:
             )
         image = self.image
         try:
+            _fork._prime_attach()  # the shim's cgroup attach then waits no grace period: the agent is ready sooner
             layer = await anyio.to_thread.run_sync(agent_layer)
             self._make_dirs()
             self._cgroup = Cgroup.create(f"ws-{self.id}", self.limits)
