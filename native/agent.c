@@ -1701,9 +1701,10 @@ static void reap_background(void)
 	pthread_mutex_unlock(&state_lock);
 }
 
+/* The latest process started with this pid (an earlier one may have exited and its pid been reused). */
 static struct bg *find_bg(pid_t pid)
 {
-	for (size_t i = 0; i < nbgs; i++)
+	for (size_t i = nbgs; i-- > 0;)
 		if (bgs[i].pid == pid)
 			return &bgs[i];
 	return NULL;
