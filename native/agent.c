@@ -1460,6 +1460,14 @@ static void set_nonblock(int fd)
 	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
 }
 
+/* After a SIGKILL to a process group: wait (up to a second) until pid 1 has reaped its last member, so that the
+ * host's ToolTimeout or cancellation returns once they are gone, not just doomed. */
+static void wait_group_gone(pid_t pgid)
+{
+	for (int i = 0; i < 1000 && !(kill(-pgid, 0) < 0 && errno == ESRCH); i++)
+		usleep(1000);
+}
+
 /* Feed stdin and collect output until the process exits (not until EOF: a background child may keep the pipes
  * open). Returns 1 if the deadline passed and the group was killed. A hang-up on conn (the host cancelled) kills
  * the process group too. */
@@ -1470,7 +1478,7 @@ static int pump(pid_t pid, int pidfd, int out_r, int err_r, int *in_w, const uin
 				{*in_w, POLLOUT, 0}};
 	struct collect *sinks[3] = {NULL, out, err};
 	size_t sent = 0;
-	int timed_out = 0, exited = 0;
+	int timed_out = 0, exited = 0, killed = 0;
 	if (*in_w >= 0 && !in_len) {
 		close(*in_w);
 		*in_w = fds[4].fd = -1;
@@ -1478,7 +1486,7 @@ static int pump(pid_t pid, int pidfd, int out_r, int err_r, int *in_w, const uin
 	while (!exited) {
 		int wait = poll_ms(deadline);
 		if (wait == 0) {
-			timed_out = 1;
+			timed_out = killed = 1;
 			kill(-pid, SIGKILL);
 			break;
 		}
@@ -1495,7 +1503,7 @@ static int pump(pid_t pid, int pidfd, int out_r, int err_r, int *in_w, const uin
 		if (fds[3].revents) {
 			if (hung_up(conn)) {
 				kill(-pid, SIGKILL);
-				exited = 1;
+				exited = killed = 1;
 			} else {
 				fds[3].fd = -1; /* the host sent more than one request: it gets this answer first */
 			}
@@ -1517,6 +1525,8 @@ static int pump(pid_t pid, int pidfd, int out_r, int err_r, int *in_w, const uin
 	int status;
 	while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
 		;
+	if (killed)
+		wait_group_gone(pid);
 	return timed_out ? -1 : exit_code(status);
 }
 
