@@ -58,7 +58,8 @@ echo "$ROOT/criu/dist/python" > "$site/bunshin-pycriu.pth"
 
 # The package itself (editable) with its extension and init binary, rebuilt when native code changes.
 native_sum=$(cat native/*.c setup.py pyproject.toml | sha256sum | cut -d' ' -f1)
-if [[ "$(cat .venv/.native-sum 2>/dev/null)" != "$native_sum" || ! -x bunshin_async/bunshin-init ]] \
+if [[ "$(cat .venv/.native-sum 2>/dev/null)" != "$native_sum" || ! -x bunshin_async/bunshin-init \
+    || ! -x bunshin_async/bunshin-agent ]] \
     || ! .venv/bin/python -c 'import bunshin_async._native' 2>/dev/null; then
     log "building bunshin (native extension, workspace init)"
     .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
