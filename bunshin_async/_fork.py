@@ -122,6 +122,9 @@ class SetupStep(msgspec.Struct, frozen=True):
 
 
 DRAIN_TIMEOUT = 60.0
+FREEZE_TIMEOUT = 10
+"""Seconds CRIU may take to freeze and seize the tree (its ``timeout`` option): a process that cannot be frozen
+fails the dump in this time, named (``_undumpable``)."""
 DUMP_TIMEOUT = 120.0
 RESTORE_TIMEOUT = 120.0
 LOG_LEVEL = int(os.environ.get("BUNSHIN_CRIU_LOG_LEVEL", "2"))
@@ -673,7 +676,14 @@ async def snapshot(ws: Workspace, backend: CriuBackend | None = None) -> Snapsho
         if snap.mode == "fs":
             await _fs_copy(ws, snap)
         else:
-            await _dump(ws, snap, backend, parent)
+            if blocked := await anyio.to_thread.run_sync(_undumpable, ws, False):
+                raise ForkError(f"workspace {ws.id}: {blocked}", workspace_id=ws.id)
+            try:
+                await _dump(ws, snap, backend, parent)
+            except ForkError as exc:
+                if blocked := await anyio.to_thread.run_sync(_undumpable, ws, True):
+                    raise ForkError(f"workspace {ws.id}: {blocked}; {exc}", **exc._kwargs) from exc
+                raise
     except BaseException:
         with anyio.CancelScope(shield=True):
             _thaw(ws)
@@ -699,6 +709,7 @@ async def _dump(ws: Workspace, snap: Snapshot, backend: CriuBackend, parent: Pat
     # loopback).
     req.opts.network_lock = rpc.SKIP
     req.opts.notify_scripts = True
+    req.opts.timeout = FREEZE_TIMEOUT
     if freezer is not None:
         req.opts.freeze_cgroup = str(freezer)
     if parent is not None:
@@ -749,6 +760,42 @@ async def _fs_copy(ws: Workspace, snap: Snapshot) -> None:
     finally:
         _thaw(ws)
     snap.frozen_ms = (time.monotonic() - t0) * 1000
+
+
+def _undumpable(ws: Workspace, after_failure: bool) -> str:
+    """Why CRIU cannot dump ``ws``'s tree, naming the processes by their in-workspace pid, or ``""`` (blocking).
+    A task traced by another (a debugger, strace) cannot be seized and its ptrace state is not in the images;
+    criu/patches/0008 fails the dump at once on one, this check fails it before CRIU starts. ``after_failure``
+    also names tasks in uninterruptible sleep, which the freezer may be unable to freeze (a hung FUSE or NFS
+    request): CRIU then gives up after ``FREEZE_TIMEOUT``."""
+    tasks: dict[int, dict[str, str]] = {}
+    for pid in ws.cgroup.pids() if ws.cgroup is not None else []:
+        try:
+            text = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        tasks[pid] = {k: v.strip() for k, v in (line.split(":", 1) for line in text.splitlines() if ":" in line)}
+
+    def name(pid: int, fields: dict[str, str] | None) -> str:
+        if fields is None:
+            return f"host pid {pid} (outside the workspace)"
+        return f"pid {(fields.get('NSpid', '').split() or [str(pid)])[-1]} ({fields.get('Name', '?')})"
+
+    why: list[str] = []
+    for pid, fields in tasks.items():
+        tracer = int(fields.get("TracerPid", "0") or 0)
+        if tracer:
+            why.append(f"{name(pid, fields)} is traced by {name(tracer, tasks.get(tracer))}")
+        elif after_failure and fields.get("State", "").startswith("D"):
+            try:
+                wchan = Path(f"/proc/{pid}/wchan").read_text().strip() or "?"
+            except OSError:
+                wchan = "?"
+            why.append(f"{name(pid, fields)} is in uninterruptible sleep ({wchan}) and may not freeze")
+    if not why:
+        return ""
+    remedy = "CRIU cannot dump a traced process: detach the tracer first" if "traced" in why[0] else "retry"
+    return f"cannot snapshot: {'; '.join(why)} ({remedy})"
 
 
 def _live_ns_pids(ws: Workspace) -> set[int]:
