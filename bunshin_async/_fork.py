@@ -68,6 +68,7 @@ snapshot), because a connection from the host cannot be dumped; the agent's list
 from __future__ import annotations
 
 import atexit
+import copy
 import os
 import secrets
 import shlex
@@ -77,6 +78,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -648,7 +650,98 @@ async def _copy_tree(src: Path, dst: Path, *, workspace_id: str = "") -> None:
         raise ForkError(f"copying {src} to {dst} failed: {why.strip()}", workspace_id=workspace_id) from exc
 
 
+class _Batch:
+    """Concurrent ``fork`` calls on one workspace that share one snapshot: ``wants`` copies each, made from
+    ``snap`` once it is taken. The last user to finish with it closes it."""
+
+    def __init__(self) -> None:
+        self.users = 0
+        self.taken = anyio.Event()
+        self.snap: Snapshot | None = None
+        self.error: BaseException | None = None
+
+    async def leave(self) -> None:
+        self.users -= 1
+        if self.users == 0 and self.snap is not None:
+            with anyio.CancelScope(shield=True):
+                await self.snap.aclose()
+
+
+class _Coordinator:
+    """Per workspace: one snapshot or rollback at a time (CRIU seizes the whole tree, and two dumps of one tree
+    collide in ``PTRACE_SEIZE``), and the fork batch still open to joiners."""
+
+    def __init__(self) -> None:
+        self.lock = anyio.Lock()
+        self.open: _Batch | None = None
+
+
+_coordinators: weakref.WeakKeyDictionary[Workspace, _Coordinator] = weakref.WeakKeyDictionary()
+
+
+def _coordinator(ws: Workspace) -> _Coordinator:
+    coord = _coordinators.get(ws)
+    if coord is None:
+        coord = _coordinators[ws] = _Coordinator()
+    return coord
+
+
+async def fork(ws: Workspace, n: int) -> list[Workspace]:
+    """``n`` copies of ``ws`` as it is now. Concurrent calls on one workspace are coalesced: those that arrive
+    while no dump of it has started share the next one (16 concurrent ``fork(1)`` take one dump, or two when the
+    first had started already), and each restores its own copies from it, so one caller's failed or cancelled
+    restore does not touch the others. A call that joined a batch whose taker was cancelled joins the next one."""
+    if n < 1:
+        raise ValueError("n must be at least 1")
+    coord = _coordinator(ws)
+    while True:
+        batch = coord.open
+        lead = batch is None
+        if batch is None:
+            batch = coord.open = _Batch()
+        batch.users += 1
+        try:
+            if lead:
+                await _take(ws, coord, batch)
+            else:
+                await batch.taken.wait()
+            if batch.error is not None:
+                if isinstance(batch.error, anyio.get_cancelled_exc_class()):
+                    continue  # its taker was cancelled, not us: take part in the next batch
+                raise copy.copy(batch.error)
+            assert batch.snap is not None
+            return await type(ws).from_snapshot(batch.snap, n)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await batch.leave()
+
+
+async def _take(ws: Workspace, coord: _Coordinator, batch: _Batch) -> None:
+    """Take ``batch``'s snapshot (the leader of a batch does this). Joiners are let in until the dump starts: one
+    scheduling round first, so that calls started together share it, then while the previous dump runs."""
+    try:
+        await anyio.lowlevel.checkpoint()
+        async with coord.lock:
+            if coord.open is batch:
+                coord.open = None
+            batch.snap = await _snapshot(ws, None)
+    except BaseException as exc:
+        if coord.open is batch:
+            coord.open = None
+        batch.error = exc
+        raise
+    finally:
+        batch.taken.set()
+
+
 async def snapshot(ws: Workspace, backend: CriuBackend | None = None) -> Snapshot:
+    """A snapshot of ``ws`` (see ``Workspace.snapshot``); snapshots, rollbacks and fork batches of one workspace
+    run one at a time."""
+    async with _coordinator(ws).lock:
+        return await _snapshot(ws, backend)
+
+
+async def _snapshot(ws: Workspace, backend: CriuBackend | None) -> Snapshot:
     from ._image import agent_layer
 
     if ws._state != "running" or ws.pid is None:
@@ -965,7 +1058,13 @@ def _prime_attach() -> None:
 
 async def rollback(ws: Workspace, snap: Snapshot, backend: CriuBackend | None = None) -> None:
     """Replace the processes and files of ``ws`` by the snapshot's; ``ws`` keeps its id, directory and cgroup. If
-    the restore fails the workspace is closed (its old state is already gone) and ``ForkError`` raised."""
+    the restore fails the workspace is closed (its old state is already gone) and ``ForkError`` raised. Waits for
+    a snapshot of ``ws`` in progress (and the other way round)."""
+    async with _coordinator(ws).lock:
+        await _rollback(ws, snap, backend)
+
+
+async def _rollback(ws: Workspace, snap: Snapshot, backend: CriuBackend | None) -> None:
     if ws._state != "running":
         raise WorkspaceClosed(f"workspace {ws.id} is {ws._state}", workspace_id=ws.id)
     if snap.closed:

@@ -337,9 +337,8 @@ class Workspace:
 
     async def fork(self, n: int = 1) -> list[Workspace]:
         """``n`` live copies of this workspace as it is now (see ``snapshot``); this one keeps running. Close each
-        copy with ``aclose()``."""
-        async with await self.snapshot() as snap:
-            return await Workspace.from_snapshot(snap, n)
+        copy with ``aclose()``. Concurrent forks of one workspace share one snapshot where they can."""
+        return await _fork.fork(self, n)
 
     async def rollback(self, snap: _fork.Snapshot) -> None:
         """Replace this workspace's processes and files by the snapshot's; the object keeps its id. If the restore
@@ -407,9 +406,7 @@ class Workspace:
     async def read_text(self, path: str) -> str:
         return (await self.read_file(path)).decode("utf-8", "replace")
 
-    async def write_file(
-        self, path: str, data: bytes | str, *, append: bool = False, mode: int | None = None
-    ) -> None:
+    async def write_file(self, path: str, data: bytes | str, *, append: bool = False, mode: int | None = None) -> None:
         raw = data.encode() if isinstance(data, str) else data
         await self._call(P.WriteFile(path=path, data=raw, append=append, mode=mode), "write_file")
 
