@@ -69,6 +69,7 @@ from __future__ import annotations
 
 import atexit
 import copy
+import errno
 import os
 import secrets
 import shlex
@@ -89,7 +90,7 @@ from . import _gc, _kernel, _paths
 from . import _protocol as P
 from ._client import AgentClient
 from ._criu import COW_RESTORE, CriuBackend, SwrkCriu, criu_features, criu_unavailable, rpc
-from ._exceptions import BunshinError, CapabilityMissing, ForkError, WorkspaceClosed
+from ._exceptions import BunshinError, CapabilityMissing, ForkError, StoreFull, WorkspaceClosed
 from ._image import Image
 from ._kernel import Cgroup, Limits
 
@@ -217,7 +218,13 @@ def hold_layers(layers: list[Path], user: str) -> None:
         for layer in layers:
             users = _users(layer)
             users.mkdir(parents=True, exist_ok=True)
-            (users / user).write_text(token)
+            path = users / user
+            try:
+                path.write_text(token)
+            except OSError as exc:  # a full store: no empty reference may stay behind
+                path.unlink(missing_ok=True)
+                exc.filename = exc.filename or str(path)
+                raise
 
 
 def release_layers(layers: list[Path], user: str) -> None:
@@ -777,15 +784,43 @@ async def _snapshot(ws: Workspace, backend: CriuBackend | None) -> Snapshot:
                 if blocked := await anyio.to_thread.run_sync(_undumpable, ws, True):
                     raise ForkError(f"workspace {ws.id}: {blocked}; {exc}", **exc._kwargs) from exc
                 raise
-    except BaseException:
+    except BaseException as exc:
         with anyio.CancelScope(shield=True):
             _thaw(ws)
             await snap.aclose()
+        if isinstance(exc, (ForkError, OSError)) and (full := _store_full(exc, ws.id)) is not None:
+            raise full from exc
         raise
     finally:
         if gated is not None:
             gated.resume()
     return snap
+
+
+def _store_full(exc: BaseException, workspace_id: str, *, dump: bool = True) -> StoreFull | None:
+    """``StoreFull`` when ``exc`` came from the snapshot store running out of space. A dump (``dump``) writes
+    nothing but the store, so any ENOSPC of it counts (CRIU's and cp's "No space left on device" too); a restore
+    writes only its reference files there, so only an ``OSError`` on a path in the store counts (a full disk under
+    the workspaces is not the store). Checked after the failed snapshot's directory is gone: ``free_bytes`` is what
+    remains without it."""
+    store = snapshot_dir()
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        if not dump and not str(exc.filename or "").startswith(f"{store}/"):
+            return None
+    elif not dump or os.strerror(errno.ENOSPC) not in str(exc):
+        return None
+    try:
+        st = os.statvfs(store)
+        free = st.f_bavail * st.f_frsize
+    except OSError:
+        free = 0
+    return StoreFull(
+        f"workspace {workspace_id}: the snapshot store {store} is full ({free >> 20} MiB free): close snapshots "
+        "or copies mapping them, or run `bunshin gc`, then retry",
+        workspace_id=workspace_id,
+        store=str(store),
+        free_bytes=free,
+    )
 
 
 async def _dump(ws: Workspace, snap: Snapshot, backend: CriuBackend, parent: Path | None) -> None:
@@ -1042,10 +1077,12 @@ async def restore_into(ws: Workspace, snap: Snapshot, backend: CriuBackend | Non
         ws._cgroup = Cgroup.create(f"ws-{ws.id}", ws.limits)
         await _restore(ws, snap, backend or default_backend())
         ws._state = "running"
-    except BaseException:
+    except BaseException as exc:
         with anyio.CancelScope(shield=True):
             await ws._teardown()
         ws._state = "closed"
+        if isinstance(exc, OSError) and (full := _store_full(exc, ws.id, dump=False)) is not None:
+            raise full from exc
         raise
 
 
