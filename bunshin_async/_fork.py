@@ -854,19 +854,26 @@ async def _dump(ws: Workspace, snap: Snapshot, backend: CriuBackend, parent: Pat
     fd = os.open(snap.images, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         req.opts.images_dir_fd = fd
+        env = await anyio.to_thread.run_sync(_dump_env)
         t0 = time.monotonic()
-        await backend.call(
-            req,
-            work_dir=snap.images,
-            log_name="dump.log",
-            workspace_id=ws.id,
-            notify=on_notify,
-            env=await anyio.to_thread.run_sync(_dump_env),
-            timeout=DUMP_TIMEOUT,
-        )
+        # Not cancelled midway: CRIU killed while its parasite runs inside a task of the tree leaves that task
+        # executing the parasite without its tracer, and it dies (a cancelled snapshot killed the parent's pid 1,
+        # and the workspace with it). A dump is bounded (FREEZE_TIMEOUT, DUMP_TIMEOUT) and short; a cancellation
+        # takes effect when it ends, and the snapshot is then removed.
+        with anyio.CancelScope(shield=True):
+            await backend.call(
+                req,
+                work_dir=snap.images,
+                log_name="dump.log",
+                workspace_id=ws.id,
+                notify=on_notify,
+                env=env,
+                timeout=DUMP_TIMEOUT,
+            )
         snap.dump_ms = (time.monotonic() - t0) * 1000
     finally:
         os.close(fd)
+    await anyio.lowlevel.checkpoint()  # a cancellation that came during the dump: the caller removes the snapshot
     if not snap.upper.is_dir():
         raise ForkError(f"workspace {ws.id}: CRIU never sent post-dump", workspace_id=ws.id)
 
