@@ -658,8 +658,9 @@ async def _copy_tree(src: Path, dst: Path, *, workspace_id: str = "") -> None:
 
 
 class _Batch:
-    """Concurrent ``fork`` calls on one workspace that share one snapshot: ``wants`` copies each, made from
-    ``snap`` once it is taken. The last user to finish with it closes it."""
+    """Concurrent ``fork`` calls on one workspace that share one snapshot (``snap``, or the ``error`` its taking
+    raised, once ``taken`` is set); each caller restores its own copies from it, and the last one to finish
+    closes it."""
 
     def __init__(self) -> None:
         self.users = 0
@@ -1023,16 +1024,27 @@ def _wrapper(cgroup: Cgroup, lower: str, upper: Path, work: Path, root: Path, fr
 
 
 def _strays(cgroup: Cgroup) -> list[int]:
-    """Kill what a failed restore left in the cgroup; return those that are our children (rst_sibling)."""
+    """Kill what a failed restore left in the cgroup; return those that are our children in another pid namespace
+    (a restored root task, through rst_sibling). CRIU itself is in the cgroup too (the restore wrapper joined it)
+    and our child, but the CRIU backend reaps it: reaping it here made asyncio's child watcher report a lost
+    child."""
     me, ours = os.getpid(), []
     for pid in cgroup.pids():
         try:
             with open(f"/proc/{pid}/stat") as f:
                 ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            nspids = next(
+                (
+                    line.split()[1:]
+                    for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                    if line.startswith("NSpid:")
+                ),
+                [],
+            )
             os.kill(pid, signal.SIGKILL)
         except (OSError, ValueError, IndexError):
             continue
-        if ppid == me:
+        if ppid == me and len(nspids) > 1:
             ours.append(pid)
     return ours
 
