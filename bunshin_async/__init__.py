@@ -45,6 +45,9 @@ from ._exceptions import (
     PathOutsideWorkspace as PathOutsideWorkspace,
 )
 from ._exceptions import (
+    StoreFull as StoreFull,
+)
+from ._exceptions import (
     StoreUnavailable as StoreUnavailable,
 )
 from ._exceptions import (
@@ -105,6 +108,7 @@ __all__ = [
     "SetupStep",
     "Shell",
     "Snapshot",
+    "StoreFull",
     "StoreUnavailable",
     "ToolCallError",
     "ToolError",

@@ -11,6 +11,7 @@ failure, an httpx error) are translated once, where the foreign system is called
     │   ├── WorkspaceStartError  the workspace could not be created; nothing of it is left behind
     │   ├── AgentError           the in-workspace agent failed or broke the protocol
     │   ├── ForkError            a fork, snapshot or restore failed; the parent keeps running
+    │   │   └── StoreFull        the snapshot store ran out of space (``store``, ``free_bytes``)
     │   └── DisplayError         a workspace's virtual X display failed to start or is not running
     ├── ToolError                a tool call failed (``tool``)
     │   ├── ToolTimeout          the call ran past its timeout; ``stdout``/``stderr`` keep the partial output
@@ -48,6 +49,7 @@ __all__ = [
     "LLMHTTPError",
     "LLMStreamError",
     "PathOutsideWorkspace",
+    "StoreFull",
     "StoreUnavailable",
     "ToolCallError",
     "ToolError",
@@ -124,6 +126,18 @@ class AgentError(WorkspaceError):
 
 class ForkError(WorkspaceError):
     """A fork, snapshot or restore failed. The parent workspace keeps running and no half-made copy is left."""
+
+
+class StoreFull(ForkError):
+    """The snapshot store (``store``, a tmpfs) had no space left for a snapshot's images or files (``free_bytes``
+    left when it failed). Nothing half-made is kept; close snapshots (or copies mapping them) or run ``bunshin gc``,
+    then retry."""
+
+    store: str
+    free_bytes: int
+
+    def __init__(self, message: str, *, workspace_id: str, store: str, free_bytes: int, **fields: Any) -> None:
+        super().__init__(message, workspace_id=workspace_id, store=store, free_bytes=free_bytes, **fields)
 
 
 class DisplayError(WorkspaceError):

@@ -68,6 +68,8 @@ snapshot), because a connection from the host cannot be dumped; the agent's list
 from __future__ import annotations
 
 import atexit
+import copy
+import errno
 import os
 import secrets
 import shlex
@@ -77,6 +79,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -87,7 +90,7 @@ from . import _gc, _kernel, _paths
 from . import _protocol as P
 from ._client import AgentClient
 from ._criu import COW_RESTORE, CriuBackend, SwrkCriu, criu_features, criu_unavailable, rpc
-from ._exceptions import BunshinError, CapabilityMissing, ForkError, WorkspaceClosed
+from ._exceptions import BunshinError, CapabilityMissing, ForkError, StoreFull, WorkspaceClosed
 from ._image import Image
 from ._kernel import Cgroup, Limits
 
@@ -125,6 +128,9 @@ class SetupStep(msgspec.Struct, frozen=True):
 
 
 DRAIN_TIMEOUT = 60.0
+FREEZE_TIMEOUT = 10
+"""Seconds CRIU may take to freeze and seize the tree (its ``timeout`` option): a process that cannot be frozen
+fails the dump in this time, named (``_undumpable``)."""
 DUMP_TIMEOUT = 120.0
 RESTORE_TIMEOUT = 120.0
 LOG_LEVEL = int(os.environ.get("BUNSHIN_CRIU_LOG_LEVEL", "2"))
@@ -215,7 +221,13 @@ def hold_layers(layers: list[Path], user: str) -> None:
         for layer in layers:
             users = _users(layer)
             users.mkdir(parents=True, exist_ok=True)
-            (users / user).write_text(token)
+            path = users / user
+            try:
+                path.write_text(token)
+            except OSError as exc:  # a full store: no empty reference may stay behind
+                path.unlink(missing_ok=True)
+                exc.filename = exc.filename or str(path)
+                raise
 
 
 def release_layers(layers: list[Path], user: str) -> None:
@@ -650,7 +662,99 @@ async def _copy_tree(src: Path, dst: Path, *, workspace_id: str = "") -> None:
         raise ForkError(f"copying {src} to {dst} failed: {why.strip()}", workspace_id=workspace_id) from exc
 
 
+class _Batch:
+    """Concurrent ``fork`` calls on one workspace that share one snapshot (``snap``, or the ``error`` its taking
+    raised, once ``taken`` is set); each caller restores its own copies from it, and the last one to finish
+    closes it."""
+
+    def __init__(self) -> None:
+        self.users = 0
+        self.taken = anyio.Event()
+        self.snap: Snapshot | None = None
+        self.error: BaseException | None = None
+
+    async def leave(self) -> None:
+        self.users -= 1
+        if self.users == 0 and self.snap is not None:
+            with anyio.CancelScope(shield=True):
+                await self.snap.aclose()
+
+
+class _Coordinator:
+    """Per workspace: one snapshot or rollback at a time (CRIU seizes the whole tree, and two dumps of one tree
+    collide in ``PTRACE_SEIZE``), and the fork batch still open to joiners."""
+
+    def __init__(self) -> None:
+        self.lock = anyio.Lock()
+        self.open: _Batch | None = None
+
+
+_coordinators: weakref.WeakKeyDictionary[Workspace, _Coordinator] = weakref.WeakKeyDictionary()
+
+
+def _coordinator(ws: Workspace) -> _Coordinator:
+    coord = _coordinators.get(ws)
+    if coord is None:
+        coord = _coordinators[ws] = _Coordinator()
+    return coord
+
+
+async def fork(ws: Workspace, n: int) -> list[Workspace]:
+    """``n`` copies of ``ws`` as it is now. Concurrent calls on one workspace are coalesced: those that arrive
+    while no dump of it has started share the next one (16 concurrent ``fork(1)`` take one dump, or two when the
+    first had started already), and each restores its own copies from it, so one caller's failed or cancelled
+    restore does not touch the others. A call that joined a batch whose taker was cancelled joins the next one."""
+    if n < 1:
+        raise ValueError("n must be at least 1")
+    coord = _coordinator(ws)
+    while True:
+        batch = coord.open
+        lead = batch is None
+        if batch is None:
+            batch = coord.open = _Batch()
+        batch.users += 1
+        try:
+            if lead:
+                await _take(ws, coord, batch)
+            else:
+                await batch.taken.wait()
+            if batch.error is not None:
+                if isinstance(batch.error, anyio.get_cancelled_exc_class()):
+                    continue  # its taker was cancelled, not us: take part in the next batch
+                raise copy.copy(batch.error)
+            assert batch.snap is not None
+            return await type(ws).from_snapshot(batch.snap, n)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await batch.leave()
+
+
+async def _take(ws: Workspace, coord: _Coordinator, batch: _Batch) -> None:
+    """Take ``batch``'s snapshot (the leader of a batch does this). Joiners are let in until the dump starts: one
+    scheduling round first, so that calls started together share it, then while the previous dump runs."""
+    try:
+        await anyio.lowlevel.checkpoint()
+        async with coord.lock:
+            if coord.open is batch:
+                coord.open = None
+            batch.snap = await _snapshot(ws, None)
+    except BaseException as exc:
+        if coord.open is batch:
+            coord.open = None
+        batch.error = exc
+        raise
+    finally:
+        batch.taken.set()
+
+
 async def snapshot(ws: Workspace, backend: CriuBackend | None = None) -> Snapshot:
+    """A snapshot of ``ws`` (see ``Workspace.snapshot``); snapshots, rollbacks and fork batches of one workspace
+    run one at a time."""
+    async with _coordinator(ws).lock:
+        return await _snapshot(ws, backend)
+
+
+async def _snapshot(ws: Workspace, backend: CriuBackend | None) -> Snapshot:
     from ._image import agent_layer
 
     if ws._state != "running" or ws.pid is None:
@@ -679,16 +783,51 @@ async def snapshot(ws: Workspace, backend: CriuBackend | None = None) -> Snapsho
         if snap.mode == "fs":
             await _fs_copy(ws, snap)
         else:
-            await _dump(ws, snap, backend, parent)
-    except BaseException:
+            if blocked := await anyio.to_thread.run_sync(_undumpable, ws, False):
+                raise ForkError(f"workspace {ws.id}: {blocked}", workspace_id=ws.id)
+            try:
+                await _dump(ws, snap, backend, parent)
+            except ForkError as exc:
+                if blocked := await anyio.to_thread.run_sync(_undumpable, ws, True):
+                    raise ForkError(f"workspace {ws.id}: {blocked}; {exc}", **exc._kwargs) from exc
+                raise
+    except BaseException as exc:
         with anyio.CancelScope(shield=True):
             _thaw(ws)
             await snap.aclose()
+        if isinstance(exc, (ForkError, OSError)) and (full := _store_full(exc, ws.id)) is not None:
+            raise full from exc
         raise
     finally:
         if gated is not None:
             gated.resume()
     return snap
+
+
+def _store_full(exc: BaseException, workspace_id: str, *, dump: bool = True) -> StoreFull | None:
+    """``StoreFull`` when ``exc`` came from the snapshot store running out of space. A dump (``dump``) writes
+    nothing but the store, so any ENOSPC of it counts (CRIU's and cp's "No space left on device" too); a restore
+    writes only its reference files there, so only an ``OSError`` on a path in the store counts (a full disk under
+    the workspaces is not the store). Checked after the failed snapshot's directory is gone: ``free_bytes`` is what
+    remains without it."""
+    store = snapshot_dir()
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        if not dump and not str(exc.filename or "").startswith(f"{store}/"):
+            return None
+    elif not dump or os.strerror(errno.ENOSPC) not in str(exc):
+        return None
+    try:
+        st = os.statvfs(store)
+        free = st.f_bavail * st.f_frsize
+    except OSError:
+        free = 0
+    return StoreFull(
+        f"workspace {workspace_id}: the snapshot store {store} is full ({free >> 20} MiB free): close snapshots "
+        "or copies mapping them, or run `bunshin gc`, then retry",
+        workspace_id=workspace_id,
+        store=str(store),
+        free_bytes=free,
+    )
 
 
 async def _dump(ws: Workspace, snap: Snapshot, backend: CriuBackend, parent: Path | None) -> None:
@@ -705,6 +844,7 @@ async def _dump(ws: Workspace, snap: Snapshot, backend: CriuBackend, parent: Pat
     # loopback).
     req.opts.network_lock = rpc.SKIP
     req.opts.notify_scripts = True
+    req.opts.timeout = FREEZE_TIMEOUT
     if freezer is not None:
         req.opts.freeze_cgroup = str(freezer)
     if parent is not None:
@@ -721,19 +861,26 @@ async def _dump(ws: Workspace, snap: Snapshot, backend: CriuBackend, parent: Pat
     fd = os.open(snap.images, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         req.opts.images_dir_fd = fd
+        env = await anyio.to_thread.run_sync(_dump_env)
         t0 = time.monotonic()
-        await backend.call(
-            req,
-            work_dir=snap.images,
-            log_name="dump.log",
-            workspace_id=ws.id,
-            notify=on_notify,
-            env=await anyio.to_thread.run_sync(_dump_env),
-            timeout=DUMP_TIMEOUT,
-        )
+        # Not cancelled midway: CRIU killed while its parasite runs inside a task of the tree leaves that task
+        # executing the parasite without its tracer, and it dies (a cancelled snapshot killed the parent's pid 1,
+        # and the workspace with it). A dump is bounded (FREEZE_TIMEOUT, DUMP_TIMEOUT) and short; a cancellation
+        # takes effect when it ends, and the snapshot is then removed.
+        with anyio.CancelScope(shield=True):
+            await backend.call(
+                req,
+                work_dir=snap.images,
+                log_name="dump.log",
+                workspace_id=ws.id,
+                notify=on_notify,
+                env=env,
+                timeout=DUMP_TIMEOUT,
+            )
         snap.dump_ms = (time.monotonic() - t0) * 1000
     finally:
         os.close(fd)
+    await anyio.lowlevel.checkpoint()  # a cancellation that came during the dump: the caller removes the snapshot
     if not snap.upper.is_dir():
         raise ForkError(f"workspace {ws.id}: CRIU never sent post-dump", workspace_id=ws.id)
 
@@ -755,6 +902,42 @@ async def _fs_copy(ws: Workspace, snap: Snapshot) -> None:
     finally:
         _thaw(ws)
     snap.frozen_ms = (time.monotonic() - t0) * 1000
+
+
+def _undumpable(ws: Workspace, after_failure: bool) -> str:
+    """Why CRIU cannot dump ``ws``'s tree, naming the processes by their in-workspace pid, or ``""`` (blocking).
+    A task traced by another (a debugger, strace) cannot be seized and its ptrace state is not in the images;
+    criu/patches/0008 fails the dump at once on one, this check fails it before CRIU starts. ``after_failure``
+    also names tasks in uninterruptible sleep, which the freezer may be unable to freeze (a hung FUSE or NFS
+    request): CRIU then gives up after ``FREEZE_TIMEOUT``."""
+    tasks: dict[int, dict[str, str]] = {}
+    for pid in ws.cgroup.pids() if ws.cgroup is not None else []:
+        try:
+            text = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        tasks[pid] = {k: v.strip() for k, v in (line.split(":", 1) for line in text.splitlines() if ":" in line)}
+
+    def name(pid: int, fields: dict[str, str] | None) -> str:
+        if fields is None:
+            return f"host pid {pid} (outside the workspace)"
+        return f"pid {(fields.get('NSpid', '').split() or [str(pid)])[-1]} ({fields.get('Name', '?')})"
+
+    why: list[str] = []
+    for pid, fields in tasks.items():
+        tracer = int(fields.get("TracerPid", "0") or 0)
+        if tracer:
+            why.append(f"{name(pid, fields)} is traced by {name(tracer, tasks.get(tracer))}")
+        elif after_failure and fields.get("State", "").startswith("D"):
+            try:
+                wchan = Path(f"/proc/{pid}/wchan").read_text().strip() or "?"
+            except OSError:
+                wchan = "?"
+            why.append(f"{name(pid, fields)} is in uninterruptible sleep ({wchan}) and may not freeze")
+    if not why:
+        return ""
+    remedy = "CRIU cannot dump a traced process: detach the tracer first" if "traced" in why[0] else "retry"
+    return f"cannot snapshot: {'; '.join(why)} ({remedy})"
 
 
 def _live_ns_pids(ws: Workspace) -> set[int]:
@@ -847,16 +1030,27 @@ def _wrapper(cgroup: Cgroup, lower: str, upper: Path, work: Path, root: Path, fr
 
 
 def _strays(cgroup: Cgroup) -> list[int]:
-    """Kill what a failed restore left in the cgroup; return those that are our children (rst_sibling)."""
+    """Kill what a failed restore left in the cgroup; return those that are our children in another pid namespace
+    (a restored root task, through rst_sibling). CRIU itself is in the cgroup too (the restore wrapper joined it)
+    and our child, but the CRIU backend reaps it: reaping it here made asyncio's child watcher report a lost
+    child."""
     me, ours = os.getpid(), []
     for pid in cgroup.pids():
         try:
             with open(f"/proc/{pid}/stat") as f:
                 ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            nspids = next(
+                (
+                    line.split()[1:]
+                    for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                    if line.startswith("NSpid:")
+                ),
+                [],
+            )
             os.kill(pid, signal.SIGKILL)
         except (OSError, ValueError, IndexError):
             continue
-        if ppid == me:
+        if ppid == me and len(nspids) > 1:
             ours.append(pid)
     return ours
 
@@ -908,10 +1102,12 @@ async def restore_into(ws: Workspace, snap: Snapshot, backend: CriuBackend | Non
         ws._cgroup = Cgroup.create(f"ws-{ws.id}", ws.limits)
         await _restore(ws, snap, backend or default_backend())
         ws._state = "running"
-    except BaseException:
+    except BaseException as exc:
         with anyio.CancelScope(shield=True):
             await ws._teardown()
         ws._state = "closed"
+        if isinstance(exc, OSError) and (full := _store_full(exc, ws.id, dump=False)) is not None:
+            raise full from exc
         raise
 
 
@@ -924,7 +1120,13 @@ def _prime_attach() -> None:
 
 async def rollback(ws: Workspace, snap: Snapshot, backend: CriuBackend | None = None) -> None:
     """Replace the processes and files of ``ws`` by the snapshot's; ``ws`` keeps its id, directory and cgroup. If
-    the restore fails the workspace is closed (its old state is already gone) and ``ForkError`` raised."""
+    the restore fails the workspace is closed (its old state is already gone) and ``ForkError`` raised. Waits for
+    a snapshot of ``ws`` in progress (and the other way round)."""
+    async with _coordinator(ws).lock:
+        await _rollback(ws, snap, backend)
+
+
+async def _rollback(ws: Workspace, snap: Snapshot, backend: CriuBackend | None) -> None:
     if ws._state != "running":
         raise WorkspaceClosed(f"workspace {ws.id} is {ws._state}", workspace_id=ws.id)
     if snap.closed:

@@ -4,10 +4,18 @@ A workspace's processes die with the process that owns it (PR_SET_PDEATHSIG chai
 outright cannot remove its workspaces' directories and cgroups. Each workspace directory holds an ``owner`` file
 (pid and start time, so a recycled pid is not mistaken for the owner); ``collect()`` removes the workspaces whose
 owner is gone, then the snapshot layers (read-only overlay lowers) whose users are all gone.
+
+A process killed during a dump can leave its workspace's freezer cgroup frozen, and frozen tasks do not die of
+SIGKILL until thawed (cgroup-v1 freezer): the cgroup is thawed before its tasks are killed. Mounts in this mount
+namespace under the run dir or inside the snapshot store that belong to nothing alive (the SDK makes none there
+itself: overlays are mounted in private mount namespaces, but a killed tool or an older version may have left
+some) are detached. The snapshot store's own tmpfs stays mounted by design (host configuration, like a sysctl;
+``bunshin snapstore``). Every line of the report says what was removed, unmounted or kept, and why.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -42,11 +50,62 @@ def _cgroup_dirs(name: str) -> list[Path]:
     return [d for d in dirs if d.is_dir()]
 
 
+def _thaw(dirs: list[Path]) -> None:
+    for d in dirs:
+        for name, value in (("freezer.state", "THAWED"), ("cgroup.freeze", "0")):
+            if (d / name).exists():
+                try:
+                    (d / name).write_text(value)
+                except OSError:
+                    pass
+
+
+def _mounts_under(bases: list[Path]) -> list[str]:
+    """Mount points in this mount namespace strictly below one of ``bases``, deepest first (proc(5)
+    mountinfo: the 5th field, with octal escapes)."""
+    found = []
+    prefixes = [f"{b.resolve()}/" for b in bases]
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            point = line.split()[4].encode().decode("unicode_escape")
+            if any(point.startswith(p) for p in prefixes):
+                found.append(point)
+    return sorted(set(found), key=lambda p: -p.count("/"))
+
+
+def unmount_stale(keep: set[str]) -> list[str]:
+    """Detach the mounts below the run dir and inside the snapshot store (blocking), except those below a path in
+    ``keep`` (workspaces and snapshots still owned by a live process)."""
+    from . import _native
+    from ._fork import snapshot_dir
+
+    out = []
+    for point in _mounts_under([_paths.workspaces_dir(), snapshot_dir()]):
+        if any(point == k or point.startswith(k + "/") for k in keep):
+            continue
+        try:
+            _native.umount2(point, _native.MNT_DETACH)
+            out.append(f"unmounted {point}")
+        except OSError as exc:
+            out.append(f"could not unmount {point}: {os.strerror(exc.errno or 0)}")
+    return out
+
+
+def _orphan_cgroups(base: Path) -> list[str]:
+    names: set[str] = set()
+    for ctrl in [CGROUP_ROOT, *CGROUP_ROOT.iterdir()] if CGROUP_ROOT.exists() else []:
+        parent = ctrl / parent_name()
+        if parent.is_dir():
+            names |= {d.name for d in parent.iterdir() if d.is_dir() and d.name.startswith("ws-")}
+    return sorted(n for n in names if not (base / n[3:]).exists())
+
+
 def collect() -> list[str]:
-    """Remove abandoned workspaces (blocking); returns a line per thing removed or kept."""
+    """Remove abandoned workspaces (blocking); returns a line per thing removed, unmounted or kept."""
     from ._kernel import Cgroup
 
     out = []
+    keep: set[str] = set()
     base = _paths.workspaces_dir()
     for ws_dir in sorted(base.iterdir()) if base.exists() else []:
         if ws_dir.name.startswith("."):  # .layers: collect_layers
@@ -55,11 +114,23 @@ def collect() -> list[str]:
         token = owner.read_text().strip() if owner.exists() else ""
         if token and alive(token):
             out.append(f"kept {ws_dir.name} (owner {token.split()[0]} is alive)")
+            keep.add(str(ws_dir.resolve()))
             continue
-        cgroup = Cgroup(1, _cgroup_dirs(f"ws-{ws_dir.name}"))
+        dirs = _cgroup_dirs(f"ws-{ws_dir.name}")
+        _thaw(dirs)
+        cgroup = Cgroup(1, dirs)
         cgroup.destroy_sync()
+        out += unmount_stale(keep | {str(p.resolve()) for p in base.iterdir() if p != ws_dir})
         shutil.rmtree(ws_dir, ignore_errors=True)
-        out.append(f"removed {ws_dir.name}")
-    from ._fork import collect_layers
+        out.append(f"removed {ws_dir.name}" + (f" (cgroup left: {cgroup.dirs[0]})" if cgroup.dirs else ""))
+    for name in _orphan_cgroups(base):  # a workspace killed between its cgroup and its directory
+        dirs = _cgroup_dirs(name)
+        _thaw(dirs)
+        orphan = Cgroup(1, dirs)
+        orphan.destroy_sync()
+        out.append(f"removed cgroup {name}" + (" (busy)" if orphan.dirs else ""))
+    from ._fork import collect_layers, snapshot_dir
 
-    return out + collect_layers()
+    out += collect_layers()
+    live_snaps = {str((snapshot_dir() / line.split()[2]).resolve()) for line in out if line.startswith("kept snap")}
+    return out + unmount_stale(keep | live_snaps | {str(base.resolve() / ".layers")})

@@ -342,9 +342,8 @@ class Workspace:
 
     async def fork(self, n: int = 1) -> list[Workspace]:
         """``n`` live copies of this workspace as it is now (see ``snapshot``); this one keeps running. Close each
-        copy with ``aclose()``."""
-        async with await self.snapshot() as snap:
-            return await Workspace.from_snapshot(snap, n)
+        copy with ``aclose()``. Concurrent forks of one workspace share one snapshot where they can."""
+        return await _fork.fork(self, n)
 
     async def rollback(self, snap: _fork.Snapshot) -> None:
         """Replace this workspace's processes and files by the snapshot's; the object keeps its id. If the restore

@@ -27,6 +27,7 @@ def test_every_error_is_a_bunshin_error_and_pickles() -> None:
         _exceptions.LLMHTTPError("500", status=500, body="oops"),
         _exceptions.ToolCallError("bad json", tool_name="bash", index=1),
         _exceptions.StoreUnavailable("down", store="redis"),
+        _exceptions.StoreFull("full", workspace_id="abc", store="/dev/shm/bunshin-snap", free_bytes=0),
     ]
     for exc in samples:
         assert isinstance(exc, bunshin_async.BunshinError)

@@ -1,0 +1,101 @@
+"""A subprocess SDK that SIGKILLs itself at one stage of a snapshot, fork, rollback or cache capture
+(``python kill_driver.py STAGE``; the test gives it its own run dir, snapshot dir and cgroup parent). It prints
+``ready <workspace pid>`` before the operation; it never prints anything after the stage, it dies there."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bunshin_async import Workspace, _criu, _fork  # noqa: E402
+from bunshin_async.cache import ForkStateProvider  # noqa: E402
+from tests.reliability.campaign import holding_workspace  # noqa: E402
+
+STAGES = [
+    "snapshot:drained",  # tool calls drained, CRIU not started
+    "snapshot:criu",  # CRIU's dump running (the tree is being frozen and seized)
+    "snapshot:post-dump",  # in CRIU's post-dump notification: the tree is frozen, the upper dir being copied
+    "snapshot:done",  # the snapshot is on the store, nobody closes it
+    "fork:criu",  # CRIU's restore of a copy running
+    "fork:restored",  # a copy restored, the fork's snapshot not closed yet
+    "rollback:stopped",  # the workspace's processes killed, its restore not started
+    "rollback:criu",  # CRIU's restore into the workspace running
+    "capture:post-dump",  # a cache capture's dump frozen in post-dump
+    "capture:done",  # the cache holds the capture's snapshot
+]
+
+
+def die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+async def main(stage: str) -> None:
+    op, point = stage.split(":")
+    async with Workspace() as ws:
+        await holding_workspace(ws, 8)
+        base = await ws.snapshot() if op == "rollback" else None
+        print("ready", ws.pid, flush=True)
+
+        async def on_spawn(_pid: int) -> None:
+            await anyio.sleep(0.05)  # let CRIU get into its work
+            die()
+
+        if point == "criu":
+            real_backend = _fork.default_backend
+            _fork.default_backend = lambda: _criu.SwrkCriu(on_spawn=on_spawn)  # type: ignore[assignment]
+            assert real_backend
+        if point == "drained":
+            real_drain = _fork._drain
+
+            async def drain(w: Workspace) -> Any:
+                await real_drain(w)
+                die()
+
+            _fork._drain = drain  # type: ignore[assignment]
+        if point == "post-dump":
+            real_copy = _fork._copy_tree
+
+            async def copy_tree(src: Path, dst: Path, **kw: Any) -> None:
+                await real_copy(src, dst, **kw)
+                if src.name == "upper" and dst.name == "upper":
+                    die()
+
+            _fork._copy_tree = copy_tree  # type: ignore[assignment]
+        if point == "restored":
+            real_restore = _fork.restore_into
+
+            async def restore_into(w: Workspace, snap: _fork.Snapshot, backend: Any = None) -> None:
+                await real_restore(w, snap, backend)
+                die()
+
+            _fork.restore_into = restore_into  # type: ignore[assignment]
+        if point == "stopped":
+            real_stop = _fork._stop_processes
+
+            async def stop(w: Workspace) -> None:
+                await real_stop(w)
+                die()
+
+            _fork._stop_processes = stop  # type: ignore[assignment]
+
+        if op == "snapshot":
+            await ws.snapshot()
+        elif op == "fork":
+            await ws.fork(2)
+        elif op == "rollback":
+            assert base is not None
+            await ws.rollback(base)
+        elif op == "capture":
+            await ForkStateProvider().capture(ws)
+        die()  # "done": the operation finished and nothing is closed
+
+
+if __name__ == "__main__":
+    anyio.run(main, sys.argv[1])

@@ -1,0 +1,66 @@
+"""The SDK process SIGKILLed at each stage of a snapshot, fork, rollback and cache capture (a subprocess driver
+that kills itself at hooks, tests/reliability/kill_driver.py): its workspaces die with it (PR_SET_PDEATHSIG), a
+tree it left frozen included, and ``bunshin gc`` leaves the host exactly as it was before the driver ran."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import anyio
+import pytest
+
+from tests.reliability.campaign import host_state
+from tests.reliability.kill_driver import STAGES
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+DRIVER = Path(__file__).with_name("kill_driver.py")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("stage", STAGES)
+async def test_sdk_killed_at_stage(stage: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    run = tempfile.mkdtemp(prefix="bunshin-kill-")
+    snaps = tempfile.mkdtemp(prefix="bunshin-kill-snap-", dir="/dev/shm")
+    env = {
+        **os.environ,
+        "BUNSHIN_RUNDIR": run,
+        "BUNSHIN_SNAPDIR": snaps,
+        "BUNSHIN_CGROUP_PARENT": f"bunshin-kill-{os.getpid()}",
+    }
+    try:
+        for key in ("BUNSHIN_RUNDIR", "BUNSHIN_SNAPDIR", "BUNSHIN_CGROUP_PARENT"):
+            monkeypatch.setenv(key, env[key])
+        before = host_state()
+        with anyio.fail_after(120):
+            done = await anyio.run_process([sys.executable, str(DRIVER), stage], env=env, cwd=ROOT, check=False)
+        rc, out, err = done.returncode, done.stdout.decode(), done.stderr.decode()
+        assert rc == -9, f"the driver did not die at {stage} (rc {rc}): {out} {err[-2000:]}"
+        pid1 = int(out.split()[1])
+        # The parent workspace is cleanly gone: its pid 1 died with the SDK (none of its processes is left).
+        with anyio.fail_after(10):
+            while os.path.exists(f"/proc/{pid1}") and "zombie" not in _state(pid1):
+                await anyio.sleep(0.02)
+        gc = subprocess.run(
+            [sys.executable, "-m", "bunshin_async._cli", "gc"], env=env, cwd=ROOT, capture_output=True, text=True
+        )
+        assert gc.returncode == 0, gc.stderr
+        after = host_state()
+        assert after.processes == before.processes == 0, gc.stdout
+        assert (after.mounts, after.cgroups, after.store_bytes) == (before.mounts, before.cgroups, 0), gc.stdout
+        assert not list(Path(run).iterdir()), (gc.stdout, list(Path(run).rglob("*"))[:10])
+        assert not list(Path(snaps).iterdir()) if Path(snaps).exists() else True, gc.stdout
+        assert "removed" in gc.stdout
+    finally:
+        subprocess.run(["rm", "-rf", run, snaps], check=False)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return "zombie"
