@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import base64
 import os
 import signal
 import subprocess
@@ -213,3 +214,21 @@ async def test_streamable_http_server_and_sigterm_cleanup() -> None:
             proc.kill()
             proc.wait()
     assert not await leftovers(grace=10)
+
+
+async def test_gui_tools_when_the_workspaces_have_a_display() -> None:
+    async with WorkspaceServer(display=True) as srv, mcp.Client(srv.server) as client:
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+        assert {"screenshot", "click", "type_text", "key", "windows"} <= set(tools)
+        assert _hints(tools["screenshot"])["readOnlyHint"] is True
+        assert _hints(tools["click"])["destructiveHint"] is True
+        r = await client.call_tool("screenshot", {"workspace": "g"})
+        assert not r.is_error, _text(r)
+        (image,) = r.content
+        assert isinstance(image, types.ImageContent) and image.mime_type == "image/png"
+        assert base64.b64decode(image.data)[:8] == b"\x89PNG\r\n\x1a\n"
+        assert r.structured_content["width"] == 1024 and len(r.structured_content["digest"]) == 64
+        r = await client.call_tool("click", {"workspace": "g", "x": 10, "y": 10})
+        assert not r.is_error and _text(r) == "ok"
+    async with WorkspaceServer() as srv, mcp.Client(srv.server) as client:
+        assert "screenshot" not in {t.name for t in (await client.list_tools()).tools}
