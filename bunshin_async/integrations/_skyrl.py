@@ -17,7 +17,8 @@ reward is 1.0 when the ``reward_command`` exits 0 in the episode's workspace. En
 same ``group_id`` (the n samples of one prompt) set the task up once: the first builds and snapshots a base
 workspace, every member starts as a fork of it (``GroupRollout``'s semantics inside SkyRL). The group's snapshot
 is freed when its last open member closes. ``close()`` frees the episode's workspace; ``EnvRuntime.close_all()``
-(also run at interpreter exit) frees those of environments a trainer abandoned, timed out or cancelled.
+(also run at interpreter exit) frees those of environments a trainer abandoned, timed out or cancelled. The
+group logic is ``GroupForks`` (``_groups``), shared with the verl integration.
 """
 
 from __future__ import annotations
@@ -29,15 +30,14 @@ from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from typing import Any
 
-import anyio
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from .._exceptions import BunshinError, InvalidArgument, ToolTimeout
-from .._fork import Snapshot
 from .._image import Image
 from .._kernel import Limits
-from .._rollout import Task, command_reward, prepare
+from .._rollout import Task, command_reward
 from .._workspace import Workspace
+from ._groups import GroupForks
 from ._require import require
 
 require("skyrl_gym", framework="SkyRL-gym", extra="skyrl")
@@ -51,25 +51,16 @@ ENV_ID = "bunshin-bash"
 _ACTION = re.compile(r"<bash>(.*?)</bash>", re.DOTALL)
 
 
-class _Group:
-    def __init__(self) -> None:
-        self.lock = anyio.Lock()
-        self.snapshot: Snapshot | None = None
-        self.members = 0
-        self.setups = 0
-
-
 class EnvRuntime:
-    """The event loop (a blocking portal in a daemon thread) and the group snapshots behind ``BunshinTextEnv``s.
-    Thread-safe: environments of many threads may share one. ``close_all()`` closes every workspace and snapshot
-    it holds and stops the loop; a later call starts a new one."""
+    """The event loop (a blocking portal in a daemon thread) and the group snapshots (``GroupForks``) behind
+    ``BunshinTextEnv``s. Thread-safe: environments of many threads may share one. ``close_all()`` closes every
+    workspace and snapshot it holds and stops the loop; a later call starts a new one."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, image: Image | None = None) -> None:
         self._lock = threading.Lock()
         self._cm: AbstractContextManager[BlockingPortal] | None = None
         self._portal: BlockingPortal | None = None
-        self._groups: dict[str, _Group] = {}
-        self._live: set[Workspace] = set()
+        self.forks = GroupForks(image=image)
 
     @property
     def portal(self) -> BlockingPortal:
@@ -81,74 +72,11 @@ class EnvRuntime:
 
     def group_setups(self, group_id: str) -> int:
         """How many times the group's task was set up (1 while its members overlap)."""
-        group = self._groups.get(group_id)
-        return group.setups if group is not None else 0
+        return self.forks.setups(group_id)
 
     @property
     def live_workspaces(self) -> int:
-        return len(self._live)
-
-    async def _start(self, task: Task, group_id: str | None, image: Image | None, limits: Limits) -> Workspace:
-        if group_id is None:
-            ws = Workspace(image, limits=limits)
-            await ws.start()
-            try:
-                await prepare(ws, task)
-            except BaseException:
-                with anyio.CancelScope(shield=True):
-                    await ws.aclose()
-                raise
-            self._live.add(ws)
-            return ws
-        group = self._groups.setdefault(group_id, _Group())
-        group.members += 1
-        try:
-            async with group.lock:
-                if group.snapshot is None:
-                    base = Workspace(image, limits=limits)
-                    try:
-                        await base.start()
-                        await prepare(base, task)
-                        group.snapshot = await base.snapshot()
-                        group.setups += 1
-                    finally:
-                        with anyio.CancelScope(shield=True):
-                            await base.aclose()  # the members are forks of its snapshot
-                snapshot = group.snapshot
-            (ws,) = await Workspace.from_snapshot(snapshot, 1)
-        except BaseException:
-            with anyio.CancelScope(shield=True):
-                await self._leave(group_id)
-            raise
-        self._live.add(ws)
-        return ws
-
-    async def _leave(self, group_id: str) -> None:
-        group = self._groups.get(group_id)
-        if group is None:
-            return
-        group.members -= 1
-        if group.members <= 0:
-            snapshot, group.snapshot = group.snapshot, None
-            if snapshot is not None:
-                await snapshot.aclose()
-
-    async def _close(self, ws: Workspace, group_id: str | None) -> None:
-        with anyio.CancelScope(shield=True):
-            self._live.discard(ws)
-            await ws.aclose()
-            if group_id is not None:
-                await self._leave(group_id)
-
-    async def _close_everything(self) -> None:
-        with anyio.CancelScope(shield=True):
-            while self._live:
-                await self._live.pop().aclose()
-            for group in self._groups.values():
-                if group.snapshot is not None:
-                    await group.snapshot.aclose()
-                    group.snapshot = None
-                group.members = 0
+        return self.forks.live
 
     def close_all(self) -> None:
         """Close every workspace and snapshot of this runtime and stop its loop. Idempotent."""
@@ -158,7 +86,7 @@ class EnvRuntime:
         if portal is None or cm is None:
             return
         try:
-            portal.call(self._close_everything)
+            portal.call(self.forks.aclose)
         finally:
             cm.__exit__(None, None, None)
 
@@ -193,12 +121,10 @@ class BunshinTextEnv(BaseTextEnv):  # type: ignore[misc]
         extras: Mapping[str, Any] | None = None,
         *,
         runtime: EnvRuntime | None = None,
-        image: Image | None = None,
     ) -> None:
         super().__init__()
         extras = dict(extras or {})
         self.runtime = runtime or _default
-        self.image = image
         self.timeout = float(_get(env_config, "timeout", 120.0))
         self.max_output = int(_get(env_config, "max_output", 10_000))
         defaults = Limits()
@@ -234,7 +160,7 @@ class BunshinTextEnv(BaseTextEnv):  # type: ignore[misc]
         return prompt, {"workspace_id": self.workspace.id, "fork_mode": self.workspace.fork_mode}
 
     async def _start(self) -> Workspace:
-        return await self.runtime._start(self.task, self.group_id, self.image, self.limits)
+        return await self.runtime.forks.acquire(self.task, self.group_id, limits=self.limits)
 
     def step(self, action: str) -> BaseTextEnvStepOutput:
         if self.workspace is None:
@@ -282,7 +208,7 @@ class BunshinTextEnv(BaseTextEnv):  # type: ignore[misc]
         """Close the episode's workspace (and leave its group). Idempotent."""
         ws, self.workspace = self.workspace, None
         if ws is not None:
-            self.runtime.portal.call(self.runtime._close, ws, self.group_id)
+            self.runtime.portal.call(self.runtime.forks.release, ws, self.group_id)
 
     def get_metrics(self) -> dict[str, Any]:
         return {"turns": self.turns}
