@@ -22,7 +22,12 @@ def serve_main(args: argparse.Namespace) -> int:
 
     async def run() -> None:
         async with AsyncExitStack() as stack:
-            cache = await stack.enter_async_context(ToolCache(provider=ForkStateProvider())) if args.cache else None
+            # Writes quicker than a restore (~0.1-0.3 s) are re-run rather than captured.
+            cache = (
+                await stack.enter_async_context(ToolCache(provider=ForkStateProvider(), capture_min_duration=0.5))
+                if args.cache
+                else None
+            )
             server = WorkspaceServer(display=args.display or None, max_workspaces=args.max_workspaces, cache=cache)
             if args.transport == "http":
                 await serve(server, "http", host=args.host, port=args.port, path=args.path)
