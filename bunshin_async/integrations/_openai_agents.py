@@ -58,6 +58,8 @@ __all__ = [
 ]
 
 _ARCHIVE = ".bunshin-archive.tar"  # staged in the workspace root while persisting or hydrating
+#: The largest workspace archive ``persist_workspace`` hands out (the workspace decides its size: bound it).
+MAX_ARCHIVE_BYTES = 1 << 30
 
 
 class BunshinSandboxClientOptions(BaseSandboxClientOptions):
@@ -173,7 +175,12 @@ class BunshinSandboxSession(BaseSandboxSession):
             r = await self.workspace.exec(argv, timeout=600)
             if r.exit_code != 0:
                 raise WorkspaceArchiveReadError(path=Path(root), context={"stderr": r.stderr[-2000:]})
-            return io.BytesIO(await self.workspace.read_file(f"{root}/{_ARCHIVE}"))
+            size = await self.workspace.exec(["stat", "-c", "%s", f"{root}/{_ARCHIVE}"], timeout=60)
+            if size.exit_code != 0 or not size.stdout.strip().isdigit() or int(size.stdout) > MAX_ARCHIVE_BYTES:
+                reason = f"archive larger than {MAX_ARCHIVE_BYTES} bytes or unreadable: {size.stdout.strip()!r}"
+                raise WorkspaceArchiveReadError(path=Path(root), context={"reason": reason})
+            data = await self.workspace.read_file(f"{root}/{_ARCHIVE}", max_bytes=MAX_ARCHIVE_BYTES)
+            return io.BytesIO(data)
         except BunshinError as exc:
             raise WorkspaceArchiveReadError(path=Path(root), cause=exc) from exc
         finally:
