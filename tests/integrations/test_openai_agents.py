@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from agents import RunConfig, Runner
+from agents import RunConfig, Runner, set_tracing_disabled
 from agents.items import ToolCallOutputItem
 from agents.sandbox import LocalSnapshotSpec, SandboxAgent, SandboxRunConfig
 from agents.sandbox.errors import WorkspaceReadNotFoundError
@@ -21,6 +21,8 @@ from bunshin_async.integrations.openai_agents import (
     BunshinSandboxSessionState,
 )
 from tests._leaks import leftovers
+
+set_tracing_disabled(True)  # no trace exporter: nothing leaves the machine
 
 
 def _agent(*commands: str) -> SandboxAgent:
