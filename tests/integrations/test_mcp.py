@@ -21,9 +21,8 @@ from mcp.server.mcpserver import MCPServer
 from bunshin_async import ToolError, Workspace
 from bunshin_async.cache import Effect, ToolCache
 from bunshin_async.integrations.mcp import MCPToolResult, MCPToolset, WorkspaceServer, annotations_for
-from tests._leaks import leftovers
 
-from .conftest import bunshin_env, free_port
+from .conftest import Clean, bunshin_env, free_port
 
 BUNSHIN = str(Path(sys.executable).with_name("bunshin"))
 
@@ -102,7 +101,7 @@ async def test_limit_on_workspaces_and_unknown_tool() -> None:
             await client.call_tool("no_such_tool", {"workspace": "one"})
 
 
-async def test_cancelled_call_and_timeout_leave_no_workspace() -> None:
+async def test_cancelled_call_and_timeout_leave_no_workspace(clean: Clean) -> None:
     async with WorkspaceServer() as srv, mcp.Client(srv.server) as client:
         with anyio.move_on_after(1.0) as scope:
             await client.call_tool("bash", {"workspace": "slow", "command": "sleep 60"})
@@ -111,7 +110,7 @@ async def test_cancelled_call_and_timeout_leave_no_workspace() -> None:
         with anyio.move_on_after(0.01):
             await client.call_tool("bash", {"workspace": "starting", "command": "true"})
     assert srv.keys == []
-    assert not await leftovers()
+    await clean()
 
 
 async def test_toolset_caches_read_only_tools_and_never_unannotated_ones() -> None:
@@ -164,7 +163,7 @@ async def test_annotations_from_effects() -> None:
     assert annotations_for(bash_tool().with_effect(Effect.EXTERNAL)).open_world_hint is True
 
 
-async def test_stdio_subprocess_round_trip_and_cleanup(tmp_path: Path) -> None:
+async def test_stdio_subprocess_round_trip_and_cleanup(tmp_path: Path, clean: Clean) -> None:
     params = StdioServerParameters(command=BUNSHIN, args=["mcp", "serve"], env=bunshin_env())
     async with MCPToolset(params) as toolset:
         client = toolset.client
@@ -181,10 +180,10 @@ async def test_stdio_subprocess_round_trip_and_cleanup(tmp_path: Path) -> None:
         # A call past the client's timeout: the server goes on, and stopping it frees its workspaces.
         with pytest.raises(mcp.MCPError, match="timed out"):
             await client.call_tool("bash", {"workspace": "s", "command": "sleep 30"}, read_timeout_seconds=0.5)
-    assert not await leftovers(grace=10)
+    await clean(grace=10)
 
 
-async def test_streamable_http_server_and_sigterm_cleanup() -> None:
+async def test_streamable_http_server_and_sigterm_cleanup(clean: Clean) -> None:
     port = free_port()
     proc = subprocess.Popen(
         [BUNSHIN, "mcp", "serve", "--transport", "http", "--port", str(port)],
@@ -213,7 +212,7 @@ async def test_streamable_http_server_and_sigterm_cleanup() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert not await leftovers(grace=10)
+    await clean(grace=10)
 
 
 async def test_gui_tools_when_the_workspaces_have_a_display() -> None:

@@ -20,7 +20,8 @@ from bunshin_async.integrations.openai_agents import (
     BunshinSandboxClientOptions,
     BunshinSandboxSessionState,
 )
-from tests._leaks import leftovers
+
+from .conftest import Clean
 
 set_tracing_disabled(True)  # no trace exporter: nothing leaves the machine
 
@@ -45,7 +46,7 @@ async def _read(session: object, path: str) -> bytes:
     return data
 
 
-async def test_runner_runs_exec_command_in_a_workspace_it_creates() -> None:
+async def test_runner_runs_exec_command_in_a_workspace_it_creates(clean: Clean) -> None:
     async with BunshinSandboxClient() as client:
         config = RunConfig(sandbox=SandboxRunConfig(client=client, options=BunshinSandboxClientOptions(pids=256)))
         result = await Runner.run(_agent("echo hello > f.txt && cat f.txt && hostname && pwd"), "go", run_config=config)
@@ -54,10 +55,10 @@ async def test_runner_runs_exec_command_in_a_workspace_it_creates() -> None:
         assert "hello\nbunshin\n/workspace" in out, out
         # The Runner created the session, so it deletes it at the end: no workspace is left running.
         assert client.live_workspaces == []
-    assert not await leftovers()
+    await clean()
 
 
-async def test_live_session_serialize_resume_and_fork(tmp_path: Path) -> None:
+async def test_live_session_serialize_resume_and_fork(tmp_path: Path, clean: Clean) -> None:
     async with BunshinSandboxClient() as client:
         session = await client.create(snapshot=LocalSnapshotSpec(base_path=tmp_path), options=None)
         await session.start()
@@ -109,10 +110,10 @@ async def test_live_session_serialize_resume_and_fork(tmp_path: Path) -> None:
         with pytest.raises(WorkspaceReadNotFoundError):
             await _read(revived, "missing.txt")
         await client.delete(revived)
-    assert not await leftovers()
+    await clean()
 
 
-async def test_cancelled_and_timed_out_runs_leave_no_workspace() -> None:
+async def test_cancelled_and_timed_out_runs_leave_no_workspace(clean: Clean) -> None:
     async with BunshinSandboxClient() as client:
         config = RunConfig(sandbox=SandboxRunConfig(client=client, options=BunshinSandboxClientOptions()))
         with pytest.raises(TimeoutError):
@@ -125,4 +126,4 @@ async def test_cancelled_and_timed_out_runs_leave_no_workspace() -> None:
             await task
     # Whatever the Runner did on the way out, the client closed every workspace it had started.
     assert client.live_workspaces == []
-    assert not await leftovers()
+    await clean()

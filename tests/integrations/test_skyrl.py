@@ -12,7 +12,8 @@ from omegaconf import OmegaConf
 
 from bunshin_async import InvalidArgument
 from bunshin_async.integrations.skyrl import ENV_ID, BunshinTextEnv, EnvRuntime
-from tests._leaks import leftovers
+
+from .conftest import Clean
 
 TASK = {
     "files": {"calc.py": "def add(a, b):\n    return a - b\n"},
@@ -37,7 +38,7 @@ def _episode(env: BunshinTextEnv, actions: list[str]) -> list[dict[str, object]]
     return outs
 
 
-async def test_full_episode_through_make_and_group_forking() -> None:
+async def test_full_episode_through_make_and_group_forking(clean: Clean) -> None:
     runtime = EnvRuntime()
     try:
         config = OmegaConf.create({"timeout": 30})
@@ -65,10 +66,10 @@ async def test_full_episode_through_make_and_group_forking() -> None:
         assert runtime.live_workspaces == 0
     finally:
         await anyio.to_thread.run_sync(runtime.close_all)
-    assert not await leftovers()
+    await clean()
 
 
-async def test_max_turns_timeout_and_abandoned_envs_leave_no_workspace() -> None:
+async def test_max_turns_timeout_and_abandoned_envs_leave_no_workspace(clean: Clean) -> None:
     runtime = EnvRuntime()
 
     def run() -> None:
@@ -94,4 +95,4 @@ async def test_max_turns_timeout_and_abandoned_envs_leave_no_workspace() -> None
         await anyio.to_thread.run_sync(run)
     finally:
         await anyio.to_thread.run_sync(runtime.close_all)
-    assert not await leftovers()
+    await clean()

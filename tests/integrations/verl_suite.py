@@ -29,7 +29,7 @@ with warnings.catch_warnings():
 
     from bunshin_async.integrations.verl import AGENT_NAME, BunshinToolAgentLoop, VerlRuntime
 
-from tests._leaks import leftovers
+from tests.integrations.conftest import Clean
 
 CHATML = (
     "{%- if tools %}<|im_start|>system\nTools: {{ tools | tojson }}<|im_end|>\n{% endif %}"
@@ -171,7 +171,7 @@ def runtime() -> Any:
     BunshinToolAgentLoop.runtime = None
 
 
-async def test_two_prompts_times_four_fork_one_setup_each(tools: list[Any], runtime: VerlRuntime) -> None:
+async def test_two_prompts_times_four_fork_one_setup_each(tools: list[Any], runtime: VerlRuntime, clean: Clean) -> None:
     def script(name: str, i: int, turn: int) -> str:
         return {
             1: call("bash", command="cat setup.log task.txt"),
@@ -201,10 +201,12 @@ async def test_two_prompts_times_four_fork_one_setup_each(tools: list[Any], runt
     assert metrics.hits >= 6, metrics  # siblings' identical first reads were served from the cache
     assert runtime.forks.live == 0
     await runtime.aclose()
-    assert not await leftovers()
+    await clean()
 
 
-async def test_cancelled_and_failing_rollouts_close_their_workspaces(tools: list[Any], runtime: VerlRuntime) -> None:
+async def test_cancelled_and_failing_rollouts_close_their_workspaces(
+    tools: list[Any], runtime: VerlRuntime, clean: Clean
+) -> None:
     tok = make_tokenizer()
     slow = ScriptedServer(tok, lambda name, i, turn: call("bash", command="sleep 60") if turn == 1 else "done")
     with pytest.raises(TimeoutError):
@@ -222,4 +224,4 @@ async def test_cancelled_and_failing_rollouts_close_their_workspaces(tools: list
     response, _, _ = await tools[0].execute("x", {"command": "true"})
     assert "bunshin_tool_agent" in response.text
     await runtime.aclose()
-    assert not await leftovers()
+    await clean()
