@@ -21,6 +21,15 @@ def main(argv: list[str] | None = None) -> int:
 
     add_arguments(sub.add_parser("bench", help="the latency-hiding experiment: baseline vs fork, cache, speculation"))
     sub.add_parser("replay-server", help="serve recorded trajectories as an OpenAI-compatible endpoint")
+    mcp = sub.add_parser("mcp", help="serve workspaces' tools over MCP (needs bunshin[mcp])")
+    mcp.add_argument("action", choices=["serve"])
+    mcp.add_argument("--transport", choices=["stdio", "http"], default="stdio")
+    mcp.add_argument("--host", default="127.0.0.1", help="http: address to listen on (default: loopback only)")
+    mcp.add_argument("--port", type=int, default=8000, help="http: port (default 8000)")
+    mcp.add_argument("--path", default="/mcp", help="http: endpoint path (default /mcp)")
+    mcp.add_argument("--display", action="store_true", help="give every workspace a virtual display and GUI tools")
+    mcp.add_argument("--max-workspaces", type=int, default=32)
+    mcp.add_argument("--cache", action="store_true", help="serve repeated calls from a tool prefix cache")
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["replay-server"]:  # its options live with it (bunshin_async._llm._replay.main)
         from ._llm._replay import main as replay_main
@@ -64,6 +73,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"bunshin snapstore: {exc}", file=sys.stderr)
             return 1
         return 0
+    if args.cmd == "mcp":
+        from ._mcp_cli import serve_main
+
+        return serve_main(args)
     if args.cmd == "demo":
         import anyio
 

@@ -66,6 +66,9 @@ if [[ "$(cat .venv/.native-sum 2>/dev/null)" != "$native_sum" || ! -x bunshin_as
     echo "$native_sum" > .venv/.native-sum
 fi
 
+# verl's own environment (verl pulls torch; the main venv stays light): rebuilt only when its lock changes.
+scripts/verl-env.sh
+
 log "snapshot store"
 .venv/bin/bunshin snapstore
 

@@ -1,0 +1,14 @@
+"""Adapters for the frameworks agent and RL developers already use; one public module per framework.
+
+- ``bunshin_async.integrations.mcp``: an MCP server exposing workspaces' tools, and MCP servers' tools as Bunshin
+  ``Tool``s (extra ``bunshin[mcp]``);
+- ``bunshin_async.integrations.openai_agents``: a sandbox client for the OpenAI Agents SDK (``bunshin[openai-agents]``);
+- ``bunshin_async.integrations.skyrl``: a SkyRL-gym environment (``bunshin[skyrl]``).
+
+Importing this package imports no framework; importing a module whose framework is missing raises
+``CapabilityMissing`` naming the extra to install.
+"""
+
+from __future__ import annotations
+
+__all__: list[str] = []

@@ -1,0 +1,41 @@
+"""The integrations' public modules: what they export, and that a missing framework is a clear error."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+
+import pytest
+
+from bunshin_async import CapabilityMissing
+from bunshin_async.integrations._require import require
+
+
+@pytest.mark.parametrize("name", ["mcp", "openai_agents", "skyrl"])
+def test_public_modules_export_exactly_all(name: str) -> None:
+    module = importlib.import_module(f"bunshin_async.integrations.{name}")
+    public = {n for n in dir(module) if not n.startswith("_")} - {"annotations"}
+    assert set(module.__all__) == public
+    for n in module.__all__:
+        value = getattr(module, n)
+        if callable(value):
+            assert value.__module__.startswith("bunshin_async.integrations"), n
+
+
+def test_the_package_imports_no_framework() -> None:
+    code = (
+        "import sys, bunshin_async.integrations\n"
+        "loaded = {'mcp', 'agents', 'skyrl_gym', 'verl', 'torch'} & set(sys.modules)\n"
+        "assert not loaded, loaded\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_missing_framework_names_its_extra() -> None:
+    with pytest.raises(CapabilityMissing) as info:
+        require("bunshin_no_such_framework", framework="Nothing", extra="nothing")
+    assert "pip install 'bunshin[nothing]'" in str(info.value) and info.value.capability == "bunshin_no_such_framework"
+    # verl lives in its own environment, not this one: importing its module here says where to get it.
+    with pytest.raises(CapabilityMissing, match=r"bunshin\[verl\]"):
+        importlib.import_module("bunshin_async.integrations.verl")
