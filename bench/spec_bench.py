@@ -2,7 +2,7 @@
 arguments are complete), full (tap + siblings + history + cost-aware policy) and the upper bound (a perfect
 predictor), side by side in one run, on trajectories shaped like the public traces.
 
-Workload: ``--tasks`` trajectories of ``/work/shared/traces/swebench-gemini-3-pro.jsonl.gz`` (first ``--steps``
+Workload: ``--tasks`` trajectories of ``../shared/traces/swebench-gemini-3-pro.jsonl.gz`` (first ``--steps``
 calls each), ``--rollouts`` rollouts per task that share a prefix (geometric, mean ~3.9 calls, as measured on timed
 multi-rollout traces) and then diverge. Each call becomes a safe command that takes the call's tool time
 (``sleep`` padding; a read-only call stays read-only, ``timeout T tail -f /dev/null``); identical recorded commands
@@ -50,7 +50,7 @@ from bunshin_async.speculation import (  # noqa: E402
 from speculator import CostAwarePolicy, HistoryPredictor, NgramModel, SiblingPredictor, SiblingTable  # noqa: E402
 from speculator.harness import RolloutTrace, replay_rollout  # noqa: E402
 
-TRACES = "/work/shared/traces/swebench-gemini-3-pro.jsonl.gz"
+TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces" / "swebench-gemini-3-pro.jsonl.gz"
 TOOL_MEDIAN = {"read": 0.019, "search": 0.05, "edit": 0.05, "fs_mutate": 0.05, "exec": 0.25, "test": 1.2,
                "install": 28.5, "submit": 0.02}  # fmt: skip
 READ_KINDS = {"read", "search"}

@@ -98,6 +98,35 @@ class NgramModel:
     def repeat_probability(self, sig: str) -> float:
         return (self.repeat[sig] + 0.5) / (self.seen[sig] + 2.0)
 
+    def to_table(self, *, min_count: int = 2, top: int = 12) -> bytes:
+        """A compact table of what the model learned (gzipped JSON): per context, its ``top`` next signatures seen
+        at least ``min_count`` times, and the repeat statistics. ``from_table`` reads it back."""
+        table = _NgramTable(
+            order=self.order,
+            contexts=[
+                (list(ctx), {s: c for s, c in counter.most_common(top) if c >= min_count})
+                for ctx, counter in sorted(self.counts.items())
+                if sum(counter.values()) >= min_count and counter.most_common(1)[0][1] >= min_count
+            ],
+            repeat=dict(self.repeat),
+            seen={s: n for s, n in self.seen.items() if n >= min_count},
+        )
+        return gzip.compress(_table_encoder.encode(table), mtime=0)
+
+    @classmethod
+    def from_table(cls, data: bytes) -> NgramModel:
+        """The model ``to_table`` wrote. Raises ``ValueError`` on anything else."""
+        try:
+            table = _table_decoder.decode(gzip.decompress(data))
+        except (OSError, EOFError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise ValueError(f"not an n-gram table: {exc}") from None
+        model = cls(table.order)
+        for ctx, nexts in table.contexts:
+            model.counts[tuple(ctx)].update(nexts)
+        model.repeat.update({s: n for s, n in table.repeat.items() if s in table.seen})
+        model.seen.update(table.seen)
+        return model
+
     def train_file(self, path: str | os.PathLike[str], limit: int | None = None) -> int:
         """Train on a JSONL(.gz) trace file (``/work/shared/traces`` format or ``Trajectory`` records). Blocking;
         returns the number of trajectories read."""
@@ -118,6 +147,17 @@ class NgramModel:
                 if limit is not None and n >= limit:
                     break
         return n
+
+
+class _NgramTable(msgspec.Struct):
+    order: int
+    contexts: list[tuple[list[str], dict[str, int]]]
+    repeat: dict[str, int]
+    seen: dict[str, int]
+
+
+_table_encoder = msgspec.json.Encoder(order="deterministic")
+_table_decoder = msgspec.json.Decoder(_NgramTable)
 
 
 class HistoryPredictor:

@@ -27,6 +27,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trajectories", type=Path, help="replay this JSONL(.gz) trajectory file instead")
     p.add_argument("--limit", type=int, default=40, help="trajectories taken from --trajectories")
     p.add_argument("--pad-tools", action="store_true", help="pad each tool call to its recorded duration")
+    p.add_argument(
+        "--group-by", choices=["task", "rollout"], default=None,
+        help="--trajectories: 'task' replays the rollouts of one task_id as a GRPO group (one set-up, forked); "
+        "'rollout' makes each trajectory its own group (default: 'task' when some task has several rollouts)",
+    )  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("bench/results"))
 
@@ -52,6 +57,26 @@ def _padded_bash(recorded: dict[tuple[str, int], list[float]], scale: float) -> 
     return for_rollout
 
 
+def trajectory_groups(trajs: list[Trajectory], group_by: str) -> list[tuple[Task, list[Trajectory]]]:
+    """The groups a trajectory file replays as: with ``group_by="task"`` the rollouts of one ``task_id`` form one
+    GRPO group (renumbered 0..n-1 in file order: they share one set-up and fork from it), else every trajectory is
+    a group of one (its task named ``task_id:rollout``)."""
+    if group_by == "task":
+        by_task: dict[str, list[Trajectory]] = {}
+        for t in trajs:
+            by_task.setdefault(t.task_id, []).append(t)
+        return [
+            (Task(task_id=task_id, prompt=f"Solve {task_id}."),
+             [Trajectory(task_id=task_id, rollout=i, steps=t.steps) for i, t in enumerate(ts)])
+            for task_id, ts in by_task.items()
+        ]  # fmt: skip
+    groups = []
+    for t in trajs:
+        key = f"{t.task_id}:{t.rollout}"
+        groups.append((Task(task_id=key, prompt=f"Solve {t.task_id}."), [Trajectory(task_id=key, steps=t.steps)]))
+    return groups
+
+
 def main(args: argparse.Namespace) -> int:
     configs = [c for c in args.configs.split(",") if c]
     unknown = [c for c in configs if c not in CONFIGS]
@@ -62,15 +87,14 @@ def main(args: argparse.Namespace) -> int:
     tools_for = None
     if args.trajectories:
         trajs = load_trajectories(args.trajectories)[: args.limit]
-        groups = []
-        for t in trajs:
-            key = f"{t.task_id}:{t.rollout}"
-            groups.append((Task(task_id=key, prompt=f"Solve {t.task_id}."), [Trajectory(task_id=key, steps=t.steps)]))
+        group_by = args.group_by or ("task" if len({t.task_id for t in trajs}) < len(trajs) else "rollout")
+        groups = trajectory_groups(trajs, group_by)
         workload = {"kind": "trajectory file", "path": str(args.trajectories), "trajectories": len(trajs),
-                    "time_scale": args.time_scale, "pad_tools": args.pad_tools}  # fmt: skip
+                    "groups": len(groups), "group_by": group_by, "time_scale": args.time_scale,
+                    "pad_tools": args.pad_tools}  # fmt: skip
         if args.pad_tools:
-            recorded = {(task.task_id, 0): [s.tool_seconds or 0.0 for s in ts[0].steps if not s.final]
-                        for task, ts in groups}  # fmt: skip
+            recorded = {(task.task_id, t.rollout): [s.tool_seconds or 0.0 for s in t.steps if not s.final]
+                        for task, ts in groups for t in ts}  # fmt: skip
             tools_for = _padded_bash(recorded, args.time_scale)
     else:
         groups = []

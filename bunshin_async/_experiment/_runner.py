@@ -31,7 +31,7 @@ import msgspec
 
 from .._accounting import ResourceMonitor
 from .._fork import snapshot_dir
-from .._llm._replay import ReplayServer
+from .._llm._replay import ReplayServer, build_turns
 from .._llm._timing import RecordedTiming
 from .._rollout import Budget, GroupRollout, RolloutContext, RolloutResult, Task
 from .._tools import Tool, bash_tool
@@ -99,6 +99,9 @@ class ExperimentResult(msgspec.Struct):
 class ReplayAgent:
     """The agent loop (``bunshin_async.agent.run_agent``) against the replay server, one trajectory per rollout.
 
+    ``turns_for`` says how many assistant turns a rollout's recording has when it has no final answer (None when
+    it has one): the loop stops there, as the recorded agent did, and the rollout is truncated (``max_turns``).
+
     With a ``cache`` every tool call goes through a session of that group-wide cache (write hits fork the cached
     state); with ``speculation`` (a factory per rollout) the loop speculates while the model generates. Without
     either, a rollout's calls run after each message ends, as a plain agent loop does."""
@@ -111,6 +114,7 @@ class ReplayAgent:
         *,
         cache: ToolCache | None = None,
         speculation: Callable[[RolloutContext], Any] | None = None,
+        turns_for: Callable[[RolloutContext], int | None] | None = None,
     ) -> None:
         import openai
 
@@ -119,13 +123,14 @@ class ReplayAgent:
         self.model_for = model_for
         self.cache = cache
         self.speculation = speculation
+        self.turns_for = turns_for
 
     async def run(self, ctx: RolloutContext) -> Trajectory:
-        options: dict[str, Any] = {
-            "max_turns": ctx.budget.max_turns or 1000,
-            "task_id": ctx.task.task_id,
-            "rollout": ctx.rollout,
-        }
+        max_turns = ctx.budget.max_turns or 1000
+        recorded = self.turns_for(ctx) if self.turns_for is not None else None
+        if recorded is not None:  # a recording without a final answer: replay it to its end, then stop (truncated)
+            max_turns = min(max_turns, recorded)
+        options: dict[str, Any] = {"max_turns": max_turns, "task_id": ctx.task.task_id, "rollout": ctx.rollout}
         if self.speculation is not None:
             options["speculation"] = self.speculation(ctx)
         else:
@@ -198,6 +203,7 @@ async def run_config(
     results: list[RolloutResult] = []
     setup: list[float] = []
     caches: list[ToolCache] = []
+    unfinished = {t.key: len(turns) for t in trajectories if not (turns := build_turns(t)) or not turns[-1].final}
     async with ReplayServer(trajectories, timing=RecordedTiming(ttft=0.05), time_scale=time_scale) as server:
         # Capturing a state costs a dump (~0.1-0.5 s here); only writes slower than that are worth serving by fork.
         cache = ToolCache(provider=ForkStateProvider(), capture_min_duration=1.0) if config.cache else None
@@ -209,15 +215,14 @@ async def run_config(
             lambda ctx: f"replay:{ctx.task.task_id}:{ctx.rollout}",
             cache=cache,
             speculation=_speculation_factory() if config.speculation else None,
+            turns_for=lambda ctx: unfinished.get(f"{ctx.task.task_id}:{ctx.rollout}"),
         )
         t0 = time.monotonic()
         try:
             async with ResourceMonitor(interval=0.1, extra_dirs=[snapshot_dir()]) as monitor:
 
                 async def one_group(task: Task, n: int) -> None:
-                    async with GroupRollout(
-                        task, n, agent, budget=budget, fork=config.fork, monitor=monitor
-                    ) as group:
+                    async with GroupRollout(task, n, agent, budget=budget, fork=config.fork, monitor=monitor) as group:
                         async for r in group:
                             results.append(r)
                             progress(
@@ -264,11 +269,11 @@ async def run_config(
 
 
 def _speculation_factory() -> Callable[[RolloutContext], Any]:
-    """Per rollout: the default predictors (stream tap, siblings of the same group, n-gram history trained on the
-    public traces once, cost-aware policy shared by all rollouts)."""
-    from speculator import CostAwarePolicy, SiblingTable, default_speculation, train_ngram
+    """Per rollout: the default predictors (stream tap, siblings of the same group, n-gram history of the public
+    traces (the bundled table), cost-aware policy shared by all rollouts)."""
+    from speculator import CostAwarePolicy, SiblingTable, default_ngram, default_speculation
 
-    model = train_ngram(limit=200)
+    model = default_ngram()
     policy = CostAwarePolicy()
     tables: dict[str, SiblingTable] = {}
 
@@ -314,8 +319,12 @@ async def run_experiment(
     key = [[(r.calls, r.results_digest) for r in c.rollouts] for c in out]
     return ExperimentResult(
         date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        machine={"cpus": os.cpu_count(), "memory_gib": round(_mem_total() / (1 << 30), 1),
-                 "kernel": platform.release(), "python": platform.python_version()},  # fmt: skip
+        machine={
+            "cpus": os.cpu_count(),
+            "memory_gib": round(_mem_total() / (1 << 30), 1),
+            "kernel": platform.release(),
+            "python": platform.python_version(),
+        },  # fmt: skip
         workload=workload or {},
         models={
             "llm": f"replay server: recorded per-turn llm_seconds x time_scale {time_scale} (first token after "
