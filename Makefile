@@ -27,7 +27,6 @@ bench: setup
 	.venv/bin/python bench/workspace_bench.py
 	.venv/bin/python bench/fork_bench.py
 	.venv/bin/python bench/cache_bench.py
-	.venv/bin/python bench/spec_bench.py
 	.venv/bin/python bench/gui_bench.py
 	.venv/bin/python bench/peer_bench.py
 

@@ -36,6 +36,7 @@ from .._llm._timing import RecordedTiming
 from .._rollout import Budget, GroupRollout, RolloutContext, RolloutResult, Task
 from .._tools import Tool, bash_tool
 from .._trajectory import Trajectory
+from .._workspace import Workspace
 from ..agent import WorkspaceExecutor, run_agent
 from ..cache import ForkStateProvider, ToolCache
 
@@ -71,6 +72,7 @@ class RolloutSummary(msgspec.Struct):
     calls: list[str]
     call_seconds: list[float]
     results_digest: str  # of every deterministic tool result (exit code and output), in order
+    final_state: str = ""  # digest of the workspace the rollout ended in (workspace_state)
 
 
 class ConfigResult(msgspec.Struct):
@@ -84,6 +86,7 @@ class ConfigResult(msgspec.Struct):
     rollouts: list[RolloutSummary]
     memory_timeline: list[tuple[float, float]]  # (t, MiB)
     extra: dict[str, Any] = msgspec.field(default_factory=dict)
+    final_states: dict[str, str] = msgspec.field(default_factory=dict)  # "task:rollout" -> workspace_state
 
 
 class ExperimentResult(msgspec.Struct):
@@ -94,6 +97,9 @@ class ExperimentResult(msgspec.Struct):
     configs: list[ConfigResult]
     vs_baseline: dict[str, dict[str, float]]
     same_calls_and_results: bool
+    #: Where a configuration differs from the first: "config task:rollout: what" (calls, results or final state,
+    #: with the first differing line of the state).
+    differences: list[str] = msgspec.field(default_factory=list)
 
 
 class ReplayAgent:
@@ -124,6 +130,8 @@ class ReplayAgent:
         self.cache = cache
         self.speculation = speculation
         self.turns_for = turns_for
+        #: Per ``(task_id, rollout)``: the state of the workspace the rollout ended in (``workspace_state``).
+        self.final_states: dict[tuple[str, int], str] = {}
 
     async def run(self, ctx: RolloutContext) -> Trajectory:
         max_turns = ctx.budget.max_turns or 1000
@@ -140,30 +148,74 @@ class ReplayAgent:
             # A committed speculative write moves the rollout into a fork: the executor owns it and hands it back.
             executor = WorkspaceExecutor(ctx.ws, tools, own=True)
             try:
-                return await run_agent(self.client, self.model_for(ctx), ctx.task.prompt, executor, **options)
+                traj = await run_agent(self.client, self.model_for(ctx), ctx.task.prompt, executor, **options)
+                await self._record_state(ctx, executor.workspace)
+                return traj
             finally:
                 ctx.ws = executor.detach()
         async with self.cache.session(ctx.ws, tools, own=True, salt=ctx.task.task_id) as session:
             try:
-                return await run_agent(self.client, self.model_for(ctx), ctx.task.prompt, session, **options)
+                traj = await run_agent(self.client, self.model_for(ctx), ctx.task.prompt, session, **options)
+                await self._record_state(ctx, session.workspace)
+                return traj
             finally:
                 ctx.ws = session.detach()
+
+    async def _record_state(self, ctx: RolloutContext, ws: Workspace) -> None:
+        self.final_states[(ctx.task.task_id, ctx.rollout)] = await workspace_state(ws)
 
     async def aclose(self) -> None:
         await self.client.close()
 
 
-# Parts of tool output that differ between runs of the same deterministic call: file times (`ls -l`), measured
-# durations (`Ran 4 tests in 0.001s`) and `ls -l`'s block total (a file a fork's restore reopens for writing is
-# copied up from its snapshot layer, and overlayfs's origin xattr can take an extra block on ext4).
-_VOLATILE = re.compile(r"[A-Z][a-z]{2} +\d+ +\d\d:\d\d|\d+\.\d+s\b|^total \d+$", re.MULTILINE)
+# Parts of tool output that differ between runs of the same deterministic call, and only those: file times in
+# `ls -l` listings, the durations test runners print (unittest's `Ran 4 tests in 0.001s`, pytest's `passed in
+# 0.02s`) and `ls -l`'s block total (a file a fork's restore reopens for writing is copied up from its snapshot
+# layer, and overlayfs's origin xattr can take an extra block on ext4).
+_VOLATILE = [
+    (re.compile(r"^([-dlcbps][-rwxsStT]{9}[.+@]? .*?)[A-Z][a-z]{2} +\d+ +(?:\d\d:\d\d|\d{4})", re.M), r"\1~"),
+    (re.compile(r"^(Ran \d+ tests? in )\d+\.\d+s$", re.M), r"\1~"),
+    (re.compile(r"( (?:passed|failed|error|errors|skipped)(?:, .*?)? in )\d+\.\d+s\b"), r"\1~"),
+    (re.compile(r"^total \d+$", re.M), "total ~"),
+]
+
+# The final state of a rollout's workspace as the equivalence check compares it: every entry under /workspace
+# (type, mode, path, link target) with the hash of every regular file, and the workspace's processes. Compiled
+# bytecode is listed but not hashed: a .pyc embeds its source's mtime, which differs between runs by design.
+_STATE = (
+    "cd /workspace && find . -xdev -printf '%y %m %p -> %l\\n' | LC_ALL=C sort && "
+    "find . -xdev -type f ! -name '*.pyc' -print0 | LC_ALL=C sort -z | xargs -0 -r sha256sum"
+)
 
 
-def _summary(r: RolloutResult) -> RolloutSummary:
+async def workspace_state(ws: Workspace) -> str:
+    """``_STATE`` in ``ws``: files, directories, links, modes, file hashes, processes."""
+    files = await ws.exec(_STATE, timeout=60)
+    ps = await ws.exec(["ps", "-eo", "stat=,args="], timeout=60)
+    procs = sorted(
+        " ".join(words[1:])
+        for words in map(str.split, ps.stdout.splitlines())
+        if words and not words[0].startswith("Z") and words[1:2] != ["ps"] and "bunshin" not in " ".join(words)
+    )
+    return f"{files.exit_code}\n{files.stdout}--\n" + "\n".join(procs)
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def scrub(text: str) -> str:
+    """``text`` with its provably volatile parts (``_VOLATILE``) replaced by ``~``."""
+    for pattern, replacement in _VOLATILE:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+def _summary(r: RolloutResult, final_state: str) -> RolloutSummary:
     steps = r.trajectory.steps if r.trajectory else []
     h = hashlib.sha256()
     for s in steps:
-        h.update(f"{s.tool}|{s.exit_code}|{_VOLATILE.sub('~', s.observation or '')}\n".encode())
+        h.update(f"{s.tool}|{s.exit_code}|{scrub(s.observation or '')}\n".encode())
     return RolloutSummary(
         rollout=r.rollout,
         status=r.status,
@@ -175,6 +227,7 @@ def _summary(r: RolloutResult) -> RolloutSummary:
         calls=[str((s.args or {}).get("command", s.tool)) for s in steps if s.tool],
         call_seconds=[round(s.tool_seconds or 0.0, 3) for s in steps if s.tool],
         results_digest=h.hexdigest()[:16],
+        final_state=final_state,
     )
 
 
@@ -262,7 +315,8 @@ async def run_config(
         peak_memory_mib=round(report.peak_bytes / (1 << 20), 1),
         total_memory_gib_s=round(report.gib_seconds, 3),
         cpu_seconds=round(report.cpu_seconds, 2),
-        rollouts=[_summary(r) for r in results],
+        rollouts=[_summary(r, _digest(agent.final_states.get((r.task_id, r.rollout), ""))) for r in results],
+        final_states={f"{t}:{i}": text for (t, i), text in agent.final_states.items()},
         memory_timeline=[(round(s.t, 2), round((s.pss_bytes + s.extra_bytes) / (1 << 20), 1)) for s in report.samples],
         extra=extra,
     )
@@ -316,7 +370,7 @@ async def run_experiment(
         }
         for c in out[1:]
     }
-    key = [[(r.calls, r.results_digest) for r in c.rollouts] for c in out]
+    key = [[(r.calls, r.results_digest, r.final_state) for r in c.rollouts] for c in out]
     return ExperimentResult(
         date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         machine={
@@ -336,7 +390,28 @@ async def run_experiment(
         configs=out,
         vs_baseline=vs,
         same_calls_and_results=all(k == key[0] for k in key),
+        differences=_differences(out),
     )
+
+
+def _differences(configs: list[ConfigResult]) -> list[str]:
+    base = configs[0]
+    found: list[str] = []
+    for c in configs[1:]:
+        for a, b in zip(base.rollouts, c.rollouts, strict=False):
+            where = f"{c.name} {a.rollout}"
+            if a.calls != b.calls:
+                found.append(f"{where}: calls differ")
+            elif a.results_digest != b.results_digest:
+                found.append(f"{where}: results differ")
+            elif a.final_state != b.final_state:
+                sa = next((v for k, v in base.final_states.items() if _digest(v) == a.final_state), "").splitlines()
+                sb = next((v for k, v in c.final_states.items() if _digest(v) == b.final_state), "").splitlines()
+                diff = [f"-{x}" for x in sa if x not in sb][:3] + [f"+{x}" for x in sb if x not in sa][:3]
+                found.append(f"{where}: final state differs: {' '.join(diff)}"[:600])
+        if len(base.rollouts) != len(c.rollouts):
+            found.append(f"{c.name}: {len(c.rollouts)} rollouts, {base.name} has {len(base.rollouts)}")
+    return found
 
 
 def _mem_total() -> int:

@@ -118,7 +118,7 @@ class Speculation:
     launches (pass one that says whether the prefix cache would serve the call: such calls are not speculated).
     One ``Speculation`` may serve many turns and rollouts: the policy learns across them; ``metrics`` sums the
     turns run with it (make one per rollout, sharing the policy and the predictors' tables, to get per-rollout
-    metrics)."""
+    metrics) and ``turns`` keeps each turn's own metrics, in order."""
 
     predictors: Sequence[Predictor] = ()
     policy: Policy = field(default_factory=BoundedPolicy)
@@ -126,6 +126,7 @@ class Speculation:
     early: bool = True
     skip: Callable[[Launch], bool] | None = None
     metrics: RolloutMetrics = field(default_factory=RolloutMetrics)
+    turns: list[TurnMetrics] = field(default_factory=list)
 
 
 # ------------------------------------------------------------------------------------------------ internals
@@ -695,6 +696,7 @@ class SpeculativeTurn:
         self.handle.metrics.add(m)
         if self.speculation is not None:
             self.speculation.metrics.add(m)
+            self.speculation.turns.append(m)
 
 
 async def run_turn(
