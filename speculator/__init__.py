@@ -14,8 +14,18 @@ from importlib import resources
 
 from bunshin_async.speculation import Policy, Predictor, Speculation
 
-from ._policy import CostAwarePolicy
-from ._predictors import HistoryPredictor, NgramModel, Rule, RulePredictor, SiblingPredictor, SiblingTable
+from ._policy import CostAwarePolicy, cpu_contention
+from ._predictors import (
+    HistoryPredictor,
+    NgramModel,
+    ObservationPredictor,
+    OraclePredictor,
+    RecentPredictor,
+    Rule,
+    RulePredictor,
+    SiblingPredictor,
+    SiblingTable,
+)
 from ._signature import command_program, signature
 
 __all__ = [
@@ -23,11 +33,15 @@ __all__ = [
     "CostAwarePolicy",
     "HistoryPredictor",
     "NgramModel",
+    "ObservationPredictor",
+    "OraclePredictor",
+    "RecentPredictor",
     "Rule",
     "RulePredictor",
     "SiblingPredictor",
     "SiblingTable",
     "command_program",
+    "cpu_contention",
     "default_ngram",
     "default_speculation",
     "signature",
@@ -66,7 +80,8 @@ def default_speculation(
 ) -> Speculation:
     """A ``Speculation`` for one rollout of ``group``: share ``table`` (and ``policy``, to share what it learns)
     among the rollouts of the group. ``tap=False`` waits for the message to end before running calls."""
-    predictors: list[Predictor] = [SiblingPredictor(table)]
+    table = table if table is not None else SiblingTable()
+    predictors: list[Predictor] = [SiblingPredictor(table), ObservationPredictor(table), RecentPredictor()]
     if model is not None:
         predictors.append(HistoryPredictor(model))
     rule_list = list(rules)

@@ -15,15 +15,29 @@ from .._tools import Tool, bash_tool
 from .._trajectory import Trajectory, load_trajectories
 from ._bundled import calc_task, calc_trajectories
 from ._runner import CONFIGS, markdown_table, run_experiment, write_outputs
+from ._terminal import terminal_task, terminal_trajectories
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated, baseline first")
-    p.add_argument("-n", "--rollouts", type=int, default=8, help="rollouts per group (bundled workload)")
-    p.add_argument("--groups", type=int, default=1, help="concurrent groups (bundled workload)")
+    p.add_argument(
+        "--workload", choices=["bundled", "terminal"], default="bundled",
+        help="bundled: the calc task (8 rollouts sharing their slow calls); terminal: shaped like timed terminal-"
+        "benchmark traces (rollouts diverge after 3 calls; installs, test runs, a build and a benchmark)",
+    )  # fmt: skip
+    p.add_argument("-n", "--rollouts", type=int, help="rollouts per group (default: 8 bundled, 4 terminal)")
+    p.add_argument("--groups", type=int, default=1, help="concurrent groups (bundled and terminal workloads)")
     p.add_argument("--time-scale", type=float, default=1.0, help="multiplies recorded LLM (and padded tool) times")
-    p.add_argument("--llm-median", type=float, default=1.5, help="median LLM seconds per turn (bundled workload)")
-    p.add_argument("--kernel-mib", type=int, default=256, help="memory of the task's warm interpreter (MiB)")
+    p.add_argument("--llm-median", type=float, help="median LLM seconds per turn (default: 1.5 bundled, 3.3 terminal)")
+    p.add_argument(
+        "--kernel-mib", type=int, help="memory of the task's warm interpreter (MiB; 256 bundled, 64 terminal)"
+    )
+    p.add_argument("--repeats", type=int, default=1, help="paired repeats of every configuration (medians, spread)")
+    p.add_argument(
+        "--quick", action="store_true",
+        help="a smoke run: 2 rollouts, 16 MiB interpreter, LLM times x 0.02 (unless given), one repeat, a fifth of "
+        "the terminal task's build and benchmark work",
+    )  # fmt: skip
     p.add_argument("--trajectories", type=Path, help="replay this JSONL(.gz) trajectory file instead")
     p.add_argument("--limit", type=int, default=40, help="trajectories taken from --trajectories")
     p.add_argument("--pad-tools", action="store_true", help="pad each tool call to its recorded duration")
@@ -97,16 +111,28 @@ def main(args: argparse.Namespace) -> int:
                         for task, ts in groups for t in ts}  # fmt: skip
             tools_for = _padded_bash(recorded, args.time_scale)
     else:
+        terminal = args.workload == "terminal"
+        if args.quick:
+            args.rollouts = args.rollouts or 2
+            args.kernel_mib = args.kernel_mib or 16
+            args.time_scale = args.time_scale if args.time_scale != 1.0 else 0.02
+        rollouts = args.rollouts or (4 if terminal else 8)
+        kernel_mib = args.kernel_mib or (64 if terminal else 256)
+        llm_median = args.llm_median or (3.3 if terminal else 1.5)
         groups = []
         for g in range(args.groups):
-            task = calc_task(args.kernel_mib)
+            task = terminal_task(kernel_mib, work=0.2 if args.quick else 1.0) if terminal else calc_task(kernel_mib)
             if args.groups > 1:
-                task = Task(**{**{f: getattr(task, f) for f in task.__struct_fields__}, "task_id": f"calc{g}"})
-            trajs = calc_trajectories(args.rollouts, seed=args.seed + g, llm_median=args.llm_median)
+                fields = {f: getattr(task, f) for f in task.__struct_fields__}
+                task = Task(**{**fields, "task_id": f"{task.task_id}{g}"})
+            make = terminal_trajectories if terminal else calc_trajectories
+            trajs = make(rollouts, seed=args.seed + g, llm_median=llm_median)
             groups.append((task, [Trajectory(task_id=task.task_id, rollout=t.rollout, steps=t.steps) for t in trajs]))
-        workload = {"kind": "bundled", "task": "calc", "groups": args.groups, "rollouts_per_group": args.rollouts,
-                    "llm_median_s": args.llm_median, "time_scale": args.time_scale,
-                    "warm_interpreter_mib": args.kernel_mib}  # fmt: skip
+        workload = {"kind": args.workload, "task": groups[0][0].task_id, "groups": args.groups,
+                    "rollouts_per_group": rollouts, "llm_median_s": llm_median,
+                    "llm_sigma": 1.0 if terminal else 0.5, "time_scale": args.time_scale,
+                    "warm_interpreter_mib": kernel_mib, "tools_padded": False,
+                    "cpu_work": 0.2 if args.quick and terminal else 1.0}  # fmt: skip
 
     async def go() -> None:
         result = await run_experiment(
@@ -116,11 +142,15 @@ def main(args: argparse.Namespace) -> int:
             budget=Budget(max_turns=200, wall_seconds=1800),
             workload=workload,
             tools_for=(lambda ctx: [tools_for(ctx.task.task_id, ctx.rollout)]) if tools_for else None,
+            repeats=1 if args.quick else args.repeats,
         )
         paths = write_outputs(result, args.out)
         print()
         print(markdown_table(result))
-        print(f"\nsame tool-call sequences and results in every configuration: {result.same_calls_and_results}")
+        print(f"\nsame tool-call sequences, results and final states in every configuration: "
+              f"{result.same_calls_and_results}")  # fmt: skip
+        for d in result.differences[:10]:
+            print("  differs:", d)
         print("models:", *(f"  {k}: {v}" for k, v in result.models.items()), sep="\n")
         print("written:", *map(str, paths))
 

@@ -6,7 +6,12 @@ Configurations, all in one run on the same workload:
 - ``fork``: the set-up once, then BunshinFork ``n`` ways;
 - ``fork+cache``: plus the tool prefix cache shared by the group (a hit on a state-changing call forks the
   cached state instead of re-executing);
-- ``fork+cache+spec``: plus speculative tool execution while the model is still generating.
+- ``fork+cache+spec``: plus speculative tool execution while the model is still generating;
+- ``oracle``: ``fork+cache+spec`` whose only predictor is told the rollout's true next call at the start of each
+  turn (and as each call of a message is decided): the bound of one-step speculation, same runtime and policy.
+
+With ``repeats`` the configurations run in turn, repeat after repeat (paired: each repeat runs every
+configuration once, back to back), and the summary gives each figure's median and spread (min, max) over repeats.
 
 LLM model: the replay server serves scripted (or recorded) assistant turns with their ``llm_seconds`` times
 ``time_scale``; tools execute for real in the workspace (optionally padded with ``sleep`` to their recorded
@@ -48,6 +53,7 @@ class Config(msgspec.Struct, frozen=True):
     fork: bool
     cache: bool
     speculation: bool
+    oracle: bool = False
 
 
 CONFIGS = {
@@ -57,6 +63,7 @@ CONFIGS = {
         Config("fork", fork=True, cache=False, speculation=False),
         Config("fork+cache", fork=True, cache=True, speculation=False),
         Config("fork+cache+spec", fork=True, cache=True, speculation=True),
+        Config("oracle", fork=True, cache=True, speculation=True, oracle=True),
     )
 }
 
@@ -89,14 +96,34 @@ class ConfigResult(msgspec.Struct):
     final_states: dict[str, str] = msgspec.field(default_factory=dict)  # "task:rollout" -> workspace_state
 
 
+class Spread(msgspec.Struct, frozen=True):
+    median: float
+    min: float
+    max: float
+
+
+class ConfigSummary(msgspec.Struct):
+    """A configuration over the repeats: median (min, max) of each figure; ``spec`` sums speculation's counts."""
+
+    name: str
+    group_latency_s: Spread
+    peak_memory_mib: Spread
+    total_memory_gib_s: Spread
+    cpu_seconds: Spread
+    spec: dict[str, float] = msgspec.field(default_factory=dict)
+
+
 class ExperimentResult(msgspec.Struct):
     date: str
     machine: dict[str, Any]
     workload: dict[str, Any]
     models: dict[str, str]
-    configs: list[ConfigResult]
-    vs_baseline: dict[str, dict[str, float]]
-    same_calls_and_results: bool
+    configs: list[ConfigResult]  # the first repeat
+    vs_baseline: dict[str, dict[str, float]]  # of the medians over repeats
+    same_calls_and_results: bool  # in every configuration of every repeat
+    repeats: int = 1
+    summary: list[ConfigSummary] = msgspec.field(default_factory=list)
+    later_repeats: list[list[ConfigResult]] = msgspec.field(default_factory=list)
     #: Where a configuration differs from the first: "config task:rollout: what" (calls, results or final state,
     #: with the first differing line of the state).
     differences: list[str] = msgspec.field(default_factory=list)
@@ -130,6 +157,8 @@ class ReplayAgent:
         self.cache = cache
         self.speculation = speculation
         self.turns_for = turns_for
+        self.specs: list[Any] = []  # every rollout's Speculation, for its metrics
+        self.group_sizes: dict[str, int] = {}  # task id -> rollouts in its group
         #: Per ``(task_id, rollout)``: the state of the workspace the rollout ended in (``workspace_state``).
         self.final_states: dict[tuple[str, int], str] = {}
 
@@ -140,7 +169,8 @@ class ReplayAgent:
             max_turns = min(max_turns, recorded)
         options: dict[str, Any] = {"max_turns": max_turns, "task_id": ctx.task.task_id, "rollout": ctx.rollout}
         if self.speculation is not None:
-            options["speculation"] = self.speculation(ctx)
+            options["speculation"] = spec = self.speculation(ctx)
+            self.specs.append(spec)
         else:
             options["start_tools_early"] = False
         tools = list(self.tools_for(ctx))
@@ -153,7 +183,9 @@ class ReplayAgent:
                 return traj
             finally:
                 ctx.ws = executor.detach()
-        async with self.cache.session(ctx.ws, tools, own=True, salt=ctx.task.task_id) as session:
+        # A capture serves siblings only: a group of one rollout never pays for one.
+        capture = self.group_sizes.get(ctx.task.task_id, 2) > 1
+        async with self.cache.session(ctx.ws, tools, own=True, salt=ctx.task.task_id, capture=capture) as session:
             try:
                 traj = await run_agent(self.client, self.model_for(ctx), ctx.task.prompt, session, **options)
                 await self._record_state(ctx, session.workspace)
@@ -267,9 +299,12 @@ async def run_config(
             tools_for,
             lambda ctx: f"replay:{ctx.task.task_id}:{ctx.rollout}",
             cache=cache,
-            speculation=_speculation_factory() if config.speculation else None,
+            speculation=(_oracle_factory(trajectories) if config.oracle else _speculation_factory())
+            if config.speculation
+            else None,
             turns_for=lambda ctx: unfinished.get(f"{ctx.task.task_id}:{ctx.rollout}"),
         )
+        agent.group_sizes = {task.task_id: len(ts) for task, ts in groups}
         t0 = time.monotonic()
         try:
             async with ResourceMonitor(interval=0.1, extra_dirs=[snapshot_dir()]) as monitor:
@@ -296,6 +331,8 @@ async def run_config(
     report = monitor.report()
     results.sort(key=lambda r: (r.task_id, r.rollout))
     extra: dict[str, Any] = {}
+    if agent.specs:
+        extra["spec"] = _spec_counts(agent.specs)
     if caches:
         m = caches[0].metrics()
         extra["cache"] = {
@@ -338,6 +375,68 @@ def _speculation_factory() -> Callable[[RolloutContext], Any]:
     return make
 
 
+def _oracle_factory(trajectories: Sequence[Trajectory]) -> Callable[[RolloutContext], Any]:
+    """Per rollout: a predictor told the rollout's true next call (from its recording), under the same policy,
+    runtime and cache veto as ``fork+cache+spec``."""
+    from bunshin_async.speculation import Speculation
+    from speculator import CostAwarePolicy, OraclePredictor
+
+    policy = CostAwarePolicy()
+    calls = {t.key: [(s.tool, s.args or {}) for s in t.steps if not s.final and s.tool] for t in trajectories}
+
+    def make(ctx: RolloutContext) -> Any:
+        script = calls.get(f"{ctx.task.task_id}:{ctx.rollout}", [])
+        return Speculation(predictors=[OraclePredictor(script)], policy=policy, group=ctx.task.task_id)
+
+    return make
+
+
+def _spec_counts(specs: Sequence[Any]) -> dict[str, float]:
+    m = [s.metrics for s in specs]
+    out: dict[str, float] = {
+        "calls": sum(x.calls for x in m),
+        "launched": sum(x.launched for x in m),
+        "committed": sum(x.committed for x in m),
+        "wasted": sum(x.wasted for x in m),
+        "failed": sum(x.failed for x in m),
+        "saved_seconds": round(sum(x.saved_seconds for x in m), 3),
+        "wasted_seconds": round(sum(x.wasted_seconds for x in m), 3),
+        "wasted_cpu_seconds": round(sum(x.wasted_cpu_seconds for x in m), 3),
+        "fork_seconds": round(sum(x.fork_seconds for x in m), 3),
+    }
+    out["hit_rate"] = round(out["committed"] / out["calls"], 3) if out["calls"] else 0.0
+    out["launch_precision"] = round(out["committed"] / out["launched"], 3) if out["launched"] else 0.0
+    return out
+
+
+def _spread(xs: Sequence[float]) -> Spread:
+    return Spread(round(statistics.median(xs), 3), round(min(xs), 3), round(max(xs), 3))
+
+
+def _summaries(runs: list[list[ConfigResult]]) -> list[ConfigSummary]:
+    out = []
+    for k, first in enumerate(runs[0]):
+        cs = [r[k] for r in runs]
+        spec: dict[str, float] = {}
+        for c in cs:
+            for name, v in c.extra.get("spec", {}).items():
+                spec[name] = spec.get(name, 0.0) + v
+        if spec:
+            spec["hit_rate"] = round(spec["committed"] / spec["calls"], 3) if spec["calls"] else 0.0
+            spec["launch_precision"] = round(spec["committed"] / spec["launched"], 3) if spec["launched"] else 0.0
+        out.append(
+            ConfigSummary(
+                name=first.name,
+                group_latency_s=_spread([c.group_latency_s for c in cs]),
+                peak_memory_mib=_spread([c.peak_memory_mib for c in cs]),
+                total_memory_gib_s=_spread([c.total_memory_gib_s for c in cs]),
+                cpu_seconds=_spread([c.cpu_seconds for c in cs]),
+                spec=spec,
+            )
+        )
+    return out
+
+
 def _ratio(new: float, old: float) -> float:
     return round(1 - new / old, 3) if old else 0.0
 
@@ -351,26 +450,32 @@ async def run_experiment(
     tools_for: Callable[[RolloutContext], Sequence[Tool]] | None = None,
     workload: dict[str, Any] | None = None,
     progress: Callable[[str], None] = print,
+    repeats: int = 1,
 ) -> ExperimentResult:
     budget = budget or Budget(max_turns=100, wall_seconds=1800)
     if tools_for is None:
         default = [bash_tool(timeout=600.0)]
         tools_for = lambda ctx: default  # noqa: E731
-    out: list[ConfigResult] = []
-    for name in configs:
-        progress(f"configuration {name}")
-        out.append(await run_config(CONFIGS[name], groups, time_scale=time_scale, budget=budget, tools_for=tools_for,
-                                    progress=progress))  # fmt: skip
-    base = out[0]
+    runs: list[list[ConfigResult]] = []
+    for rep in range(max(1, repeats)):
+        out: list[ConfigResult] = []
+        for name in configs:
+            progress(f"configuration {name}" + (f" (repeat {rep + 1} of {repeats})" if repeats > 1 else ""))
+            out.append(await run_config(CONFIGS[name], groups, time_scale=time_scale, budget=budget,
+                                        tools_for=tools_for, progress=progress))  # fmt: skip
+        runs.append(out)
+    out = runs[0]
+    summary = _summaries(runs)
+    base = summary[0]
     vs = {
         c.name: {
-            "peak_memory_reduction": _ratio(c.peak_memory_mib, base.peak_memory_mib),
-            "total_memory_reduction": _ratio(c.total_memory_gib_s, base.total_memory_gib_s),
-            "group_latency_reduction": _ratio(c.group_latency_s, base.group_latency_s),
+            "peak_memory_reduction": _ratio(c.peak_memory_mib.median, base.peak_memory_mib.median),
+            "total_memory_reduction": _ratio(c.total_memory_gib_s.median, base.total_memory_gib_s.median),
+            "group_latency_reduction": _ratio(c.group_latency_s.median, base.group_latency_s.median),
         }
-        for c in out[1:]
+        for c in summary[1:]
     }
-    key = [[(r.calls, r.results_digest, r.final_state) for r in c.rollouts] for c in out]
+    key = [[(r.calls, r.results_digest, r.final_state) for r in c.rollouts] for run in runs for c in run]
     return ExperimentResult(
         date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         machine={
@@ -390,7 +495,10 @@ async def run_experiment(
         configs=out,
         vs_baseline=vs,
         same_calls_and_results=all(k == key[0] for k in key),
-        differences=_differences(out),
+        differences=[d for run in runs for d in _differences([runs[0][0], *run])],
+        repeats=len(runs),
+        summary=summary,
+        later_repeats=runs[1:],
     )
 
 
@@ -419,13 +527,22 @@ def _mem_total() -> int:
         return int(f.readline().split()[1]) * 1024
 
 
+def _fmt(x: Spread, digits: int, repeats: int) -> str:
+    if repeats <= 1:
+        return f"{x.median:.{digits}f}"
+    return f"{x.median:.{digits}f} [{x.min:.{digits}f}-{x.max:.{digits}f}]"
+
+
 def markdown_table(result: ExperimentResult) -> str:
+    """The configurations side by side: medians over the repeats with [min-max] when there are several."""
+    n = result.repeats
     rows = [
-        "| configuration | group latency (s) | rollout p50 / p90 (s) | peak memory (MiB) | total memory (GiB·s) "
-        "| CPU (s) | vs baseline: peak / total / latency |",
+        "| configuration | group latency (s) | peak memory (MiB) | total memory (GiB·s) | CPU (s) "
+        "| vs baseline: peak / total / latency | speculation: committed / launched, hit rate, saved s, wasted CPU s |",
         "|---|---|---|---|---|---|---|",
     ]
-    for c in result.configs:
+    summary = result.summary or _summaries([result.configs])
+    for c in summary:
         vs = result.vs_baseline.get(c.name)
         rel = (
             " / ".join(
@@ -435,11 +552,19 @@ def markdown_table(result: ExperimentResult) -> str:
             if vs
             else "(baseline)"
         )
-        rows.append(
-            f"| {c.name} | {c.group_latency_s:.1f} | {c.rollout_latency_s['median']:.1f} / "
-            f"{c.rollout_latency_s['p90']:.1f} | {c.peak_memory_mib:.0f} | {c.total_memory_gib_s:.2f} | "
-            f"{c.cpu_seconds:.0f} | {rel} |"
+        sp = c.spec
+        spec = (
+            f"{sp['committed']:.0f} / {sp['launched']:.0f}, {100 * sp['hit_rate']:.0f}% of {sp['calls']:.0f} calls, "
+            f"{sp['saved_seconds']:.1f}, {sp['wasted_cpu_seconds']:.1f}"
+            if sp
+            else ""
         )
+        rows.append(
+            f"| {c.name} | {_fmt(c.group_latency_s, 1, n)} | {_fmt(c.peak_memory_mib, 0, n)} | "
+            f"{_fmt(c.total_memory_gib_s, 2, n)} | {_fmt(c.cpu_seconds, 0, n)} | {rel} | {spec} |"
+        )
+    if n > 1:
+        rows.append(f"\n{n} paired repeats: medians [min-max]; speculation counts summed over the repeats.")
     return "\n".join(rows)
 
 

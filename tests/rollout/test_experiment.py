@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from bunshin_async._cli import main as cli_main
 from bunshin_async._experiment._bundled import calc_task, calc_trajectories
 from bunshin_async._experiment._cli import trajectory_groups
-from bunshin_async._experiment._runner import ReplayAgent, markdown_table, run_experiment, write_outputs
+from bunshin_async._experiment._runner import CONFIGS, ReplayAgent, markdown_table, run_experiment, write_outputs
 from bunshin_async._llm._replay import ReplayServer
 from bunshin_async._llm._timing import RecordedTiming
 from bunshin_async._rollout import GroupRollout
@@ -85,3 +88,44 @@ def test_a_trajectory_file_replays_as_groups_and_an_unfinished_recording_as_trun
     fork = result["configs"][1]
     assert fork["setup_seconds"] is not None  # t1's two rollouts forked from one set-up
     assert trajectory_groups(trajs, "rollout")[1][0].task_id == "t1:1"
+
+
+def _bench(tmp_path: Path, *args: str) -> dict[str, Any]:
+    out = tmp_path / "out"
+    assert cli_main(["bench", "--quick", "--out", str(out), *args]) == 0
+    result: dict[str, Any] = json.loads((out / "experiment.json").read_text())
+    return result
+
+
+@pytest.mark.timeout(1200)
+def test_every_configuration_through_bunshin_bench_quick(tmp_path: Path) -> None:
+    """`bunshin bench --quick` on the bundled workload: baseline, fork, fork+cache, fork+cache+spec and oracle run
+    side by side, with the same calls, results and final workspace states; the oracle predicts every call."""
+    result = _bench(tmp_path)
+    assert [c["name"] for c in result["configs"]] == list(CONFIGS)
+    assert result["same_calls_and_results"] is True, result["differences"]
+    for c in result["configs"]:
+        assert [r["status"] for r in c["rollouts"]] == ["finished", "finished"], c["name"]
+        assert all(r["final_state"] for r in c["rollouts"])
+    by_name = {c["name"]: c for c in result["configs"]}
+    oracle = by_name["oracle"]["extra"]["spec"]
+    assert oracle["launched"] > 0 and oracle["committed"] > 0
+    assert by_name["fork+cache+spec"]["extra"]["spec"]["calls"] == oracle["calls"]
+    assert "| oracle |" in (tmp_path / "out" / "experiment.md").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_the_terminal_workload_through_bunshin_bench_quick(tmp_path: Path) -> None:
+    """`bunshin bench --workload terminal --quick`: real installs from the vendored sources, test runs, a build and a
+    benchmark, diverging after three calls; every configuration agrees on calls, results and final states, and
+    every rollout ends with the tests passing (reward 1)."""
+    result = _bench(tmp_path, "--workload", "terminal")
+    assert result["workload"]["kind"] == "terminal" and result["workload"]["tools_padded"] is False
+    assert result["same_calls_and_results"] is True, result["differences"]
+    for c in result["configs"]:
+        assert [r["reward"] for r in c["rollouts"]] == [1.0, 1.0], c["name"]
+    calls = result["configs"][0]["rollouts"][0]["calls"]
+    assert calls[:3] == ["ls -la", "cat README.md", ".venv/bin/python -m unittest -q"]
+    assert any("pip install" in c for c in calls) and calls[-2:] == [".venv/bin/python build.py",
+                                                                       ".venv/bin/python bench.py"]  # fmt: skip
