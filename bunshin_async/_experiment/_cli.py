@@ -32,6 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--kernel-mib", type=int, help="memory of the task's warm interpreter (MiB; 256 bundled, 64 terminal)"
     )
+    p.add_argument("--work", type=float, help="terminal workload: scales its build's and benchmark's CPU work (1.0)")
     p.add_argument("--repeats", type=int, default=1, help="paired repeats of every configuration (medians, spread)")
     p.add_argument(
         "--quick", action="store_true",
@@ -121,7 +122,8 @@ def main(args: argparse.Namespace) -> int:
         llm_median = args.llm_median or (3.3 if terminal else 1.5)
         groups = []
         for g in range(args.groups):
-            task = terminal_task(kernel_mib, work=0.2 if args.quick else 1.0) if terminal else calc_task(kernel_mib)
+            work = args.work or (0.2 if args.quick else 1.0)
+            task = terminal_task(kernel_mib, work=work) if terminal else calc_task(kernel_mib)
             if args.groups > 1:
                 fields = {f: getattr(task, f) for f in task.__struct_fields__}
                 task = Task(**{**fields, "task_id": f"{task.task_id}{g}"})
@@ -132,7 +134,7 @@ def main(args: argparse.Namespace) -> int:
                     "rollouts_per_group": rollouts, "llm_median_s": llm_median,
                     "llm_sigma": 1.0 if terminal else 0.5, "time_scale": args.time_scale,
                     "warm_interpreter_mib": kernel_mib, "tools_padded": False,
-                    "cpu_work": 0.2 if args.quick and terminal else 1.0}  # fmt: skip
+                    "cpu_work": (args.work or (0.2 if args.quick else 1.0)) if terminal else None}  # fmt: skip
 
     async def go() -> None:
         result = await run_experiment(

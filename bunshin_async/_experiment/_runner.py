@@ -289,7 +289,9 @@ async def run_config(
     setup: list[float] = []
     caches: list[ToolCache] = []
     unfinished = {t.key: len(turns) for t in trajectories if not (turns := build_turns(t)) or not turns[-1].final}
-    async with ReplayServer(trajectories, timing=RecordedTiming(ttft=0.05), time_scale=time_scale) as server:
+    async with ReplayServer(
+        trajectories, timing=RecordedTiming(ttft=0.05), time_scale=time_scale, separate_finish=True
+    ) as server:
         # Capturing a state costs a dump (~0.1-0.5 s here); only writes slower than that are worth serving by fork.
         cache = ToolCache(provider=ForkStateProvider(), capture_min_duration=1.0) if config.cache else None
         if cache is not None:
@@ -487,7 +489,8 @@ async def run_experiment(
         workload=workload or {},
         models={
             "llm": f"replay server: recorded per-turn llm_seconds x time_scale {time_scale} (first token after "
-            "min(0.05 s, llm_seconds)); simulated, not a real model",
+            "min(0.05 s, llm_seconds); finish_reason one token interval after the last argument fragment); simulated, "
+            "not a real model",
             "tools": "executed for real in the workspace (measured)",
             "memory": "summed PSS of all workspace processes + snapshots and copy-on-write page images on tmpfs "
             "(beyond what PSS shows), sampled every 0.1 s",
