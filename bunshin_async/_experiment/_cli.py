@@ -145,6 +145,7 @@ def main(args: argparse.Namespace) -> int:
             workload=workload,
             tools_for=(lambda ctx: [tools_for(ctx.task.task_id, ctx.rollout)]) if tools_for else None,
             repeats=1 if args.quick else args.repeats,
+            on_repeat=lambda partial: write_outputs(partial, args.out),
         )
         paths = write_outputs(result, args.out)
         print()

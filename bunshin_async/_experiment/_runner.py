@@ -453,7 +453,10 @@ async def run_experiment(
     workload: dict[str, Any] | None = None,
     progress: Callable[[str], None] = print,
     repeats: int = 1,
+    on_repeat: Callable[[ExperimentResult], object] | None = None,
 ) -> ExperimentResult:
+    """Run ``configs`` on ``groups``, ``repeats`` times in turn; ``on_repeat`` gets the result so far after each
+    repeat but the last (to write partial outputs of a long run)."""
     budget = budget or Budget(max_turns=100, wall_seconds=1800)
     if tools_for is None:
         default = [bash_tool(timeout=600.0)]
@@ -466,6 +469,12 @@ async def run_experiment(
             out.append(await run_config(CONFIGS[name], groups, time_scale=time_scale, budget=budget,
                                         tools_for=tools_for, progress=progress))  # fmt: skip
         runs.append(out)
+        if on_repeat is not None and rep + 1 < repeats:
+            on_repeat(_result(runs, workload, time_scale))
+    return _result(runs, workload, time_scale)
+
+
+def _result(runs: list[list[ConfigResult]], workload: dict[str, Any] | None, time_scale: float) -> ExperimentResult:
     out = runs[0]
     summary = _summaries(runs)
     base = summary[0]
@@ -489,8 +498,8 @@ async def run_experiment(
         workload=workload or {},
         models={
             "llm": f"replay server: recorded per-turn llm_seconds x time_scale {time_scale} (first token after "
-            "min(0.05 s, llm_seconds); finish_reason one token interval after the last argument fragment); simulated, "
-            "not a real model",
+            "min(0.05 s, llm_seconds); finish_reason one token interval after the last argument fragment); "
+            "simulated, not a real model",
             "tools": "executed for real in the workspace (measured)",
             "memory": "summed PSS of all workspace processes + snapshots and copy-on-write page images on tmpfs "
             "(beyond what PSS shows), sampled every 0.1 s",
