@@ -531,6 +531,7 @@ class SpeculativeTurn:
     async def _use_branch(self, d: _Decided, b: _Branch, t_due: float) -> CallResult | None:
         try:
             await b.done.wait()
+            t_ready = self._clock()
             if not b.ok or b.epoch != self.handle.epoch:
                 return None
             if b.tail is not None:
@@ -553,7 +554,10 @@ class SpeculativeTurn:
             now = self._clock()
             self._mark("branch_commit", d.position, f"{d.call.name} {b.launch.effect.value}")
             run = b.run_end - b.run_start
-            b.used, b.saved = True, (t_due + run) - now
+            # What the main line would have waited for without the branch, less what it waited for the branch;
+            # the commit itself (the executor's bookkeeping, a cache capture) is not counted: a call run on the
+            # main line pays for it too.
+            b.used, b.saved = True, (t_due + run) - t_ready
             return CallResult(
                 index=d.call.index, call=d.call, result=b.result, error=b.error, source="speculated", seconds=run, t=now
             )

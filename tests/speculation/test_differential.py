@@ -48,7 +48,7 @@ def _speculation(seed: int, table: SiblingTable, model: NgramModel, traj: Trajec
     policy = (
         BoundedPolicy(max_branches=3, max_forks=2)  # launch everything the predictors say
         if rng.random() < 0.5
-        else CostAwarePolicy(default_seconds=1.0, fork_weight=0.2)
+        else CostAwarePolicy(default_seconds=1.0, fork_weight=0.2, contention=None)
     )
     return Speculation(predictors=predictors, policy=policy, group=traj.task_id, early=rng.random() < 0.8)
 
@@ -58,6 +58,7 @@ def _early(seed: int) -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # minutes when other work shares the cores
 async def test_speculation_on_and_off_agree_over_200_seeded_rollouts(serve: Any) -> None:
     await _differential(serve, range(GROUPS), minimum=200)
 

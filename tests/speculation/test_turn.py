@@ -23,7 +23,7 @@ SLOW = "sleep 1; echo x > f"
 
 
 def rules(*rs: Rule) -> Speculation:
-    return Speculation(predictors=[RulePredictor(rs)], policy=CostAwarePolicy())
+    return Speculation(predictors=[RulePredictor(rs)], policy=CostAwarePolicy(contention=None))
 
 
 async def test_correct_prediction_of_slow_write_commits_the_fork(serve: Any) -> None:
@@ -76,7 +76,7 @@ async def test_cancelling_the_turn_cancels_every_branch(serve: Any) -> None:
         Rule(after="start", then_tool="bash", then_args={"command": "sleep 20; echo w > w"}, expected_seconds=20),
         Rule(after="start", then_tool="bash", then_args={"command": "sleep 20; cat start"}, expected_seconds=20),
     ]
-    spec = Speculation(predictors=[RulePredictor(rs)], policy=CostAwarePolicy())
+    spec = Speculation(predictors=[RulePredictor(rs)], policy=CostAwarePolicy(contention=None))
     async with serve([trajectory("cancel", steps)]) as client:
         async with Workspace() as ws, WorkspaceHandle(ws) as handle:
             specs = [t.spec() for t in TOOLS]
