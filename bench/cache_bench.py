@@ -4,7 +4,7 @@
    shaped like a shell result (about 1 KiB). Redis is a redis-server this script starts on a loopback port.
    ``session``: the whole hit path of ``CachedSession.call`` (classify, key, look up, verify, decode).
 2. ``rollouts``: groups of 8 simulated sibling rollouts whose call sequences are built from real command sequences
-   (``/work/shared/traces/swebench-gemini-3-pro.jsonl.gz``), shaped like the timed multi-rollout traces described
+   (``../shared/traces/swebench-gemini-3-pro.jsonl.gz``), shaped like the timed multi-rollout traces described
    in the README there: siblings share an exact prefix (pairwise mean ~3.9 calls) then diverge. Tool run times are
    drawn per command from the README's per-kind distributions (deterministic per command, so identical calls take
    identical time) and slept at ``--time-scale``; LLM think time between calls desynchronises the siblings.
@@ -54,7 +54,7 @@ from bunshin_async.cache import (  # noqa: E402
     classify_command,
 )
 
-TRACES = Path("/work/shared/traces/swebench-gemini-3-pro.jsonl.gz")
+TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces" / "swebench-gemini-3-pro.jsonl.gz"
 TARGETS_US = {"memory": 20, "sqlite": 200, "redis": 1000}
 
 

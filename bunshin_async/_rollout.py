@@ -234,22 +234,27 @@ class GroupRollout:
 
     async def _setup_and_fork(self) -> list[Workspace]:
         t0 = time.monotonic()
-        base = self._new_workspace()
+        base: Workspace | None = self._new_workspace()
+        assert base is not None
         try:
             await base.start()
             if self.monitor:
                 self.monitor.track(base)
             await prepare(base, self.task)
             self.setup_seconds = time.monotonic() - t0
+            if self.n == 1:  # nothing to share: a snapshot would only cost its dump and its memory
+                keep, base = base, None
+                return [keep]
             copies = await base.fork(self.n)
             if self.monitor:
                 for c in copies:
                     self.monitor.track(c)
             return copies
         finally:
-            if self.monitor:
-                self.monitor.untrack(base)
-            await base.aclose()
+            if base is not None:
+                if self.monitor:
+                    self.monitor.untrack(base)
+                await base.aclose()
 
     async def _rollout_fresh(self, i: int) -> None:
         ws = self._new_workspace()

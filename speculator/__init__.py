@@ -10,32 +10,59 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Sequence
+from importlib import resources
 
 from bunshin_async.speculation import Policy, Predictor, Speculation
 
-from ._policy import CostAwarePolicy
-from ._predictors import HistoryPredictor, NgramModel, Rule, RulePredictor, SiblingPredictor, SiblingTable
+from ._policy import CostAwarePolicy, cpu_contention
+from ._predictors import (
+    HistoryPredictor,
+    NgramModel,
+    ObservationPredictor,
+    OraclePredictor,
+    RecentPredictor,
+    Rule,
+    RulePredictor,
+    SiblingPredictor,
+    SiblingTable,
+)
 from ._signature import command_program, signature
 
 __all__ = [
+    "NGRAM_TABLE",
     "CostAwarePolicy",
     "HistoryPredictor",
     "NgramModel",
+    "ObservationPredictor",
+    "OraclePredictor",
+    "RecentPredictor",
     "Rule",
     "RulePredictor",
     "SiblingPredictor",
     "SiblingTable",
     "command_program",
+    "cpu_contention",
+    "default_ngram",
     "default_speculation",
     "signature",
     "train_ngram",
 ]
 
-TRACES = "/work/shared/traces/swebench-gemini-3-pro.jsonl.gz"
+#: The package data ``default_ngram`` reads: what an order-3 ``NgramModel`` learned from the 500 public SWE-bench
+#: trajectories of ``../shared/traces`` (``scripts/build_ngram_table.py`` rebuilds it).
+NGRAM_TABLE = "ngram-swebench.json.gz"
 
 
-def train_ngram(path: str | os.PathLike[str] = TRACES, *, order: int = 3, limit: int | None = None) -> NgramModel:
-    """An ``NgramModel`` trained on a trace file. Blocking (about a second for the public traces)."""
+def default_ngram() -> NgramModel:
+    """The n-gram model the default predictor uses, read from package data (a compact table, ~ms; no trace file
+    needed). Blocking."""
+    data = resources.files(__name__).joinpath(NGRAM_TABLE).read_bytes()
+    return NgramModel.from_table(data)
+
+
+def train_ngram(path: str | os.PathLike[str], *, order: int = 3, limit: int | None = None) -> NgramModel:
+    """An ``NgramModel`` trained on a trace file (``/work/shared/traces`` format or ``Trajectory`` records).
+    Blocking (about a second for the public traces)."""
     model = NgramModel(order)
     model.train_file(path, limit)
     return model
@@ -53,7 +80,8 @@ def default_speculation(
 ) -> Speculation:
     """A ``Speculation`` for one rollout of ``group``: share ``table`` (and ``policy``, to share what it learns)
     among the rollouts of the group. ``tap=False`` waits for the message to end before running calls."""
-    predictors: list[Predictor] = [SiblingPredictor(table)]
+    table = table if table is not None else SiblingTable()
+    predictors: list[Predictor] = [SiblingPredictor(table), ObservationPredictor(table), RecentPredictor()]
     if model is not None:
         predictors.append(HistoryPredictor(model))
     rule_list = list(rules)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Callable, Sequence
 
 from bunshin_async.speculation import CallKey, Launch
 
 from ._signature import signature
 
-__all__ = ["CostAwarePolicy"]
+__all__ = ["CostAwarePolicy", "cpu_contention"]
 
 
 class _Ewma:
@@ -22,15 +23,36 @@ class _Ewma:
         self.n += 1
 
 
-class CostAwarePolicy:
-    """Launch a candidate when ``probability x expected latency`` beats its cost, best saving first.
+def cpu_contention() -> float:
+    """How busy the CPUs are now, 0 (idle) to 1 (every CPU has a runnable task besides us): the kernel's count of
+    runnable tasks (``/proc/loadavg``'s fourth field, instantaneous, this reader included) over the CPUs this
+    process may use. Blocking but cheap (one read of a /proc file)."""
+    try:
+        with open("/proc/loadavg") as f:
+            runnable = int(f.read().split()[3].split("/")[0])
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    cpus = len(os.sched_getaffinity(0)) or 1
+    return min(1.0, max(0, runnable - 1) / cpus)
 
-    Expected latency: the exact call's own running average if it ran before, else its signature's
-    (``tool:program``), else the candidate's ``expected_seconds``, else ``default_seconds``; all learned online.
-    Cost: a fork's measured seconds (running average, ``fork_seconds`` before the first) times ``fork_weight``
-    (the fork also holds the workspace for that long); in-place reads cost ``read_cost``. Budgets: at most
-    ``max_branches`` running, ``max_forks`` forks, and forks' estimated memory within ``memory_budget`` bytes.
-    One policy may serve many rollouts (share it to share what it learned).
+
+class CostAwarePolicy:
+    """Launch a candidate when its expected saving beats its expected cost, best saving first.
+
+    Saving: ``probability x min(expected run time, expected LLM time left in the turn)``: a branch can hide at most
+    the model's remaining generation (the stream tap starts the call when its arguments are complete anyway).
+    Expected run time: the exact call's own running average if it ran before, else its signature's
+    (``tool:program``), else the candidate's ``expected_seconds``, else ``default_seconds``; the LLM time is the
+    running average of the turns' (``observe_llm``; ``llm_seconds`` before the first), minus the turn's elapsed
+    time (but at least a quarter of it: LLM times are heavy-tailed, a long turn tends to go on); all learned
+    online. Cost: a fork's measured seconds (running average, ``fork_seconds`` before the first)
+    times ``fork_weight`` (the fork also holds the workspace for that long), or ``read_cost`` for an in-place read;
+    plus, when the CPUs are busy (``contention()``, 0..1, by default ``cpu_contention``), the CPU a wrong guess
+    takes from the rollouts that share them: ``(1 - probability) x expected run time x contention x cpu_weight``.
+    On a saturated machine only likely guesses run (a coin flip never does), so speculation backs off instead of
+    slowing the rollouts it serves. Budgets: at most ``max_branches`` running, ``max_forks`` forks, and forks'
+    estimated memory within ``memory_budget`` bytes. One policy may serve many rollouts (share it to share what it
+    learned).
     """
 
     def __init__(
@@ -46,6 +68,9 @@ class CostAwarePolicy:
         read_cost: float = 0.002,
         min_probability: float = 0.05,
         alpha: float = 0.3,
+        llm_seconds: float = 3.0,
+        cpu_weight: float = 1.0,
+        contention: Callable[[], float] | None = cpu_contention,
     ) -> None:
         self.max_branches = max_branches
         self.max_forks = max_forks
@@ -59,6 +84,11 @@ class CostAwarePolicy:
         self.fork_bytes = _Ewma(float(fork_bytes))
         self._exact: dict[CallKey, _Ewma] = {}
         self._sig: dict[str, _Ewma] = {}
+        self._llm_prior = llm_seconds
+        self._llm_sum, self._llm_n = 0.0, 0
+        self.cpu_weight = cpu_weight
+        self.contention = contention
+        self._load = 0.0
 
     def expected_seconds(self, option: Launch) -> float:
         exact = self._exact.get(option.key)
@@ -72,12 +102,18 @@ class CostAwarePolicy:
         return self.default_seconds
 
     def saving(self, option: Launch) -> float:
-        """Expected seconds saved, net of cost."""
-        gain = option.candidate.probability * self.expected_seconds(option)
+        """Expected seconds saved, net of cost (``select`` reads the CPU contention once per call into it)."""
+        p = option.candidate.probability
+        run = self.expected_seconds(option)
+        llm = self.llm_seconds
+        hideable = max(0.25 * llm, llm - option.turn_elapsed)
+        gain = p * min(run, hideable)
         cost = self.fork_seconds.value * self.fork_weight if option.needs_fork else self.read_cost
+        cost += (1 - p) * run * self._load * self.cpu_weight
         return gain - cost
 
     def select(self, options: Sequence[Launch], *, running: int, forks: int) -> list[Launch]:
+        self._load = self.contention() if self.contention is not None else 0.0
         ranked = sorted(
             ((self.saving(o), o) for o in options if o.candidate.probability >= self.min_probability),
             key=lambda x: -x[0],
@@ -98,6 +134,18 @@ class CostAwarePolicy:
         self._exact.setdefault(key, _Ewma(seconds)).add(seconds, self.alpha)
         sig = signature(key.name, key.arguments())
         self._sig.setdefault(sig, _Ewma(seconds)).add(seconds, self.alpha)
+
+    @property
+    def llm_seconds(self) -> float:
+        """The expected LLM time of a turn: the mean of those observed, with the prior counted as three turns (one
+        short turn says little: LLM times spread over an order of magnitude)."""
+        return (3 * self._llm_prior + self._llm_sum) / (3 + self._llm_n)
+
+    def observe_llm(self, seconds: float) -> None:
+        """A turn's LLM time (request to the message's end), seconds."""
+        if seconds > 0:
+            self._llm_sum += seconds
+            self._llm_n += 1
 
     def observe_fork(self, seconds: float, memory_bytes: int) -> None:
         if seconds > 0:

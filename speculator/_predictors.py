@@ -17,18 +17,34 @@ from bunshin_async.speculation import CallKey, Candidate, PredictionContext
 
 from ._signature import signature
 
-__all__ = ["HistoryPredictor", "NgramModel", "Rule", "RulePredictor", "SiblingPredictor", "SiblingTable"]
+__all__ = [
+    "HistoryPredictor",
+    "NgramModel",
+    "ObservationPredictor",
+    "OraclePredictor",
+    "RecentPredictor",
+    "Rule",
+    "RulePredictor",
+    "SiblingPredictor",
+    "SiblingTable",
+]
 
 
 class SiblingTable:
-    """What rollouts of one group did next from each history: ``{chain key: Counter[call]}``, in memory, shared by
-    every rollout of the group (pass one table to each rollout's ``SiblingPredictor``)."""
+    """What rollouts of one group did next, in memory, shared by every rollout of the group (pass one table to each
+    rollout's ``SiblingPredictor`` and ``ObservationPredictor``): from each whole history (``next``: chain key ->
+    calls), after each call whatever came before it (``after``: previous call -> calls; rollouts that diverged
+    still repeat pairs such as a build then its benchmark), and the argument templates the observation predictor
+    learned (``templates``)."""
 
     def __init__(self) -> None:
         self.next: dict[bytes, Counter[CallKey]] = defaultdict(Counter)
+        self.after: dict[CallKey | None, Counter[CallKey]] = defaultdict(Counter)
+        self.templates: dict[str, Counter[tuple[str, str]]] = defaultdict(Counter)
 
-    def add(self, chain: bytes, call: CallKey) -> None:
+    def add(self, chain: bytes, call: CallKey, previous: CallKey | None = None) -> None:
         self.next[chain][call] += 1
+        self.after[previous][call] += 1
 
     def __len__(self) -> int:
         return len(self.next)
@@ -36,27 +52,148 @@ class SiblingTable:
 
 class SiblingPredictor:
     """The calls sibling rollouts made next from the same history (same chain key), with their frequencies as
-    probabilities (``confidence`` scales them: siblings diverge even from equal prefixes)."""
+    probabilities (``confidence`` scales them: siblings diverge even from equal prefixes); for a history no sibling
+    had, what siblings did after the same previous call (scaled by ``after_confidence``)."""
 
     name = "siblings"
 
-    def __init__(self, table: SiblingTable | None = None, *, confidence: float = 0.9, top: int = 3) -> None:
+    def __init__(
+        self,
+        table: SiblingTable | None = None,
+        *,
+        confidence: float = 0.9,
+        after_confidence: float = 0.6,
+        top: int = 3,
+    ) -> None:
         self.table = table if table is not None else SiblingTable()
         self.confidence = confidence
+        self.after_confidence = after_confidence
         self.top = top
 
     def predict(self, ctx: PredictionContext) -> Sequence[Candidate]:
-        seen = self.table.next.get(ctx.chain)
+        seen, confidence = self.table.next.get(ctx.chain), self.confidence
+        if not seen and ctx.history:
+            seen, confidence = self.table.after.get(ctx.history[-1]), self.after_confidence
         if not seen:
             return []
         total = sum(seen.values())
         return [
-            Candidate(name=k.name, arguments=k.arguments(), probability=self.confidence * n / total, source=self.name)
+            Candidate(name=k.name, arguments=k.arguments(), probability=confidence * n / total, source=self.name)
             for k, n in seen.most_common(self.top)
         ]
 
     def observe(self, ctx: PredictionContext, call: CallKey) -> None:
-        self.table.add(ctx.chain, call)
+        self.table.add(ctx.chain, call, ctx.history[-1] if ctx.history else None)
+
+
+# What an observation names that the next call is likely to take as an argument: the module of an import error,
+# the program a shell could not find.
+_ENTITIES = {
+    "module": re.compile(r"No module named '([A-Za-z_][\w]*)(?:\.[\w.]*)?'"),
+    "program": re.compile(r"(?:^|\n)(?:\S+: )?(?:line \d+: )?([\w.+-]+): command not found"),
+}
+_HOLE = "\x00{}\x00"
+
+
+def _entities(output: str) -> dict[str, str]:
+    found = {}
+    for kind, pattern in _ENTITIES.items():
+        hits = pattern.findall(output)
+        if hits:
+            found[kind] = hits[-1]  # the last one printed is the one the run stopped on
+    return found
+
+
+class ObservationPredictor:
+    """Argument filling from the last observation: when the latest call's output names a module an import failed
+    on (``ModuleNotFoundError: No module named 'x'``) or a program the shell did not find, predict the calls that
+    followed such an observation before (in this rollout first, then in its siblings: the ``SiblingTable``'s
+    templates) with the new name filled in (``pip install ... ./vendor/x``). A template is a call whose arguments
+    contained the entity the observation before it named, with the entity cut out."""
+
+    name = "observation"
+
+    def __init__(self, table: SiblingTable | None = None, *, own: float = 0.85, siblings: float = 0.7) -> None:
+        self.table = table if table is not None else SiblingTable()
+        self.own_confidence = own
+        self.sibling_confidence = siblings
+        self.own: dict[str, list[tuple[str, str]]] = defaultdict(list)
+
+    def predict(self, ctx: PredictionContext) -> Sequence[Candidate]:
+        if ctx.position != len(ctx.decided) or not ctx.last_output:
+            return []
+        filled: dict[tuple[str, str], float] = {}
+        for kind, entity in _entities(ctx.last_output).items():
+            scored: dict[tuple[str, str], float] = {}
+            for rank, template in enumerate(reversed(self.own.get(kind, [])[-3:])):
+                scored[template] = max(scored.get(template, 0.0), self.own_confidence * 0.5**rank)
+            counts = self.table.templates.get(kind)
+            if counts:
+                total = sum(counts.values())
+                for template, n in counts.most_common(3):
+                    scored[template] = max(scored.get(template, 0.0), self.sibling_confidence * n / total)
+            for (name, args), p in scored.items():
+                key = (name, args.replace(_HOLE.format(kind), entity))
+                filled[key] = max(filled.get(key, 0.0), p)
+        out = []
+        for (name, args), p in sorted(filled.items(), key=lambda x: -x[1]):
+            try:
+                arguments = msgspec.json.decode(args)
+            except msgspec.DecodeError:
+                continue
+            if isinstance(arguments, dict):
+                out.append(Candidate(name=name, arguments=arguments, probability=p, source=self.name))
+        return out[:3]
+
+    def observe(self, ctx: PredictionContext, call: CallKey) -> None:
+        if not ctx.last_output or ctx.position != len(ctx.decided):
+            return
+        text = call.args.decode()
+        for kind, entity in _entities(ctx.last_output).items():
+            if len(entity) < 2 or entity not in text:
+                continue
+            template = (call.name, re.sub(rf"(?<![\w-]){re.escape(entity)}(?![\w-])", _HOLE.format(kind), text))
+            if template[1] == text:
+                continue
+            self.own[kind].append(template)
+            self.table.templates[kind][template] += 1
+
+
+# Programs whose runs a rollout repeats after changing something (tests, scripts, builds).
+_RUNS = re.compile(r"^bash:(python( -m \S+| script)?|pytest|make|npm|yarn|cargo|go|node|mvn|gradle|ctest|tox)$")
+_EDITS = re.compile(r"^bash:(sed|cat >|tee|echo >|printf >|patch|git apply|python -c >)$|^(write_file|str_replace)")
+
+
+class RecentPredictor:
+    """The rollout's own recent runs: after an edit (``sed -i``, a heredoc, ``write_file``), the runs it made
+    before (the last test command first), which agents repeat to check the edit."""
+
+    name = "recent"
+
+    def __init__(self, *, confidence: float = 0.6, top: int = 2) -> None:
+        self.confidence = confidence
+        self.top = top
+
+    def predict(self, ctx: PredictionContext) -> Sequence[Candidate]:
+        if not ctx.history:
+            return []
+        last = ctx.history[-1]
+        if not _EDITS.match(signature(last.name, last.arguments())):
+            return []
+        out: list[Candidate] = []
+        seen: set[CallKey] = set()
+        for call in reversed(ctx.history[:-1]):
+            if call in seen or not _RUNS.match(signature(call.name, call.arguments())):
+                continue
+            seen.add(call)
+            p = self.confidence * (0.4 ** len(out))
+            out.append(Candidate(name=call.name, arguments=call.arguments(), probability=p, source=self.name))
+            if len(out) >= self.top:
+                break
+        return out
+
+    def observe(self, ctx: PredictionContext, call: CallKey) -> None:
+        pass
 
 
 class NgramModel:
@@ -98,6 +235,35 @@ class NgramModel:
     def repeat_probability(self, sig: str) -> float:
         return (self.repeat[sig] + 0.5) / (self.seen[sig] + 2.0)
 
+    def to_table(self, *, min_count: int = 2, top: int = 12) -> bytes:
+        """A compact table of what the model learned (gzipped JSON): per context, its ``top`` next signatures seen
+        at least ``min_count`` times, and the repeat statistics. ``from_table`` reads it back."""
+        table = _NgramTable(
+            order=self.order,
+            contexts=[
+                (list(ctx), {s: c for s, c in counter.most_common(top) if c >= min_count})
+                for ctx, counter in sorted(self.counts.items())
+                if sum(counter.values()) >= min_count and counter.most_common(1)[0][1] >= min_count
+            ],
+            repeat=dict(self.repeat),
+            seen={s: n for s, n in self.seen.items() if n >= min_count},
+        )
+        return gzip.compress(_table_encoder.encode(table), mtime=0)
+
+    @classmethod
+    def from_table(cls, data: bytes) -> NgramModel:
+        """The model ``to_table`` wrote. Raises ``ValueError`` on anything else."""
+        try:
+            table = _table_decoder.decode(gzip.decompress(data))
+        except (OSError, EOFError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise ValueError(f"not an n-gram table: {exc}") from None
+        model = cls(table.order)
+        for ctx, nexts in table.contexts:
+            model.counts[tuple(ctx)].update(nexts)
+        model.repeat.update({s: n for s, n in table.repeat.items() if s in table.seen})
+        model.seen.update(table.seen)
+        return model
+
     def train_file(self, path: str | os.PathLike[str], limit: int | None = None) -> int:
         """Train on a JSONL(.gz) trace file (``/work/shared/traces`` format or ``Trajectory`` records). Blocking;
         returns the number of trajectories read."""
@@ -118,6 +284,17 @@ class NgramModel:
                 if limit is not None and n >= limit:
                     break
         return n
+
+
+class _NgramTable(msgspec.Struct):
+    order: int
+    contexts: list[tuple[list[str], dict[str, int]]]
+    repeat: dict[str, int]
+    seen: dict[str, int]
+
+
+_table_encoder = msgspec.json.Encoder(order="deterministic")
+_table_decoder = msgspec.json.Decoder(_NgramTable)
 
 
 class HistoryPredictor:
@@ -224,3 +401,23 @@ def _chain_for_tests(history: Sequence[CallKey], salt: str = "") -> bytes:
     for call in history:
         key = extend_chain(key, call)
     return key
+
+
+class OraclePredictor:
+    """Told the rollout's true calls (``script``: tool name and arguments, in order): predicts the next one with
+    probability 1. The experiment's ``oracle`` configuration uses it to bound what one-step speculation can buy."""
+
+    name = "oracle"
+
+    def __init__(self, script: Sequence[tuple[str, Mapping[str, Any]]]) -> None:
+        self.script = [(name, dict(args)) for name, args in script]
+
+    def predict(self, ctx: PredictionContext) -> Sequence[Candidate]:
+        n = len(ctx.history)
+        if n >= len(self.script):
+            return []
+        name, args = self.script[n]
+        return [Candidate(name=name, arguments=args, probability=1.0, source=self.name)]
+
+    def observe(self, ctx: PredictionContext, call: CallKey) -> None:
+        pass

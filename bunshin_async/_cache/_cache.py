@@ -114,8 +114,9 @@ class ToolCache:
         setup: Sequence[tuple[str, Mapping[str, Any]]] = (),
         salt: str = "",
         own: bool = False,
+        capture: bool = True,
     ) -> CachedSession:
-        return CachedSession(self, workspace, tools, setup=setup, salt=salt, own=own)
+        return CachedSession(self, workspace, tools, setup=setup, salt=salt, own=own, capture=capture)
 
     def metrics(self) -> CacheMetrics:
         """A copy of the counters, with the store's own stats and the snapshot accounting filled in."""
@@ -207,7 +208,8 @@ class CachedSession:
     workspace: use ``session.workspace`` afterwards. Who closes what: the session owns the workspaces the provider
     made, and with ``own=True`` the one passed in too; it closes an owned workspace when a restore replaces it and
     the current one in ``aclose()``. ``detach()`` hands the current workspace to the caller (a rollout that still
-    has to score it): the session closes it no more.
+    has to score it): the session closes it no more. ``capture=False`` never snapshots a write (when no other
+    session can reuse this one's states, as a group of one rollout: a capture would only cost its dump and memory).
     """
 
     def __init__(
@@ -219,8 +221,10 @@ class CachedSession:
         setup: Sequence[tuple[str, Mapping[str, Any]]] = (),
         salt: str = "",
         own: bool = False,
+        capture: bool = True,
     ) -> None:
         self.cache = cache
+        self.capture = capture
         self._slot = WorkspaceSlot(workspace, own=own)  # the current workspace and whether the session closes it
         self.tools: dict[str, Tool] = {t.name: t for t in (builtin_tools() if tools is None else tools)}
         self._decoders = {name: msgspec.msgpack.Decoder(t.result_type) for name, t in self.tools.items()}
@@ -652,7 +656,7 @@ class CachedSession:
         returned entry references the snapshot, which the state tree now holds."""
         cache = self.cache
         provider = cache.provider
-        if provider is None or entry.duration < cache.capture_min_duration:
+        if provider is None or not self.capture or entry.duration < cache.capture_min_duration:
             return entry
         try:
             ref = await provider.capture(self._slot.workspace)

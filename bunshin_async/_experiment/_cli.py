@@ -15,18 +15,38 @@ from .._tools import Tool, bash_tool
 from .._trajectory import Trajectory, load_trajectories
 from ._bundled import calc_task, calc_trajectories
 from ._runner import CONFIGS, markdown_table, run_experiment, write_outputs
+from ._terminal import terminal_task, terminal_trajectories
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated, baseline first")
-    p.add_argument("-n", "--rollouts", type=int, default=8, help="rollouts per group (bundled workload)")
-    p.add_argument("--groups", type=int, default=1, help="concurrent groups (bundled workload)")
+    p.add_argument(
+        "--workload", choices=["bundled", "terminal"], default="bundled",
+        help="bundled: the calc task (8 rollouts sharing their slow calls); terminal: shaped like timed terminal-"
+        "benchmark traces (rollouts diverge after 3 calls; installs, test runs, a build and a benchmark)",
+    )  # fmt: skip
+    p.add_argument("-n", "--rollouts", type=int, help="rollouts per group (default: 8 bundled, 4 terminal)")
+    p.add_argument("--groups", type=int, default=1, help="concurrent groups (bundled and terminal workloads)")
     p.add_argument("--time-scale", type=float, default=1.0, help="multiplies recorded LLM (and padded tool) times")
-    p.add_argument("--llm-median", type=float, default=1.5, help="median LLM seconds per turn (bundled workload)")
-    p.add_argument("--kernel-mib", type=int, default=256, help="memory of the task's warm interpreter (MiB)")
+    p.add_argument("--llm-median", type=float, help="median LLM seconds per turn (default: 1.5 bundled, 3.3 terminal)")
+    p.add_argument(
+        "--kernel-mib", type=int, help="memory of the task's warm interpreter (MiB; 256 bundled, 64 terminal)"
+    )
+    p.add_argument("--work", type=float, help="terminal workload: scales its build's and benchmark's CPU work (1.0)")
+    p.add_argument("--repeats", type=int, default=1, help="paired repeats of every configuration (medians, spread)")
+    p.add_argument(
+        "--quick", action="store_true",
+        help="a smoke run: 2 rollouts, 16 MiB interpreter, LLM times x 0.02 (unless given), one repeat, a fifth of "
+        "the terminal task's build and benchmark work",
+    )  # fmt: skip
     p.add_argument("--trajectories", type=Path, help="replay this JSONL(.gz) trajectory file instead")
     p.add_argument("--limit", type=int, default=40, help="trajectories taken from --trajectories")
     p.add_argument("--pad-tools", action="store_true", help="pad each tool call to its recorded duration")
+    p.add_argument(
+        "--group-by", choices=["task", "rollout"], default=None,
+        help="--trajectories: 'task' replays the rollouts of one task_id as a GRPO group (one set-up, forked); "
+        "'rollout' makes each trajectory its own group (default: 'task' when some task has several rollouts)",
+    )  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("bench/results"))
 
@@ -52,6 +72,26 @@ def _padded_bash(recorded: dict[tuple[str, int], list[float]], scale: float) -> 
     return for_rollout
 
 
+def trajectory_groups(trajs: list[Trajectory], group_by: str) -> list[tuple[Task, list[Trajectory]]]:
+    """The groups a trajectory file replays as: with ``group_by="task"`` the rollouts of one ``task_id`` form one
+    GRPO group (renumbered 0..n-1 in file order: they share one set-up and fork from it), else every trajectory is
+    a group of one (its task named ``task_id:rollout``)."""
+    if group_by == "task":
+        by_task: dict[str, list[Trajectory]] = {}
+        for t in trajs:
+            by_task.setdefault(t.task_id, []).append(t)
+        return [
+            (Task(task_id=task_id, prompt=f"Solve {task_id}."),
+             [Trajectory(task_id=task_id, rollout=i, steps=t.steps) for i, t in enumerate(ts)])
+            for task_id, ts in by_task.items()
+        ]  # fmt: skip
+    groups = []
+    for t in trajs:
+        key = f"{t.task_id}:{t.rollout}"
+        groups.append((Task(task_id=key, prompt=f"Solve {t.task_id}."), [Trajectory(task_id=key, steps=t.steps)]))
+    return groups
+
+
 def main(args: argparse.Namespace) -> int:
     configs = [c for c in args.configs.split(",") if c]
     unknown = [c for c in configs if c not in CONFIGS]
@@ -62,27 +102,39 @@ def main(args: argparse.Namespace) -> int:
     tools_for = None
     if args.trajectories:
         trajs = load_trajectories(args.trajectories)[: args.limit]
-        groups = []
-        for t in trajs:
-            key = f"{t.task_id}:{t.rollout}"
-            groups.append((Task(task_id=key, prompt=f"Solve {t.task_id}."), [Trajectory(task_id=key, steps=t.steps)]))
+        group_by = args.group_by or ("task" if len({t.task_id for t in trajs}) < len(trajs) else "rollout")
+        groups = trajectory_groups(trajs, group_by)
         workload = {"kind": "trajectory file", "path": str(args.trajectories), "trajectories": len(trajs),
-                    "time_scale": args.time_scale, "pad_tools": args.pad_tools}  # fmt: skip
+                    "groups": len(groups), "group_by": group_by, "time_scale": args.time_scale,
+                    "pad_tools": args.pad_tools}  # fmt: skip
         if args.pad_tools:
-            recorded = {(task.task_id, 0): [s.tool_seconds or 0.0 for s in ts[0].steps if not s.final]
-                        for task, ts in groups}  # fmt: skip
+            recorded = {(task.task_id, t.rollout): [s.tool_seconds or 0.0 for s in t.steps if not s.final]
+                        for task, ts in groups for t in ts}  # fmt: skip
             tools_for = _padded_bash(recorded, args.time_scale)
     else:
+        terminal = args.workload == "terminal"
+        if args.quick:
+            args.rollouts = args.rollouts or 2
+            args.kernel_mib = args.kernel_mib or 16
+            args.time_scale = args.time_scale if args.time_scale != 1.0 else 0.02
+        rollouts = args.rollouts or (4 if terminal else 8)
+        kernel_mib = args.kernel_mib or (64 if terminal else 256)
+        llm_median = args.llm_median or (3.3 if terminal else 1.5)
         groups = []
         for g in range(args.groups):
-            task = calc_task(args.kernel_mib)
+            work = args.work or (0.2 if args.quick else 1.0)
+            task = terminal_task(kernel_mib, work=work) if terminal else calc_task(kernel_mib)
             if args.groups > 1:
-                task = Task(**{**{f: getattr(task, f) for f in task.__struct_fields__}, "task_id": f"calc{g}"})
-            trajs = calc_trajectories(args.rollouts, seed=args.seed + g, llm_median=args.llm_median)
+                fields = {f: getattr(task, f) for f in task.__struct_fields__}
+                task = Task(**{**fields, "task_id": f"{task.task_id}{g}"})
+            make = terminal_trajectories if terminal else calc_trajectories
+            trajs = make(rollouts, seed=args.seed + g, llm_median=llm_median)
             groups.append((task, [Trajectory(task_id=task.task_id, rollout=t.rollout, steps=t.steps) for t in trajs]))
-        workload = {"kind": "bundled", "task": "calc", "groups": args.groups, "rollouts_per_group": args.rollouts,
-                    "llm_median_s": args.llm_median, "time_scale": args.time_scale,
-                    "warm_interpreter_mib": args.kernel_mib}  # fmt: skip
+        workload = {"kind": args.workload, "task": groups[0][0].task_id, "groups": args.groups,
+                    "rollouts_per_group": rollouts, "llm_median_s": llm_median,
+                    "llm_sigma": 1.0 if terminal else 0.5, "time_scale": args.time_scale,
+                    "warm_interpreter_mib": kernel_mib, "tools_padded": False,
+                    "cpu_work": (args.work or (0.2 if args.quick else 1.0)) if terminal else None}  # fmt: skip
 
     async def go() -> None:
         result = await run_experiment(
@@ -92,11 +144,16 @@ def main(args: argparse.Namespace) -> int:
             budget=Budget(max_turns=200, wall_seconds=1800),
             workload=workload,
             tools_for=(lambda ctx: [tools_for(ctx.task.task_id, ctx.rollout)]) if tools_for else None,
+            repeats=1 if args.quick else args.repeats,
+            on_repeat=lambda partial: write_outputs(partial, args.out),
         )
         paths = write_outputs(result, args.out)
         print()
         print(markdown_table(result))
-        print(f"\nsame tool-call sequences and results in every configuration: {result.same_calls_and_results}")
+        print(f"\nsame tool-call sequences, results and final states in every configuration: "
+              f"{result.same_calls_and_results}")  # fmt: skip
+        for d in result.differences[:10]:
+            print("  differs:", d)
         print("models:", *(f"  {k}: {v}" for k, v in result.models.items()), sep="\n")
         print("written:", *map(str, paths))
 

@@ -6,7 +6,12 @@ Configurations, all in one run on the same workload:
 - ``fork``: the set-up once, then BunshinFork ``n`` ways;
 - ``fork+cache``: plus the tool prefix cache shared by the group (a hit on a state-changing call forks the
   cached state instead of re-executing);
-- ``fork+cache+spec``: plus speculative tool execution while the model is still generating.
+- ``fork+cache+spec``: plus speculative tool execution while the model is still generating;
+- ``oracle``: ``fork+cache+spec`` whose only predictor is told the rollout's true next call at the start of each
+  turn (and as each call of a message is decided): the bound of one-step speculation, same runtime and policy.
+
+With ``repeats`` the configurations run in turn, repeat after repeat (paired: each repeat runs every
+configuration once, back to back), and the summary gives each figure's median and spread (min, max) over repeats.
 
 LLM model: the replay server serves scripted (or recorded) assistant turns with their ``llm_seconds`` times
 ``time_scale``; tools execute for real in the workspace (optionally padded with ``sleep`` to their recorded
@@ -31,11 +36,12 @@ import msgspec
 
 from .._accounting import ResourceMonitor
 from .._fork import snapshot_dir
-from .._llm._replay import ReplayServer
+from .._llm._replay import ReplayServer, build_turns
 from .._llm._timing import RecordedTiming
 from .._rollout import Budget, GroupRollout, RolloutContext, RolloutResult, Task
 from .._tools import Tool, bash_tool
 from .._trajectory import Trajectory
+from .._workspace import Workspace
 from ..agent import WorkspaceExecutor, run_agent
 from ..cache import ForkStateProvider, ToolCache
 
@@ -47,6 +53,7 @@ class Config(msgspec.Struct, frozen=True):
     fork: bool
     cache: bool
     speculation: bool
+    oracle: bool = False
 
 
 CONFIGS = {
@@ -56,6 +63,7 @@ CONFIGS = {
         Config("fork", fork=True, cache=False, speculation=False),
         Config("fork+cache", fork=True, cache=True, speculation=False),
         Config("fork+cache+spec", fork=True, cache=True, speculation=True),
+        Config("oracle", fork=True, cache=True, speculation=True, oracle=True),
     )
 }
 
@@ -71,6 +79,7 @@ class RolloutSummary(msgspec.Struct):
     calls: list[str]
     call_seconds: list[float]
     results_digest: str  # of every deterministic tool result (exit code and output), in order
+    final_state: str = ""  # digest of the workspace the rollout ended in (workspace_state)
 
 
 class ConfigResult(msgspec.Struct):
@@ -84,6 +93,24 @@ class ConfigResult(msgspec.Struct):
     rollouts: list[RolloutSummary]
     memory_timeline: list[tuple[float, float]]  # (t, MiB)
     extra: dict[str, Any] = msgspec.field(default_factory=dict)
+    final_states: dict[str, str] = msgspec.field(default_factory=dict)  # "task:rollout" -> workspace_state
+
+
+class Spread(msgspec.Struct, frozen=True):
+    median: float
+    min: float
+    max: float
+
+
+class ConfigSummary(msgspec.Struct):
+    """A configuration over the repeats: median (min, max) of each figure; ``spec`` sums speculation's counts."""
+
+    name: str
+    group_latency_s: Spread
+    peak_memory_mib: Spread
+    total_memory_gib_s: Spread
+    cpu_seconds: Spread
+    spec: dict[str, float] = msgspec.field(default_factory=dict)
 
 
 class ExperimentResult(msgspec.Struct):
@@ -91,13 +118,22 @@ class ExperimentResult(msgspec.Struct):
     machine: dict[str, Any]
     workload: dict[str, Any]
     models: dict[str, str]
-    configs: list[ConfigResult]
-    vs_baseline: dict[str, dict[str, float]]
-    same_calls_and_results: bool
+    configs: list[ConfigResult]  # the first repeat
+    vs_baseline: dict[str, dict[str, float]]  # of the medians over repeats
+    same_calls_and_results: bool  # in every configuration of every repeat
+    repeats: int = 1
+    summary: list[ConfigSummary] = msgspec.field(default_factory=list)
+    later_repeats: list[list[ConfigResult]] = msgspec.field(default_factory=list)
+    #: Where a configuration differs from the first: "config task:rollout: what" (calls, results or final state,
+    #: with the first differing line of the state).
+    differences: list[str] = msgspec.field(default_factory=list)
 
 
 class ReplayAgent:
     """The agent loop (``bunshin_async.agent.run_agent``) against the replay server, one trajectory per rollout.
+
+    ``turns_for`` says how many assistant turns a rollout's recording has when it has no final answer (None when
+    it has one): the loop stops there, as the recorded agent did, and the rollout is truncated (``max_turns``).
 
     With a ``cache`` every tool call goes through a session of that group-wide cache (write hits fork the cached
     state); with ``speculation`` (a factory per rollout) the loop speculates while the model generates. Without
@@ -111,6 +147,7 @@ class ReplayAgent:
         *,
         cache: ToolCache | None = None,
         speculation: Callable[[RolloutContext], Any] | None = None,
+        turns_for: Callable[[RolloutContext], int | None] | None = None,
     ) -> None:
         import openai
 
@@ -119,15 +156,21 @@ class ReplayAgent:
         self.model_for = model_for
         self.cache = cache
         self.speculation = speculation
+        self.turns_for = turns_for
+        self.specs: list[Any] = []  # every rollout's Speculation, for its metrics
+        self.group_sizes: dict[str, int] = {}  # task id -> rollouts in its group
+        #: Per ``(task_id, rollout)``: the state of the workspace the rollout ended in (``workspace_state``).
+        self.final_states: dict[tuple[str, int], str] = {}
 
     async def run(self, ctx: RolloutContext) -> Trajectory:
-        options: dict[str, Any] = {
-            "max_turns": ctx.budget.max_turns or 1000,
-            "task_id": ctx.task.task_id,
-            "rollout": ctx.rollout,
-        }
+        max_turns = ctx.budget.max_turns or 1000
+        recorded = self.turns_for(ctx) if self.turns_for is not None else None
+        if recorded is not None:  # a recording without a final answer: replay it to its end, then stop (truncated)
+            max_turns = min(max_turns, recorded)
+        options: dict[str, Any] = {"max_turns": max_turns, "task_id": ctx.task.task_id, "rollout": ctx.rollout}
         if self.speculation is not None:
-            options["speculation"] = self.speculation(ctx)
+            options["speculation"] = spec = self.speculation(ctx)
+            self.specs.append(spec)
         else:
             options["start_tools_early"] = False
         tools = list(self.tools_for(ctx))
@@ -135,30 +178,76 @@ class ReplayAgent:
             # A committed speculative write moves the rollout into a fork: the executor owns it and hands it back.
             executor = WorkspaceExecutor(ctx.ws, tools, own=True)
             try:
-                return await run_agent(self.client, self.model_for(ctx), ctx.task.prompt, executor, **options)
+                traj = await run_agent(self.client, self.model_for(ctx), ctx.task.prompt, executor, **options)
+                await self._record_state(ctx, executor.workspace)
+                return traj
             finally:
                 ctx.ws = executor.detach()
-        async with self.cache.session(ctx.ws, tools, own=True, salt=ctx.task.task_id) as session:
+        # A capture serves siblings only: a group of one rollout never pays for one.
+        capture = self.group_sizes.get(ctx.task.task_id, 2) > 1
+        async with self.cache.session(ctx.ws, tools, own=True, salt=ctx.task.task_id, capture=capture) as session:
             try:
-                return await run_agent(self.client, self.model_for(ctx), ctx.task.prompt, session, **options)
+                traj = await run_agent(self.client, self.model_for(ctx), ctx.task.prompt, session, **options)
+                await self._record_state(ctx, session.workspace)
+                return traj
             finally:
                 ctx.ws = session.detach()
+
+    async def _record_state(self, ctx: RolloutContext, ws: Workspace) -> None:
+        self.final_states[(ctx.task.task_id, ctx.rollout)] = await workspace_state(ws)
 
     async def aclose(self) -> None:
         await self.client.close()
 
 
-# Parts of tool output that differ between runs of the same deterministic call: file times (`ls -l`), measured
-# durations (`Ran 4 tests in 0.001s`) and `ls -l`'s block total (a file a fork's restore reopens for writing is
-# copied up from its snapshot layer, and overlayfs's origin xattr can take an extra block on ext4).
-_VOLATILE = re.compile(r"[A-Z][a-z]{2} +\d+ +\d\d:\d\d|\d+\.\d+s\b|^total \d+$", re.MULTILINE)
+# Parts of tool output that differ between runs of the same deterministic call, and only those: file times in
+# `ls -l` listings, the durations test runners print (unittest's `Ran 4 tests in 0.001s`, pytest's `passed in
+# 0.02s`) and `ls -l`'s block total (a file a fork's restore reopens for writing is copied up from its snapshot
+# layer, and overlayfs's origin xattr can take an extra block on ext4).
+_VOLATILE = [
+    (re.compile(r"^([-dlcbps][-rwxsStT]{9}[.+@]? .*?)[A-Z][a-z]{2} +\d+ +(?:\d\d:\d\d|\d{4})", re.M), r"\1~"),
+    (re.compile(r"^(Ran \d+ tests? in )\d+\.\d+s$", re.M), r"\1~"),
+    (re.compile(r"( (?:passed|failed|error|errors|skipped)(?:, .*?)? in )\d+\.\d+s\b"), r"\1~"),
+    (re.compile(r"^total \d+$", re.M), "total ~"),
+]
+
+# The final state of a rollout's workspace as the equivalence check compares it: every entry under /workspace
+# (type, mode, path, link target) with the hash of every regular file, and the workspace's processes. Compiled
+# bytecode is listed but not hashed: a .pyc embeds its source's mtime, which differs between runs by design.
+_STATE = (
+    "cd /workspace && find . -xdev -printf '%y %m %p -> %l\\n' | LC_ALL=C sort && "
+    "find . -xdev -type f ! -name '*.pyc' -print0 | LC_ALL=C sort -z | xargs -0 -r sha256sum"
+)
 
 
-def _summary(r: RolloutResult) -> RolloutSummary:
+async def workspace_state(ws: Workspace) -> str:
+    """``_STATE`` in ``ws``: files, directories, links, modes, file hashes, processes."""
+    files = await ws.exec(_STATE, timeout=60)
+    ps = await ws.exec(["ps", "-eo", "stat=,args="], timeout=60)
+    procs = sorted(
+        " ".join(words[1:])
+        for words in map(str.split, ps.stdout.splitlines())
+        if words and not words[0].startswith("Z") and words[1:2] != ["ps"] and "bunshin" not in " ".join(words)
+    )
+    return f"{files.exit_code}\n{files.stdout}--\n" + "\n".join(procs)
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def scrub(text: str) -> str:
+    """``text`` with its provably volatile parts (``_VOLATILE``) replaced by ``~``."""
+    for pattern, replacement in _VOLATILE:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+def _summary(r: RolloutResult, final_state: str) -> RolloutSummary:
     steps = r.trajectory.steps if r.trajectory else []
     h = hashlib.sha256()
     for s in steps:
-        h.update(f"{s.tool}|{s.exit_code}|{_VOLATILE.sub('~', s.observation or '')}\n".encode())
+        h.update(f"{s.tool}|{s.exit_code}|{scrub(s.observation or '')}\n".encode())
     return RolloutSummary(
         rollout=r.rollout,
         status=r.status,
@@ -170,6 +259,7 @@ def _summary(r: RolloutResult) -> RolloutSummary:
         calls=[str((s.args or {}).get("command", s.tool)) for s in steps if s.tool],
         call_seconds=[round(s.tool_seconds or 0.0, 3) for s in steps if s.tool],
         results_digest=h.hexdigest()[:16],
+        final_state=final_state,
     )
 
 
@@ -198,7 +288,10 @@ async def run_config(
     results: list[RolloutResult] = []
     setup: list[float] = []
     caches: list[ToolCache] = []
-    async with ReplayServer(trajectories, timing=RecordedTiming(ttft=0.05), time_scale=time_scale) as server:
+    unfinished = {t.key: len(turns) for t in trajectories if not (turns := build_turns(t)) or not turns[-1].final}
+    async with ReplayServer(
+        trajectories, timing=RecordedTiming(ttft=0.05), time_scale=time_scale, separate_finish=True
+    ) as server:
         # Capturing a state costs a dump (~0.1-0.5 s here); only writes slower than that are worth serving by fork.
         cache = ToolCache(provider=ForkStateProvider(), capture_min_duration=1.0) if config.cache else None
         if cache is not None:
@@ -208,16 +301,18 @@ async def run_config(
             tools_for,
             lambda ctx: f"replay:{ctx.task.task_id}:{ctx.rollout}",
             cache=cache,
-            speculation=_speculation_factory() if config.speculation else None,
+            speculation=(_oracle_factory(trajectories) if config.oracle else _speculation_factory())
+            if config.speculation
+            else None,
+            turns_for=lambda ctx: unfinished.get(f"{ctx.task.task_id}:{ctx.rollout}"),
         )
+        agent.group_sizes = {task.task_id: len(ts) for task, ts in groups}
         t0 = time.monotonic()
         try:
             async with ResourceMonitor(interval=0.1, extra_dirs=[snapshot_dir()]) as monitor:
 
                 async def one_group(task: Task, n: int) -> None:
-                    async with GroupRollout(
-                        task, n, agent, budget=budget, fork=config.fork, monitor=monitor
-                    ) as group:
+                    async with GroupRollout(task, n, agent, budget=budget, fork=config.fork, monitor=monitor) as group:
                         async for r in group:
                             results.append(r)
                             progress(
@@ -238,6 +333,8 @@ async def run_config(
     report = monitor.report()
     results.sort(key=lambda r: (r.task_id, r.rollout))
     extra: dict[str, Any] = {}
+    if agent.specs:
+        extra["spec"] = _spec_counts(agent.specs)
     if caches:
         m = caches[0].metrics()
         extra["cache"] = {
@@ -257,18 +354,19 @@ async def run_config(
         peak_memory_mib=round(report.peak_bytes / (1 << 20), 1),
         total_memory_gib_s=round(report.gib_seconds, 3),
         cpu_seconds=round(report.cpu_seconds, 2),
-        rollouts=[_summary(r) for r in results],
+        rollouts=[_summary(r, _digest(agent.final_states.get((r.task_id, r.rollout), ""))) for r in results],
+        final_states={f"{t}:{i}": text for (t, i), text in agent.final_states.items()},
         memory_timeline=[(round(s.t, 2), round((s.pss_bytes + s.extra_bytes) / (1 << 20), 1)) for s in report.samples],
         extra=extra,
     )
 
 
 def _speculation_factory() -> Callable[[RolloutContext], Any]:
-    """Per rollout: the default predictors (stream tap, siblings of the same group, n-gram history trained on the
-    public traces once, cost-aware policy shared by all rollouts)."""
-    from speculator import CostAwarePolicy, SiblingTable, default_speculation, train_ngram
+    """Per rollout: the default predictors (stream tap, siblings of the same group, n-gram history of the public
+    traces (the bundled table), cost-aware policy shared by all rollouts)."""
+    from speculator import CostAwarePolicy, SiblingTable, default_ngram, default_speculation
 
-    model = train_ngram(limit=200)
+    model = default_ngram()
     policy = CostAwarePolicy()
     tables: dict[str, SiblingTable] = {}
 
@@ -277,6 +375,68 @@ def _speculation_factory() -> Callable[[RolloutContext], Any]:
         return default_speculation(group=ctx.task.task_id, table=table, policy=policy, model=model)
 
     return make
+
+
+def _oracle_factory(trajectories: Sequence[Trajectory]) -> Callable[[RolloutContext], Any]:
+    """Per rollout: a predictor told the rollout's true next call (from its recording), under the same policy,
+    runtime and cache veto as ``fork+cache+spec``."""
+    from bunshin_async.speculation import Speculation
+    from speculator import CostAwarePolicy, OraclePredictor
+
+    policy = CostAwarePolicy()
+    calls = {t.key: [(s.tool, s.args or {}) for s in t.steps if not s.final and s.tool] for t in trajectories}
+
+    def make(ctx: RolloutContext) -> Any:
+        script = calls.get(f"{ctx.task.task_id}:{ctx.rollout}", [])
+        return Speculation(predictors=[OraclePredictor(script)], policy=policy, group=ctx.task.task_id)
+
+    return make
+
+
+def _spec_counts(specs: Sequence[Any]) -> dict[str, float]:
+    m = [s.metrics for s in specs]
+    out: dict[str, float] = {
+        "calls": sum(x.calls for x in m),
+        "launched": sum(x.launched for x in m),
+        "committed": sum(x.committed for x in m),
+        "wasted": sum(x.wasted for x in m),
+        "failed": sum(x.failed for x in m),
+        "saved_seconds": round(sum(x.saved_seconds for x in m), 3),
+        "wasted_seconds": round(sum(x.wasted_seconds for x in m), 3),
+        "wasted_cpu_seconds": round(sum(x.wasted_cpu_seconds for x in m), 3),
+        "fork_seconds": round(sum(x.fork_seconds for x in m), 3),
+    }
+    out["hit_rate"] = round(out["committed"] / out["calls"], 3) if out["calls"] else 0.0
+    out["launch_precision"] = round(out["committed"] / out["launched"], 3) if out["launched"] else 0.0
+    return out
+
+
+def _spread(xs: Sequence[float]) -> Spread:
+    return Spread(round(statistics.median(xs), 3), round(min(xs), 3), round(max(xs), 3))
+
+
+def _summaries(runs: list[list[ConfigResult]]) -> list[ConfigSummary]:
+    out = []
+    for k, first in enumerate(runs[0]):
+        cs = [r[k] for r in runs]
+        spec: dict[str, float] = {}
+        for c in cs:
+            for name, v in c.extra.get("spec", {}).items():
+                spec[name] = spec.get(name, 0.0) + v
+        if spec:
+            spec["hit_rate"] = round(spec["committed"] / spec["calls"], 3) if spec["calls"] else 0.0
+            spec["launch_precision"] = round(spec["committed"] / spec["launched"], 3) if spec["launched"] else 0.0
+        out.append(
+            ConfigSummary(
+                name=first.name,
+                group_latency_s=_spread([c.group_latency_s for c in cs]),
+                peak_memory_mib=_spread([c.peak_memory_mib for c in cs]),
+                total_memory_gib_s=_spread([c.total_memory_gib_s for c in cs]),
+                cpu_seconds=_spread([c.cpu_seconds for c in cs]),
+                spec=spec,
+            )
+        )
+    return out
 
 
 def _ratio(new: float, old: float) -> float:
@@ -292,34 +452,54 @@ async def run_experiment(
     tools_for: Callable[[RolloutContext], Sequence[Tool]] | None = None,
     workload: dict[str, Any] | None = None,
     progress: Callable[[str], None] = print,
+    repeats: int = 1,
+    on_repeat: Callable[[ExperimentResult], object] | None = None,
 ) -> ExperimentResult:
+    """Run ``configs`` on ``groups``, ``repeats`` times in turn; ``on_repeat`` gets the result so far after each
+    repeat but the last (to write partial outputs of a long run)."""
     budget = budget or Budget(max_turns=100, wall_seconds=1800)
     if tools_for is None:
         default = [bash_tool(timeout=600.0)]
         tools_for = lambda ctx: default  # noqa: E731
-    out: list[ConfigResult] = []
-    for name in configs:
-        progress(f"configuration {name}")
-        out.append(await run_config(CONFIGS[name], groups, time_scale=time_scale, budget=budget, tools_for=tools_for,
-                                    progress=progress))  # fmt: skip
-    base = out[0]
+    runs: list[list[ConfigResult]] = []
+    for rep in range(max(1, repeats)):
+        out: list[ConfigResult] = []
+        for name in configs:
+            progress(f"configuration {name}" + (f" (repeat {rep + 1} of {repeats})" if repeats > 1 else ""))
+            out.append(await run_config(CONFIGS[name], groups, time_scale=time_scale, budget=budget,
+                                        tools_for=tools_for, progress=progress))  # fmt: skip
+        runs.append(out)
+        if on_repeat is not None and rep + 1 < repeats:
+            on_repeat(_result(runs, workload, time_scale))
+    return _result(runs, workload, time_scale)
+
+
+def _result(runs: list[list[ConfigResult]], workload: dict[str, Any] | None, time_scale: float) -> ExperimentResult:
+    out = runs[0]
+    summary = _summaries(runs)
+    base = summary[0]
     vs = {
         c.name: {
-            "peak_memory_reduction": _ratio(c.peak_memory_mib, base.peak_memory_mib),
-            "total_memory_reduction": _ratio(c.total_memory_gib_s, base.total_memory_gib_s),
-            "group_latency_reduction": _ratio(c.group_latency_s, base.group_latency_s),
+            "peak_memory_reduction": _ratio(c.peak_memory_mib.median, base.peak_memory_mib.median),
+            "total_memory_reduction": _ratio(c.total_memory_gib_s.median, base.total_memory_gib_s.median),
+            "group_latency_reduction": _ratio(c.group_latency_s.median, base.group_latency_s.median),
         }
-        for c in out[1:]
+        for c in summary[1:]
     }
-    key = [[(r.calls, r.results_digest) for r in c.rollouts] for c in out]
+    key = [[(r.calls, r.results_digest, r.final_state) for r in c.rollouts] for run in runs for c in run]
     return ExperimentResult(
         date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        machine={"cpus": os.cpu_count(), "memory_gib": round(_mem_total() / (1 << 30), 1),
-                 "kernel": platform.release(), "python": platform.python_version()},  # fmt: skip
+        machine={
+            "cpus": os.cpu_count(),
+            "memory_gib": round(_mem_total() / (1 << 30), 1),
+            "kernel": platform.release(),
+            "python": platform.python_version(),
+        },  # fmt: skip
         workload=workload or {},
         models={
             "llm": f"replay server: recorded per-turn llm_seconds x time_scale {time_scale} (first token after "
-            "min(0.05 s, llm_seconds)); simulated, not a real model",
+            "min(0.05 s, llm_seconds); finish_reason one token interval after the last argument fragment); "
+            "simulated, not a real model",
             "tools": "executed for real in the workspace (measured)",
             "memory": "summed PSS of all workspace processes + snapshots and copy-on-write page images on tmpfs "
             "(beyond what PSS shows), sampled every 0.1 s",
@@ -327,7 +507,31 @@ async def run_experiment(
         configs=out,
         vs_baseline=vs,
         same_calls_and_results=all(k == key[0] for k in key),
+        differences=[d for run in runs for d in _differences([runs[0][0], *run])],
+        repeats=len(runs),
+        summary=summary,
+        later_repeats=runs[1:],
     )
+
+
+def _differences(configs: list[ConfigResult]) -> list[str]:
+    base = configs[0]
+    found: list[str] = []
+    for c in configs[1:]:
+        for a, b in zip(base.rollouts, c.rollouts, strict=False):
+            where = f"{c.name} {a.rollout}"
+            if a.calls != b.calls:
+                found.append(f"{where}: calls differ")
+            elif a.results_digest != b.results_digest:
+                found.append(f"{where}: results differ")
+            elif a.final_state != b.final_state:
+                sa = next((v for k, v in base.final_states.items() if _digest(v) == a.final_state), "").splitlines()
+                sb = next((v for k, v in c.final_states.items() if _digest(v) == b.final_state), "").splitlines()
+                diff = [f"-{x}" for x in sa if x not in sb][:3] + [f"+{x}" for x in sb if x not in sa][:3]
+                found.append(f"{where}: final state differs: {' '.join(diff)}"[:600])
+        if len(base.rollouts) != len(c.rollouts):
+            found.append(f"{c.name}: {len(c.rollouts)} rollouts, {base.name} has {len(base.rollouts)}")
+    return found
 
 
 def _mem_total() -> int:
@@ -335,13 +539,22 @@ def _mem_total() -> int:
         return int(f.readline().split()[1]) * 1024
 
 
+def _fmt(x: Spread, digits: int, repeats: int) -> str:
+    if repeats <= 1:
+        return f"{x.median:.{digits}f}"
+    return f"{x.median:.{digits}f} [{x.min:.{digits}f}-{x.max:.{digits}f}]"
+
+
 def markdown_table(result: ExperimentResult) -> str:
+    """The configurations side by side: medians over the repeats with [min-max] when there are several."""
+    n = result.repeats
     rows = [
-        "| configuration | group latency (s) | rollout p50 / p90 (s) | peak memory (MiB) | total memory (GiB·s) "
-        "| CPU (s) | vs baseline: peak / total / latency |",
+        "| configuration | group latency (s) | peak memory (MiB) | total memory (GiB·s) | CPU (s) "
+        "| vs baseline: peak / total / latency | speculation: committed / launched, hit rate, saved s, wasted CPU s |",
         "|---|---|---|---|---|---|---|",
     ]
-    for c in result.configs:
+    summary = result.summary or _summaries([result.configs])
+    for c in summary:
         vs = result.vs_baseline.get(c.name)
         rel = (
             " / ".join(
@@ -351,11 +564,19 @@ def markdown_table(result: ExperimentResult) -> str:
             if vs
             else "(baseline)"
         )
-        rows.append(
-            f"| {c.name} | {c.group_latency_s:.1f} | {c.rollout_latency_s['median']:.1f} / "
-            f"{c.rollout_latency_s['p90']:.1f} | {c.peak_memory_mib:.0f} | {c.total_memory_gib_s:.2f} | "
-            f"{c.cpu_seconds:.0f} | {rel} |"
+        sp = c.spec
+        spec = (
+            f"{sp['committed']:.0f} / {sp['launched']:.0f}, {100 * sp['hit_rate']:.0f}% of {sp['calls']:.0f} calls, "
+            f"{sp['saved_seconds']:.1f}, {sp['wasted_cpu_seconds']:.1f}"
+            if sp
+            else ""
         )
+        rows.append(
+            f"| {c.name} | {_fmt(c.group_latency_s, 1, n)} | {_fmt(c.peak_memory_mib, 0, n)} | "
+            f"{_fmt(c.total_memory_gib_s, 2, n)} | {_fmt(c.cpu_seconds, 0, n)} | {rel} | {spec} |"
+        )
+    if n > 1:
+        rows.append(f"\n{n} paired repeats: medians [min-max]; speculation counts summed over the repeats.")
     return "\n".join(rows)
 
 

@@ -2,6 +2,7 @@
 model, so agent loops and rollout schedulers can be exercised without a GPU.
 
 Routes: ``POST /v1/chat/completions`` (streamed or not, tool calls, ``stream_options.include_usage``),
+``POST /v1/responses`` (the Responses API: ``input`` items, streamed events or the whole response),
 ``GET /v1/models``, ``GET /v1/models/{id}``.
 
 Which trajectory a request replays: the ``X-Replay-Trajectory: <task_id>[:<rollout>]`` header if present, else the
@@ -21,7 +22,7 @@ import argparse
 import os
 import re
 import time
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Literal
 
@@ -129,7 +130,9 @@ def _describe(calls: Sequence[tuple[str, Any]]) -> str:
     return ", ".join(f"{name}({_encoder.encode(args).decode()[:120]})" for name, args in calls)
 
 
-def match_turn(key: str, turns: list[_Turn], messages: list[ChatMessage], mode: MatchMode) -> int:
+def match_turn(
+    key: str, turns: list[_Turn], messages: list[ChatMessage], mode: MatchMode, preamble: str | None = None
+) -> int:
     """Index of the recorded turn that answers ``messages``; raises ``_ReplayError`` naming the first mismatch."""
     assistants = [(i, m) for i, m in enumerate(messages) if m.role == "assistant"]
     for n, (pos, msg) in enumerate(assistants):
@@ -156,7 +159,7 @@ def match_turn(key: str, turns: list[_Turn], messages: list[ChatMessage], mode: 
                 f"messages[{pos}]",
             )  # fmt: skip
         if mode == "exact":
-            _match_exact(key, n, pos, rec, msg, messages)
+            _match_exact(key, n, pos, rec, msg, messages, preamble)
     if len(assistants) >= len(turns):
         raise _ReplayError(
             400, "replay_past_end",
@@ -167,9 +170,12 @@ def match_turn(key: str, turns: list[_Turn], messages: list[ChatMessage], mode: 
     return len(assistants)
 
 
-def _match_exact(key: str, n: int, pos: int, rec: _Turn, msg: ChatMessage, messages: list[ChatMessage]) -> None:
+def _match_exact(
+    key: str, n: int, pos: int, rec: _Turn, msg: ChatMessage, messages: list[ChatMessage], preamble: str | None
+) -> None:
     text = message_text(msg.content).strip()
-    if text != rec.text.strip():
+    served = rec.text.strip() or (preamble or "").strip() if rec.calls else rec.text.strip()
+    if text not in (rec.text.strip(), served):
         raise _ReplayError(
             400, "replay_prefix_mismatch",
             f"prefix mismatch with trajectory {key} at assistant turn {n} (messages[{pos}]): text {text[:80]!r} "
@@ -204,11 +210,62 @@ def _pieces(text: str) -> list[str]:
 
 
 class _Rendered(msgspec.Struct):
-    """A turn as SSE events: ``tokens[i]`` is sent at ``offsets[i]``; ``tail`` right after the last token."""
+    """A turn as SSE events: ``tokens[i]`` is sent at ``offsets[i]``; ``tail`` right after the last token;
+    ``body`` is the whole answer of a request that does not stream."""
 
     tokens: list[bytes]
     tail: bytes
-    completion: ChatCompletion
+    body: bytes
+
+
+class ResponsesRequest(msgspec.Struct):
+    """What the replay server reads of a Responses API request (other fields are ignored)."""
+
+    model: str
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    stream: bool = False
+
+
+_responses_decoder = msgspec.json.Decoder(ResponsesRequest)
+
+
+def responses_messages(body: ResponsesRequest) -> list[ChatMessage]:
+    """A Responses API ``input`` as the chat messages it stands for: ``function_call`` items join the assistant
+    message just before them (or start one), ``function_call_output`` items are tool messages."""
+    out: list[ChatMessage] = []
+    if body.instructions:
+        out.append(ChatMessage(role="system", content=body.instructions))
+    if isinstance(body.input, str):
+        return [*out, ChatMessage(role="user", content=body.input)]
+    joinable = False  # the last message is an assistant message that calls may still join
+    for item in body.input:
+        kind = item.get("type", "message")
+        if kind == "function_call":
+            call = WireToolCall(str(item.get("call_id", "")), "function",
+                                FunctionCall(str(item["name"]), str(item.get("arguments", ""))))  # fmt: skip
+            if joinable:
+                out[-1].tool_calls = [*(out[-1].tool_calls or []), call]
+            else:
+                out.append(ChatMessage(role="assistant", tool_calls=[call]))
+            joinable = True
+        elif kind == "function_call_output":
+            output = item.get("output", "")
+            out.append(ChatMessage(role="tool", tool_call_id=str(item.get("call_id", "")),
+                                   content=output if isinstance(output, str | list) else str(output)))  # fmt: skip
+            joinable = False
+        elif kind == "message" and "role" in item:
+            content = item.get("content")
+            if isinstance(content, list):
+                content = [{"text": p.get("text", "")} for p in content if isinstance(p, dict)]
+            out.append(ChatMessage(role=str(item["role"]), content=content))
+            joinable = item["role"] == "assistant"
+        elif kind == "reasoning":
+            continue
+        else:
+            raise ValueError(f"input item of type {kind!r} is not supported by the replay server")
+    return out
 
 
 class ReplayServer:
@@ -216,7 +273,11 @@ class ReplayServer:
 
     ``timing`` paces tokens (``time_scale`` multiplies every delay); ``match`` is ``"skeleton"`` or ``"exact"``;
     ``finish_flush`` sends the last arguments fragments in the same chunk as ``finish_reason`` (as some endpoints
-    do); ``stall_seconds`` is how long a ``stall`` fault keeps the connection silent before cutting it.
+    do); ``separate_finish`` sends the last argument fragment (a call's closing brace) in its own write and the
+    finish event (``finish_reason``, usage, ``[DONE]``) one inter-token interval later, as real endpoints do (the
+    stream tap can then start the last call before the message ends); ``preamble`` is assistant text streamed
+    before the calls of turns whose recording has none (a model that says what it will do); ``stall_seconds`` is
+    how long a ``stall`` fault keeps the connection silent before cutting it.
     Use as ``async with ReplayServer(...) as server:`` (``server.base_url``) or call ``serve()`` to run until
     cancelled.
     """
@@ -231,6 +292,8 @@ class ReplayServer:
         match: MatchMode = "skeleton",
         time_scale: float = 1.0,
         finish_flush: bool = False,
+        separate_finish: bool = False,
+        preamble: str | None = None,
         stall_seconds: float = 3600.0,
         default_trajectory: str | None = None,
     ) -> None:
@@ -241,6 +304,8 @@ class ReplayServer:
         self.match: MatchMode = match
         self.time_scale = time_scale
         self.finish_flush = finish_flush
+        self.separate_finish = separate_finish
+        self.preamble = preamble
         self.stall_seconds = stall_seconds
         self.default_trajectory = default_trajectory
         self.trajectories: dict[str, Trajectory] = {}
@@ -309,6 +374,10 @@ class ReplayServer:
                 if request.method != "POST":
                     raise _ReplayError(405, "method_not_allowed", "use POST for /v1/chat/completions")
                 await self._chat(request, responder, start)
+            elif path == "/responses":
+                if request.method != "POST":
+                    raise _ReplayError(405, "method_not_allowed", "use POST for /v1/responses")
+                await self._responses(request, responder, start)
             elif path == "/models" and request.method == "GET":
                 cards = [ModelCard(id=f"replay:{key}") for key in self.trajectories]
                 await responder.respond(200, _encoder.encode(ModelList(data=cards)))
@@ -355,9 +424,36 @@ class ReplayServer:
             chat = _request_decoder.decode(request.body)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise _ReplayError(400, "invalid_body", f"the body is not a chat-completions request: {exc}") from None
-        key = self._select(chat.model, request.headers)
+        include_usage = bool(chat.stream_options and chat.stream_options.include_usage)
+        await self._serve(
+            request, responder, start, chat.model, chat.messages, chat.stream,
+            lambda key, turn: self._render(chat, key, turn, include_usage),
+        )  # fmt: skip
+
+    async def _responses(self, request: HTTPRequest, responder: Responder, start: float) -> None:
+        try:
+            body = _responses_decoder.decode(request.body)
+            messages = responses_messages(body)
+        except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
+            raise _ReplayError(400, "invalid_body", f"the body is not a Responses API request: {exc}") from None
+        await self._serve(
+            request, responder, start, body.model, messages, body.stream,
+            lambda key, turn: self._render_response(body.model, messages, key, turn),
+        )  # fmt: skip
+
+    async def _serve(
+        self,
+        request: HTTPRequest,
+        responder: Responder,
+        start: float,
+        model: str,
+        messages: list[ChatMessage],
+        stream: bool,
+        render: Callable[[str, _Turn], _Rendered],
+    ) -> None:
+        key = self._select(model, request.headers)
         turns = self._turns[key]
-        turn = turns[match_turn(key, turns, chat.messages, self.match)]
+        turn = turns[match_turn(key, turns, messages, self.match, self.preamble)]
         fault = self._take_fault(key, turn)
         if fault in ("http_500", "http_503", "http_429"):
             status = int(fault[5:])
@@ -366,35 +462,46 @@ class ReplayServer:
                 responder, _ReplayError(status, "injected_fault", f"injected {status} (turn {turn.index})"), retry
             )
             return
-        if chat.stream:  # headers first: the client's request returns while we render
+        if stream:  # headers first: the client's request returns while we render
             headers = [("content-type", "text/event-stream"), ("cache-control", "no-cache")]
             await responder.start(200, [*headers, ("x-replay-turn", str(turn.index))])
-        include_usage = bool(chat.stream_options and chat.stream_options.include_usage)
-        rendered = self._render(chat, key, turn, include_usage)
+        rendered = render(key, turn)
         offsets = token_offsets(self.timing, len(rendered.tokens), turn.llm_seconds, f"{key}:{turn.index}")
         offsets = [o * self.time_scale for o in offsets]
-        if not chat.stream:
+        if not stream:
             await self._sleep_until(start + offsets[-1])
             if fault is not None:
                 await self._fail_midway(responder, fault)
-            await responder.respond(200, _encoder.encode(rendered.completion))
+            await responder.respond(200, rendered.body)
             return
-        stop_at = len(rendered.tokens) // 2 if fault is not None else len(rendered.tokens)
+        await self._stream(responder, rendered, offsets, start, fault)
+
+    async def _stream(
+        self, responder: Responder, rendered: _Rendered, offsets: list[float], start: float, fault: Fault | None
+    ) -> None:
+        n = len(rendered.tokens)
+        stop_at = n // 2 if fault is not None else n
+        gap = (offsets[-1] - offsets[-2]) if n > 1 else 0.0
         i = 0
         while i < stop_at:
             await self._sleep_until(start + offsets[i])
             # Coalesce every token already due into one write, so a loaded host keeps the schedule (each stream
-            # catches up) instead of drifting by one event-loop turn per token.
+            # catches up) instead of drifting by one event-loop turn per token; with separate_finish the last
+            # argument fragment (a call's closing brace) always gets its own write.
             now = anyio.current_time()
             self.max_lag = max(self.max_lag, now - start - offsets[i])
             j = i + 1
-            while j < stop_at and start + offsets[j] <= now:
+            limit = stop_at - 1 if self.separate_finish and i < stop_at - 1 else stop_at
+            while j < limit and start + offsets[j] <= now:
                 j += 1
             data = b"".join(rendered.tokens[i:j])
-            if j == len(rendered.tokens):
+            if j == n and not self.separate_finish:
                 data += rendered.tail
             await responder.send(data)
             i = j
+        if fault is None and self.separate_finish:
+            await self._sleep_until(start + offsets[-1] + gap)
+            await responder.send(rendered.tail)
         if fault is not None:
             await self._fail_midway(responder, fault)
         await responder.end()
@@ -419,6 +526,9 @@ class ReplayServer:
         self._faults_served[(key, turn.index)] = served + 1
         return turn.fault
 
+    def _text(self, turn: _Turn) -> str:
+        return turn.text or (self.preamble or "" if turn.calls else "")
+
     def _render(self, chat: ChatRequest, key: str, turn: _Turn, include_usage: bool) -> _Rendered:
         cid = f"chatcmpl-replay-{key}-{turn.index}"
         created = int(time.time())
@@ -427,7 +537,7 @@ class ReplayServer:
             chunk = ChatChunk(id=cid, created=created, model=chat.model, choices=[ChunkChoice(0, delta, finish)])
             return b"data: " + _encoder.encode(chunk) + b"\n\n"
 
-        deltas: list[Delta] = [Delta(content=p) for p in _pieces(turn.text)]
+        deltas: list[Delta] = [Delta(content=p) for p in _pieces(self._text(turn))]
         ids = [f"call_{turn.index}_{i}" for i in range(len(turn.calls))]
         finish = "stop" if turn.final or not turn.calls else "tool_calls"
         finish_delta = Delta()
@@ -455,12 +565,74 @@ class ReplayServer:
         tail_bytes += b"data: [DONE]\n\n"
         message = ChatMessage(
             role="assistant",
-            content=turn.text or None,
+            content=self._text(turn) or None,
             tool_calls=[WireToolCall(ids[i], "function", FunctionCall(c.name, c.raw)) for i, c in enumerate(turn.calls)]
             or None,
         )
         completion = ChatCompletion(cid, created, chat.model, [CompletionChoice(0, message, finish)], usage)
-        return _Rendered(tokens, tail_bytes, completion)
+        return _Rendered(tokens, tail_bytes, _encoder.encode(completion))
+
+    def _render_response(self, model: str, messages: list[ChatMessage], key: str, turn: _Turn) -> _Rendered:
+        """The turn as Responses API events: a message item with the text (if any), then one function_call item
+        per call, each streamed as argument deltas; ``response.completed`` (with usage) is the tail."""
+        rid = f"resp_replay_{key}_{turn.index}".replace(":", "_")
+        created = int(time.time())
+        seq = iter(range(1, 1 << 30))
+
+        def event(kind: str, **fields: Any) -> bytes:
+            data = {"type": kind, "sequence_number": next(seq), **fields}
+            return f"event: {kind}\ndata: ".encode() + _encoder.encode(data) + b"\n\n"
+
+        def response(status: str, output: list[dict[str, Any]], usage: dict[str, Any] | None) -> dict[str, Any]:
+            return {"id": rid, "object": "response", "created_at": created, "model": model, "status": status,
+                    "output": output, "parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
+                    "usage": usage}  # fmt: skip
+
+        tokens: list[bytes] = []
+        output: list[dict[str, Any]] = []
+        head = event("response.created", response=response("in_progress", [], None))
+        text = self._text(turn)
+        if text:
+            mid = f"msg_{rid}"
+            item = {"id": mid, "type": "message", "role": "assistant", "status": "in_progress", "content": []}
+            pre = event("response.output_item.added", output_index=0, item=item)
+            pieces = _pieces(text)
+            for i, piece in enumerate(pieces):
+                tokens.append((pre if i == 0 else b"") + event(
+                    "response.output_text.delta", item_id=mid, output_index=0, content_index=0, delta=piece,
+                    logprobs=[]))  # fmt: skip
+            part = {"type": "output_text", "text": text, "annotations": []}
+            done = {**item, "status": "completed", "content": [part]}
+            tokens[-1] += event(
+                "response.output_text.done", item_id=mid, output_index=0, content_index=0, text=text, logprobs=[]
+            ) + event("response.output_item.done", output_index=0, item=done)
+            output.append(done)
+        for i, call in enumerate(turn.calls):
+            index = len(output)
+            fid = f"fc_{rid}_{i}"
+            item = {"id": fid, "type": "function_call", "call_id": f"call_{turn.index}_{i}", "name": call.name,
+                    "arguments": "", "status": "in_progress"}  # fmt: skip
+            pre = event("response.output_item.added", output_index=index, item=item)
+            pieces = _pieces(call.raw) or [""]
+            for k, piece in enumerate(pieces):
+                delta = event("response.function_call_arguments.delta", item_id=fid, output_index=index, delta=piece)
+                tokens.append((pre if k == 0 else b"") + delta)
+            done = {**item, "arguments": call.raw, "status": "completed"}
+            tokens[-1] += event("response.function_call_arguments.done", item_id=fid, output_index=index,
+                                name=call.name, arguments=call.raw) + event(
+                "response.output_item.done", output_index=index, item=done)  # fmt: skip
+            output.append(done)
+        if not tokens:
+            tokens.append(b"")
+        tokens[0] = head + tokens[0]
+        completion_tokens = turn.completion_tokens or len(tokens)
+        prompt_chars = sum(len(message_text(m.content)) for m in messages)
+        prompt_tokens = turn.prompt_tokens or max(1, prompt_chars // 4)
+        usage = {"input_tokens": prompt_tokens, "output_tokens": completion_tokens,
+                 "total_tokens": prompt_tokens + completion_tokens, "input_tokens_details": {"cached_tokens": 0},
+                 "output_tokens_details": {"reasoning_tokens": 0}}  # fmt: skip
+        final = response("completed", output, usage)
+        return _Rendered(tokens, event("response.completed", response=final), _encoder.encode(final))
 
 
 @asynccontextmanager
@@ -503,6 +675,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-scale", type=float, default=1.0, help="multiply every delay (0 = no pacing)")
     parser.add_argument("--match", choices=["skeleton", "exact"], default="skeleton")
     parser.add_argument("--finish-flush", action="store_true", help="send last argument fragments with finish")
+    parser.add_argument("--separate-finish", action="store_true", help="finish_reason in its own, later write")
+    parser.add_argument("--preamble", help="assistant text streamed before the calls of turns recorded without")
     parser.add_argument("--default-trajectory", help="<task_id>:<rollout> served when the model names none")
     args = parser.parse_args(argv)
     server = ReplayServer(
@@ -513,6 +687,8 @@ def main(argv: list[str] | None = None) -> int:
         match=args.match,
         time_scale=args.time_scale,
         finish_flush=args.finish_flush,
+        separate_finish=args.separate_finish,
+        preamble=args.preamble,
         default_trajectory=args.default_trajectory,
     )
 

@@ -81,7 +81,9 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True):
 class PredictionContext(msgspec.Struct, frozen=True, kw_only=True):
     """What a predictor may look at: the rollout's previous calls (oldest first, canonical), the chain key of that
     history (equal across rollouts of a group that made the same calls), the turn number, and ``position`` (the
-    index in the current message of the call being predicted; the ``decided`` ones before it are known)."""
+    index in the current message of the call being predicted; the ``decided`` ones before it are known);
+    ``last_output`` is what the rollout's latest finished call printed (stdout then stderr, or the tool error's
+    message), the observation the model is reasoning about (argument filling: the module an import error names)."""
 
     history: tuple[CallKey, ...]
     chain: bytes
@@ -89,6 +91,7 @@ class PredictionContext(msgspec.Struct, frozen=True, kw_only=True):
     position: int
     decided: tuple[CallKey, ...] = ()
     group: str = ""
+    last_output: str = ""
 
 
 @runtime_checkable
@@ -105,11 +108,14 @@ class Predictor(Protocol):
 
 class Launch(msgspec.Struct, frozen=True, kw_only=True):
     """A candidate the runtime could launch, with what the runtime knows about it: its canonical ``key`` and its
-    ``effect`` class for these arguments (``pure``/``read`` run in place, ``write`` in a fork)."""
+    ``effect`` class for these arguments (``pure``/``read`` run in place, ``write`` in a fork) and
+    ``turn_elapsed``, the seconds since the turn's model call started (what is left of the LLM's time bounds what
+    a launch can hide)."""
 
     candidate: Candidate
     key: CallKey
     effect: Effect
+    turn_elapsed: float = 0.0
 
     @property
     def needs_fork(self) -> bool:
@@ -120,7 +126,8 @@ class Launch(msgspec.Struct, frozen=True, kw_only=True):
 class Policy(Protocol):
     """Chooses which of ``options`` (best first, deduplicated, none already running) to launch now, given how many
     branches run (``running``) and how many of those hold a fork (``forks``). Told, to learn online, every tool
-    run time and every fork's cost."""
+    run time and every fork's cost. A policy may also have ``observe_llm(seconds)``: the runtime then tells it
+    each turn's LLM time (from the request to the message's end)."""
 
     def select(self, options: Sequence[Launch], *, running: int, forks: int) -> list[Launch]: ...
 

@@ -99,6 +99,7 @@ class WorkspaceHandle:
         self.epoch = 0
         self.chain = chain_root(salt)
         self.history: list[CallKey] = []
+        self.last_output = ""  # what the latest finished call printed (PredictionContext.last_output)
         self.salt = salt
         self.swaps = 0
         self.turns = 0

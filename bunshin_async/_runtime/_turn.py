@@ -21,6 +21,7 @@ and their forks closed. Cleanup is shielded, with a deadline.
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ from .._llm._events import (
     Usage,
     UsageReported,
 )
+from .._protocol import ExecResult
 from .._tools import Effect, Tool
 from .._workspace import Workspace
 from ._calls import CallKey, Candidate, Launch, Policy, PredictionContext, Predictor
@@ -119,7 +121,7 @@ class Speculation:
     launches (pass one that says whether the prefix cache would serve the call: such calls are not speculated).
     One ``Speculation`` may serve many turns and rollouts: the policy learns across them; ``metrics`` sums the
     turns run with it (make one per rollout, sharing the policy and the predictors' tables, to get per-rollout
-    metrics)."""
+    metrics) and ``turns`` keeps each turn's own metrics, in order."""
 
     predictors: Sequence[Predictor] = ()
     policy: Policy = field(default_factory=BoundedPolicy)
@@ -127,6 +129,7 @@ class Speculation:
     early: bool = True
     skip: Callable[[Launch], bool] | None = None
     metrics: RolloutMetrics = field(default_factory=RolloutMetrics)
+    turns: list[TurnMetrics] = field(default_factory=list)
 
 
 # ------------------------------------------------------------------------------------------------ internals
@@ -159,6 +162,7 @@ class _Branch:
         self.saved = 0.0
         self.released = anyio.Event()
         self.finished = anyio.Event()
+        self.tail: int | None = None  # committed as a near miss: keep the last ``tail`` lines of stdout
 
 
 class _Decided:
@@ -209,6 +213,53 @@ async def _fork_shielded(ws: Workspace) -> Workspace:
     with anyio.CancelScope(shield=True), anyio.fail_after(FORK_DEADLINE):
         copies = await ws.fork(1)
     return copies[0]
+
+
+# `CMD | tail -n N` (or `tail -N`) where CMD is one simple command: no other pipe, list operator, background job,
+# newline or output redirection anywhere in it (quoted or not: conservative), so that the pipeline prints CMD's
+# stderr as it is and the last N lines of CMD's stdout, exits with tail's status (0: bash runs it without
+# pipefail), and changes nothing CMD does not (tail reads all its input: CMD gets no SIGPIPE).
+_TAIL = re.compile(r"^(?P<cmd>[^|;&\n>`]*[^|;&\n>`\s])\s*\|\s*tail\s+(?:-n\s*(?P<n>\d+)|-(?P<m>\d+))\s*$")
+
+
+def _filtered(tool: Tool, key: CallKey) -> tuple[CallKey, int] | None:
+    """For a shell call ``CMD | tail -n N`` (``_TAIL``): the key of plain ``CMD`` (other arguments equal) and N."""
+    args = key.arguments()
+    command = args.get("command")
+    if not isinstance(command, str) or tool.name != "bash":
+        return None
+    m = _TAIL.match(command)
+    if m is None:
+        return None
+    try:
+        inner = CallKey.of(tool, {**args, "command": m.group("cmd")})
+    except InvalidArgument:
+        return None
+    return inner, int(m.group("n") or m.group("m"))
+
+
+def _tail_lines(text: str, n: int) -> str:
+    """What ``tail -n n`` prints of ``text``: its last n lines (a last line without newline counts)."""
+    lines = re.findall(r"[^\n]*\n|[^\n]+$", text)
+    return "".join(lines[-n:]) if n > 0 else ""
+
+
+def _apply_tail(result: Any, error: ToolError | None, n: int) -> ExecResult | None:
+    """``CMD | tail -n n``'s result from ``CMD``'s, or None when it cannot be known exactly (an error, a timeout,
+    output cut at the size limit, output that is not valid UTF-8 text)."""
+    if error is not None or not isinstance(result, ExecResult) or result.truncated or "\ufffd" in result.stdout:
+        return None
+    return ExecResult(exit_code=0, stdout=_tail_lines(result.stdout, n), stderr=result.stderr,
+                      duration=result.duration)  # fmt: skip
+
+
+def _output_text(r: CallResult) -> str:
+    if r.error is not None:
+        return str(r.error)
+    res = r.result
+    if isinstance(res, ExecResult):
+        return res.stdout + res.stderr
+    return res if isinstance(res, str) else ""
 
 
 def _outcome(result: Any, error: ToolError | None) -> Any:
@@ -269,6 +320,7 @@ class SpeculativeTurn:
         self._t_last = 0.0
         self.metrics = TurnMetrics(turn=handle.turns)
         self._fed = False
+        self._last_position = -1
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
@@ -379,6 +431,9 @@ class SpeculativeTurn:
     def _on_finished(self, ev: MessageFinished) -> None:
         self._finished = ev
         self._t_message = self._clock()
+        observe_llm = getattr(self.speculation.policy, "observe_llm", None) if self.speculation else None
+        if observe_llm is not None:
+            observe_llm(self._t_message - self._t0)
         self._mark("message_finished", len(ev.tool_calls), ev.finish_reason)
         known = {d.call.index for d in self._decided}
         for call in ev.tool_calls:
@@ -410,6 +465,7 @@ class SpeculativeTurn:
             position=position,
             decided=decided,
             group=self.speculation.group if self.speculation else "",
+            last_output=self.handle.last_output,
         )
 
     def _decide(self, call: ToolCall) -> None:
@@ -423,7 +479,10 @@ class SpeculativeTurn:
             self.handle.record(key)
         d = _Decided(call, position, key, effect, self._clock())
         self._decided.append(d)
-        self._cancel_branches(lambda b: b.position == position and b.key != key)
+        tool = self.tools.get(call.name)
+        near = _filtered(tool, key) if tool is not None and key is not None else None
+        wanted = {key, near[0] if near else None}
+        self._cancel_branches(lambda b: b.position == position and b.key not in wanted)
         assert self._tg is not None
         self._tg.start_soon(self._run_call, d)
         self._replan()
@@ -457,32 +516,49 @@ class SpeculativeTurn:
             self._replan()
 
     def _match(self, d: _Decided) -> _Branch | None:
-        for b in self._branches:
-            if b.key == d.key and b.epoch == self.handle.epoch and not b.discarded:
-                b.claimed = True
-                return b
+        """The branch started for exactly ``d``'s call, else (a near miss) one for the command ``d`` filters
+        through ``| tail -n N`` (``_filtered``), whose output the filter is then applied to."""
+        tool = self.tools.get(d.call.name)
+        near = _filtered(tool, d.key) if tool is not None and d.key is not None else None
+        keys = [d.key] if near is None else [d.key, near[0]]
+        for want in keys:
+            for b in self._branches:
+                if b.key == want and b.epoch == self.handle.epoch and not b.discarded:
+                    b.claimed = True
+                    b.tail = near[1] if near and want != d.key else None
+                    return b
         return None
 
     async def _use_branch(self, d: _Decided, b: _Branch, t_due: float) -> CallResult | None:
         try:
             await b.done.wait()
+            t_ready = self._clock()
             if not b.ok or b.epoch != self.handle.epoch:
                 return None
+            if b.tail is not None:
+                filtered = _apply_tail(b.result, b.error, b.tail)
+                if filtered is None:  # not provably what the filtered command prints: run it instead
+                    return None
+                b.result = filtered
+            assert d.key is not None
             if b.forked:
                 assert b.ws is not None
                 async with self.handle.lock:
                     self._cancel_branches(lambda other: other is not b)
                     await self._quiesce()
                     b.committed = True  # from here the fork is the handle's (or its executor's)
-                    await self.handle.commit(b.ws, b.key, _outcome(b.result, b.error), b.run_end - b.run_start)
+                    await self.handle.commit(b.ws, d.key, _outcome(b.result, b.error), b.run_end - b.run_start)
                     self.handle.advance()
             elif self.handle.executor is not None:  # a read: let the executor account it (a cache records it)
                 assert b.ws is not None
-                await self.handle.commit(b.ws, b.key, _outcome(b.result, b.error), b.run_end - b.run_start)
+                await self.handle.commit(b.ws, d.key, _outcome(b.result, b.error), b.run_end - b.run_start)
             now = self._clock()
             self._mark("branch_commit", d.position, f"{d.call.name} {b.launch.effect.value}")
             run = b.run_end - b.run_start
-            b.used, b.saved = True, (t_due + run) - now
+            # What the main line would have waited for without the branch, less what it waited for the branch;
+            # the commit itself (the executor's bookkeeping, a cache capture) is not counted: a call run on the
+            # main line pays for it too.
+            b.used, b.saved = True, (t_due + run) - t_ready
             return CallResult(
                 index=d.call.index, call=d.call, result=b.result, error=b.error, source="speculated", seconds=run, t=now
             )
@@ -528,6 +604,9 @@ class SpeculativeTurn:
 
     def _deliver(self, d: _Decided, result: CallResult) -> None:
         self._results[d.call.index] = result
+        if d.position >= self._last_position:
+            self._last_position = d.position
+            self.handle.last_output = _output_text(result)
         self._t_last = max(self._t_last, result.t)
         self._mark("call_done", d.position, result.source)
         self._emit(result)
@@ -559,7 +638,8 @@ class SpeculativeTurn:
                 self._predicted.add(key)
                 prior = merged.get(key)
                 if prior is None or cand.probability > prior[0].probability:
-                    merged[key] = (cand, Launch(candidate=cand, key=key, effect=effect))
+                    elapsed = self._clock() - self._t0
+                    merged[key] = (cand, Launch(candidate=cand, key=key, effect=effect, turn_elapsed=elapsed))
         epoch = self.handle.epoch
         running = {b.key for b in self._branches if b.epoch == epoch}
         options = sorted(
@@ -696,6 +776,7 @@ class SpeculativeTurn:
         self.handle.metrics.add(m)
         if self.speculation is not None:
             self.speculation.metrics.add(m)
+            self.speculation.turns.append(m)
 
 
 async def run_turn(

@@ -11,7 +11,8 @@ import bunshin_async.agent
 import bunshin_async.llm
 from bunshin_async.llm import FixedTiming, MessageFinished, iter_trajectories, replay_server, tap_openai_stream
 
-SHARED_TRACE = Path("/work/shared/traces/swebench-gemini-3-pro.jsonl.gz")
+# ../shared/traces beside the checkout
+SHARED_TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "swebench-gemini-3-pro.jsonl.gz"
 BASH = [
     {
         "type": "function",

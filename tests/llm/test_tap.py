@@ -249,3 +249,62 @@ async def test_chat_client_cancel_closes_the_connection() -> None:
                 model="replay:two:0", messages=[{"role": "user", "content": "go"}], tools=TOOLS
             )
             assert len(done.tool_calls) == 2
+
+
+ONE_CALL = traj("one", Step("bash", {"command": "make test"}, llm_seconds=0.3), Step(None, assistant_text="done"))
+
+
+@pytest.mark.parametrize("separate", [False, True])
+async def test_the_closing_brace_before_finish_when_asked(make_client: Any, separate: bool) -> None:
+    """With ``separate_finish`` the last fragment of a message's last call comes in its own write, one token
+    interval before ``finish_reason``: the tap completes the call before the message ends (as on real endpoints);
+    without it they share a write, as the server did before."""
+    async with replay_server([ONE_CALL], timing=FixedTiming(ttft=0.05, itl=0.15), separate_finish=separate,
+                             preamble="Running the tests.") as url:  # fmt: skip
+        stream = await _stream(make_client(url), "replay:one:0")
+        async with tap_openai_stream(stream, TOOLS) as tap:
+            events = [e async for e in tap]
+    complete = next(e for e in events if isinstance(e, ArgumentsComplete))
+    finished = next(e for e in events if isinstance(e, MessageFinished))
+    assert finished.content == "Running the tests."  # the preamble streams before the call
+    assert events.index(complete) < events.index(finished)
+    if separate:
+        assert finished.t - complete.t > 0.05
+    else:
+        assert finished.t - complete.t < 0.01
+
+
+async def test_responses_api_through_the_replay_server(make_client: Any) -> None:
+    """The Responses API served by the replay server, consumed with the SDK's ``client.responses`` and tapped:
+    text, two calls in one message (the first complete while the second streams), usage, then the next turn
+    matched from ``function_call``/``function_call_output`` input items; not streamed too."""
+    async with replay_server([TWO_CALLS], timing=FixedTiming(ttft=0.02, itl=0.01), separate_finish=True) as url:
+        client = make_client(url)
+        stream = await client.responses.create(model="replay:two:0", input="go", tools=RESPONSES_TOOLS, stream=True)
+        async with tap_openai_stream(stream, RESPONSES_TOOLS) as tap:
+            events = [e async for e in tap]
+        finished = next(e for e in events if isinstance(e, MessageFinished))
+        assert finished.content == "First I look, then I read." and finished.finish_reason == "tool_calls"
+        assert [(c.name, c.arguments) for c in finished.tool_calls] == [
+            ("bash", TRICKY), ("read", {"path": "src/x.py", "max_lines": 40})]  # fmt: skip
+        kinds = [(type(e).__name__, getattr(getattr(e, "call", e), "index", None)) for e in events]
+        assert kinds.index(("ArgumentsComplete", 0)) < kinds.index(("ToolNameKnown", 1))
+        assert kinds.index(("ArgumentsComplete", 1)) < kinds.index(("MessageFinished", None))
+        assert isinstance(events[-1], UsageReported) and events[-1].usage.total_tokens > 0
+        history: list[Any] = [{"role": "user", "content": "go"},
+                              {"type": "message", "role": "assistant",
+                               "content": [{"type": "output_text", "text": finished.content}]}]  # fmt: skip
+        for c in finished.tool_calls:
+            history.append({"type": "function_call", "call_id": c.id, "name": c.name, "arguments": c.raw})
+        for c in finished.tool_calls:
+            history.append({"type": "function_call_output", "call_id": c.id, "output": "ok"})
+        last = await client.responses.create(model="replay:two:0", input=history, tools=RESPONSES_TOOLS)
+        assert last.output_text == "done" and last.status == "completed"
+        with pytest.raises(openai.BadRequestError, match="prefix mismatch"):
+            wrong = {"type": "function_call", "call_id": "x", "name": "bash", "arguments": '{"command": "ls"}'}
+            await client.responses.create(model="replay:two:0", input=[*history[:2], wrong])
+
+
+RESPONSES_TOOLS: list[dict[str, Any]] = [
+    {"type": "function", "name": t["function"]["name"], "parameters": t["function"]["parameters"]} for t in TOOLS
+]

@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+from bunshin_async._cli import main as cli_main
 from bunshin_async._experiment._bundled import calc_task, calc_trajectories
-from bunshin_async._experiment._runner import ReplayAgent, markdown_table, run_experiment, write_outputs
+from bunshin_async._experiment._cli import trajectory_groups
+from bunshin_async._experiment._runner import CONFIGS, ReplayAgent, markdown_table, run_experiment, write_outputs
 from bunshin_async._llm._replay import ReplayServer
 from bunshin_async._llm._timing import RecordedTiming
 from bunshin_async._rollout import GroupRollout
 from bunshin_async._tools import bash_tool
+from bunshin_async._trajectory import Step, Trajectory, dump_trajectories
 
 
 async def test_group_of_8_on_the_bundled_task_with_the_agent_loop() -> None:
@@ -50,3 +56,76 @@ async def test_the_experiment_end_to_end(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "experiment.json").read_text())["same_calls_and_results"] is True
     assert (tmp_path / "memory.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| fork |" in markdown_table(result)
+
+
+def _bash(command: str, llm: float = 0.02) -> Step:
+    return Step("bash", {"command": command}, llm_seconds=llm, tool_seconds=0.01)
+
+
+def test_a_trajectory_file_replays_as_groups_and_an_unfinished_recording_as_truncated(tmp_path: Path) -> None:
+    """Several rollouts of one task form a GRPO group (`--group-by task`, the default then); a recording that stops
+    without a final answer (its agent hit its own limit) replays to its last call and ends truncated."""
+    done = Step(None, None, llm_seconds=0.02, assistant_text="done")
+    trajs = [
+        Trajectory(task_id="t1", rollout=0, steps=[_bash("echo a > f"), _bash("cat f"), done]),
+        Trajectory(task_id="t1", rollout=1, steps=[_bash("echo a > f"), _bash("ls")]),  # no final answer
+        Trajectory(task_id="t2", rollout=0, steps=[_bash("echo b"), done]),
+    ]
+    path = dump_trajectories(tmp_path / "t.jsonl", trajs)
+    rc = cli_main(["bench", "--trajectories", str(path), "--configs", "baseline,fork", "--time-scale", "0.5",
+                   "--pad-tools", "--out", str(tmp_path / "out")])  # fmt: skip
+    assert rc == 0
+    result = json.loads((tmp_path / "out" / "experiment.json").read_text())
+    assert result["workload"]["group_by"] == "task" and result["workload"]["groups"] == 2
+    assert result["same_calls_and_results"] is True
+    for config in result["configs"]:
+        rollouts = {(r["rollout"], tuple(r["calls"])): (r["status"], r["reason"]) for r in config["rollouts"]}
+        assert rollouts == {
+            (0, ("echo a > f", "cat f")): ("finished", None),
+            (1, ("echo a > f", "ls")): ("truncated", "max_turns"),
+            (0, ("echo b",)): ("finished", None),
+        }, config["name"]
+    fork = result["configs"][1]
+    assert fork["setup_seconds"] is not None  # t1's two rollouts forked from one set-up
+    assert trajectory_groups(trajs, "rollout")[1][0].task_id == "t1:1"
+
+
+def _bench(tmp_path: Path, *args: str) -> dict[str, Any]:
+    out = tmp_path / "out"
+    assert cli_main(["bench", "--quick", "--out", str(out), *args]) == 0
+    result: dict[str, Any] = json.loads((out / "experiment.json").read_text())
+    return result
+
+
+@pytest.mark.timeout(1200)
+def test_every_configuration_through_bunshin_bench_quick(tmp_path: Path) -> None:
+    """`bunshin bench --quick` on the bundled workload: baseline, fork, fork+cache, fork+cache+spec and oracle run
+    side by side, with the same calls, results and final workspace states; the oracle predicts every call."""
+    result = _bench(tmp_path)
+    assert [c["name"] for c in result["configs"]] == list(CONFIGS)
+    assert result["same_calls_and_results"] is True, result["differences"]
+    for c in result["configs"]:
+        assert [r["status"] for r in c["rollouts"]] == ["finished", "finished"], c["name"]
+        assert all(r["final_state"] for r in c["rollouts"])
+    by_name = {c["name"]: c for c in result["configs"]}
+    oracle = by_name["oracle"]["extra"]["spec"]
+    assert oracle["launched"] > 0 and oracle["committed"] > 0
+    assert by_name["fork+cache+spec"]["extra"]["spec"]["calls"] == oracle["calls"]
+    assert "| oracle |" in (tmp_path / "out" / "experiment.md").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_the_terminal_workload_through_bunshin_bench_quick(tmp_path: Path) -> None:
+    """`bunshin bench --workload terminal --quick`: real installs from the vendored sources, test runs, a build and a
+    benchmark, diverging after three calls; every configuration agrees on calls, results and final states, and
+    every rollout ends with the tests passing (reward 1)."""
+    result = _bench(tmp_path, "--workload", "terminal")
+    assert result["workload"]["kind"] == "terminal" and result["workload"]["tools_padded"] is False
+    assert result["same_calls_and_results"] is True, result["differences"]
+    for c in result["configs"]:
+        assert [r["reward"] for r in c["rollouts"]] == [1.0, 1.0], c["name"]
+    calls = result["configs"][0]["rollouts"][0]["calls"]
+    assert calls[:3] == ["ls -la", "cat README.md", ".venv/bin/python -m unittest -q"]
+    assert any("pip install" in c for c in calls) and calls[-2:] == [".venv/bin/python build.py",
+                                                                       ".venv/bin/python bench.py"]  # fmt: skip

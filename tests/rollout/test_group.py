@@ -121,3 +121,13 @@ async def test_four_groups_of_8_under_a_global_limit() -> None:
     assert len(results) == 32 and all(r.status == "finished" for r in results)
     assert 0 < peak <= 12 + 4  # plus at most one base per group while it forks
     assert limiter.peak <= 12 and limiter.in_use == 0
+
+
+async def test_a_group_of_one_runs_in_its_set_up_workspace_without_a_snapshot() -> None:
+    """Nothing to share: the rollout runs where the set-up ran (no dump, no copy), still set up once."""
+    agent = ScriptedAgent({})
+    async with GroupRollout(TASK, 1, agent) as group:
+        [result] = [r async for r in group]
+    assert result.status == "finished" and result.reward == 1.0
+    assert result.fork_mode == "fresh" and group.setup_seconds is not None
+    assert agent.seen_prepared == {0: "prepared\n"} and agent.seen_background == {0: True}

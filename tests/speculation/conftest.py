@@ -26,6 +26,9 @@ from bunshin_async.llm import RecordedTiming, ReplayServer  # noqa: E402
 
 pytestmark = pytest.mark.root
 
+# Tests of the runtime's mechanics give CostAwarePolicy contention=None: how busy this shared machine's CPUs are is
+# not what they test (test_lead_time.py tests the back-off under a full CPU).
+
 assert os.geteuid() == 0 and criu_binary() is not None, "speculation tests need root and CRIU: run `make setup`"
 prepare_snapshot_store()
 

@@ -66,7 +66,7 @@ async def test_speculation_with_a_cached_session_agrees_with_the_plain_loop(serv
             async with Workspace() as ws:
                 plain = await run_agent(client, "replay:agree:0", "t", ws, tools=TOOLS, task_id="agree")
                 plain_files = await _files(ws)
-            table, policy = SiblingTable(), CostAwarePolicy(default_seconds=1.0, fork_weight=0.2)
+            table, policy = SiblingTable(), CostAwarePolicy(default_seconds=1.0, fork_weight=0.2, contention=None)
             async with ToolCache(provider=ForkStateProvider()) as cache:
                 runs = []
                 for i in range(2):  # rollout 1 is served from the cache (its writes restored into forks)
@@ -104,7 +104,7 @@ SIBLING_SCRIPT = [
 
 async def test_a_write_predicted_from_a_sibling_is_committed_and_adopted(serve: Any) -> None:
     trajs = [trajectory("sib", SIBLING_SCRIPT, rollout=i) for i in range(2)]
-    table, policy = SiblingTable(), CostAwarePolicy()
+    table, policy = SiblingTable(), CostAwarePolicy(contention=None)
     # Writes under a second are not captured: the cache re-runs them, so speculation may run them ahead.
     async with serve(trajs) as client, ToolCache(provider=ForkStateProvider(), capture_min_duration=1.0) as cache:
         results = []

@@ -1,6 +1,7 @@
-"""Differential test: seeded scripted rollouts, each run with speculation off and on (real replay server over
+"""Differential test: seeded scripted rollouts, each run through the product's agent loop ``run_agent`` with
+speculation off (the plain loop, which never enters the speculative turn runtime) and on (real replay server over
 loopback, the real ``openai`` SDK, real workspaces and forks), must give identical trajectories: every call's
-result and the final workspace (files and processes)."""
+result and the final workspace (files, directories, links, modes and processes)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from bunshin_async import Workspace
 from bunshin_async._tools import builtin_tools
 from bunshin_async._trajectory import Trajectory
-from bunshin_async.speculation import BoundedPolicy, Speculation, WorkspaceHandle
+from bunshin_async.speculation import BoundedPolicy, Speculation
 from speculator import (
     CostAwarePolicy,
     HistoryPredictor,
@@ -23,8 +24,8 @@ from speculator import (
     SiblingPredictor,
     SiblingTable,
 )
-from speculator.harness import RolloutTrace, replay_rollout
 
+from .agent_loop import Run, agent_rollout
 from .scripted import group
 
 TOOLS = builtin_tools()
@@ -47,18 +48,23 @@ def _speculation(seed: int, table: SiblingTable, model: NgramModel, traj: Trajec
     policy = (
         BoundedPolicy(max_branches=3, max_forks=2)  # launch everything the predictors say
         if rng.random() < 0.5
-        else CostAwarePolicy(default_seconds=1.0, fork_weight=0.2)
+        else CostAwarePolicy(default_seconds=1.0, fork_weight=0.2, contention=None)
     )
     return Speculation(predictors=predictors, policy=policy, group=traj.task_id, early=rng.random() < 0.8)
 
 
+def _early(seed: int) -> bool:
+    return random.Random(f"plain:{seed}").random() < 0.8  # the plain loop with and without starting calls early
+
+
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # minutes when other work shares the cores
 async def test_speculation_on_and_off_agree_over_200_seeded_rollouts(serve: Any) -> None:
     await _differential(serve, range(GROUPS), minimum=200)
 
 
 async def test_speculation_on_and_off_agree_quick(serve: Any) -> None:
-    """A few groups of the same harness, for every test run (the 200-rollout one is marked slow)."""
+    """A few groups of the same test, for every test run (the 200-rollout one is marked slow)."""
     await _differential(serve, range(1000, 1004), minimum=16)
 
 
@@ -68,17 +74,18 @@ async def _differential(serve: Any, seeds: range, minimum: int) -> None:
     assert len(trajs) >= minimum
     model = NgramModel()
     limit = anyio.Semaphore(CONCURRENCY)
-    results: dict[str, tuple[RolloutTrace, RolloutTrace]] = {}
+    results: dict[str, tuple[Run, Run]] = {}
 
     async with serve(trajs) as client:
 
         async def one(traj: Trajectory, table: SiblingTable, seed: int) -> None:
             async with limit:
                 model_name = f"replay:{traj.key}"
-                async with Workspace() as ws, WorkspaceHandle(ws, salt=traj.task_id) as handle:
-                    on = await replay_rollout(client, model_name, handle, TOOLS, _speculation(seed, table, model, traj))
-                async with Workspace() as ws, WorkspaceHandle(ws, salt=traj.task_id) as handle:
-                    off = await replay_rollout(client, model_name, handle, TOOLS, None)
+                spec = _speculation(seed, table, model, traj)
+                async with Workspace() as ws:
+                    on = await agent_rollout(client, model_name, ws, TOOLS, spec, task_id=traj.task_id)
+                async with Workspace() as ws:
+                    off = await agent_rollout(client, model_name, ws, TOOLS, None, early=_early(seed))
                 results[traj.key] = (off, on)
 
         async with anyio.create_task_group() as tg:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from bunshin_async._tools import Effect, bash_tool
 from bunshin_async.speculation import CallKey, Candidate, Launch, PredictionContext
 from bunshin_async.speculation import canonical_args as canon
@@ -13,12 +15,14 @@ from speculator import (
     RulePredictor,
     SiblingPredictor,
     SiblingTable,
+    default_ngram,
     signature,
     train_ngram,
 )
 from speculator._predictors import _chain_for_tests as chain
 
 BASH = bash_tool()
+SHARED_TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "swebench-gemini-3-pro.jsonl.gz"
 
 
 def key(cmd: str) -> CallKey:
@@ -57,7 +61,7 @@ def test_history_predicts_a_rerun_after_an_edit() -> None:
 
 
 def test_history_trained_on_public_traces() -> None:
-    model = train_ngram(limit=100)
+    model = train_ngram(SHARED_TRACE, limit=100)
     assert model.next_signatures(["bash:cat >"])[0][0] == "bash:python script"
     assert signature("bash", {"command": "cd /x && python -m pytest -q"}) == "bash:python -m pytest"
 
@@ -73,7 +77,7 @@ def test_rules() -> None:
 
 
 def test_policy_weighs_saving_against_the_fork_and_learns() -> None:
-    policy = CostAwarePolicy(max_forks=1, fork_seconds=0.2, default_seconds=0.1)
+    policy = CostAwarePolicy(max_forks=1, fork_seconds=0.2, default_seconds=0.1, contention=None)
 
     def launch(cmd: str, p: float, effect: Effect, seconds: float | None = None) -> Launch:
         cand = Candidate(name="bash", arguments={"command": cmd}, probability=p, expected_seconds=seconds)
@@ -92,3 +96,19 @@ def test_policy_weighs_saving_against_the_fork_and_learns() -> None:
     assert policy.select([quick], running=0, forks=0) == [quick]
     policy.observe_fork(5.0, 1 << 20)
     assert policy.select([slow], running=0, forks=0) == []  # forks got expensive
+
+
+def test_the_bundled_table_is_what_the_public_traces_teach(tmp_path: Path) -> None:
+    bundled = default_ngram()  # package data: no trace file needed
+    trained = train_ngram(SHARED_TRACE)
+    for history in (["bash:cat >"], ["bash:ls", "bash:grep"], []):
+        assert [s for s, _ in bundled.next_signatures(history, top=3)] == [
+            s for s, _ in trained.next_signatures(history, top=3)
+        ]
+    assert bundled.repeat_probability("bash:python script") == trained.repeat_probability("bash:python script")
+    again = NgramModel.from_table(bundled.to_table(min_count=1))
+    assert dict(again.counts) == dict(bundled.counts)
+    import pytest
+
+    with pytest.raises(ValueError, match="not an n-gram table"):
+        NgramModel.from_table(b"junk")

@@ -14,8 +14,8 @@ from bunshin_async._tools import bash_tool, read_file_tool
 from bunshin_async.llm import FixedTiming, MessageFinished
 from bunshin_async.speculation import CallResult, Speculation, SpeculativeTurn, WorkspaceHandle, run_turn
 from speculator import CostAwarePolicy, Rule, RulePredictor
-from speculator.harness import replay_rollout, workspace_state
 
+from .agent_loop import agent_rollout, workspace_state
 from .conftest import bash, final, trajectory
 
 TOOLS = [bash_tool(), read_file_tool()]
@@ -23,18 +23,18 @@ SLOW = "sleep 1; echo x > f"
 
 
 def rules(*rs: Rule) -> Speculation:
-    return Speculation(predictors=[RulePredictor(rs)], policy=CostAwarePolicy())
+    return Speculation(predictors=[RulePredictor(rs)], policy=CostAwarePolicy(contention=None))
 
 
 async def test_correct_prediction_of_slow_write_commits_the_fork(serve: Any) -> None:
     steps = [bash("echo a > start", llm=0.05), bash(SLOW, llm=1.2), bash("cat f", llm=0.05), final()]
     rule = Rule(after="start", then_tool="bash", then_args={"command": SLOW}, probability=0.9, expected_seconds=1.0)
     async with serve([trajectory("slow", steps)]) as client:
-        async with Workspace() as ws0, WorkspaceHandle(ws0) as plain:
-            off = await replay_rollout(client, "replay:slow", plain, TOOLS, None)
-        async with Workspace() as ws1, WorkspaceHandle(ws1) as handle:
-            on = await replay_rollout(client, "replay:slow", handle, TOOLS, rules(rule))
-            assert handle.workspace is not ws1 and ws1.closed  # the rollout moved into the committed fork
+        async with Workspace() as ws0:
+            off = await agent_rollout(client, "replay:slow", ws0, TOOLS, None)
+        async with Workspace() as ws1:
+            on = await agent_rollout(client, "replay:slow", ws1, TOOLS, rules(rule))
+            assert on.moved  # the rollout moved into the committed fork
     assert on.calls == off.calls and on.final_state == off.final_state
     assert on.calls[2].outcome == "exit code 0\nx\n"
     assert on.metrics.committed == 1 and on.metrics.wasted == 0
@@ -53,11 +53,11 @@ async def test_wrong_prediction_leaves_no_trace(serve: Any) -> None:
     steps = [bash("echo a > start", llm=0.05), bash("echo right > r", llm=0.8), final()]
     rule = Rule(after="start", then_tool="bash", then_args={"command": wrong}, probability=0.9, expected_seconds=1.0)
     async with serve([trajectory("wrong", steps)]) as client:
-        async with Workspace() as ws0, WorkspaceHandle(ws0) as plain:
-            off = await replay_rollout(client, "replay:wrong", plain, TOOLS, None)
-        async with Workspace() as ws1, WorkspaceHandle(ws1) as handle:
-            on = await replay_rollout(client, "replay:wrong", handle, TOOLS, rules(rule))
-            assert handle.workspace is ws1
+        async with Workspace() as ws0:
+            off = await agent_rollout(client, "replay:wrong", ws0, TOOLS, None)
+        async with Workspace() as ws1:
+            on = await agent_rollout(client, "replay:wrong", ws1, TOOLS, rules(rule))
+            assert not on.moved
             probe = await ws1.exec("ls /workspace; ls /tmp; ps -eo args=")
     assert on.calls == off.calls and on.final_state == off.final_state
     assert "wrong" not in probe.stdout and "sleep" not in probe.stdout
@@ -76,7 +76,7 @@ async def test_cancelling_the_turn_cancels_every_branch(serve: Any) -> None:
         Rule(after="start", then_tool="bash", then_args={"command": "sleep 20; echo w > w"}, expected_seconds=20),
         Rule(after="start", then_tool="bash", then_args={"command": "sleep 20; cat start"}, expected_seconds=20),
     ]
-    spec = Speculation(predictors=[RulePredictor(rs)], policy=CostAwarePolicy())
+    spec = Speculation(predictors=[RulePredictor(rs)], policy=CostAwarePolicy(contention=None))
     async with serve([trajectory("cancel", steps)]) as client:
         async with Workspace() as ws, WorkspaceHandle(ws) as handle:
             specs = [t.spec() for t in TOOLS]
@@ -118,17 +118,16 @@ async def test_two_parallel_calls_in_one_message(serve: Any) -> None:
     rule = Rule(at_start=True, then_tool="bash", then_args={"command": "sleep 0.4; echo a > a"}, probability=0.9,
                 expected_seconds=0.4)  # fmt: skip
     async with serve([trajectory("par", steps)]) as client:
-        async with Workspace() as ws0, WorkspaceHandle(ws0) as plain:
-            off = await replay_rollout(client, "replay:par", plain, TOOLS, None)
-        async with Workspace() as ws1, WorkspaceHandle(ws1) as handle:
-            on = await replay_rollout(client, "replay:par", handle, TOOLS, rules(rule))
+        async with Workspace() as ws0:
+            off = await agent_rollout(client, "replay:par", ws0, TOOLS, None)
+        async with Workspace() as ws1:
+            on = await agent_rollout(client, "replay:par", ws1, TOOLS, rules(rule))
     assert on.calls == off.calls and on.final_state == off.final_state
     assert [c.outcome for c in on.calls[:3]] == ["exit code 0\n", "exit code 0\na\n", "exit code 0\na\nb\n"]
     assert on.turns[0].committed == 1 and on.turns[0].calls == 2
     # the two reads of turn 1 ran concurrently: the turn took about one of them, not two
     reads = on.turns[1]
     assert reads.tool_seconds < 0.55, reads.timeline
-    assert off.turns[1].tool_seconds < 0.55  # the plain path runs a message's reads side by side too
 
 
 async def test_results_arrive_before_the_message_ends(serve: Any) -> None:
@@ -154,7 +153,7 @@ async def test_results_arrive_before_the_message_ends(serve: Any) -> None:
                 outcome = await turn.results()
             assert seen.index("result0") < seen.index("finished")
             assert [r.result.exit_code for r in outcome.results] == [0, 0]
-            assert "one" in await workspace_state(handle)
+            assert "one" in await workspace_state(handle.workspace)
 
 
 @pytest.mark.parametrize("spec_on", [False, True])
@@ -163,10 +162,10 @@ async def test_tool_errors_are_results(serve: Any, spec_on: bool) -> None:
 
     steps = [Step("read_file", {"path": "missing.txt"}, llm_seconds=0.03), final()]
     async with serve([trajectory("err", steps)]) as client:
-        async with Workspace() as ws, WorkspaceHandle(ws) as handle:
+        async with Workspace() as ws:
             rs = Rule(at_start=True, then_tool="read_file", then_args={"path": "missing.txt"}, expected_seconds=1)
-            out = await replay_rollout(client, "replay:err", handle, TOOLS, rules(rs) if spec_on else None)
-    assert out.calls[0].outcome.startswith("error: FileNotFound")
+            out = await agent_rollout(client, "replay:err", ws, TOOLS, rules(rs) if spec_on else None)
+    assert out.calls[0].outcome == "error: no such file or directory: 'missing.txt'"
     assert out.metrics.committed == (1 if spec_on else 0)
 
 

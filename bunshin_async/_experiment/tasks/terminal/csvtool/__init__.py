@@ -1,0 +1,3 @@
+from .core import summarize
+
+__all__ = ["summarize"]

@@ -1,0 +1,88 @@
+"""The product's agent loop (``run_agent``) as the speculation tests drive it: the same replayed conversation with
+speculation off (the plain loop: no turn runtime at all) or on (``WorkspaceExecutor`` + ``Speculation``), and the
+final workspace state both must agree on."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+from bunshin_async import Workspace
+from bunshin_async._tools import Tool
+from bunshin_async.agent import WorkspaceExecutor, run_agent
+from bunshin_async.speculation import RolloutMetrics, Speculation, TurnMetrics
+
+
+class Call(msgspec.Struct, frozen=True):
+    """What a call did, as the differential tests compare it: tool, canonical arguments, what the model saw."""
+
+    tool: str
+    arguments: str
+    outcome: str
+
+
+class Run(msgspec.Struct, kw_only=True):
+    calls: list[Call]
+    stop_reason: str
+    final_state: str
+    wall_seconds: float
+    moved: bool  # the rollout ended in a committed fork, not in the workspace it started in
+    metrics: RolloutMetrics
+    turns: list[TurnMetrics]
+
+
+_canon = msgspec.json.Encoder(order="deterministic")
+
+# Every directory entry under /workspace (type, mode, size of regular files, link target), regular files' hashes,
+# and every process of the workspace but its agent and this probe.
+_STATE = (
+    "cd /workspace && find . -xdev -printf '%y %m %p -> %l\\n' | LC_ALL=C sort && "
+    "find . -xdev -type f -print0 | LC_ALL=C sort -z | xargs -0 -r sha256sum"
+)
+
+
+async def workspace_state(ws: Workspace) -> str:
+    """Files, directories, links and their modes under /workspace with the files' hashes, and the processes."""
+    files = await ws.exec(_STATE, timeout=30)
+    assert files.exit_code == 0, files.stderr
+    procs = await ws.exec(["ps", "-eo", "stat=,args="], timeout=30)
+    running = sorted(
+        " ".join(p.split()[1:])
+        for p in procs.stdout.splitlines()
+        if "bunshin" not in p and p.split()[1:2] != ["ps"] and not p.lstrip().startswith("Z")
+    )
+    return files.stdout + "--\n" + "\n".join(running)
+
+
+async def agent_rollout(
+    client: Any, model: str, ws: Workspace, tools: Sequence[Tool], speculation: Speculation | None, *,
+    task_id: str = "task", rollout: int = 0, early: bool = True,
+) -> Run:  # fmt: skip
+    """Replay ``model`` (``replay:<task>:<rollout>``) to its end through ``run_agent`` in ``ws`` (the caller's to
+    close); with ``speculation`` a committed write moves the rollout into a fork, closed here after the state was
+    read."""
+    options: dict[str, Any] = {"system": None, "max_turns": 100, "task_id": task_id, "rollout": rollout,
+                               "start_tools_early": early}  # fmt: skip
+    if speculation is None:
+        traj = await run_agent(client, model, "replay", ws, tools=list(tools), **options)
+        final, moved = ws, False
+    else:
+        executor = WorkspaceExecutor(ws, tools)
+        try:
+            traj = await run_agent(client, model, "replay", executor, speculation=speculation, **options)
+            final, moved = executor.workspace, executor.workspace is not ws
+            state = await workspace_state(final)
+        finally:
+            await executor.aclose()
+    calls = [Call(s.tool, _canon.encode(s.args or {}).decode(), s.observation or "") for s in traj.steps if s.tool]
+    return Run(
+        calls=calls,
+        stop_reason=traj.stop_reason or "",
+        final_state=state if speculation is not None else await workspace_state(final),
+        wall_seconds=traj.wall_seconds or 0.0,
+        moved=moved,
+        metrics=speculation.metrics if speculation is not None else RolloutMetrics(),
+        turns=list(speculation.turns) if speculation is not None else [],
+    )

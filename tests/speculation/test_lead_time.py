@@ -1,0 +1,177 @@
+"""Predictions that create lead time, through ``run_agent`` on real workspaces and forks: an install predicted
+from an import error (committed when the model asks for it, rolled back without a trace when it asks for something
+else), a near miss committed through a provably safe output filter, and the policy backing off under a full CPU."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from bunshin_async import Workspace
+from bunshin_async._runtime._turn import _apply_tail, _filtered, _tail_lines
+from bunshin_async._tools import Effect, bash_tool, builtin_tools
+from bunshin_async.speculation import CallKey, Candidate, Launch, PredictionContext, Speculation
+from speculator import (
+    CostAwarePolicy,
+    ObservationPredictor,
+    RecentPredictor,
+    Rule,
+    RulePredictor,
+    SiblingPredictor,
+    SiblingTable,
+    cpu_contention,
+)
+
+from .agent_loop import agent_rollout
+from .conftest import bash, final, trajectory
+
+TOOLS = builtin_tools()
+BASH = bash_tool()
+INSTALL = "sleep 0.8; mkdir -p lib/{m} && echo 'VERSION = 1' > lib/{m}/__init__.py"
+IMPORT = "PYTHONPATH=lib python3 -c 'import {m}; print({m}.VERSION)'"
+
+
+def _install_script(then: str) -> list[Any]:
+    return [
+        bash(IMPORT.format(m="alpha"), llm=0.05),  # ModuleNotFoundError: No module named 'alpha'
+        bash(INSTALL.format(m="alpha"), llm=0.05),  # the rollout's own install: a template for the next one
+        bash(IMPORT.format(m="beta"), llm=0.05),  # ModuleNotFoundError: No module named 'beta'
+        bash(then, llm=1.2),  # the model thinks for 1.2 s, then asks for the install (or for something else)
+        bash("ls -R lib; ps -eo args= | grep -c '[s]leep 0.8' || true", llm=0.05),
+        final(),
+    ]
+
+
+def _observation_speculation() -> Speculation:
+    table = SiblingTable()
+    policy = CostAwarePolicy(contention=None, default_seconds=1.0)
+    return Speculation(predictors=[ObservationPredictor(table)], policy=policy, group="obs")
+
+
+@pytest.mark.parametrize("asks_for_it", [True, False])
+async def test_an_install_predicted_from_an_import_error(serve: Any, asks_for_it: bool) -> None:
+    then = INSTALL.format(m="beta") if asks_for_it else "echo other > other.txt"
+    steps = _install_script(then)
+    async with serve([trajectory("obs", steps)]) as client:
+        async with Workspace() as ws0:
+            off = await agent_rollout(client, "replay:obs", ws0, TOOLS, None)
+        async with Workspace() as ws1:
+            spec = _observation_speculation()
+            on = await agent_rollout(client, "replay:obs", ws1, TOOLS, spec)
+    assert "No module named 'beta'" in on.calls[2].outcome
+    assert on.calls == off.calls and on.final_state == off.final_state
+    [branch] = [b for t in on.turns for b in t.branches]
+    assert branch.source == "observation" and branch.effect == "write"
+    if asks_for_it:
+        assert branch.outcome == "committed" and on.moved
+        assert branch.saved_seconds > 0.4  # launched when turn 3 started, it ran while the model thought
+        assert "beta" in on.calls[4].outcome
+    else:
+        assert branch.outcome == "wasted" and not on.moved
+        assert "beta" not in on.calls[4].outcome  # rolled back: no lib/beta, no process left
+        assert on.calls[4].outcome.endswith("\n0\n")
+
+
+async def test_a_near_miss_through_tail_returns_what_the_filtered_command_returns(serve: Any) -> None:
+    inner = "ls /workspace /etc /nonexistent"  # stdout, stderr and exit code 2: the pipeline exits 0
+    steps = [bash("mkdir -p d && touch d/x", llm=0.05), bash(f"{inner} | tail -n 3", llm=0.8), final()]
+    rule = Rule(after="touch", then_tool="bash", then_args={"command": inner}, probability=0.9, expected_seconds=1.0)
+    spec = Speculation(predictors=[RulePredictor([rule])], policy=CostAwarePolicy(contention=None))
+    async with serve([trajectory("near", steps)]) as client:
+        async with Workspace() as ws0:
+            off = await agent_rollout(client, "replay:near", ws0, TOOLS, None)
+            direct = await ws0.exec(f"{inner} | tail -n 3")
+        async with Workspace() as ws1:
+            on = await agent_rollout(client, "replay:near", ws1, TOOLS, spec)
+    assert on.calls == off.calls and on.final_state == off.final_state
+    assert on.calls[1].outcome == f"exit code 0\n{direct.stdout}{direct.stderr}" and direct.exit_code == 0
+    assert "No such file" in direct.stderr and direct.stdout.count("\n") == 3
+    [branch] = [b for t in on.turns for b in t.branches]
+    assert branch.outcome == "committed" and on.metrics.committed == 1
+
+
+def test_the_filter_is_matched_only_where_it_is_provably_safe() -> None:
+    def f(command: str) -> tuple[str, int] | None:
+        got = _filtered(BASH, CallKey.of(BASH, {"command": command}))
+        return (got[0].arguments()["command"], got[1]) if got else None
+
+    assert f("pytest -q | tail -n 50") == ("pytest -q", 50)
+    assert f("make test 2>/dev/null|tail -5") is None  # a redirection: not only a filter of stdout
+    for unsafe in ("a && b | tail -n 5", "a; b | tail -n 5", "a | b | tail -n 5", "a > f | tail -n 5",
+                   "a & tail -n 5", "echo `x` | tail -n 2", "a | tail -n 5 | cat", "a | tail -f x"):  # fmt: skip
+        assert f(unsafe) is None, unsafe
+    # tail's own semantics, checked against tail itself
+    for text in ("", "a", "a\n", "a\nb\nc", "a\nb\nc\n", "\n\n\n", "x\r\ny\n"):
+        for n in (0, 1, 2, 5):
+            real = subprocess.run(["tail", "-n", str(n)], input=text.encode(), capture_output=True, check=True)
+            assert _tail_lines(text, n) == real.stdout.decode(), (text, n)
+    from bunshin_async import ExecResult
+
+    assert _apply_tail(ExecResult(exit_code=3, stdout="a\nb\n", stderr="e", duration=0.1), None, 1) == ExecResult(
+        exit_code=0, stdout="b\n", stderr="e", duration=0.1
+    )
+    truncated = ExecResult(exit_code=0, stdout="a\n", stderr="", duration=0.1, truncated=True)
+    assert _apply_tail(truncated, None, 1) is None
+
+
+def _ctx(*calls: str, last_output: str = "") -> PredictionContext:
+    history = tuple(CallKey.of(BASH, {"command": c}) for c in calls)
+    chain = "\n".join(calls).encode()
+    return PredictionContext(history=history, chain=chain, turn=len(calls), position=0, last_output=last_output)
+
+
+def test_observation_templates_fill_in_the_module_of_an_import_error() -> None:
+    table = SiblingTable()
+    sibling, mine = ObservationPredictor(table), ObservationPredictor(table)
+    error = "Traceback ...\nModuleNotFoundError: No module named 'fastcsv'\n"
+    sibling.observe(_ctx("python -m unittest", last_output=error), CallKey.of(BASH, {"command": "pip install fastcsv"}))
+    # a sibling's template, filled with the module this rollout's error names
+    [cand] = mine.predict(_ctx("python -m unittest", last_output=error.replace("fastcsv", "colstats.core")))
+    assert cand.arguments["command"] == "pip install colstats" and cand.source == "observation"
+    mine.observe(_ctx(last_output=error), CallKey.of(BASH, {"command": "pip install -q ./vendor/fastcsv"}))
+    top = mine.predict(_ctx(last_output="No module named 'colstats'"))[0]  # its own spelling first
+    assert top.arguments["command"] == "pip install -q ./vendor/colstats" and top.probability > 0.8
+    assert mine.predict(_ctx(last_output="all good")) == []
+
+
+def test_recent_runs_after_an_edit_and_siblings_after_the_same_call() -> None:
+    recent = RecentPredictor()
+    cands = recent.predict(_ctx("python -m unittest -q", "cat a.py", "sed -i s/a/b/ a.py"))
+    assert [c.arguments["command"] for c in cands] == ["python -m unittest -q"]
+    assert recent.predict(_ctx("python -m unittest -q", "cat a.py")) == []  # no edit, no re-run
+    table = SiblingTable()
+    SiblingPredictor(table).observe(_ctx("ls", "python build.py"), CallKey.of(BASH, {"command": "python bench.py"}))
+    # another history, same previous call: what the sibling did after it
+    [cand] = SiblingPredictor(table).predict(_ctx("cat README", "python build.py"))
+    assert cand.arguments["command"] == "python bench.py" and cand.probability == pytest.approx(0.6)
+
+
+def test_under_a_full_cpu_the_policy_backs_off() -> None:
+    def launch(p: float, seconds: float = 2.0) -> Launch:
+        cand = Candidate(name="bash", arguments={"command": "make"}, probability=p, expected_seconds=seconds)
+        return Launch(candidate=cand, key=CallKey.of(BASH, {"command": "make"}), effect=Effect.WRITE)
+
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 * (os.cpu_count() or 1))]
+    try:
+        busy = cpu_contention()
+        loaded = CostAwarePolicy()  # reads the real run queue
+        coin, likely = launch(0.5), launch(0.95)
+        assert busy == 1.0
+        assert loaded.select([coin], running=0, forks=0) == []  # a wrong guess would take CPU from the rollouts
+        assert loaded.select([likely], running=0, forks=0) == [likely]
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+    idle = CostAwarePolicy(contention=lambda: 0.0)
+    assert idle.select([coin], running=0, forks=0) == [coin]
+    # the saving is capped by the LLM time a launch can still hide
+    idle.observe_llm(0.1)
+    for _ in range(20):
+        idle.observe_llm(0.1)
+    assert idle.llm_seconds < 0.5
+    assert idle.saving(launch(0.9, 10.0)) == pytest.approx(0.9 * idle.llm_seconds - 0.2)  # not 0.9 x 10 s
