@@ -10,7 +10,8 @@ from bunshin_async import _exceptions
 
 def test_all_is_exported_and_public() -> None:
     exported = {name for name in dir(bunshin_async) if not name.startswith("_")} - {"annotations"}
-    modules = {"llm", "agent", "cache", "speculation"}  # public submodules imported by users, not names
+    # public submodules imported by users, not names
+    modules = {"llm", "agent", "cache", "speculation", "transfer", "integrations"}
     assert set(bunshin_async.__all__) == exported - modules
     for name in bunshin_async.__all__:
         assert getattr(bunshin_async, name).__module__.startswith("bunshin_async")
