@@ -60,6 +60,14 @@ class Home:
             parent = ctrl / self.cgroup_parent
             if parent.is_dir():
                 found += [f"cgroup {p}" for p in parent.iterdir() if p.is_dir()]
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if str(ws).encode() in cmdline:
+                args = cmdline.replace(b"\0", b" ")[:100]
+                found.append(f"process {pid} {args!r}")
         return found
 
     def remove(self) -> None:
