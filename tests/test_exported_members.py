@@ -28,6 +28,8 @@ def test_every_error_is_a_bunshin_error_and_pickles() -> None:
         _exceptions.LLMHTTPError("500", status=500, body="oops"),
         _exceptions.ToolCallError("bad json", tool_name="bash", index=1),
         _exceptions.StoreUnavailable("down", store="redis"),
+        _exceptions.TransferError("truncated", snapshot_id="0123456789ab"),
+        _exceptions.HostError("died", host="n1"),
     ]
     for exc in samples:
         assert isinstance(exc, bunshin_async.BunshinError)

@@ -1,5 +1,5 @@
 """Rollouts across a Ray cluster: one ``WorkspaceHost`` actor per node, handles that proxy the Workspace API, and
-snapshots that move between nodes (``pip install 'bunshin-async[ray]'``).
+snapshots that move between nodes (the ``ray`` extra: ``pip install 'bunshin[ray]'``).
 
 ::
 
@@ -648,6 +648,8 @@ class RayCluster:
         self.hosts = list(hosts)
         self.owner = _owner_token()
         self.lease_seconds = lease_seconds
+        self.pending: dict[str, int] = {}
+        """Workspaces this client has placed on each host and not yet got (they are not in the host's count)."""
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
         self.rollout_seconds: float | None = None
@@ -742,14 +744,18 @@ class RayCluster:
         """A fresh workspace on ``host`` (default: the live host with the most free slots)."""
         if host is None:
             host = await self._roomiest()
-        ws_id, mode = await host.call("create", self.owner, image, limits, dict(env or {}))
+        self.pending[host.name] = self.pending.get(host.name, 0) + 1
+        try:
+            ws_id, mode = await host.call("create", self.owner, image, limits, dict(env or {}))
+        finally:
+            self.pending[host.name] -= 1
         return RemoteWorkspace(host, ws_id, self.owner, mode)
 
     async def _roomiest(self) -> HostRef:
         best: tuple[int, HostRef] | None = None
         for h, info in zip(self.hosts, await self.infos(), strict=True):
             if info is not None:
-                room = info.max_workspaces - info.in_use - info.waiting
+                room = info.max_workspaces - info.in_use - info.waiting - self.pending.get(h.name, 0)
                 if best is None or room > best[0]:
                     best = (room, h)
         if best is None:
@@ -802,13 +808,16 @@ def plan_group(
     rollout_seconds: float,
     restore_seconds: float = 0.1,
     default_bandwidth: float = DEFAULT_BANDWIDTH,
+    pending: Mapping[str, int] | None = None,
 ) -> list[_Plan]:
     """Where each of a group's ``n`` rollouts goes (the cost model, see the module doc; pure, for tests). A
     rollout's cost on a host is when it can start: the one-off cost of getting the snapshot there (nothing on the
     base host; on another, the cheaper of shipping, ``snapshot_bytes`` over the measured bandwidth from ``base``,
     and re-running the set-up, paid by the first rollout placed there), a restore, and the wait for a slot:
-    ``rollout_seconds`` for each full round of the host's slots already taken."""
-    free = {i.name: max(0, i.max_workspaces - i.in_use - i.waiting) for i in infos}
+    ``rollout_seconds`` for each full round of the host's slots already taken (``pending``: workspaces placed on
+    each host by other groups that the host does not count yet)."""
+    pending = pending or {}
+    free = {i.name: max(0, i.max_workspaces - i.in_use - i.waiting - pending.get(i.name, 0)) for i in infos}
     slots = {i.name: i.max_workspaces for i in infos}
     placed = {i.name: 0 for i in infos}
     has = {base}
@@ -870,14 +879,16 @@ class ClusterGroupRollout(GroupRollout):
                 for i in range(self.n):
                     await self._send.send(self._failed(i, f"group set-up failed: {type(exc).__name__}: {exc}"))
                 return
+            sources: dict[str, _Source] = {}
             try:
                 infos = [i for i in await self.cluster.infos() if i is not None]
                 est = self.rollout_seconds or self.cluster.rollout_seconds or 10.0
                 self.plan = plan_group(
                     self.n, base_snap.host.name, infos, snapshot_bytes=base_snap.size, setup_seconds=setup,
-                    rollout_seconds=est,
+                    rollout_seconds=est, pending=self.cluster.pending,
                 )  # fmt: skip
-                sources: dict[str, _Source] = {}
+                for p in self.plan:
+                    self.cluster.pending[p.host] = self.cluster.pending.get(p.host, 0) + 1
                 for p in self.plan:
                     if p.host not in sources:
                         sources[p.host] = _Source(self, base_snap, self.cluster.host(p.host), p.placement)
@@ -886,7 +897,7 @@ class ClusterGroupRollout(GroupRollout):
                         tg.start_soon(self._placed, p, sources[p.host])
             finally:
                 with anyio.CancelScope(shield=True):
-                    for src in locals().get("sources", {}).values():
+                    for src in sources.values():
                         await src.aclose()
                     await base_snap.aclose()
 
@@ -905,8 +916,11 @@ class ClusterGroupRollout(GroupRollout):
         assert self._send is not None
         t0 = time.monotonic()
         try:
-            snap = await src.get()
-            (ws,) = await snap.from_snapshot(1, owner=self.cluster.owner)
+            try:
+                snap = await src.get()
+                (ws,) = await snap.from_snapshot(1, owner=self.cluster.owner)
+            finally:
+                self.cluster.pending[p.host] -= 1
         except Exception as exc:
             failed = self._failed(p.rollout, f"{type(exc).__name__}: {exc}")
             await self._send.send(self._placed_result(failed, p))

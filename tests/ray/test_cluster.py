@@ -11,7 +11,7 @@ import anyio
 import pytest
 import ray
 
-from bunshin_async import FileNotFound, PathOutsideWorkspace, TransferError, WorkspaceClosed
+from bunshin_async import FileNotFound, HostError, PathOutsideWorkspace, TransferError, WorkspaceClosed
 from bunshin_async._rollout import RolloutContext, Task
 from bunshin_async._trajectory import Step, Trajectory
 from bunshin_async.integrations.ray import (
@@ -195,6 +195,37 @@ async def test_corrupted_transfer_is_refused_and_leaves_nothing(cluster: RayClus
                 await n1.call("fetch", bad, "n0", snap.id, cluster.owner)
             assert await n1.raw("leftovers") == before == []
             ray.kill(bad)
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class DyingSource:
+    """Passes ``frames`` frames of a host's export on, then dies (its process exits) mid-transfer."""
+
+    def __init__(self, host: Any, frames: int) -> None:
+        self.host, self.frames = host, frames
+
+    async def export(self, snap_id: str) -> Any:
+        i = 0
+        async for ref in self.host.export.options(num_returns="streaming").remote(snap_id):
+            if i == self.frames:
+                import os
+
+                os._exit(1)
+            i += 1
+            yield await ref
+
+
+async def test_a_transfer_cut_by_a_dying_source_leaves_nothing(cluster: RayCluster) -> None:
+    n0, n1 = cluster.host("n0"), cluster.host("n1")
+    async with await cluster.workspace(n0) as ws:
+        await ws.write_file("/workspace/big.bin", b"\x02" * (12 << 20))
+        async with await ws.snapshot() as snap:
+            dying = DyingSource.remote(n0.actor, 2)
+            with pytest.raises(HostError, match="n0"):
+                await n1.call("fetch", dying, "n0", snap.id, cluster.owner)
+            assert await n1.raw("leftovers") == []
+            moved, _ = await cluster.fetch(snap, n1)  # the real source still serves it
+            await moved.aclose()
 
 
 async def test_an_owner_that_stops_renewing_is_freed(cluster: RayCluster) -> None:
