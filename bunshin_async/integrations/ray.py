@@ -288,6 +288,7 @@ class WorkspaceHost:
         async def go() -> tuple[str, int]:
             snap = await self._ws(ws_id).snapshot()
             self.snapshots[snap.id] = (snap, owner)
+            self.leases.setdefault(owner, time.monotonic() + self.config.lease_seconds)
             return snap.id, await _snapshot_bytes(snap)
 
         return await self._run(go)
@@ -346,6 +347,8 @@ class WorkspaceHost:
                 self.snapshots[snap.id] = (snap, owner or f"host-{self.name}")
                 if owner is None:
                     self.fetched[key] = snap.id
+                else:
+                    self.leases.setdefault(owner, time.monotonic() + self.config.lease_seconds)
                 old = self.bandwidth.get(source_name)
                 self.bandwidth[source_name] = stats.bandwidth if old is None else 0.5 * (old + stats.bandwidth)
                 return snap.id, stats.bytes, stats
@@ -844,6 +847,12 @@ def plan_group(
     return out
 
 
+def _with_bandwidth(info: HostInfo, base: str, override: Mapping[str, float]) -> HostInfo:
+    if info.name not in override:
+        return info
+    return msgspec.structs.replace(info, bandwidth={**info.bandwidth, base: override[info.name]})
+
+
 class ClusterGroupRollout(GroupRollout):
     """``GroupRollout`` over a ``RayCluster``: the set-up runs once, the base snapshot stays on its host and the
     rollouts are placed by ``plan_group``; agents run here against ``RemoteWorkspace`` handles (they offer the
@@ -861,11 +870,15 @@ class ClusterGroupRollout(GroupRollout):
         image: Image | None = None,
         limits: Limits | None = None,
         rollout_seconds: float | None = None,
+        bandwidth: Mapping[str, float] | None = None,
         reward: Callable[[Any, Task], Awaitable[tuple[float, str]]] | None = None,
     ) -> None:
         super().__init__(task, n, agent, budget=budget, image=image, limits=limits, reward=reward)
         self.cluster = cluster
         self.rollout_seconds = rollout_seconds
+        """Expected rollout duration (s) for the queueing estimate; default the cluster's measured mean, or 10."""
+        self.bandwidth = dict(bandwidth or {})
+        """Bytes/s into each host (by name) from the base host, overriding what was measured."""
         self.plan: list[_Plan] = []
         self.transfers: list[TransferStats] = []
         self.base_host: str | None = None
@@ -882,6 +895,8 @@ class ClusterGroupRollout(GroupRollout):
             sources: dict[str, _Source] = {}
             try:
                 infos = [i for i in await self.cluster.infos() if i is not None]
+                if self.bandwidth:
+                    infos = [_with_bandwidth(i, base_snap.host.name, self.bandwidth) for i in infos]
                 est = self.rollout_seconds or self.cluster.rollout_seconds or 10.0
                 self.plan = plan_group(
                     self.n, base_snap.host.name, infos, snapshot_bytes=base_snap.size, setup_seconds=setup,

@@ -151,6 +151,18 @@ async def test_group_of_8_over_2_nodes_of_4(cluster: RayCluster) -> None:
     assert {agent.nodes[r.rollout] for r in results} == {"n0", "n1"}
 
 
+async def test_a_slow_link_makes_the_other_node_run_the_set_up_again(cluster: RayCluster) -> None:
+    agent = DigestAgent()
+    slow = {h.name: 1000.0 for h in cluster.hosts}  # 1 kB/s: shipping would take hours
+    async with ClusterGroupRollout(cluster, task(), 8, agent, rollout_seconds=60, bandwidth=slow) as group:
+        results = [r async for r in group]
+    assert all(r.status == "finished" and r.reward == 1.0 for r in results), [r.reason for r in results]
+    other = [r for r in results if r.node != group.base_host]
+    assert len(other) == LIMIT and {r.placement for r in other} == {"re-setup"} and not group.transfers
+    assert all(r.fork_mode == "criu-cow" for r in results)
+    assert len({d for d, _ in agent.answers.values()}) == 1  # the same seeded state, built twice
+
+
 async def test_cache_write_hit_served_on_the_other_node(cluster: RayCluster) -> None:
     n0, n1 = cluster.host("n0"), cluster.host("n1")
     call = {"command": "python3 -c \"open('/workspace/made.txt','w').write('x' * 1000)\" && sleep 0.3"}
