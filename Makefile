@@ -30,6 +30,7 @@ bench: setup
 	.venv/bin/python bench/spec_bench.py
 	.venv/bin/python bench/gui_bench.py
 	.venv/bin/python bench/peer_bench.py
+	.venv/bin/python bench/cluster_bench.py
 
 # Bunshin beside Docker, Podman and bubblewrap (installs podman and bubblewrap on first use).
 bench-peers: setup
