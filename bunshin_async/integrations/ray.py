@@ -120,6 +120,7 @@ class HostInfo(msgspec.Struct, frozen=True):
     snapshots: int
     bandwidth: dict[str, float]
     memory_bytes: int
+    lease_seconds: float = 30.0
 
 
 class _Reply(msgspec.Struct):
@@ -247,6 +248,7 @@ class WorkspaceHost:
             snapshots=len(self.snapshots),
             bandwidth=dict(self.bandwidth),
             memory_bytes=mem + snap_bytes,
+            lease_seconds=self.config.lease_seconds,
         )
 
     async def renew(self, owner: str) -> None:
@@ -698,7 +700,9 @@ class RayCluster:
 
     async def __aenter__(self) -> RayCluster:
         """Start renewing this owner's leases (a daemon thread: the lease must be renewed while the event loop
-        is busy too, and a driver that dies stops it with itself)."""
+        is busy too, and a driver that dies stops it with itself), at a third of the shortest lease."""
+        leases = [i.lease_seconds for i in await self.infos() if i is not None]
+        self.lease_seconds = min([self.lease_seconds, *leases])
         self._stop.clear()
         self._renewer = threading.Thread(target=self._renew, name="bunshin-lease", daemon=True)
         self._renewer.start()

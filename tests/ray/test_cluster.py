@@ -251,6 +251,35 @@ async def test_an_owner_that_stops_renewing_is_freed(cluster: RayCluster) -> Non
         await ws.exec("true")
 
 
+async def test_a_killed_driver_leaks_nothing(ray_env: RayEnv, cluster: RayCluster) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    proc = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("driver.py")), ray_env.cluster.address, "n1"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        ws_id = (await anyio.to_thread.run_sync(proc.stdout.readline)).decode().strip()
+        assert ws_id, "the second driver did not start its workspace"
+        n1 = cluster.host("n1")
+        await anyio.sleep(LEASE * 2)  # renewed while the driver lives
+        assert (await n1.info()).workspaces == 1
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        proc.stdout.close()  # type: ignore[union-attr]
+    with anyio.fail_after(LEASE * 4):
+        while (await n1.info()).workspaces:
+            await anyio.sleep(0.2)
+
+
 async def test_a_host_killed_mid_group_fails_only_its_rollouts(ray_env: RayEnv, hosts: dict[str, Any]) -> None:
     base: RayCluster = hosts["cluster"]
     agent = DigestAgent(hold=5.0)
