@@ -31,6 +31,7 @@ bench: setup
 	.venv/bin/python bench/gui_bench.py
 	.venv/bin/python bench/peer_bench.py
 	.venv/bin/python bench/integrations_bench.py
+	.venv/bin/python bench/cluster_bench.py
 
 # Bunshin beside Docker, Podman and bubblewrap (installs podman and bubblewrap on first use).
 bench-peers: setup

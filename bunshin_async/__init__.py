@@ -24,6 +24,9 @@ from ._exceptions import (
     ForkError as ForkError,
 )
 from ._exceptions import (
+    HostError as HostError,
+)
+from ._exceptions import (
     ImageError as ImageError,
 )
 from ._exceptions import (
@@ -58,6 +61,9 @@ from ._exceptions import (
 )
 from ._exceptions import (
     ToolTimeout as ToolTimeout,
+)
+from ._exceptions import (
+    TransferError as TransferError,
 )
 from ._exceptions import (
     WorkspaceClosed as WorkspaceClosed,
@@ -95,6 +101,7 @@ __all__ = [
     "ExecResult",
     "FileNotFound",
     "ForkError",
+    "HostError",
     "Image",
     "ImageError",
     "InvalidArgument",
@@ -113,6 +120,7 @@ __all__ = [
     "ToolCallError",
     "ToolError",
     "ToolTimeout",
+    "TransferError",
     "Window",
     "Workspace",
     "WorkspaceClosed",

@@ -18,6 +18,8 @@ failure, an httpx error) are translated once, where the foreign system is called
     │   ├── PathOutsideWorkspace a path escapes the workspace directory (``..`` or a symlink)
     │   ├── FileNotFound         a path does not exist in the workspace
     │   └── InvalidArgument      an argument is malformed
+    ├── TransferError            a snapshot could not be exported or imported (``snapshot_id``); nothing half-imported
+    ├── HostError                a workspace host of a cluster failed or died (``host``); its rollouts fail, not others
     ├── LLMError                 talking to a model endpoint failed
     │   ├── LLMConnectionError   the endpoint could not be reached (after retries)
     │   ├── LLMHTTPError         the endpoint answered an error status (``status``)
@@ -42,6 +44,7 @@ __all__ = [
     "DisplayError",
     "FileNotFound",
     "ForkError",
+    "HostError",
     "ImageError",
     "InvalidArgument",
     "LLMConnectionError",
@@ -54,6 +57,7 @@ __all__ = [
     "ToolCallError",
     "ToolError",
     "ToolTimeout",
+    "TransferError",
     "WorkspaceClosed",
     "WorkspaceError",
     "WorkspaceStartError",
@@ -190,6 +194,26 @@ class FileNotFound(ToolError):
 
 class InvalidArgument(ToolError):
     """An argument of a tool call is malformed."""
+
+
+class TransferError(BunshinError):
+    """A snapshot stream could not be exported or imported: corrupted, truncated, malformed, or for an image or
+    Bunshin version this host lacks. An import that raises it has left nothing in the snapshot store."""
+
+    snapshot_id: str
+
+    def __init__(self, message: str, *, snapshot_id: str) -> None:
+        super().__init__(message, snapshot_id=snapshot_id)
+
+
+class HostError(BunshinError):
+    """A workspace host (a ``WorkspaceHost`` actor of a Ray cluster, ``host`` names its node) failed or died; the
+    workspaces and snapshots it held are gone with it."""
+
+    host: str
+
+    def __init__(self, message: str, *, host: str) -> None:
+        super().__init__(message, host=host)
 
 
 class LLMError(BunshinError):

@@ -541,6 +541,21 @@ class Snapshot:
     def __repr__(self) -> str:
         return f"<Snapshot {self.id} of {self.workspace_id}>"
 
+    @classmethod
+    def adopt(cls, snap_id: str, *, lower: str, fresh_net: bool = False, **record: Any) -> Snapshot:
+        """A ``Snapshot`` object for a directory ``snap_id`` already in the store whose layers are in place (an
+        imported one, ``bunshin_async._transfer``); the caller holds its references (``hold_layers``). ``lower``
+        is its full chain, its own layer first; ``record`` the keyword arguments of ``__init__`` but the chain."""
+        own, _, parent_lower = lower.partition(":")
+        snap = cls(parent_lower=parent_lower, **record)
+        snap.id = snap_id
+        snap.path = snapshot_dir() / snap_id
+        snap.lower = lower
+        snap.fresh_net = fresh_net
+        if own != str(snap.layer):
+            raise ValueError(f"lower chain {lower!r} does not start with the layer of {snap_id}")
+        return snap
+
 
 # ---------------------------------------------------------------------------------------------------- quiescing
 

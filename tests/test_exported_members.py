@@ -10,7 +10,8 @@ from bunshin_async import _exceptions
 
 def test_all_is_exported_and_public() -> None:
     exported = {name for name in dir(bunshin_async) if not name.startswith("_")} - {"annotations"}
-    modules = {"llm", "agent", "cache", "speculation", "integrations"}  # public submodules imported by users, not names
+    # public submodules imported by users, not names
+    modules = {"llm", "agent", "cache", "speculation", "transfer", "integrations"}
     assert set(bunshin_async.__all__) == exported - modules
     for name in bunshin_async.__all__:
         assert getattr(bunshin_async, name).__module__.startswith("bunshin_async")
@@ -28,6 +29,8 @@ def test_every_error_is_a_bunshin_error_and_pickles() -> None:
         _exceptions.ToolCallError("bad json", tool_name="bash", index=1),
         _exceptions.StoreUnavailable("down", store="redis"),
         _exceptions.StoreFull("full", workspace_id="abc", store="/dev/shm/bunshin-snap", free_bytes=0),
+        _exceptions.TransferError("truncated", snapshot_id="0123456789ab"),
+        _exceptions.HostError("died", host="n1"),
     ]
     for exc in samples:
         assert isinstance(exc, bunshin_async.BunshinError)

@@ -1,0 +1,27 @@
+"""Snapshots that move between hosts: ``export_snapshot`` turns a snapshot into an integrity-checked byte stream,
+``import_snapshot`` makes it a snapshot of this host's store that ``Workspace.from_snapshot`` restores (copies
+share its memory pages copy-on-write, as with a local one)::
+
+    from bunshin_async.transfer import export_snapshot, import_snapshot
+
+    async with await ws.snapshot() as snap:
+        frames = [frame async for frame in export_snapshot(snap)]   # or send them: a socket, Ray, a file
+    snap2, stats = await import_snapshot(iter_frames())              # on the other host
+    copies = await Workspace.from_snapshot(snap2, 4)
+
+See ``bunshin_async._transfer`` for the stream format and what is checked.
+"""
+
+from __future__ import annotations
+
+from ._transfer import FORMAT as FORMAT
+from ._transfer import SnapshotRecord as SnapshotRecord
+from ._transfer import TransferStats as TransferStats
+from ._transfer import export_snapshot as export_snapshot
+from ._transfer import import_snapshot as import_snapshot
+from ._transfer import snapshot_record as snapshot_record
+
+__all__ = ["FORMAT", "SnapshotRecord", "TransferStats", "export_snapshot", "import_snapshot", "snapshot_record"]
+
+for _name in ("SnapshotRecord", "TransferStats"):
+    globals()[_name].__module__ = __name__

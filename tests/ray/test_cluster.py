@@ -1,0 +1,319 @@
+"""Bunshin over a real two-node Ray cluster: handles proxying the Workspace API with its errors, snapshots moving
+between nodes, a group of 8 placed over two nodes of 4 slots each, a cache write hit served on the other node, a
+corrupted transfer, an owner that stops renewing its lease, and a host actor killed mid-group."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import ray
+
+from bunshin_async import FileNotFound, HostError, PathOutsideWorkspace, TransferError, WorkspaceClosed
+from bunshin_async._rollout import RolloutContext, Task
+from bunshin_async._trajectory import Step, Trajectory
+from bunshin_async.integrations.ray import (
+    ClusterGroupRollout,
+    RayCluster,
+    RemoteWorkspace,
+    plan_group,
+)
+from tests.ray.conftest import LEASE, LIMIT, RayEnv
+
+GUEST = (Path(__file__).parents[1] / "transfer" / "memory_guest.py").read_bytes()
+MIB = 16
+
+
+async def ask(ws: RemoteWorkspace) -> tuple[str, int]:
+    await ws.write_file("/workspace/ask", "1")
+    with anyio.fail_after(30):
+        while True:
+            r = await ws.exec("cat /workspace/answer 2>/dev/null && rm /workspace/answer")
+            if r.exit_code == 0 and r.stdout:
+                digest, n = r.stdout.split()
+                return digest, int(n)
+            await anyio.sleep(0.02)
+
+
+def task(setup_sleep: float = 0.0) -> Task:
+    return Task(
+        task_id="mem",
+        prompt="answer with the digest",
+        files={"memory_guest.py": GUEST},
+        setup=[f"sleep {setup_sleep}", "echo prepared > prepared.txt"],
+        background=[f"python3 /workspace/memory_guest.py {MIB}"],
+        ready=["test -e /workspace/ready"],
+        reward_command="test -s /workspace/digest.txt",
+    )
+
+
+class DigestAgent:
+    """Asks the set-up's in-memory guest (its memory came with the fork) and records the answer."""
+
+    def __init__(self, hold: float = 0.0) -> None:
+        self.hold = hold
+        self.answers: dict[int, tuple[str, int]] = {}
+        self.nodes: dict[int, str] = {}
+
+    async def run(self, ctx: RolloutContext) -> Trajectory:
+        ws: Any = ctx.ws
+        self.nodes[ctx.rollout] = ws.node
+        self.answers[ctx.rollout] = await ask(ws)
+        await anyio.sleep(self.hold)
+        await ws.exec(f"echo {self.answers[ctx.rollout][0]} > /workspace/digest.txt")
+        return Trajectory(task_id=ctx.task.task_id, rollout=ctx.rollout, steps=[Step(tool="bash", exit_code=0)])
+
+
+async def test_handles_proxy_the_workspace_api_with_its_errors(cluster: RayCluster) -> None:
+    n0, n1 = cluster.host("n0"), cluster.host("n1")
+    async with await cluster.workspace(n1) as ws:
+        assert ws.node == "n1" and ws.fork_mode == "fresh"
+        await ws.write_file("/workspace/a.txt", "hello\n")
+        assert await ws.read_text("/workspace/a.txt") == "hello\n"
+        assert [e.name for e in await ws.list_dir("/workspace")] == ["a.txt"]
+        r = await ws.exec("cat a.txt; exit 3")
+        assert (r.exit_code, r.stdout) == (3, "hello\n")
+        with pytest.raises(FileNotFound) as nf:
+            await ws.read_file("/workspace/missing")
+        assert nf.value.path == "/workspace/missing"
+        with pytest.raises(PathOutsideWorkspace):
+            await ws.read_file("../../etc/shadow")
+        await ws.write_file("/workspace/memory_guest.py", GUEST)
+        await ws.spawn(["python3", "/workspace/memory_guest.py", str(MIB)])
+        with anyio.fail_after(60):
+            while (await ws.exec("test -e /workspace/ready")).exit_code:
+                await anyio.sleep(0.05)
+        digest, _ = await ask(ws)
+        copies = await ws.fork(2)
+        assert [c.fork_mode for c in copies] == ["criu-cow", "criu-cow"]
+        assert [c.node for c in copies] == ["n1", "n1"]
+        for c in copies:
+            assert await ask(c) == (digest, 2)
+            await c.aclose()
+        async with await ws.snapshot() as snap:
+            moved, stats = await cluster.fetch(snap, n0)
+            assert stats is not None and stats.bytes > MIB << 20
+            async with moved:
+                (there,) = await moved.from_snapshot(1)
+                async with there:
+                    assert (there.node, there.fork_mode) == ("n0", "criu-cow")
+                    assert await ask(there) == (digest, 2)  # ws's memory as of its snapshot
+    with pytest.raises(WorkspaceClosed):
+        await ws.exec("true")
+    infos = await cluster.infos()
+    assert all(i is not None and i.workspaces == 0 and i.in_use == 0 for i in infos)
+
+
+def test_plan_stays_on_the_base_host_while_it_has_room_then_weighs_ship_against_setup() -> None:
+    from bunshin_async.integrations.ray import HostInfo
+
+    def info(name: str, in_use: int = 0, bw: float | None = None) -> HostInfo:
+        return HostInfo(
+            name=name, node_id=name, hostname="h", pid=1, max_workspaces=4, in_use=in_use, waiting=0,
+            workspaces=in_use, snapshots=0, bandwidth={} if bw is None else {"a": bw}, memory_bytes=0,
+        )  # fmt: skip
+
+    fast = plan_group(8, "a", [info("a"), info("b", bw=1e9)], snapshot_bytes=200 << 20, setup_seconds=5,
+                      rollout_seconds=10)  # fmt: skip
+    assert [(p.host, p.placement) for p in fast] == [("a", "base")] * 4 + [("b", "shipped")] * 4
+    slow = plan_group(8, "a", [info("a"), info("b", bw=1e6)], snapshot_bytes=200 << 20, setup_seconds=5,
+                      rollout_seconds=10)  # fmt: skip
+    assert [(p.host, p.placement) for p in slow][4:] == [("b", "re-setup")] * 4
+    short = plan_group(8, "a", [info("a"), info("b", bw=1e6)], snapshot_bytes=200 << 20, setup_seconds=50,
+                       rollout_seconds=1)  # fmt: skip
+    assert {p.host for p in short} == {"a"}  # queueing on the base host is cheaper than either
+    full = plan_group(4, "a", [info("a", in_use=4), info("b", bw=1e9)], snapshot_bytes=1 << 20,
+                      setup_seconds=5, rollout_seconds=10)  # fmt: skip
+    assert {p.host for p in full} == {"b"}
+
+
+async def test_group_of_8_over_2_nodes_of_4(cluster: RayCluster) -> None:
+    agent = DigestAgent(hold=0.5)
+    async with ClusterGroupRollout(cluster, task(setup_sleep=3), 8, agent, rollout_seconds=30) as group:
+        results = [r async for r in group]
+    assert len(results) == 8
+    assert all(r.status == "finished" and r.reward == 1.0 for r in results), [r.reason for r in results]
+    assert all(r.fork_mode == "criu-cow" for r in results)
+    by_node: dict[str, list[str]] = {}
+    for r in results:
+        by_node.setdefault(r.node, []).append(r.placement)
+    assert sorted(len(v) for v in by_node.values()) == [LIMIT, LIMIT]
+    assert group.base_host is not None and by_node[group.base_host] == ["base"] * LIMIT
+    other = next(n for n in by_node if n != group.base_host)
+    assert set(by_node[other]) == {"shipped"}  # 3 s of set-up against a few MiB over loopback
+    assert len(group.transfers) == 1  # the snapshot crossed once
+    for r in results:
+        assert r.estimates[f"{r.node}:{r.placement}"] == min(r.estimates.values())
+    digests = {d for d, _ in agent.answers.values()}
+    assert len(digests) == 1 and {n for _, n in agent.answers.values()} == {1}  # every copy's first question
+    assert {agent.nodes[r.rollout] for r in results} == {"n0", "n1"}
+
+
+async def test_a_slow_link_makes_the_other_node_run_the_set_up_again(cluster: RayCluster) -> None:
+    agent = DigestAgent()
+    slow = {h.name: 1000.0 for h in cluster.hosts}  # 1 kB/s: shipping would take hours
+    async with ClusterGroupRollout(cluster, task(), 8, agent, rollout_seconds=60, bandwidth=slow) as group:
+        results = [r async for r in group]
+    assert all(r.status == "finished" and r.reward == 1.0 for r in results), [r.reason for r in results]
+    other = [r for r in results if r.node != group.base_host]
+    assert len(other) == LIMIT and {r.placement for r in other} == {"re-setup"} and not group.transfers
+    assert all(r.fork_mode == "criu-cow" for r in results)
+    assert len({d for d, _ in agent.answers.values()}) == 1  # the same seeded state, built twice
+
+
+async def test_cache_write_hit_served_on_the_other_node(cluster: RayCluster) -> None:
+    n0, n1 = cluster.host("n0"), cluster.host("n1")
+    call = {"command": "python3 -c \"open('/workspace/made.txt','w').write('x' * 1000)\" && sleep 0.3"}
+    async with await cluster.workspace(n0) as a, await cluster.workspace(n1) as b:
+        source, _ = await a.cache_call("bash", call)
+        assert source == "executed"
+        source, result = await b.cache_call("bash", call)
+        assert source == "restored", str((await n0.raw("cache_metrics"), await n1.raw("cache_metrics")))
+        assert (await b.exec("wc -c < /workspace/made.txt")).stdout.strip() == "1000"
+        assert b.node == "n1"
+    metrics = await n1.raw("cache_metrics")
+    assert metrics["restores"] == 1 and metrics["restore_failures"] == 0
+
+
+@ray.remote(num_cpus=0)
+class CorruptingSource:
+    """Stands between a host and the snapshot it exports, flipping one bit of one frame on the way."""
+
+    def __init__(self, host: Any, frame: int) -> None:
+        self.host, self.frame = host, frame
+
+    async def export(self, snap_id: str) -> Any:
+        i = 0
+        async for ref in self.host.export.options(num_returns="streaming").remote(snap_id):
+            data = await ref
+            if i == self.frame:
+                data = bytearray(data)
+                data[len(data) // 2] ^= 0x10
+                data = bytes(data)
+            i += 1
+            yield data
+
+
+async def test_corrupted_transfer_is_refused_and_leaves_nothing(cluster: RayCluster) -> None:
+    n0, n1 = cluster.host("n0"), cluster.host("n1")
+    async with await cluster.workspace(n0) as ws:
+        await ws.write_file("/workspace/big.bin", b"\x01" * (6 << 20))
+        async with await ws.snapshot() as snap:
+            before = await n1.raw("leftovers")
+            bad = CorruptingSource.remote(n0.actor, 2)
+            with pytest.raises(TransferError, match="sha256"):
+                await n1.call("fetch", bad, "n0", snap.id, cluster.owner)
+            assert await n1.raw("leftovers") == before == []
+            ray.kill(bad)
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class DyingSource:
+    """Passes ``frames`` frames of a host's export on, then dies (its process exits) mid-transfer."""
+
+    def __init__(self, host: Any, frames: int) -> None:
+        self.host, self.frames = host, frames
+
+    async def export(self, snap_id: str) -> Any:
+        i = 0
+        async for ref in self.host.export.options(num_returns="streaming").remote(snap_id):
+            if i == self.frames:
+                import os
+
+                os._exit(1)
+            i += 1
+            yield await ref
+
+
+async def test_a_transfer_cut_by_a_dying_source_leaves_nothing(cluster: RayCluster) -> None:
+    n0, n1 = cluster.host("n0"), cluster.host("n1")
+    async with await cluster.workspace(n0) as ws:
+        await ws.write_file("/workspace/big.bin", b"\x02" * (12 << 20))
+        async with await ws.snapshot() as snap:
+            dying = DyingSource.remote(n0.actor, 2)
+            with pytest.raises(HostError, match="n0"):
+                await n1.call("fetch", dying, "n0", snap.id, cluster.owner)
+            assert await n1.raw("leftovers") == []
+            moved, _ = await cluster.fetch(snap, n1)  # the real source still serves it
+            await moved.aclose()
+
+
+async def test_an_owner_that_stops_renewing_is_freed(cluster: RayCluster) -> None:
+    dead = RayCluster(cluster.hosts, lease_seconds=LEASE)  # never entered: renews nothing, as a killed driver
+    ws = await dead.workspace(cluster.host("n1"))
+    assert (await ws.exec("echo hi")).stdout == "hi\n"
+    with anyio.fail_after(LEASE * 4):
+        while (await cluster.host("n1").info()).workspaces:
+            await anyio.sleep(0.2)
+    with pytest.raises(WorkspaceClosed):
+        await ws.exec("true")
+
+
+async def test_a_killed_driver_leaks_nothing(ray_env: RayEnv, cluster: RayCluster) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    proc = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("driver.py")), ray_env.cluster.address, "n1"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        ws_id = (await anyio.to_thread.run_sync(proc.stdout.readline)).decode().strip()
+        assert ws_id, "the second driver did not start its workspace"
+        n1 = cluster.host("n1")
+        await anyio.sleep(LEASE * 2)  # renewed while the driver lives
+        assert (await n1.info()).workspaces == 1
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        proc.stdout.close()  # type: ignore[union-attr]
+    with anyio.fail_after(LEASE * 4):
+        while (await n1.info()).workspaces:
+            await anyio.sleep(0.2)
+
+
+async def test_a_host_killed_mid_group_fails_only_its_rollouts(ray_env: RayEnv, hosts: dict[str, Any]) -> None:
+    base: RayCluster = hosts["cluster"]
+    agent = DigestAgent(hold=5.0)
+    results = []
+    async with RayCluster(base.hosts, lease_seconds=LEASE) as cluster:
+        async with ClusterGroupRollout(cluster, task(setup_sleep=2), 8, agent, rollout_seconds=30) as group:
+
+            async def kill_when_all_started() -> None:
+                with anyio.fail_after(120):
+                    while len(agent.answers) < 8:
+                        await anyio.sleep(0.05)
+                victim = next(h for h in cluster.hosts if h.name != group.base_host)
+                ray.kill(victim.actor, no_restart=True)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(kill_when_all_started)
+                async for r in group:
+                    results.append(r)
+    victim_name = next(h.name for h in base.hosts if h.name != group.base_host)
+    assert len(results) == 8
+    dead = [r for r in results if r.node == victim_name]
+    alive = [r for r in results if r.node != victim_name]
+    assert len(dead) == len(alive) == LIMIT
+    assert all(r.status == "finished" and r.reward == 1.0 for r in alive)
+    assert all(r.status == "failed" and r.loss_mask == 0.0 for r in dead)
+    assert all("HostError" in (r.reason or "") and victim_name in (r.reason or "") for r in dead), dead[0].reason
+    # A host started again on that node collects what the killed one left (the leak check below sees none).
+    node_id = next(h.node_id for h in base.hosts if h.name == victim_name)
+    config = ray_env.configs()[node_id]
+    with anyio.fail_after(30):
+        while True:  # the killed actor's name is free once Ray has seen it die
+            try:
+                fresh = await RayCluster.start({node_id: config}, names={node_id: victim_name})
+                break
+            except ValueError:
+                await anyio.sleep(0.5)
+    base.hosts = [fresh.hosts[0] if h.name == victim_name else h for h in base.hosts]
