@@ -27,6 +27,7 @@ directories that the store holds already (an earlier import of the same chain) a
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -215,7 +216,8 @@ async def _tar_out(cmd: list[str], chunk: int, snap_id: str) -> AsyncIterator[by
             err = await _stderr(proc) if await proc.wait() else b""
         except BaseException:
             with anyio.CancelScope(shield=True):
-                proc.kill()
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
                 await proc.wait()
             raise
         if proc.returncode:
@@ -389,7 +391,8 @@ class _Extract:
     async def kill(self) -> None:
         if self.proc is not None:
             proc, self.proc = self.proc, None
-            proc.kill()
+            with contextlib.suppress(ProcessLookupError):  # it exited already
+                proc.kill()
             await proc.wait()
             await proc.aclose()
 
