@@ -10,6 +10,7 @@ never fails because the machine is slow.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -25,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bunshin_async import Workspace  # noqa: E402
 from bunshin_async._fork import prepare_snapshot_store  # noqa: E402
+from bunshin_async._kernel import CGROUP_ROOT, parent_name  # noqa: E402
 from tests.reliability.campaign import HostState, fork_cycles, holding_workspace  # noqa: E402
 
 FD_BOUND = 2
@@ -75,8 +77,10 @@ def main() -> None:
         if own_store:
             subprocess.run(["umount", os.environ["BUNSHIN_SNAPDIR"]], check=False)
             os.rmdir(os.environ["BUNSHIN_SNAPDIR"])
-        for name in ("BUNSHIN_RUNDIR",):
-            shutil.rmtree(os.environ[name], ignore_errors=True)
+        shutil.rmtree(os.environ["BUNSHIN_RUNDIR"], ignore_errors=True)
+        for ctrl in [CGROUP_ROOT, *CGROUP_ROOT.iterdir()]:  # the (empty) cgroup parent of this run
+            with contextlib.suppress(OSError):
+                (ctrl / parent_name()).rmdir()
     print(json.dumps(out, indent=2))
 
 
