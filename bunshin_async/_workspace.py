@@ -238,7 +238,10 @@ class Workspace:
                     ) from None
                 if line.startswith("P "):
                     self.pid = int(line[2:])
-                    self._pidfd = os.pidfd_open(self.pid)
+                    try:
+                        self._pidfd = os.pidfd_open(self.pid)
+                    except ProcessLookupError:  # pid 1 failed already (a static init fails fast): "E" follows
+                        pass
                 elif line.startswith("R"):
                     ready = True
                 elif line.startswith("J"):  # pid 1 and the agent are in the workspace's cgroups
