@@ -81,6 +81,8 @@ from ._gui import Screenshot as Screenshot
 from ._gui import Window as Window
 from ._image import Image as Image
 from ._kernel import Limits as Limits
+from ._layers import ImportLimits as ImportLimits
+from ._oci import ImageConfig as ImageConfig
 from ._protocol import DirEntry as DirEntry
 from ._protocol import ExecResult as ExecResult
 from ._workspace import BackgroundProcess as BackgroundProcess
@@ -103,7 +105,9 @@ __all__ = [
     "ForkError",
     "HostError",
     "Image",
+    "ImageConfig",
     "ImageError",
+    "ImportLimits",
     "InvalidArgument",
     "LLMConnectionError",
     "LLMError",

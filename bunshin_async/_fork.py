@@ -778,7 +778,7 @@ async def _snapshot(ws: Workspace, backend: CriuBackend | None) -> Snapshot:
     layer = await anyio.to_thread.run_sync(agent_layer)
     snap = Snapshot(
         workspace_id=ws.id,
-        parent_lower=ws._lower or f"{layer}:{ws.image.rootfs}",
+        parent_lower=ws._lower or f"{layer}:{ws.image.lower_dirs}",
         image=ws.image,
         limits=ws.limits,
         workdir=ws.workdir,

@@ -6,6 +6,10 @@ host's secrets (no /root, /home, host /etc/shadow or sockets). The GUI image (``
 plus a virtual X server and the X tools the GUI tools run inside the workspace. The agent layer (pid 1's
 ``bunshin-init`` and the static ``bunshin-agent``, a /dev tree) is a second, tiny lower layer stacked above any image;
 it needs nothing from the image, so any root filesystem works, one without Python or a shell included.
+
+Users' container images (``Image.from_oci``, ``Image.from_docker_archive``, ``Image.from_docker``) are imported into
+the layer store (``_layers``, ``_oci``): each layer unpacked once, by diff_id, in overlayfs form, and shared by every
+image that has it; the workspace stacks them as its lower layers, top first, under the agent layer.
 """
 
 from __future__ import annotations
@@ -15,15 +19,19 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
+import anyio
 import msgspec
 
-from . import _paths
+from . import _docker, _paths
 from ._exceptions import CapabilityMissing, ImageError
+from ._layers import ImportLimits, LayerStore
+from ._oci import ImageConfig, ImageRecord, add_record, find_record, import_archive, load_record, run_cancellable
 
 BASE_NAME = "debian-bookworm"
 BASE_SUITE = "bookworm"
@@ -66,11 +74,141 @@ AGENT_DIR = "/opt/bunshin"
 
 
 class Image(msgspec.Struct, frozen=True):
-    """A read-only root filesystem. ``digest`` identifies its content for cache keys."""
+    """A read-only root filesystem. ``digest`` identifies its content for cache keys (for an imported container
+    image, its config digest: Docker's image ID).
+
+    ``rootfs`` is the directory of a ``from_dir`` image (empty for an imported one); ``layers`` are an imported
+    image's layer directories in the layer store, top first; ``config`` is its Env, WorkingDir, User, Entrypoint
+    and Cmd, which ``Workspace`` honours (env under ``env=``, WorkingDir as the default ``workdir``, User as the
+    default user, Entrypoint/Cmd for ``ws.start_entrypoint()``).
+    """
 
     name: str
     rootfs: str
     digest: str
+    layers: tuple[str, ...] = ()
+    config: ImageConfig = msgspec.field(default_factory=ImageConfig)
+
+    @property
+    def lower_dirs(self) -> str:
+        """The image's part of an overlay lowerdir chain (top first)."""
+        return ":".join(self.layers) if self.layers else self.rootfs
+
+    # ------------------------------------------------------------------------------------------------ imports
+
+    @classmethod
+    def _from_record(cls, rec: ImageRecord, store: LayerStore, name: str | None = None) -> Image:
+        missing = [d for d in rec.diff_ids if not store.has(d)]
+        if missing:
+            raise ImageError(
+                f"image {rec.digest[:19]} lacks {len(missing)} of its layers in {store.layers}; import it again",
+                image=rec.digest,
+            )
+        top_first: list[str] = []
+        for d in reversed(rec.diff_ids):  # a layer listed twice: its topmost copy gives the same merged tree
+            p = str(store.layer_root(d))
+            if p not in top_first:
+                top_first.append(p)
+        return cls(
+            name=name or (rec.refs[0] if rec.refs else rec.digest[:19]),
+            rootfs="",
+            digest=rec.digest,
+            layers=tuple(top_first),
+            config=rec.config,
+        )
+
+    @classmethod
+    def load(cls, ref: str, *, store: LayerStore | None = None) -> Image:
+        """An image already in the layer store, by reference (``name:tag``), digest or digest prefix (12+ hex
+        digits). Blocking (reads one small record); raises ImageError if it was never imported."""
+        store = store or LayerStore()
+        rec = find_record(store, ref)
+        if rec is None:
+            raise ImageError(
+                f"no image {ref!r} in the layer store {store.root}; import it first "
+                "(`bunshin image import REF|PATH`, or Image.from_oci/from_docker_archive/from_docker)",
+                image=ref,
+            )
+        return cls._from_record(rec, store, name=ref if ref in rec.refs else None)
+
+    @classmethod
+    async def from_oci(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        ref: str | None = None,
+        name: str | None = None,
+        limits: ImportLimits | None = None,
+        store: LayerStore | None = None,
+    ) -> Image:
+        """Import an OCI image layout (a directory, or a tarball of one). ``ref`` picks one image of a layout
+        holding several (by its ``org.opencontainers.image.ref.name``); ``name`` is recorded as a reference.
+        Layers already in the store are not unpacked again. A hostile or malformed archive raises ImageError and
+        leaves no partial layer; cancelling waits for the importing thread to clean up."""
+        return await cls._import(path, "oci", ref, name, limits, store)
+
+    @classmethod
+    async def from_docker_archive(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        ref: str | None = None,
+        name: str | None = None,
+        limits: ImportLimits | None = None,
+        store: LayerStore | None = None,
+    ) -> Image:
+        """Import a ``docker save`` archive (the legacy form or Docker 25+'s OCI form); ``ref`` picks one of
+        several images by its RepoTags. Otherwise as ``from_oci``."""
+        return await cls._import(path, "docker", ref, name, limits, store)
+
+    @classmethod
+    async def _import(
+        cls,
+        path: str | os.PathLike[str],
+        kind: str,
+        ref: str | None,
+        name: str | None,
+        limits: ImportLimits | None,
+        store: LayerStore | None,
+    ) -> Image:
+        store = store or LayerStore()
+        rec = await run_cancellable(
+            lambda cancel: import_archive(path, kind, ref=ref, name=name, store=store, limits=limits, cancel=cancel)
+        )
+        return cls._from_record(rec, store, name=name or ref)
+
+    @classmethod
+    async def from_docker(
+        cls,
+        ref: str,
+        *,
+        engine: _docker.DockerEngine | None = None,
+        limits: ImportLimits | None = None,
+        store: LayerStore | None = None,
+    ) -> Image:
+        """Import ``ref`` from the local Docker engine (through aiodocker: ``pip install bunshin[docker]``; the
+        asyncio backend). An image whose config digest is already in the store is not exported again."""
+        store = store or LayerStore()
+        engine = engine or _docker.AiodockerEngine()
+        image_id = await engine.image_id(ref)
+        rec = await anyio.to_thread.run_sync(load_record, store, image_id)
+        if rec is not None and all(store.has(d) for d in rec.diff_ids):
+            if ref not in rec.refs:
+                rec = await anyio.to_thread.run_sync(
+                    add_record, store, msgspec.structs.replace(rec, refs=(*rec.refs, ref))
+                )
+            return cls._from_record(rec, store, name=ref)
+        await anyio.to_thread.run_sync(store.ensure)
+        tmp = store.root / f".export-{secrets.token_hex(6)}.tar"
+        try:
+            await engine.save(image_id, tmp)
+            image = await cls._import(tmp, "docker", None, ref, limits, store)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(lambda: tmp.unlink(missing_ok=True))
+        if image.digest != image_id:
+            raise ImageError(f"the engine exported {image.digest[:19]} for {ref!r} ({image_id[:19]})", image=ref)
+        return image
 
     @classmethod
     def from_dir(cls, path: str | os.PathLike[str], *, name: str | None = None) -> Image:

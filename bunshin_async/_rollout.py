@@ -56,6 +56,7 @@ class Task(msgspec.Struct, frozen=True):
     ready: list[str] = msgspec.field(default_factory=list)  # polled until each exits 0: the set-up is warm
     reward_command: str | None = None
     setup_timeout: float = 600.0
+    image: Image | str | None = None  # the image its workspaces run (a reference is looked up in the layer store)
 
 
 class RolloutResult(msgspec.Struct):
@@ -148,7 +149,9 @@ class GroupRollout:
 
     With ``fork=True`` the task is set up once in a base workspace that is then forked ``n`` ways (BunshinFork);
     with ``fork=False`` each rollout creates its own workspace and repeats the set-up (the baseline). Leaving the
-    ``async with`` early (or cancelling it) stops every rollout and frees every workspace.
+    ``async with`` early (or cancelling it) stops every rollout and frees every workspace. ``image`` (an ``Image``
+    or a reference in the layer store, as ``bunshin image import`` left it) overrides the task's ``image``; with
+    neither, the base image.
     """
 
     def __init__(
@@ -159,7 +162,7 @@ class GroupRollout:
         *,
         budget: Budget | None = None,
         fork: bool = True,
-        image: Image | None = None,
+        image: Image | str | None = None,
         limits: Limits | None = None,
         limiter: WorkspaceLimiter | None = None,
         monitor: ResourceMonitor | None = None,
@@ -172,7 +175,8 @@ class GroupRollout:
         self.agent = agent
         self.budget = budget or Budget()
         self.fork = fork
-        self.image = image
+        image = image if image is not None else task.image
+        self.image = Image.load(image) if isinstance(image, str) else image
         self.limits = limits
         self.limiter = limiter or _NoLimit()
         self.monitor = monitor

@@ -30,6 +30,7 @@ from ._exceptions import (
     CapabilityMissing,
     FileNotFound,
     ForkError,
+    ImageError,
     InvalidArgument,
     PathOutsideWorkspace,
     ToolError,
@@ -75,36 +76,60 @@ def _argv_or_command(cmd: str | Sequence[str], tool: str) -> dict[str, object]:
     return {"argv": argv}
 
 
+DEFAULT_WORKDIR = "/workspace"
+MOUNT_OPTIONS_MAX = 3600
+"""What the image's layers may take of the overlay's options: mount(2) copies one page of them (4096 bytes), which
+also hold the agent layer, upper and work dirs (and a fork's snapshot layers)."""
+
+
+def _default_workdir(image_workdir: str | None) -> str:
+    """The image's WorkingDir when it names a directory below / (normalized), else /workspace: confining the file
+    tools to / would confine them to nothing."""
+    if image_workdir and image_workdir.startswith("/"):
+        wd = os.path.normpath(image_workdir)
+        if wd != "/" and not wd.startswith("//"):
+            return wd
+    return DEFAULT_WORKDIR
+
+
 class Workspace:
     """An isolated, persistent workspace. Use as ``async with Workspace() as ws:``.
 
-    ``image`` defaults to the cached Debian base image. ``workdir`` is where commands start and the directory the
-    file tools are confined to. ``max_output`` caps each of stdout and stderr per call (bytes); the rest is read and
-    dropped and the result says ``truncated``. ``display`` (a ``Display``, or True for 1024x768x24) starts a virtual X
-    display in the workspace, sets ``DISPLAY`` for every command and enables ``ws.gui``; ``image`` then defaults
-    to the GUI image. ``user`` (``NAME``, ``UID``, or either with ``:GROUP``/``:GID``, resolved from the image's
-    /etc/passwd and /etc/group) is who commands, background processes and shells run as unless a call names its own;
-    None is the workspace's root. The file tools always act as root.
+    ``image`` defaults to the cached Debian base image; a string names an image in the layer store
+    (``Image.load``). ``workdir`` is where commands start and the directory the file tools are confined to: by
+    default the image's WorkingDir when its config sets one other than ``/``, else ``/workspace``. An image's Env
+    is the base of ``env`` (``env`` wins). ``max_output`` caps each of stdout and stderr per call (bytes); the rest
+    is read and dropped and the result says ``truncated``. ``display`` (a ``Display``, or True for 1024x768x24)
+    starts a virtual X display in the workspace, sets ``DISPLAY`` for every command and enables ``ws.gui``;
+    ``image`` then defaults to the GUI image. ``user`` (``NAME``, ``UID``, or either with
+    ``:GROUP``/``:GID``, resolved from the image's /etc/passwd and /etc/group) is who commands, background
+    processes and shells run as unless a call names its own; None is the image's User (its config), else root.
+    The file tools always act as root.
     """
 
     def __init__(
         self,
-        image: Image | None = None,
+        image: Image | str | None = None,
         *,
         limits: Limits | None = None,
-        workdir: str = "/workspace",
+        workdir: str | None = None,
         env: Mapping[str, str] | None = None,
         hostname: str = "bunshin",
         max_output: int = P.DEFAULT_MAX_OUTPUT,
         display: _gui.Display | bool | None = None,
         user: str | None = None,
     ) -> None:
+        if isinstance(image, str):
+            image = Image.load(image)
+        config = image.config if image is not None else None
+        if workdir is None:
+            workdir = _default_workdir(config.working_dir if config else None)
         if not workdir.startswith("/") or os.path.normpath(workdir) != workdir or workdir == "/":
             raise ValueError(f"workdir must be a normalized absolute path below /, not {workdir!r}")
         self._image = image
         self.limits = limits or Limits()
         self.workdir = workdir
-        self.env = dict(env or {})
+        self.env = {**(config.env if config else {}), **(env or {})}
         self.hostname = hostname
         self.max_output = max_output
         self.user = user
@@ -180,12 +205,18 @@ class Workspace:
                 "workspaces need root (namespaces, mounts, cgroups)", capability="root", remedy="run as root"
             )
         image = self.image
+        if len(image.lower_dirs) + 2 * len(str(self._dir)) > MOUNT_OPTIONS_MAX:
+            raise ImageError(
+                f"image {image.name!r} has too many layers ({len(image.layers)}) for one overlay mount's options "
+                f"({MOUNT_OPTIONS_MAX} bytes); squash some of its layers",
+                image=image.name,
+            )
         try:
             _fork._prime_attach()  # the shim's cgroup attach then waits no grace period: the agent is ready sooner
             layer = await anyio.to_thread.run_sync(agent_layer)
             self._make_dirs()
             self._cgroup = Cgroup.create(f"ws-{self.id}", self.limits)
-            self._lower = f"{layer}:{image.rootfs}"
+            self._lower = f"{layer}:{image.lower_dirs}"
             await self._spawn()
             self._state = "running"
             if self.display is not None:
@@ -458,6 +489,22 @@ class Workspace:
         # No await between the answer and the record: a snapshot's drain cannot see one without the other.
         self._setup.append((step, resp.pid))
         return BackgroundProcess(self, resp.pid, step)
+
+    async def start_entrypoint(
+        self,
+        args: Sequence[str] | None = None,
+        *,
+        env: Mapping[str, str] | None = None,
+        log_path: str | None = None,
+    ) -> BackgroundProcess:
+        """Start the image's Entrypoint (with ``args``, else the image's Cmd; Cmd alone when there is no
+        Entrypoint) as a background process, as ``docker run`` would, in the workspace directory. Raises
+        ``InvalidArgument`` when the image names neither."""
+        config = self.image.config
+        argv = [*config.entrypoint, *(config.cmd if args is None else args)]
+        if not argv:
+            raise InvalidArgument(f"image {self.image.name!r} has no Entrypoint or Cmd to start", tool="spawn")
+        return await self.spawn(argv, env=env, log_path=log_path)
 
     async def ping(self) -> int:
         """Round-trip to the agent; returns its pid inside the workspace."""
