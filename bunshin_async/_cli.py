@@ -10,10 +10,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bunshin", description="Bunshin: forkable agent workspaces.")
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("doctor", help="show which capabilities this host has")
-    img = sub.add_parser("image", help="manage workspace images")
-    img.add_argument("action", choices=["build"])
-    img.add_argument("--force", action="store_true")
-    img.add_argument("--gui", action="store_true", help="build the GUI image (base + Xvfb and X tools) instead")
+    img = sub.add_parser("image", help="manage workspace images").add_subparsers(dest="action", required=True)
+    build = img.add_parser("build", help="build (or reuse) the Debian base image with debootstrap")
+    build.add_argument("--force", action="store_true")
+    build.add_argument("--gui", action="store_true", help="build the GUI image (base + Xvfb and X tools) instead")
+    imp = img.add_parser("import", help="import a container image into the layer store")
+    imp.add_argument("source", help="an OCI layout (dir or tarball), a `docker save` archive, or a local engine REF")
+    imp.add_argument("--name", help="a reference to record for it (name:tag)")
+    img.add_parser("ls", help="list the imported images")
+    rm = img.add_parser("rm", help="remove imported images (by reference or digest) and their unshared layers")
+    rm.add_argument("refs", nargs="+")
     sub.add_parser("demo", help="create a workspace, run tools in it and print what happened")
     sub.add_parser("gc", help="remove workspaces left behind by a process that died")
     sub.add_parser("snapstore", help="mount the snapshot store (a tmpfs with large folios) unless it is mounted")
@@ -43,6 +49,10 @@ def main(argv: list[str] | None = None) -> int:
         text, ok = report()
         print(text)
         return 0 if ok else 1
+    if args.cmd == "image" and args.action != "build":
+        from ._image_cli import image_command
+
+        return image_command(args)
     if args.cmd == "image":
         from ._image import build_base_image, build_gui_image
 

@@ -3,7 +3,8 @@
 A workspace's processes die with the process that owns it (PR_SET_PDEATHSIG chains the kill), but a process killed
 outright cannot remove its workspaces' directories and cgroups. Each workspace directory holds an ``owner`` file
 (pid and start time, so a recycled pid is not mistaken for the owner); ``collect()`` removes the workspaces whose
-owner is gone, then the snapshot layers (read-only overlay lowers) whose users are all gone.
+owner is gone, then the snapshot layers (read-only overlay lowers) whose users are all gone, then the image layers
+that no imported image names and no live workspace mounts (``_layers.LayerStore.collect``).
 
 A process killed during a dump can leave its workspace's freezer cgroup frozen, and frozen tasks do not die of
 SIGKILL until thawed (cgroup-v1 freezer): the cgroup is thawed before its tasks are killed. Mounts in this mount
@@ -130,7 +131,8 @@ def collect() -> list[str]:
         orphan.destroy_sync()
         out.append(f"removed cgroup {name}" + (" (busy)" if orphan.dirs else ""))
     from ._fork import collect_layers, snapshot_dir
+    from ._layers import LayerStore
 
-    out += collect_layers()
+    out += collect_layers() + LayerStore().collect()
     live_snaps = {str((snapshot_dir() / line.split()[2]).resolve()) for line in out if line.startswith("kept snap")}
     return out + unmount_stale(keep | live_snaps | {str(base.resolve() / ".layers")})

@@ -420,6 +420,30 @@ def list_records(store: LayerStore) -> list[tuple[Path, ImageRecord]]:
     return out
 
 
+def remove_refs(store: LayerStore, refs: list[str]) -> list[str]:
+    """``bunshin image rm``: a reference is dropped from its image, and an image left with none (or named by
+    digest) is removed; its layers go at the next ``collect``. Waits for running imports. Raises ImageError for a
+    reference no image has (after removing the others)."""
+    out: list[str] = []
+    unknown: list[str] = []
+    with store.exclusive():
+        for ref in refs:
+            rec = find_record(store, ref)
+            if rec is None:
+                unknown.append(ref)
+                continue
+            kept = tuple(r for r in rec.refs if r not in (ref, f"{ref}:latest"))
+            if kept and kept != rec.refs:
+                store.write_record(rec.digest, msgspec.to_builtins(msgspec.structs.replace(rec, refs=kept)))
+                out.append(f"untagged {ref} ({rec.digest[7:19]} keeps {', '.join(kept)})")
+            else:
+                store.record_path(rec.digest).unlink(missing_ok=True)
+                out.append(f"removed image {rec.digest[7:19]} ({', '.join(rec.refs) or 'no references'})")
+    if unknown:
+        raise ImageError(f"no image {', '.join(map(repr, unknown))} in {store.root}", image=unknown[0])
+    return out
+
+
 def find_record(store: LayerStore, ref: str) -> ImageRecord | None:
     """A record by reference (``name:tag``; ``name`` means ``name:latest``), digest or unique digest prefix."""
     records = [r for _p, r in list_records(store)]
