@@ -245,3 +245,28 @@ async def test_oversized_metadata_and_garbage(tmp_path: Path, fresh_store: Layer
     with pytest.raises(ImageError, match="does not exist"):
         await Image.from_oci(tmp_path / "nope", store=fresh_store)
     _no_partial(fresh_store)
+
+
+async def test_archive_paths_stay_inside_the_archive(tmp_path: Path, fresh_store: LayerStore) -> None:
+    import json
+
+    write_oci(tmp_path / "oci", [BASE], docker_manifest=True)
+    manifest = json.loads((tmp_path / "oci" / "manifest.json").read_text())
+    manifest[0]["Layers"] = ["../../../../../../etc/passwd"]
+    (tmp_path / "oci" / "manifest.json").write_text(json.dumps(manifest))
+    # names resolve inside the layout (its root is their /), so this one names <layout>/etc/passwd
+    with pytest.raises(ImageError, match="lacks ../../../../../../etc/passwd"):
+        await Image.from_docker_archive(tmp_path / "oci", store=fresh_store)
+    with pytest.raises(ImageError, match="lacks ../../../../../../etc/passwd"):
+        await Image.from_docker_archive(tar_dir(tmp_path / "oci", tmp_path / "oci.tar"), store=fresh_store)
+    (tmp_path / "oci" / "escape").symlink_to("/etc/passwd")
+    manifest[0]["Layers"] = ["escape"]
+    (tmp_path / "oci" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ImageError, match="points outside the layout"):
+        await Image.from_docker_archive(tmp_path / "oci", store=fresh_store)
+    index = json.loads((tmp_path / "oci" / "index.json").read_text())
+    index["manifests"][0]["digest"] = "sha256:../../../../etc/passwd"
+    (tmp_path / "oci" / "index.json").write_text(json.dumps(index))
+    with pytest.raises(ImageError, match="malformed blob digest"):
+        await Image.from_oci(tmp_path / "oci", store=fresh_store)
+    _no_partial(fresh_store)
