@@ -17,14 +17,17 @@ from bunshin_async._layers import LayerStore
 
 from . import _build
 
+collect_ignore = ["dockerfiles"]  # the task image's own project and tests, run inside its workspaces
+
 _STORE = tempfile.mkdtemp(prefix="bunshin-imgstore-test-")
 os.environ["BUNSHIN_IMAGE_STORE"] = _STORE
 
 pytestmark = pytest.mark.root
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="session", autouse=True)
 def store() -> Iterator[LayerStore]:
+    """The run's store, removed at the end (autouse: also when no test imported into it)."""
     yield LayerStore(Path(_STORE))
     shutil.rmtree(_STORE, ignore_errors=True)
 
