@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -25,11 +24,13 @@ os.environ["BUNSHIN_IMAGE_STORE"] = _STORE
 pytestmark = pytest.mark.root
 
 
-@pytest.fixture(scope="session", autouse=True)
-def store() -> Iterator[LayerStore]:
-    """The run's store, removed at the end (autouse: also when no test imported into it)."""
-    yield LayerStore(Path(_STORE))
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     shutil.rmtree(_STORE, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def store() -> LayerStore:
+    return LayerStore(Path(_STORE))
 
 
 @pytest.fixture
