@@ -156,3 +156,17 @@ async def test_e_group_rollout_on_a_swe_task_image(swe_image: Image) -> None:
         out = r.trajectory.steps[0].observation or ""
         assert "Ran 2 tests" in out and "OK" in out
         assert out.endswith(f"/opt/venv\n{r.rollout}\n")  # set up once, in the venv; each copy its own files
+
+
+async def test_cancelled_engine_import_leaves_nothing(
+    layers_image: Image, bookworm_tag: str, fresh_store: LayerStore
+) -> None:
+    tag = _build.build("layers", bookworm_tag)
+    for delay in (0.5, 3.0):  # during the export, then (on this machine) during the unpacking
+        with anyio.move_on_after(delay) as scope:
+            await Image.from_docker(tag, store=fresh_store)
+        assert scope.cancelled_caught
+        assert [p.name for p in fresh_store.root.iterdir() if p.name.startswith(".export-")] == []
+        assert [p.name for p in fresh_store.layers.iterdir() if p.name.startswith(".tmp-")] == []
+    image = await Image.from_docker(tag, store=fresh_store)  # and a later import completes
+    assert image.digest == layers_image.digest

@@ -270,3 +270,28 @@ async def test_archive_paths_stay_inside_the_archive(tmp_path: Path, fresh_store
     with pytest.raises(ImageError, match="malformed blob digest"):
         await Image.from_oci(tmp_path / "oci", store=fresh_store)
     _no_partial(fresh_store)
+
+
+def test_concurrent_imports_in_two_processes(tmp_path: Path, fresh_store: LayerStore) -> None:
+    import subprocess
+    import sys
+
+    big = layer_tar([member(f"f{i}", os.urandom(256 << 10)) for i in range(200)])
+    write_oci(tmp_path / "oci", [big, TOP])
+    code = (
+        "import anyio, sys; from pathlib import Path; from bunshin_async import Image; "
+        "from bunshin_async._layers import LayerStore; "
+        "im = anyio.run(lambda: Image.from_oci(sys.argv[1], store=LayerStore(Path(sys.argv[2])))); print(im.digest)"
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(tmp_path / "oci"), str(fresh_store.root)], stdout=subprocess.PIPE
+        )
+        for _ in range(3)
+    ]
+    digests = {p.communicate(timeout=120)[0].strip() for p in procs}
+    assert all(p.returncode == 0 for p in procs) and len(digests) == 1
+    assert len(_files(fresh_store.layer_root(sha(big)))) == 200
+    assert sorted(p.name for p in fresh_store.layers.iterdir() if not p.name.endswith(".lock")) == sorted(
+        [sha(big)[7:], sha(TOP)[7:]]
+    )
