@@ -37,6 +37,7 @@ import stat
 import tarfile
 import threading
 import zlib
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -91,11 +92,12 @@ class _Budget:
 class _HashingReader:
     """Counts and hashes what is read through it; refuses to read past ``cap`` bytes (a decompression bomb)."""
 
-    def __init__(self, raw: IO[bytes], cap: int, cancel: threading.Event | None) -> None:
+    def __init__(self, raw: IO[bytes], cap: int, cancel: threading.Event | None, hashing: bool = True) -> None:
         self.raw = raw
         self.cap = cap
         self.count = 0
         self.sha = hashlib.sha256()
+        self.hashing = hashing
         self.cancel = cancel
 
     def read(self, n: int = -1) -> bytes:
@@ -105,7 +107,8 @@ class _HashingReader:
         self.count += len(data)
         if self.count > self.cap:
             raise _LayerRejected(f"the layer's tar stream is larger than {self.cap} bytes")
-        self.sha.update(data)
+        if self.hashing:
+            self.sha.update(data)
         return data
 
     def drain(self) -> None:
@@ -158,11 +161,27 @@ def _parts(name: str, what: str = "member") -> list[str]:
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def _open_dir(root_fd: int, parts: list[str], create: bool, name: str) -> int:
-    """A directory fd for ``parts`` below ``root_fd``, never following a symlink (missing ones made 0755)."""
-    fd = os.dup(root_fd)
-    try:
-        for part in parts:
+class _Dirs:
+    """Directory fds of the layer being unpacked, by path (a bounded LRU; fds are borrowed, never closed by the
+    caller), opened component by component with ``O_NOFOLLOW`` so no symlink is ever followed; missing ones are
+    made 0755. A directory once made is never replaced within the layer (``_make_room`` refuses), so a cached fd
+    stays the directory its path names."""
+
+    def __init__(self, root_fd: int, size: int = 256) -> None:
+        self.root_fd = root_fd
+        self.size = size
+        self.fds: OrderedDict[tuple[str, ...], int] = OrderedDict()
+
+    def get(self, parts: list[str], create: bool, name: str) -> int:
+        key = tuple(parts)
+        k = len(key)
+        while k and key[:k] not in self.fds:
+            k -= 1
+        fd = self.fds[key[:k]] if k else self.root_fd
+        if k:
+            self.fds.move_to_end(key[:k])
+        for i in range(k, len(key)):
+            part = key[i]
             try:
                 nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
             except FileNotFoundError:
@@ -176,12 +195,16 @@ def _open_dir(root_fd: int, parts: list[str], create: bool, name: str) -> int:
                         f"{name!r} goes through {part!r}, which is a symlink or a file in the layer"
                     ) from None
                 raise
-            os.close(fd)
+            self.fds[key[: i + 1]] = nfd
             fd = nfd
+            if len(self.fds) > self.size:  # never the one just opened, nor its parent: both are the newest
+                os.close(self.fds.popitem(last=False)[1])
         return fd
-    except BaseException:
-        os.close(fd)
-        raise
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds.clear()
 
 
 def _lstat(name: str, dir_fd: int) -> os.stat_result | None:
@@ -216,6 +239,7 @@ def extract_layer(
     cap = limits.max_layer_bytes + 2048 * limits.max_entries + (64 << 20)
     reader = _HashingReader(stream, cap, cancel)
     root_fd = os.open(root, _DIR_FLAGS)
+    fds = _Dirs(root_fd)
     size = entries = 0
     dirs: dict[tuple[str, ...], tarfile.TarInfo] = {}
     whiteouts: list[list[str]] = []
@@ -259,41 +283,24 @@ def extract_layer(
                         )
                     if budget.used > limits.max_image_bytes:
                         raise _LayerRejected(f"{m.name!r} takes the image past {limits.max_image_bytes} bytes")
-                pfd = _open_dir(root_fd, parts[:-1], True, m.name)
-                try:
-                    _write_member(tf, m, base, pfd, root_fd, dirs, parts)
-                finally:
-                    os.close(pfd)
+                pfd = fds.get(parts[:-1], True, m.name)
+                _write_member(tf, m, base, pfd, fds, dirs, parts)
             reader.drain()  # the tar's trailing zero blocks count in the diff_id
         for parts in opaque:
-            fd = _open_dir(root_fd, parts, True, "/".join(parts) + "/.wh..wh..opq")
-            try:
-                os.setxattr(fd, OPAQUE_XATTR, b"y")
-            finally:
-                os.close(fd)
+            os.setxattr(fds.get(parts, True, "/".join(parts) + "/.wh..wh..opq"), OPAQUE_XATTR, b"y")
         for parts in whiteouts:
-            pfd = _open_dir(root_fd, parts[:-1], True, "/".join(parts))
-            try:
-                st = _lstat(parts[-1], pfd)
-                if st is None:
-                    os.mknod(parts[-1], stat.S_IFCHR | 0o600, os.makedev(0, 0), dir_fd=pfd)
-                elif stat.S_ISDIR(st.st_mode):  # deleted and made again in this layer: hide the lower one's files
-                    fd = os.open(parts[-1], _DIR_FLAGS, dir_fd=pfd)
-                    try:
-                        os.setxattr(fd, OPAQUE_XATTR, b"y")
-                    finally:
-                        os.close(fd)
-            finally:
-                os.close(pfd)
+            pfd = fds.get(parts[:-1], True, "/".join(parts))
+            st = _lstat(parts[-1], pfd)
+            if st is None:
+                os.mknod(parts[-1], stat.S_IFCHR | 0o600, os.makedev(0, 0), dir_fd=pfd)
+            elif stat.S_ISDIR(st.st_mode):  # deleted and made again in this layer: hide the lower one's files
+                os.setxattr(fds.get(parts, False, "/".join(parts)), OPAQUE_XATTR, b"y")
         for dparts in sorted(dirs, key=len, reverse=True):  # deepest first: a child's mtime change is done
-            fd = _open_dir(root_fd, list(dparts), False, "/".join(dparts))
-            try:
-                _set_meta(fd, dirs[dparts])
-            finally:
-                os.close(fd)
+            _set_meta(fds.get(list(dparts), False, "/".join(dparts)), dirs[dparts])
     except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as exc:
         raise _LayerRejected(f"corrupt archive: {exc}") from None
     finally:
+        fds.close()
         os.close(root_fd)
     return f"sha256:{reader.sha.hexdigest()}", size, entries
 
@@ -311,24 +318,29 @@ def _write_member(
     m: tarfile.TarInfo,
     base: str,
     pfd: int,
-    root_fd: int,
+    fds: _Dirs,
     dirs: dict[tuple[str, ...], tarfile.TarInfo],
     parts: list[str],
 ) -> None:
+    # Names are created exclusively; only when one exists (a repeated member) is it looked at and replaced.
     if m.isdir():
-        st = _lstat(base, pfd)
-        if st is None:
+        try:
             os.mkdir(base, 0o700, dir_fd=pfd)
-        elif not stat.S_ISDIR(st.st_mode):
-            _make_room(base, pfd, m.name)
-            os.mkdir(base, 0o700, dir_fd=pfd)
+        except FileExistsError:
+            st = _lstat(base, pfd)
+            if st is None or not stat.S_ISDIR(st.st_mode):
+                _make_room(base, pfd, m.name)
+                os.mkdir(base, 0o700, dir_fd=pfd)
         dirs[tuple(parts)] = m
         return
     if m.issym():
-        _make_room(base, pfd, m.name)
         if "\0" in m.linkname:
             raise _LayerRejected(f"symlink {m.name!r} has a NUL byte in its target")
-        os.symlink(m.linkname, base, dir_fd=pfd)  # stored verbatim; resolved only inside the workspace
+        try:
+            os.symlink(m.linkname, base, dir_fd=pfd)  # stored verbatim; resolved only inside the workspace
+        except FileExistsError:
+            _make_room(base, pfd, m.name)
+            os.symlink(m.linkname, base, dir_fd=pfd)
         os.chown(base, m.uid, m.gid, dir_fd=pfd, follow_symlinks=False)
         mtime = int(m.mtime) * 1_000_000_000
         os.utime(base, ns=(mtime, mtime), dir_fd=pfd, follow_symlinks=False)
@@ -337,8 +349,9 @@ def _write_member(
         tparts = _parts(m.linkname, "hard link target")
         if not tparts:
             raise _LayerRejected(f"hard link {m.name!r} points at the layer's root")
-        tfd = _open_dir(root_fd, tparts[:-1], False, m.linkname)
+        pfd = os.dup(pfd)  # opening the target's directory may evict the link's own from the cache
         try:
+            tfd = fds.get(tparts[:-1], False, m.linkname)
             st = _lstat(tparts[-1], tfd)
             if st is None:
                 raise _LayerRejected(f"hard link {m.name!r} -> {m.linkname!r}: the target is not in the layer")
@@ -347,12 +360,16 @@ def _write_member(
             _make_room(base, pfd, m.name)
             os.link(tparts[-1], base, src_dir_fd=tfd, dst_dir_fd=pfd, follow_symlinks=False)
         finally:
-            os.close(tfd)
+            os.close(pfd)
         return
     if not m.isreg():
         raise _LayerRejected(f"member {m.name!r} has an unsupported type {m.type!r}")
-    _make_room(base, pfd, m.name)
-    fd = os.open(base, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=pfd)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(base, flags, 0o600, dir_fd=pfd)
+    except FileExistsError:
+        _make_room(base, pfd, m.name)
+        fd = os.open(base, flags, 0o600, dir_fd=pfd)
     try:
         src = tf.extractfile(m)
         assert src is not None
@@ -459,7 +476,9 @@ class LayerStore:
                 with opener() as raw:
                     head = raw.read(4)
                     raw.seek(0)
-                    blob = _HashingReader(raw, 1 << 62, cancel)
+                    compressed = head[:2] == b"\x1f\x8b"
+                    # an uncompressed blob is its tar: its digest is the diff_id, hashed once below
+                    blob = _HashingReader(raw, 1 << 62, cancel, hashing=compressed and blob_digest is not None)
                     try:
                         got, size, entries = extract_layer(
                             _decompressed(head, blob),
@@ -476,7 +495,8 @@ class LayerStore:
                         f"layer {diff_id[:19]}: its content hashes to {got}, not to the diff_id the image names",
                         image=image,
                     )
-                if blob_digest is not None and f"sha256:{blob.sha.hexdigest()}" != blob_digest:
+                blob_got = f"sha256:{blob.sha.hexdigest()}" if blob.hashing else got
+                if blob_digest is not None and blob_got != blob_digest:
                     raise ImageError(f"layer blob {blob_digest[:19]} does not match its digest", image=image)
                 (tmp / "layer.json").write_bytes(msgspec.json.encode(LayerInfo(diff_id, size, entries)))
                 (tmp / "owner").unlink()

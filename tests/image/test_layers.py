@@ -295,3 +295,25 @@ def test_concurrent_imports_in_two_processes(tmp_path: Path, fresh_store: LayerS
     assert sorted(p.name for p in fresh_store.layers.iterdir() if not p.name.endswith(".lock")) == sorted(
         [sha(big)[7:], sha(TOP)[7:]]
     )
+
+
+async def test_repeated_members_the_later_wins(tmp_path: Path, fresh_store: LayerStore) -> None:
+    raw = layer_tar(
+        [
+            member("f", b"first\n"),
+            member("f", b"second\n"),
+            member("s", type=tarfile.SYMTYPE, linkname="/etc/passwd"),
+            member("s", b"a file now\n"),  # replaces the symlink, never writes through it
+            member("x", b"file\n"),
+            d("x"),
+            member("x/in", b"in a dir now\n"),
+            d("x"),
+        ]
+    )
+    write_oci(tmp_path / "oci", [raw])
+    root = Path((await Image.from_oci(tmp_path / "oci", store=fresh_store)).layers[0])
+    assert (root / "f").read_text() == "second\n" and (root / "s").read_text() == "a file now\n"
+    assert not (root / "s").is_symlink() and (root / "x/in").read_text() == "in a dir now\n"
+    write_oci(tmp_path / "bad", [layer_tar([d("x"), member("x", b"over a dir\n")])])
+    with pytest.raises(ImageError, match="would replace a directory"):
+        await Image.from_oci(tmp_path / "bad", store=fresh_store)
