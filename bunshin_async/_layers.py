@@ -39,7 +39,7 @@ import threading
 import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import IO, Any, cast
 
@@ -424,12 +424,14 @@ class LayerStore:
         finally:
             os.close(fd)
 
-    def shared(self) -> Any:
+    def shared(self) -> AbstractContextManager[None]:
         """Held by an import for its whole duration: ``gc`` and ``image rm`` wait for (or skip) running imports."""
         self.ensure()
         return self._flock(self.root / ".lock", fcntl.LOCK_SH)
 
-    def exclusive(self, wait: bool = True) -> Any:
+    def exclusive(self, wait: bool = True) -> AbstractContextManager[None]:
+        """Held by ``image rm`` and ``collect``; with ``wait=False`` entering raises BlockingIOError while an
+        import runs."""
         self.ensure()
         return self._flock(self.root / ".lock", fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
 
@@ -534,35 +536,39 @@ class LayerStore:
         if not self.root.exists():
             return []
         try:
-            lock = self.exclusive(wait=False)
-            lock.__enter__()
+            with self.exclusive(wait=False):
+                return self._collect()
         except BlockingIOError:
             return ["kept image layers (an import is running; run gc again later)"]
+
+    def _collect(self) -> list[str]:
         out: list[str] = []
-        try:
-            wanted = {digest_hex(d) for _p, rec in self.records() for d in rec.get("diff_ids", [])}
-            mounted = mounted_lower_dirs()
-            for entry in sorted(self.layers.iterdir()):
-                name = entry.name
-                if name.startswith(".tmp-"):
-                    owner = entry / "owner"
-                    token = owner.read_text().strip() if owner.exists() else ""
-                    if token and _gc.alive(token):
-                        continue
-                    _rmtree(entry)
-                    out.append(f"removed partial layer {name}")
-                elif name.endswith(".lock"):
-                    if not (self.layers / name[: -len(".lock")]).exists():
-                        entry.unlink(missing_ok=True)
-                elif name not in wanted:
-                    if str(entry / "root") in mounted:
-                        out.append(f"kept layer {name[:12]} (mounted by a live workspace)")
-                        continue
-                    _rmtree(entry)
-                    (self.layers / f"{name}.lock").unlink(missing_ok=True)
-                    out.append(f"removed layer {name[:12]}")
-        finally:
-            lock.__exit__(None, None, None)
+        wanted = {
+            d.removeprefix("sha256:")
+            for _p, rec in self.records()
+            for d in rec.get("diff_ids", [])
+            if isinstance(d, str)
+        }
+        mounted = mounted_lower_dirs()
+        for entry in sorted(self.layers.iterdir()):
+            name = entry.name
+            if name.startswith(".tmp-"):
+                owner = entry / "owner"
+                token = owner.read_text().strip() if owner.exists() else ""
+                if token and _gc.alive(token):
+                    continue
+                _rmtree(entry)
+                out.append(f"removed partial layer {name}")
+            elif name.endswith(".lock"):
+                if not (self.layers / name[: -len(".lock")]).exists():
+                    entry.unlink(missing_ok=True)
+            elif name not in wanted:
+                if str(entry / "root") in mounted:
+                    out.append(f"kept layer {name[:12]} (mounted by a live workspace)")
+                    continue
+                _rmtree(entry)
+                (self.layers / f"{name}.lock").unlink(missing_ok=True)
+                out.append(f"removed layer {name[:12]}")
         return out
 
 

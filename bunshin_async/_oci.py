@@ -63,7 +63,6 @@ class ImageRecord(msgspec.Struct, frozen=True):
 
 
 record_decoder = msgspec.json.Decoder(ImageRecord)
-record_encoder = msgspec.json.Encoder(order="deterministic")
 
 
 class _Source:
@@ -393,10 +392,10 @@ def add_record(store: LayerStore, rec: ImageRecord) -> ImageRecord:
     old = load_record(store, rec.digest)
     if old is not None:
         rec = msgspec.structs.replace(rec, refs=tuple(dict.fromkeys([*old.refs, *rec.refs])))
-    for path, other in list_records(store):
+    for _path, other in list_records(store):
         if other.digest != rec.digest and set(other.refs) & set(rec.refs):
             kept = tuple(r for r in other.refs if r not in rec.refs)
-            path.write_bytes(record_encoder.encode(msgspec.structs.replace(other, refs=kept)))
+            store.write_record(other.digest, msgspec.to_builtins(msgspec.structs.replace(other, refs=kept)))
     store.write_record(rec.digest, msgspec.to_builtins(rec))
     return rec
 
