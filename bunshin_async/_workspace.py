@@ -132,7 +132,7 @@ class Workspace:
         self.env = {**(config.env if config else {}), **(env or {})}
         self.hostname = hostname
         self.max_output = max_output
-        self.user = user
+        self.user = user if user is not None else (config.user if config else None)
         self.display = _gui.Display() if display is True else (display or None)
         """The display this workspace starts (None for a copy restored from a snapshot: it has its parent's)."""
         if self.display is not None:
