@@ -10,8 +10,8 @@ from setuptools.command.build_ext import build_ext
 
 
 class BuildWithInit(build_ext):
-    """Also compiles native/init.c into ``bunshin_async/bunshin-init`` and native/agent.c into
-    ``bunshin_async/bunshin-agent``, next to the extension module: static executables, since both run inside
+    """Also compiles native/init.c (with native/security.c) into ``bunshin_async/bunshin-init`` and native/agent.c
+    into ``bunshin_async/bunshin-agent``, next to the extension module: static executables, since both run inside
     workspaces and may use nothing from their images."""
 
     def run(self) -> None:
@@ -22,7 +22,7 @@ class BuildWithInit(build_ext):
         cc = os.environ.get("CC", "cc")
         # Both static: pid 1 and the agent run on any image, one without a libc included.
         flags = ["-static", "-O2", "-Wall", "-Wextra", "-Werror"]
-        subprocess.check_call([cc, *flags, "-o", out, "native/init.c"])
+        subprocess.check_call([cc, *flags, "-o", out, "native/init.c", "native/security.c"])
         agent = os.path.join(ext_dir, "bunshin-agent")
         subprocess.check_call([cc, *flags, "-pthread", "-o", agent, "native/agent.c"])
 

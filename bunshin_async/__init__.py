@@ -48,6 +48,7 @@ from ._exceptions import (
     PathOutsideWorkspace as PathOutsideWorkspace,
 )
 from ._exceptions import (
+    SecurityError as SecurityError,
     StoreFull as StoreFull,
 )
 from ._exceptions import (
@@ -85,6 +86,7 @@ from ._layers import ImportLimits as ImportLimits
 from ._oci import ImageConfig as ImageConfig
 from ._protocol import DirEntry as DirEntry
 from ._protocol import ExecResult as ExecResult
+from ._security import Security as Security
 from ._workspace import BackgroundProcess as BackgroundProcess
 from ._workspace import Shell as Shell
 from ._workspace import Workspace as Workspace
@@ -116,6 +118,8 @@ __all__ = [
     "Limits",
     "PathOutsideWorkspace",
     "Screenshot",
+    "Security",
+    "SecurityError",
     "SetupStep",
     "Shell",
     "Snapshot",

@@ -6,6 +6,7 @@ failure, an httpx error) are translated once, where the foreign system is called
     BunshinError
     ├── CapabilityMissing        the host lacks a kernel feature, a binary or a privilege (``remedy`` says what to do)
     ├── ImageError               a workspace image is missing or unusable
+    ├── SecurityError            a ``Security`` setting is invalid (``field``)
     ├── WorkspaceError           something went wrong with one workspace (``workspace_id``)
     │   ├── WorkspaceClosed      the workspace was used after ``aclose()`` or its init died
     │   ├── WorkspaceStartError  the workspace could not be created; nothing of it is left behind
@@ -52,6 +53,7 @@ __all__ = [
     "LLMHTTPError",
     "LLMStreamError",
     "PathOutsideWorkspace",
+    "SecurityError",
     "StoreFull",
     "StoreUnavailable",
     "ToolCallError",
@@ -105,6 +107,15 @@ class ImageError(BunshinError):
 
     def __init__(self, message: str, *, image: str) -> None:
         super().__init__(message, image=image)
+
+
+class SecurityError(BunshinError):
+    """A ``Security`` setting is invalid (``field`` names it): an unknown capability, a malformed device rule."""
+
+    field: str
+
+    def __init__(self, message: str, *, field: str) -> None:
+        super().__init__(message, field=field)
 
 
 class WorkspaceError(BunshinError):

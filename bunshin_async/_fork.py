@@ -93,6 +93,7 @@ from ._criu import COW_RESTORE, CriuBackend, SwrkCriu, criu_features, criu_unava
 from ._exceptions import BunshinError, CapabilityMissing, ForkError, StoreFull, WorkspaceClosed
 from ._image import Image
 from ._kernel import Cgroup, Limits
+from ._security import Security
 
 if TYPE_CHECKING:
     from ._spares import SparePool
@@ -448,6 +449,7 @@ class Snapshot:
         hostname: str,
         max_output: int,
         user: str | None = None,
+        security: Security,
         mode: str = "criu",
         setup: list[tuple[SetupStep, int]] | None = None,
     ) -> None:
@@ -468,6 +470,7 @@ class Snapshot:
         self.hostname = hostname
         self.max_output = max_output
         self.user = user
+        self.security = security
         self.dump_ms: float | None = None
         self.frozen_ms: float | None = None
         self.fresh_net = False
@@ -786,6 +789,7 @@ async def _snapshot(ws: Workspace, backend: CriuBackend | None) -> Snapshot:
         hostname=ws.hostname,
         max_output=ws.max_output,
         user=ws.user,
+        security=ws.security,
         mode="fs" if await anyio.to_thread.run_sync(fs_only) else "criu",
         setup=ws._setup,
     )
@@ -1114,7 +1118,7 @@ async def restore_into(ws: Workspace, snap: Snapshot, backend: CriuBackend | Non
         _prime_attach()
         ws._make_dirs(upper=False)
         await _upper_from(ws, snap)
-        ws._cgroup = Cgroup.create(f"ws-{ws.id}", ws.limits)
+        ws._cgroup = Cgroup.create(f"ws-{ws.id}", ws.limits, ws.security.device_rules())
         await _restore(ws, snap, backend or default_backend())
         ws._state = "running"
     except BaseException as exc:

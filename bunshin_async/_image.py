@@ -355,8 +355,8 @@ def _layer_name(stats: tuple[tuple[object, ...], ...]) -> str:
     return h.hexdigest()[:16]
 
 
-LAYER_LAYOUT = 3
-"""Bumped when what ``agent_layer`` lays out changes (2: the /dev tree; 3: the static C agent), so hosts build the
+LAYER_LAYOUT = 4
+"""Bumped when what ``agent_layer`` lays out changes (2: the /dev tree; 3: the static C agent; 4: an empty directory to mask /proc and /sys paths with), so hosts build the
 new layer."""
 
 DEV_NODES = {"null": (1, 3), "zero": (1, 5), "full": (1, 7), "random": (1, 8), "urandom": (1, 9), "tty": (5, 0)}
@@ -403,6 +403,7 @@ def agent_layer() -> Path:
         opt.mkdir(parents=True)
         for rel, src in sources.items():
             shutil.copy2(src, opt / rel)
+        (opt / "empty").mkdir(mode=0o555)  # what pid 1 mounts over masked directories (native/security.c)
         (tmp / "root" / "run" / "bunshin").mkdir(parents=True, mode=0o700)
         _make_dev(tmp / "root" / "dev")
         (tmp / ".complete").touch()

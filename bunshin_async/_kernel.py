@@ -16,7 +16,7 @@ import msgspec
 from ._exceptions import CapabilityMissing
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-V1_CONTROLLERS = ("memory", "pids", "cpu", "freezer")
+V1_CONTROLLERS = ("memory", "pids", "cpu", "freezer", "devices")
 
 
 def parent_name() -> str:
@@ -31,6 +31,9 @@ class Limits(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     memory: int | None = 4 << 30
     pids: int | None = 4096
     cpus: float | None = None
+    nofile: int | None = 1 << 16
+    """RLIMIT_NOFILE (soft and hard) of every process in the workspace (at most the host's hard limit where the host
+    cannot raise it: no CAP_SYS_RESOURCE); None keeps the host's."""
 
     def __post_init__(self) -> None:
         if self.memory is not None and self.memory < (16 << 20):
@@ -39,6 +42,8 @@ class Limits(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise ValueError("pids limit must be at least 8")
         if self.cpus is not None and self.cpus <= 0:
             raise ValueError("cpus must be positive")
+        if self.nofile is not None and not 64 <= self.nofile <= 1 << 20:
+            raise ValueError("nofile must be between 64 and 1048576")
 
 
 def cgroup_version() -> int | None:
@@ -48,6 +53,12 @@ def cgroup_version() -> int | None:
     if (CGROUP_ROOT / "memory" / "cgroup.procs").exists():
         return 1
     return None
+
+
+def devices_controller() -> bool:
+    """Whether device allow-lists can be enforced: the cgroup v1 devices controller (cgroup v2 has no file
+    interface for it, only BPF programs, which Bunshin does not load)."""
+    return (CGROUP_ROOT / "devices" / "devices.allow").exists()
 
 
 def _write(path: Path, value: str) -> None:
@@ -98,7 +109,9 @@ class Cgroup:
             return None
 
     @classmethod
-    def create(cls, name: str, limits: Limits) -> Cgroup:
+    def create(cls, name: str, limits: Limits, devices: list[str] | None = None) -> Cgroup:
+        """``devices``: the devices allow-list (``devices.allow`` rules, everything else denied), None for none;
+        enforced where ``devices_controller()`` (the caller drops MKNOD elsewhere)."""
         version = cgroup_version()
         if version is None:
             raise CapabilityMissing(
@@ -107,14 +120,14 @@ class Cgroup:
                 remedy="mount cgroup2 on /sys/fs/cgroup or run on a host with cgroups",
             )
         try:
-            return cls._create_v2(name, limits) if version == 2 else cls._create_v1(name, limits)
+            return cls._create_v2(name, limits) if version == 2 else cls._create_v1(name, limits, devices)
         except PermissionError as exc:
             raise CapabilityMissing(
                 f"cannot create a cgroup: {exc}", capability="cgroups", remedy="run as root"
             ) from exc
 
     @classmethod
-    def _create_v1(cls, name: str, limits: Limits) -> Cgroup:
+    def _create_v1(cls, name: str, limits: Limits, devices: list[str] | None) -> Cgroup:
         dirs: list[Path] = []
         group = cls(1, dirs)
         try:
@@ -133,6 +146,10 @@ class Cgroup:
                 elif ctrl == "cpu" and limits.cpus is not None:
                     _write(d / "cpu.cfs_period_us", "100000")
                     _write(d / "cpu.cfs_quota_us", str(int(limits.cpus * 100000)))
+                elif ctrl == "devices" and devices is not None:
+                    _write(d / "devices.deny", "a")
+                    for rule in devices:
+                        _write(d / "devices.allow", rule)
         except BaseException:
             group.destroy_sync()
             raise

@@ -21,7 +21,7 @@ import anyio
 from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from . import _fork, _gc, _gui, _paths
+from . import _fork, _gc, _gui, _paths, _security
 from . import _protocol as P
 from ._client import AgentClient
 from ._compat import BaseExceptionGroup
@@ -39,8 +39,9 @@ from ._exceptions import (
     WorkspaceStartError,
 )
 from ._image import AGENT_DIR, Image, agent_layer
-from ._kernel import Cgroup, Limits
+from ._kernel import Cgroup, Limits, devices_controller
 from ._protocol import DirEntry, ExecResult
+from ._security import Security
 
 __all__ = ["BackgroundProcess", "Shell", "Workspace"]
 
@@ -92,6 +93,14 @@ def _default_workdir(image_workdir: str | None) -> str:
     return DEFAULT_WORKDIR
 
 
+def _mknod_allowed(security: Security) -> bool:
+    """MKNOD is kept only where the device allow-list is enforced (or there is none to enforce)."""
+    if security.device_rules() is None or devices_controller():
+        return True
+    _security.log.warning("no cgroup v1 devices controller: MKNOD is dropped instead of a device allow-list")
+    return False
+
+
 class Workspace:
     """An isolated, persistent workspace. Use as ``async with Workspace() as ws:``.
 
@@ -105,6 +114,8 @@ class Workspace:
     ``:GROUP``/``:GID``, resolved from the image's /etc/passwd and /etc/group) is who commands, background
     processes and shells run as unless a call names its own; None is the image's User (its config), else root.
     The file tools always act as root.
+    ``security`` is the boundary (``Security``: on by default; its fields name the relaxations), kept by every
+    fork.
     """
 
     def __init__(
@@ -118,6 +129,7 @@ class Workspace:
         max_output: int = P.DEFAULT_MAX_OUTPUT,
         display: _gui.Display | bool | None = None,
         user: str | None = None,
+        security: Security | None = None,
     ) -> None:
         if isinstance(image, str):
             image = Image.load(image)
@@ -128,6 +140,7 @@ class Workspace:
             raise ValueError(f"workdir must be a normalized absolute path below /, not {workdir!r}")
         self._image = image
         self.limits = limits or Limits()
+        self.security = security or Security()
         self.workdir = workdir
         self.env = {**(config.env if config else {}), **(env or {})}
         self.hostname = hostname
@@ -215,7 +228,8 @@ class Workspace:
             _fork._prime_attach()  # the shim's cgroup attach then waits no grace period: the agent is ready sooner
             layer = await anyio.to_thread.run_sync(agent_layer)
             self._make_dirs()
-            self._cgroup = Cgroup.create(f"ws-{self.id}", self.limits)
+            self.security.log_relaxations(self.id)
+            self._cgroup = Cgroup.create(f"ws-{self.id}", self.limits, self.security.device_rules())
             self._lower = f"{layer}:{image.lower_dirs}"
             await self._spawn()
             self._state = "running"
@@ -251,6 +265,7 @@ class Workspace:
         ]  # fmt: skip
         for procs in self._cgroup.procs_files:
             argv += ["--cgroup", procs]
+        argv += self.security.init_args(nofile=self.limits.nofile, mknod=_mknod_allowed(self.security))
         for key, value in env.items():
             argv += ["--env", f"{key}={value}"]
         self._shim = await anyio.open_process(
@@ -395,6 +410,7 @@ class Workspace:
             hostname=snap.hostname,
             max_output=snap.max_output,
             user=snap.user,
+            security=snap.security,
         )
 
     def _live_client(self) -> AgentClient:

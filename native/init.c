@@ -39,6 +39,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "security.h"
+
 extern char **environ;
 
 #define MAX_CGROUPS 8
@@ -50,6 +52,7 @@ struct config {
 	int ncgroups;
 	char *env[MAX_ENV + 1];
 	int nenv;
+	struct security sec; /* native/security.c */
 };
 
 static int status_fd = STDOUT_FILENO; /* where failures are reported: the status pipe, or stderr (--restore-wrap) */
@@ -150,6 +153,9 @@ static void setup_root(const struct config *c)
 	 * dump and restore. A private devpts instance: terminals opened inside never reach the host's /dev/pts. */
 	mkdir_p("dev/pts", 0755);
 	mount_or_fail("devpts", "dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620");
+	const char *err = security_mounts(&c->sec);
+	if (err)
+		fail(err, errno);
 
 	/* pivot_root(".", ".") stacks the old root under the new one; detaching it leaves no host path reachable
 	 * (pivot_root(2), NOTES). */
@@ -225,6 +231,9 @@ static void setup_pid1(const struct config *c)
 		dprintf(oom, "-1000\n");
 		close(oom);
 	}
+	const char *err = security_apply(&c->sec);
+	if (err)
+		fail(err, errno);
 	char *argv[] = {"bunshin-init", "--pid1", (char *)c->agent, NULL};
 	execve(c->self_exe, argv, (char **)c->env);
 	fail(c->self_exe, errno);
@@ -289,7 +298,8 @@ static void forward_kill(int sig)
 static void usage(void)
 {
 	failf("usage: bunshin-init --lower DIRS --upper DIR --work DIR --root DIR --hostname NAME "
-	      "--agent PATH --workdir PATH --self PATH [--cgroup PROCS_FILE]... [--env K=V]...");
+	      "--agent PATH --workdir PATH --self PATH [--cgroup PROCS_FILE]... [--env K=V]... "
+	      "[--caps HEX] [--seccomp 0|1] [--masks 0|1] [--nofile N]");
 }
 
 #define NET_FD 9 /* _fork.NET_FD: CRIU inherits the fresh net namespace on this descriptor */
@@ -385,7 +395,7 @@ int main(int argc, char **argv)
 			c.cgroups[c.ncgroups++] = v;
 		else if (!strcmp(k, "--env") && c.nenv < MAX_ENV)
 			c.env[c.nenv++] = (char *)v;
-		else
+		else if (security_arg(&c.sec, k, v) != 1)
 			usage();
 	}
 	if (!c.lower || !c.upper || !c.work || !c.root || !c.hostname || !c.agent ||

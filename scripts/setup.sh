@@ -57,7 +57,7 @@ site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purel
 echo "$ROOT/criu/dist/python" > "$site/bunshin-pycriu.pth"
 
 # The package itself (editable) with its extension and init binary, rebuilt when native code changes.
-native_sum=$(cat native/*.c setup.py pyproject.toml | sha256sum | cut -d' ' -f1)
+native_sum=$(cat native/*.[ch] setup.py pyproject.toml | sha256sum | cut -d' ' -f1)
 if [[ "$(cat .venv/.native-sum 2>/dev/null)" != "$native_sum" || ! -x bunshin_async/bunshin-init \
     || ! -x bunshin_async/bunshin-agent ]] \
     || ! .venv/bin/python -c 'import bunshin_async._native' 2>/dev/null; then

@@ -18,7 +18,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from bunshin_async import Workspace
+from bunshin_async import Security, Workspace
 
 HERE = Path(__file__).parent
 TCP_TOTAL = 4 << 20  # gaps_guest.TCP_TOTAL
@@ -26,7 +26,9 @@ TCP_TOTAL = 4 << 20  # gaps_guest.TCP_TOTAL
 
 @pytest.fixture
 async def ws() -> AsyncIterator[Workspace]:
-    async with Workspace() as w:
+    # fanotify mount and filesystem marks need CAP_SYS_ADMIN, a loopback address CAP_NET_ADMIN: the CRIU patches
+    # under test serve workspaces that are given them, so these keep them (an explicit relaxation).
+    async with Workspace(security=Security(capabilities=("SYS_ADMIN", "NET_ADMIN"))) as w:
         await w.write_file("/workspace/gaps_guest.py", (HERE / "gaps_guest.py").read_bytes())
         yield w
 
