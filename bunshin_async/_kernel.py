@@ -31,6 +31,11 @@ class Limits(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     memory: int | None = 4 << 30
     pids: int | None = 4096
     cpus: float | None = None
+    disk: int | None = None
+    """Bytes the workspace may add to its image (its overlay upper layer). Set, the upper layer lives on a tmpfs of
+    that size, charged to the memory limit and never written to the host's disk (this host's kernel has no
+    filesystem project quotas: ``bunshin doctor``); a full disk then fails inside with ENOSPC. None: on the host's
+    filesystem, unlimited."""
     nofile: int | None = 1 << 16
     """RLIMIT_NOFILE (soft and hard) of every process in the workspace (at most the host's hard limit where the host
     cannot raise it: no CAP_SYS_RESOURCE); None keeps the host's."""
@@ -42,6 +47,8 @@ class Limits(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise ValueError("pids limit must be at least 8")
         if self.cpus is not None and self.cpus <= 0:
             raise ValueError("cpus must be positive")
+        if self.disk is not None and self.disk < (1 << 20):
+            raise ValueError("disk limit must be at least 1 MiB")
         if self.nofile is not None and not 64 <= self.nofile <= 1 << 20:
             raise ValueError("nofile must be between 64 and 1048576")
 
@@ -270,3 +277,27 @@ def mount_options(path: Path) -> tuple[str, str] | None:
                 best = (len(point), fields[sep + 1], fields[sep + 3] if len(fields) > sep + 3 else "")
     return None if best is None else (best[1], best[2])
 
+
+def mount_disk(path: Path, size: int) -> None:
+    """A tmpfs of ``size`` bytes (and as many inodes as 1 KiB files would fill) on the empty directory ``path``: a
+    workspace's size-limited disk (``Limits.disk``; blocking). Raises ``CapabilityMissing`` when it cannot mount."""
+    from . import _native
+
+    opts = f"size={size},nr_inodes={max(size // 1024, 1024)},mode=0700"
+    try:
+        _native.mount("bunshin-disk", str(path), "tmpfs", 0x2 | 0x4, opts)  # MS_NOSUID | MS_NODEV
+    except OSError as exc:
+        raise CapabilityMissing(
+            f"cannot mount a tmpfs on {path}: {exc.strerror}", capability="disk limit", remedy="run as root"
+        ) from exc
+
+
+def unmount_disk(path: Path) -> None:
+    """Detach ``mount_disk``'s tmpfs from ``path`` if it is there (blocking; idempotent)."""
+    from . import _native
+
+    if os.path.ismount(path):
+        try:
+            _native.umount2(str(path), 2)  # MNT_DETACH
+        except OSError:
+            pass

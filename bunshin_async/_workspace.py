@@ -39,7 +39,7 @@ from ._exceptions import (
     WorkspaceStartError,
 )
 from ._image import AGENT_DIR, Image, agent_layer
-from ._kernel import Cgroup, Limits, devices_controller
+from ._kernel import Cgroup, Limits, devices_controller, mount_disk, unmount_disk
 from ._protocol import DirEntry, ExecResult
 from ._security import Security
 
@@ -244,6 +244,9 @@ class Workspace:
     def _make_dirs(self, upper: bool = True) -> None:
         """The workspace's host directory, with an ``owner`` file (our pid and start time) for ``bunshin gc``.
         A restored copy makes its upper dir itself (``upper=False``)."""
+        if self.limits.disk is not None:  # the upper and work dirs on a tmpfs of that size (Limits.disk)
+            self._dir.mkdir(parents=True)
+            mount_disk(self._dir, self.limits.disk)
         for sub in ("upper", "work", "root") if upper else ("work", "root"):
             (self._dir / sub).mkdir(parents=True)
         (self._dir / "owner").write_text(_gc.owner_token(os.getpid()))
@@ -327,6 +330,7 @@ class Workspace:
             if self._cgroup is not None:
                 await self._cgroup.destroy()
             if self._dir.exists():
+                await anyio.to_thread.run_sync(unmount_disk, self._dir)
                 await anyio.to_thread.run_sync(shutil.rmtree, self._dir, True)
         if self._lower is not None:  # after the overlay on them is gone (pid 1 reaped), even past the deadline
             await anyio.to_thread.run_sync(_fork.release_layers, _fork.chain_layers(self._lower), self.id)
