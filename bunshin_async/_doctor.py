@@ -119,6 +119,54 @@ def _fork_mode_check() -> Check:
     )
 
 
+def _status_field(name: str) -> str | None:
+    for line in (_read("/proc/self/status") or "").splitlines():
+        if line.startswith(name + ":"):
+            return line.split(":", 1)[1].strip()
+    return None
+
+
+def security_checks() -> list[Check]:
+    """Which protections of the workspace boundary (``Security``, ``Limits``) this host can enforce."""
+    from ._kernel import devices_controller
+
+    out: list[Check] = []
+    seccomp = _status_field("Seccomp") is not None and Path("/proc/sys/kernel/seccomp/actions_avail").exists()
+    out.append(Check("seccomp", seccomp, "filter mode" if seccomp else "no seccomp filters", "the syscall filter"))
+    nnp = _status_field("NoNewPrivs") is not None
+    out.append(Check("no_new_privs", nnp, "supported" if nnp else "absent", "no_new_privs"))
+    last = _read("/proc/sys/kernel/cap_last_cap")
+    out.append(Check("capability bounding set", last is not None, f"cap_last_cap={last}", "capability dropping"))
+    dev = devices_controller()
+    out.append(
+        Check(
+            "device allow-list",
+            dev,
+            "cgroup v1 devices controller" if dev else "no devices controller: MKNOD is dropped instead",
+            "opening device nodes made with mknod is blocked by dropping MKNOD, not by an allow-list",
+        )
+    )
+    out.append(
+        Check(
+            "disk limit",
+            Path("/proc/filesystems").exists() and "tmpfs" in (_read("/proc/filesystems") or ""),
+            "Limits(disk=N): the upper layer on a tmpfs of N bytes (Bunshin uses no filesystem project quotas)",
+            "Limits(disk=)",
+        )
+    )
+    userns = _read("/proc/sys/user/max_user_namespaces")
+    out.append(
+        Check(
+            "user namespace per workspace",
+            False,
+            f"not implemented (max_user_namespaces={userns}); root inside is the host's root, with reduced "
+            "capabilities",
+            "uid mapping of workspace root to an unprivileged host range",
+        )
+    )
+    return out
+
+
 def checks() -> list[Check]:
     out: list[Check] = []
     root = os.geteuid() == 0
@@ -199,7 +247,7 @@ def checks() -> list[Check]:
     out.append(Check("userfaultfd", uffd, "present" if uffd else "absent", "lazy restore", "CONFIG_USERFAULTFD"))
     out += _package_checks()
     out.append(_docker_check())
-    return out
+    return out + security_checks()
 
 
 def report() -> tuple[str, bool]:
