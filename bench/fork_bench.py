@@ -33,7 +33,7 @@ from typing import Any
 
 import anyio
 
-from bunshin_async import Workspace
+from bunshin_async import Security, Workspace
 
 GUEST = Path(__file__).resolve().parent.parent / "tests" / "fork" / "guest_state.py"
 
@@ -95,9 +95,9 @@ def _stats(xs: list[float]) -> dict[str, float]:
     return {"median": round(statistics.median(xs), 1), "p90": round(xs[min(len(xs) - 1, int(0.9 * len(xs)))], 1)}
 
 
-async def _with_state(mib: int) -> tuple[Workspace, float]:
+async def _with_state(mib: int, security: Security | None = None) -> tuple[Workspace, float]:
     t0 = time.monotonic()
-    ws = Workspace()
+    ws = Workspace(security=security)
     await ws.start()
     await ws.write_file("/workspace/guest_state.py", GUEST.read_bytes())
     await ws.spawn(["python3", "/workspace/guest_state.py", "server", str(mib)])
@@ -295,6 +295,45 @@ async def _fork_n(parent: Workspace, n: int, repeat: int, mode: str, ksm_wait: f
     }
 
 
+async def security_compare(mib: int, repeat: int, ns: tuple[int, ...]) -> None:
+    """The boundary's cost (``--security both``): copy-on-write forks of a parent with the boundary on (the default)
+    and of one with ``Security.off()``, measured alternately in one run: fork latency and memory per copy."""
+    os.environ["BUNSHIN_FORK_MODE"] = "cow"
+    configs = {"on": Security(), "off": Security.off()}
+    parents = {name: (await _with_state(mib, sec))[0] for name, sec in configs.items()}
+    samples: dict[str, dict[int, list[dict[str, Any]]]] = {name: {n: [] for n in ns} for name in configs}
+    try:
+        for parent in parents.values():
+            await _http(parent, "/dirty/0")
+        for rep in range(repeat):
+            order = list(configs) if rep % 2 == 0 else list(configs)[::-1]
+            for n in ns:
+                for name in order:
+                    samples[name][n].append(await _fork_n(parents[name], n, 1, "cow", 0.0))
+        parent_pss = {name: round(_pss_kib(p) / 1024, 1) for name, p in parents.items()}
+    finally:
+        for parent in parents.values():
+            await parent.aclose()
+    out: dict[str, Any] = {"mib": mib, "repeat": repeat, "parent_pss_mib": parent_pss}
+    for n in ns:
+        row: dict[str, Any] = {}
+        for name in configs:
+            runs = samples[name][n]
+            row[name] = {
+                "fork_total_ms": _stats([r["fork_total_ms"]["median"] for r in runs]),
+                "restore_each_ms": _stats([r["restore_each_ms"]["median"] for r in runs]),
+                "per_copy_private_mib_resident": round(
+                    statistics.median(r["per_copy_private_mib_resident"] for r in runs), 2
+                ),
+                "total_pss_mib_resident": round(statistics.median(r["total_pss_mib_resident"] for r in runs), 1),
+            }
+        row["fork_ms_on_over_off"] = round(
+            row["on"]["fork_total_ms"]["median"] / row["off"]["fork_total_ms"]["median"], 3
+        )
+        out[f"n{n}"] = row
+    print(json.dumps({"benchmark": "fork-security", **out}, indent=1))
+
+
 async def main(
     mib: int,
     repeat: int,
@@ -361,10 +400,18 @@ if __name__ == "__main__":
     ap.add_argument("--spares", type=int, default=2, help="warm spares kept for the from-snapshot measurement")
     ap.add_argument("--ns", default="1,4,8,16", help="comma-separated numbers of copies per fork")
     ap.add_argument("--nested-mib", type=int, default=8, help="MiB of its heap a copy dirties before it is forked")
+    ap.add_argument(
+        "--security", choices=("on", "both"), default="on", help="both: only the boundary on vs off comparison"
+    )
     args = ap.parse_args()
     ns = tuple(int(x) for x in args.ns.split(","))
     try:
-        anyio.run(main, args.mib, args.repeat, args.modes.split(","), args.ksm_wait, args.spares, ns, args.nested_mib)
+        if args.security == "both":
+            anyio.run(security_compare, args.mib, args.repeat, ns)
+        else:
+            anyio.run(
+                main, args.mib, args.repeat, args.modes.split(","), args.ksm_wait, args.spares, ns, args.nested_mib
+            )
     finally:
         from bunshin_async._fork import ksm_restore
 

@@ -7,9 +7,11 @@ rebuilt from git history (``_old_agent``; skipped with ``BENCH_OLD_AGENT=0`` or 
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -21,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _old_agent import OldAgent, OldAgentWorkspace, old_revision  # noqa: E402
 from _stats import pss_kib, summary  # noqa: E402
 
-from bunshin_async import Workspace  # noqa: E402
+from bunshin_async import Security, Workspace  # noqa: E402
 
 Factory = Callable[[], Workspace]
 
@@ -106,6 +108,51 @@ async def concurrent_creations(make: Factory, n: int) -> dict[str, object]:
     return {"n": n, "wall_ms": round(wall * 1000, 1), "per_workspace": summary(latencies)}
 
 
+async def security_compare(reps: int) -> None:
+    """The boundary's cost (``--security both``): the same measurements with the boundary on (the default) and with
+    ``Security.off()``, alternated in one run."""
+    configs = {"on": Security(), "off": Security.off()}
+    first: dict[str, list[float]] = {name: [] for name in configs}
+    execs: dict[str, list[float]] = {name: [] for name in configs}
+    for rep in range(reps):
+        for name in list(configs) if rep % 2 == 0 else list(configs)[::-1]:
+            t = time.perf_counter()
+            ws = Workspace(security=configs[name])
+            await ws.start()
+            await ws.exec(["true"])
+            first[name].append(time.perf_counter() - t)
+            for _ in range(10):
+                t = time.perf_counter()
+                await ws.exec(["true"])
+                execs[name].append(time.perf_counter() - t)
+            await ws.aclose()
+    pss: dict[str, float] = {}
+    for name, sec in configs.items():
+        workspaces = [Workspace(security=sec) for _ in range(8)]
+        try:
+            for ws in workspaces:
+                await ws.start()
+                await ws.exec(["true"])
+            await anyio.sleep(0.5)
+            pids = [pid for ws in workspaces if ws.cgroup for pid in ws.cgroup.pids()]
+            pss[name] = round(pss_kib(pids) / 1024 / len(workspaces), 2)
+        finally:
+            for ws in workspaces:
+                await ws.aclose()
+    out: dict[str, object] = {"benchmark": "workspace-security", "date": time.strftime("%Y-%m-%d"), "reps": reps}
+    for name in configs:
+        out[name] = {
+            "create_to_first_exec_ms": summary(first[name]),
+            "exec_true_round_trip_ms": summary(execs[name]),
+            "idle_pss_per_workspace_mib_8": pss[name],
+        }
+    med = {name: statistics.median(first[name]) for name in configs}
+    out["create_to_first_exec_on_over_off"] = round(med["on"] / med["off"], 3)
+    ex = {name: statistics.median(execs[name]) for name in configs}
+    out["exec_round_trip_on_over_off"] = round(ex["on"] / ex["off"], 3)
+    print(json.dumps(out, indent=2))
+
+
 async def measure(make: Factory, reps: int, first: list[float]) -> dict[str, object]:
     execs, shells, pings = await round_trips(make, reps * 10)
     return {
@@ -167,4 +214,9 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    anyio.run(main)
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--security", choices=("on", "both"), default="on", help="both: the boundary on vs off only")
+    if ap.parse_args().security == "both":
+        anyio.run(security_compare, int(os.environ.get("BENCH_REPS", "30")))
+    else:
+        anyio.run(main)
