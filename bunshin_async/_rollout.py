@@ -20,6 +20,7 @@ from ._accounting import ResourceMonitor
 from ._exceptions import BunshinError
 from ._image import Image
 from ._kernel import Limits
+from ._security import Security
 from ._trajectory import Trajectory
 from ._workspace import Workspace
 
@@ -164,6 +165,7 @@ class GroupRollout:
         fork: bool = True,
         image: Image | str | None = None,
         limits: Limits | None = None,
+        security: Security | None = None,
         limiter: WorkspaceLimiter | None = None,
         monitor: ResourceMonitor | None = None,
         reward: Callable[[Workspace, Task], Awaitable[tuple[float, str]]] | None = None,
@@ -178,6 +180,7 @@ class GroupRollout:
         image = image if image is not None else task.image
         self.image = Image.load(image) if isinstance(image, str) else image
         self.limits = limits
+        self.security = security
         self.limiter = limiter or _NoLimit()
         self.monitor = monitor
         self.reward = reward or command_reward
@@ -212,7 +215,7 @@ class GroupRollout:
     # ------------------------------------------------------------------------------------------------ internals
 
     def _new_workspace(self) -> Workspace:
-        return Workspace(self.image, limits=self.limits)
+        return Workspace(self.image, limits=self.limits, security=self.security)
 
     async def _run_group(self) -> None:
         assert self._send is not None
