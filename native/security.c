@@ -246,6 +246,42 @@ static void emit(struct prog *p, unsigned short code, unsigned char jt, unsigned
 
 static int has(uint64_t caps, int cap) { return (caps >> cap) & 1; }
 
+static int cmp_int(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
+
+static struct run {
+	int first, last;
+} runs[512];
+
+/* Instructions tree(lo, hi) emits: a leaf is 4, an inner node 1 plus its two subtrees. */
+static int tree_len(int lo, int hi)
+{
+	if (lo == hi)
+		return 4;
+	int mid = (lo + hi + 1) / 2;
+	return 1 + tree_len(lo, mid - 1) + tree_len(mid, hi);
+}
+
+/* nr is in one of runs[lo..hi], or denied. Jumps go forward only and skip at most 255 instructions (classic BPF):
+ * the left subtree of the root of ~60 runs is ~120. */
+static void tree(struct prog *p, int lo, int hi)
+{
+	if (lo == hi) {
+		emit(p, BPF_JMP | BPF_JGE | BPF_K, 0, 2, (unsigned int)runs[lo].first);
+		emit(p, BPF_JMP | BPF_JGT | BPF_K, 1, 0, (unsigned int)runs[lo].last);
+		RET(p, SECCOMP_RET_ALLOW);
+		RET(p, EPERM_);
+		return;
+	}
+	int mid = (lo + hi + 1) / 2, left = tree_len(lo, mid - 1);
+	if (left > 255) {
+		p->len = MAX_INSNS; /* reported as E2BIG by security_apply */
+		return;
+	}
+	emit(p, BPF_JMP | BPF_JGE | BPF_K, (unsigned char)left, 0, (unsigned int)runs[mid].first);
+	tree(p, lo, mid - 1);
+	tree(p, mid, hi);
+}
+
 static void build(struct prog *p, uint64_t caps)
 {
 	emit(p, BPF_LD | BPF_W | BPF_ABS, 0, 0, offsetof(struct seccomp_data, arch));
@@ -282,19 +318,28 @@ static void build(struct prog *p, uint64_t caps)
 	RET(p, EPERM_);
 	RET(p, SECCOMP_RET_ALLOW);
 
-	for (size_t i = 0; i < sizeof(allowed) / sizeof(allowed[0]); i++) {
-		IF_NR(p, (unsigned int)allowed[i], 1);
-		RET(p, SECCOMP_RET_ALLOW);
-	}
-	for (size_t g = 0; g < sizeof(gated) / sizeof(gated[0]); g++) {
-		if (!has(caps, gated[g].cap))
-			continue;
-		for (const int *nr = gated[g].nrs; *nr; nr++) {
-			IF_NR(p, (unsigned int)*nr, 1);
-			RET(p, SECCOMP_RET_ALLOW);
+	/* The allow-list as a balanced tree over runs of consecutive syscall numbers: ~10 instructions a syscall
+	 * instead of a scan of hundreds, so installing the filter (the kernel emulates it once per syscall number to
+	 * fill its action cache, and every CRIU restore installs it again in each task) stays cheap. */
+	int nrs[512], n = 0;
+	for (size_t i = 0; i < sizeof(allowed) / sizeof(allowed[0]); i++)
+		nrs[n++] = allowed[i];
+	for (size_t g = 0; g < sizeof(gated) / sizeof(gated[0]); g++)
+		if (has(caps, gated[g].cap))
+			for (const int *nr = gated[g].nrs; *nr && n < 512; nr++)
+				nrs[n++] = *nr;
+	qsort(nrs, (size_t)n, sizeof(nrs[0]), cmp_int);
+	int nruns = 0;
+	for (int i = 0; i < n; i++) {
+		if (nruns && nrs[i] <= runs[nruns - 1].last + 1) {
+			if (nrs[i] > runs[nruns - 1].last)
+				runs[nruns - 1].last = nrs[i];
+		} else {
+			runs[nruns].first = runs[nruns].last = nrs[i];
+			nruns++;
 		}
 	}
-	RET(p, EPERM_);
+	tree(p, 0, nruns - 1);
 }
 
 /* ------------------------------------------------------------------------------------------------ apply */
