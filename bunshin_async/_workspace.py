@@ -2,8 +2,9 @@
 
 Each workspace is a process tree in its own mount, pid, ipc, uts and network namespaces (loopback only), rooted in
 an overlayfs (read-only image + agent layer + a private upper dir), with its own devpts, in a cgroup with memory,
-pids and CPU limits. ``bunshin-init`` (native/init.c) builds all that and starts the agent, which serves tool calls
-on a Unix socket that the host reaches through ``/proc/<pid 1>/root``.
+pids and CPU limits, behind the security boundary of ``Security`` (``_security``: reduced capabilities,
+no_new_privs, seccomp, masked /proc, a device allow-list). ``bunshin-init`` (native/init.c) builds all that and
+starts the agent, which serves tool calls on a Unix socket that the host reaches through ``/proc/<pid 1>/root``.
 """
 
 from __future__ import annotations
