@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from bunshin_async import BunshinError, Limits
+from bunshin_async._kernel import mount_options
 
 from .conftest import Box, Host, host_root_device, inside
 
@@ -124,14 +125,16 @@ async def test_fork_bomb_stops_at_the_pids_limit(where: str, host: Host) -> None
 
 
 async def test_disk_fill_stops_at_the_quota(where: str, host: Host) -> None:
-    before = os.statvfs(Path.cwd())
     async with inside(where, Limits(disk=32 << 20)) as box:
         res = await box.attempt("fill_disk", 256, timeout=60)
         assert not res["escaped"] and res["errno"] == "ENOSPC", res
         assert int(res["detail"].split()[1]) <= 32
-        after = os.statvfs(Path.cwd())
-        # Other work shares this disk; 256 MiB written to it would show.
-        assert (before.f_bavail - after.f_bavail) * before.f_frsize < 128 << 20
+        # What it wrote is in its upper layer, on its own 32 MiB tmpfs, not on the host's disk.
+        assert mount_options(box.ws.directory / "upper") is not None
+        assert mount_options(box.ws.directory / "upper")[0] == "tmpfs"  # type: ignore[index]
+        disk = os.statvfs(box.ws.directory / "upper")
+        assert disk.f_blocks * disk.f_frsize <= 32 << 20 and disk.f_bavail * disk.f_frsize < 1 << 20
+        assert (box.ws.directory / "upper/var/tmp/fill").stat().st_size > 16 << 20
         await box.ws.exec("rm /var/tmp/fill")
         assert (await box.ws.exec("echo ok > /workspace/after && cat /workspace/after")).stdout == "ok\n"
 
