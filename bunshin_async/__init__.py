@@ -49,6 +49,8 @@ from ._exceptions import (
 )
 from ._exceptions import (
     SecurityError as SecurityError,
+)
+from ._exceptions import (
     StoreFull as StoreFull,
 )
 from ._exceptions import (

@@ -356,8 +356,8 @@ def _layer_name(stats: tuple[tuple[object, ...], ...]) -> str:
 
 
 LAYER_LAYOUT = 4
-"""Bumped when what ``agent_layer`` lays out changes (2: the /dev tree; 3: the static C agent; 4: an empty directory to mask /proc and /sys paths with), so hosts build the
-new layer."""
+"""Bumped when what ``agent_layer`` lays out changes (2: the /dev tree; 3: the static C agent; 4: the empty
+directory masked /proc and /sys paths show), so hosts build the new layer."""
 
 DEV_NODES = {"null": (1, 3), "zero": (1, 5), "full": (1, 7), "random": (1, 8), "urandom": (1, 9), "tty": (5, 0)}
 DEV_LINKS = {
