@@ -6,16 +6,27 @@ the restore (criu/patches/0009). Both restore modes."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
 import pytest
 
-from bunshin_async import Workspace
-
-pytestmark = pytest.mark.fork_modes("criu-cow", "criu")
+from bunshin_async import Security, Workspace
 
 HERE = Path(__file__).parent
+
+
+@pytest.fixture
+async def ws() -> AsyncIterator[Workspace]:
+    # fanotify mount and filesystem marks need CAP_SYS_ADMIN: the workspace under test is given it (an explicit
+    # relaxation of the boundary), as the CRIU patches it checks serve such workspaces.
+    async with Workspace(security=Security(capabilities=("SYS_ADMIN",))) as w:
+        await w.write_file("/workspace/guest_state.py", (HERE / "guest_state.py").read_bytes())
+        yield w
+
+
+pytestmark = pytest.mark.fork_modes("criu-cow", "criu")
 
 
 async def _marks(ws: Workspace) -> list[str]:
