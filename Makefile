@@ -19,9 +19,10 @@ test: setup lint fresh-check
 	.venv/bin/python -m pytest -q
 
 # The clean-root set-up check: the set-up on a minimal Debian root that has never seen Bunshin (scripts/).
-FRESH_SUITES ?= bookworm
+# Debian 12, then Debian 13, whose Python 3.13 also runs the agent and workspace tests (a second host Python).
 fresh-check:
-	@for suite in $(FRESH_SUITES); do scripts/check-fresh-setup.sh $$suite || exit 1; done
+	scripts/check-fresh-setup.sh bookworm
+	FRESH_TESTS="tests/agent tests/workspace" scripts/check-fresh-setup.sh trixie
 
 bench: setup
 	.venv/bin/python bench/workspace_bench.py
