@@ -153,7 +153,8 @@ case $rc in
     *) die "the check itself failed (exit $rc)" ;;
 esac
 # In a chroot the workspace images are not built and dockerd is not started (said above); everything else the
-# set-up provides must be there.
-missing=$(grep '^MISS' "$ROOTFS/doctor.log" | grep -v -E '^MISS +(base image|docker engine) ' || true)
+# set-up provides must be there. (A per-workspace user namespace is a protection Bunshin does not have yet, not
+# something the set-up installs: doctor reports it on every host.)
+missing=$(grep '^MISS' "$ROOTFS/doctor.log" | grep -v -E '^MISS +(base image|docker engine|user namespace per workspace) ' || true)
 [[ -z "$missing" ]] || die "bunshin doctor reports missing pieces after the set-up: $missing"
 log "passed"
