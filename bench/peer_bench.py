@@ -47,6 +47,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _stats import pss_kib, summary  # noqa: E402
+from workspace_bench import idle_pss  # noqa: E402
 
 from bunshin_async import Image, Workspace, _paths  # noqa: E402
 
@@ -365,18 +366,9 @@ async def row_idle(image: Image, refs: dict[str, str], count: int) -> dict[str, 
     row: dict[str, Any] = {}
 
     async def bunshin() -> dict[str, Any]:
-        workspaces = [Workspace(image) for _ in range(count)]
-        try:
-            for ws in workspaces:
-                await ws.start()
-                await ws.exec(["true"])
-            await anyio.sleep(0.5)
-            pids = [pid for ws in workspaces if ws.cgroup for pid in ws.cgroup.pids()]
-            mib = pss_kib(pids) / 1024 / count
-            return {"median": round(mib, 2), "per_sandbox_mib": round(mib, 2), "host_helpers_mib": 0.0}
-        finally:
-            for ws in workspaces:
-                await ws.aclose()
+        fig = await idle_pss(lambda: Workspace(image), count)  # the workspace benchmark's own measurement
+        mib = fig["per_workspace_mib"]
+        return {"median": mib, "per_sandbox_mib": mib, "host_helpers_mib": 0.0}
 
     async def engine(name: str, base: tuple[str, ...], helper: str) -> dict[str, Any]:
         ids: list[str] = []
