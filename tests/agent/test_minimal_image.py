@@ -50,6 +50,9 @@ async def test_exec_files_and_shell_without_python_or_bash(busybox_image: Image)
         assert "sleep" not in (await ws.exec("ps -o comm")).stdout
 
         proc = await ws.spawn("echo up; exec sleep 1000", log_path="bg.log")
+        with anyio.fail_after(10):  # the kill must not race the echo
+            while (await ws.exec("cat bg.log")).stdout != "up\n":
+                await anyio.sleep(0.01)
         assert await proc.poll() is None
         await proc.kill()
         with anyio.fail_after(10):
