@@ -28,6 +28,7 @@ pointed at the project's CRIU the same way (runc finds ``criu`` on PATH).
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -317,32 +318,36 @@ async def row_fork(image: Image, refs: dict[str, str], mib: int, copies: list[in
         made: list[str] = []
         try:
             digest = await run(DOCKER, "exec", cid, "sh", "-c", WAIT_GUEST, timeout=600)
-            with tempfile.TemporaryDirectory(prefix="bunshin-peer-dcp-", dir="/var/tmp") as tmp:
-                for n in copies:
-                    cp = f"cp{n}"
-                    t = time.perf_counter()
-                    await run(DOCKER, "checkpoint", "create", "--leave-running", f"--checkpoint-dir={tmp}", cid, cp,
-                              timeout=600)  # fmt: skip
-                    names = []
-                    for i in range(n):
-                        name = f"bunshin-peer-{os.getpid()}-{n}-{i}"
-                        await run(DOCKER, "create", "--name", name, "--network=none", "--security-opt",
-                                  "seccomp=unconfined", refs["docker"], *guest)  # fmt: skip
-                        made.append(name)
-                        names.append(name)
-                        # Restoring one container's checkpoint into another is where Docker is known to fall short.
-                        await run(DOCKER, "start", f"--checkpoint-dir={tmp}", "--checkpoint", cp, name, timeout=600)
-                    ms = (time.perf_counter() - t) * 1000
-                    pids: list[int] = []
-                    for name in names:
-                        got = await run(DOCKER, "exec", name, "cat", "/workspace/digest")
-                        if got != digest:
-                            raise PeerFailed(f"restored {name} has digest {got!r}, parent {digest!r}")
-                        pids += tree_pids(int(await run(DOCKER, "inspect", "-f", "{{.State.Pid}}", name)))
-                    out[str(n)] = {"ms": round(ms, 1), "total_pss_mib": round(pss_kib(pids) / 1024, 1)}
-                    for name in names:
-                        await run(DOCKER, "rm", "-f", name, check=False)
-                        made.remove(name)
+            for n in copies:
+                cp = f"cp{n}"
+                t = time.perf_counter()
+                await run(DOCKER, "checkpoint", "create", "--leave-running", cid, cp, timeout=600)
+                names = []
+                for i in range(n):
+                    name = f"bunshin-peer-{os.getpid()}-{n}-{i}"
+                    await run(DOCKER, "create", "--name", name, "--network=none", "--security-opt",
+                              "seccomp=unconfined", refs["docker"], *guest)  # fmt: skip
+                    made.append(name)
+                    names.append(name)
+                    # Docker 20.10 restores only from a container's own checkpoint dir (`--checkpoint-dir` on
+                    # start: "custom checkpointdir is not supported"), so the checkpoint is copied there, the
+                    # known workaround; restoring one checkpoint into other containers is where Docker falls short.
+                    new_id = await run(DOCKER, "inspect", "-f", "{{.Id}}", name)
+                    src = Path(f"/var/lib/docker/containers/{cid}/checkpoints/{cp}")
+                    dst = Path(f"/var/lib/docker/containers/{new_id}/checkpoints/{cp}")
+                    await anyio.to_thread.run_sync(functools.partial(shutil.copytree, src, dst, symlinks=True))
+                    await run(DOCKER, "start", "--checkpoint", cp, name, timeout=600)
+                ms = (time.perf_counter() - t) * 1000
+                pids: list[int] = []
+                for name in names:
+                    got = await run(DOCKER, "exec", name, "cat", "/workspace/digest")
+                    if got != digest:
+                        raise PeerFailed(f"restored {name} has digest {got!r}, parent {digest!r}")
+                    pids += tree_pids(int(await run(DOCKER, "inspect", "-f", "{{.State.Pid}}", name)))
+                out[str(n)] = {"ms": round(ms, 1), "total_pss_mib": round(pss_kib(pids) / 1024, 1)}
+                for name in names:
+                    await run(DOCKER, "rm", "-f", name, check=False)
+                    made.remove(name)
         finally:
             for name in made:
                 await run(DOCKER, "rm", "-f", name, check=False)
