@@ -66,6 +66,10 @@ class PeerFailed(Exception):
 
 
 async def run(*argv: str, timeout: float = 300, check: bool = True, env: dict[str, str] | None = None) -> str:
+    if argv[:4] == (*podman(), "run"):
+        # Explicit nofile/nproc: podman 4.3 hands runc the limits it raised for itself, which runc 1.1.5 then fails
+        # to set (EPERM) once it has dropped CAP_SYS_RESOURCE.
+        argv = (*argv[:4], "--ulimit", "nofile=1024:4096", "--ulimit", "nproc=4096:4096", *argv[4:])
     with anyio.fail_after(timeout):
         res = await anyio.run_process(list(argv), check=False, env=env)
     if check and res.returncode:
@@ -75,10 +79,6 @@ async def run(*argv: str, timeout: float = 300, check: bool = True, env: dict[st
 
 
 def podman(*args: str) -> tuple[str, ...]:
-    """A podman command line. ``run`` gets explicit nofile/nproc limits: podman 4.3 hands runc the limits it raised
-    for itself, which runc 1.1.5 then fails to set (EPERM) once it has dropped CAP_SYS_RESOURCE."""
-    if args and args[0] == "run":
-        args = ("run", "--ulimit", "nofile=1024:4096", "--ulimit", "nproc=4096:4096", *args[1:])
     return ("podman", "--runtime", "runc", *args)
 
 
@@ -340,9 +340,15 @@ async def row_fork(image: Image, refs: dict[str, str], mib: int, copies: list[in
                 ms = (time.perf_counter() - t) * 1000
                 pids: list[int] = []
                 for name in names:
-                    got = await run(DOCKER, "exec", name, "cat", "/workspace/digest")
+                    got = await run(DOCKER, "exec", name, "cat", "/workspace/digest", check=False)
                     if got != digest:
-                        raise PeerFailed(f"restored {name} has digest {got!r}, parent {digest!r}")
+                        alive = await run(DOCKER, "top", name, check=False)
+                        raise PeerFailed(
+                            f"restored {name} lacks the parent's files (digest {got!r}, parent {digest!r}): docker "
+                            "checkpoint carries the processes"
+                            + (" (running)" if "guest_state" in alive else " (not running)")
+                            + ", not the container's writable layer"
+                        )
                     pids += tree_pids(int(await run(DOCKER, "inspect", "-f", "{{.State.Pid}}", name)))
                 out[str(n)] = {"ms": round(ms, 1), "total_pss_mib": round(pss_kib(pids) / 1024, 1)}
                 for name in names:
