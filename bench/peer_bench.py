@@ -230,8 +230,12 @@ async def row_exec(image: Image, refs: dict[str, str], n: int) -> dict[str, Any]
                     exec_id = r.json()["Id"]
                     (await http.post(f"/exec/{exec_id}/start", json={"Detach": False})).raise_for_status()
                     # The start call can return before the engine has recorded the exit: wait for it.
-                    while (info := (await http.get(f"/exec/{exec_id}/json")).json())["Running"]:
+                    info = (await http.get(f"/exec/{exec_id}/json")).json()
+                    for _ in range(1000):
+                        if not info["Running"]:
+                            break
                         await anyio.sleep(0.001)
+                        info = (await http.get(f"/exec/{exec_id}/json")).json()
                     if info["ExitCode"] != 0:
                         raise PeerFailed(f"exec of true exited {info['ExitCode']}")
 
