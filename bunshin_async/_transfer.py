@@ -48,6 +48,7 @@ from ._exceptions import ImageError, TransferError
 from ._fork import SetupStep, Snapshot
 from ._image import Image, agent_layer
 from ._kernel import Limits
+from ._security import Security
 
 __all__ = ["FORMAT", "SnapshotRecord", "TransferStats", "export_snapshot", "import_snapshot", "snapshot_record"]
 
@@ -83,6 +84,8 @@ class SnapshotRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     setup: list[tuple[SetupStep, int]]
     layers: list[str]
     mem_chain: list[str]
+    user: str | None = None
+    security: Security = Security()
 
 
 class Header(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -162,6 +165,8 @@ def snapshot_record(snap: Snapshot) -> SnapshotRecord:
         setup=list(snap.setup),
         layers=[p.name for p in _fork.chain_layers(snap.lower)],
         mem_chain=mem,
+        user=snap.user,
+        security=snap.security,
     )
 
 
@@ -504,6 +509,8 @@ def _install(record: SnapshotRecord, image: Image, agent: Path, snap_stage: Path
                 mode=record.mode,
                 setup=list(record.setup),
                 fresh_net=record.fresh_net,
+                user=record.user,
+                security=record.security,
             )
             _fork.hold_layers([snap.path, *_fork.chain_layers(snap.lower)], snap._user)
         except BaseException:
