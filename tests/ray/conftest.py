@@ -81,7 +81,7 @@ class RayEnv:
             home.remove()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_env() -> Iterator[RayEnv]:
     env = RayEnv()
     try:
@@ -90,9 +90,9 @@ def ray_env() -> Iterator[RayEnv]:
         env.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def hosts(ray_env: RayEnv) -> Iterator[dict[str, Any]]:
-    """The host actors, started once per session (``RayCluster.start``; restarted by a test that kills one)."""
+    """The host actors, started once per module (``RayCluster.start``; restarted by a test that kills one)."""
     state: dict[str, Any] = {}
     yield state
     cluster = state.get("cluster")
