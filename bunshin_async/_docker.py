@@ -62,7 +62,8 @@ class AiodockerEngine:
         except Exception as exc:  # aiodocker.DockerError, aiohttp's connection errors
             raise self._translate(exc, ref) from exc
         finally:
-            await docker.close()
+            with anyio.CancelScope(shield=True):  # a cancelled import must still close its connections
+                await docker.close()
         image_id = info.get("Id")
         if not isinstance(image_id, str):
             raise ImageError(f"the Docker engine gave no image ID for {ref!r}", image=ref)
@@ -78,4 +79,5 @@ class AiodockerEngine:
         except Exception as exc:
             raise self._translate(exc, ref) from exc
         finally:
-            await docker.close()
+            with anyio.CancelScope(shield=True):  # a cancelled import must still close its connections
+                await docker.close()
