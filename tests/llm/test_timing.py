@@ -59,8 +59,11 @@ async def test_recorded_two_seconds(make_client: Any) -> None:
 async def test_non_streaming_recorded(make_client: Any) -> None:
     t = traj("slow", Step("bash", COMMAND, llm_seconds=0.5), Step(None))
     async with replay_server([t], timing=RecordedTiming()) as url:
+        client = make_client(url)
+        # Warm-up: the first call pays the SDK's connection and lazily built response models (~0.1-0.3 s here).
+        await client.chat.completions.create(model="replay:slow:0", messages=MSGS, tools=TOOLS)
         start = time.monotonic()
-        done = await make_client(url).chat.completions.create(model="replay:slow:0", messages=MSGS, tools=TOOLS)
+        done = await client.chat.completions.create(model="replay:slow:0", messages=MSGS, tools=TOOLS)
         took = time.monotonic() - start
     assert 0.45 <= took <= 0.6
     assert done.choices[0].message.tool_calls[0].function.arguments == '{"command":"' + COMMAND["command"] + '"}'
@@ -146,7 +149,9 @@ async def test_64_concurrent_openai_streams_cli_server(tmp_path: Path, make_clie
                 return (await _timed_turn(client, "replay:c:0"))[1]
 
             await _concurrent(64, run_one)  # warm-up: connections and the SDK's lazily built models
-            await _all_within("64 streams, CLI server + openai SDK", run_one)
+            # The SDK parses every chunk of 64 streams into pydantic models on one core of two: measured 1.04-1.17 s
+            # on 2026-11-29 and 1.11-1.47 s on 2026-12-01 (load 1.2); 1.5 s still tells concurrent from serialized.
+            await _all_within("64 streams, CLI server + openai SDK", run_one, high=1.5)
         finally:
             proc.terminate()
 
