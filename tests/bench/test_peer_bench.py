@@ -46,4 +46,5 @@ def test_quick_run_reports_every_peer(tmp_path: Path) -> None:
     # Bunshin itself must never be a failed row: it is what the others are compared with.
     for row in ROWS:
         assert "failed" not in out[row]["bunshin"], out[row]["bunshin"]
-    assert out["live_fork"]["bunshin"]["2"]["total_pss_mib"] < 2 * out["live_fork"]["bunshin"]["1"]["total_pss_mib"]
+    # Copy-on-write: two copies of a workspace holding ``mib`` MiB of state together hold less than one private copy.
+    assert out["live_fork"]["bunshin"]["2"]["total_pss_mib"] < out["mib"]
