@@ -137,7 +137,7 @@ def snapshot_record(snap: Snapshot) -> SnapshotRecord:
     """The record of ``snap`` (blocking: reads its directories). Raises ``TransferError`` for a snapshot whose
     lower chain is not ``layers + agent layer + image`` (one copied past ``MAX_LAYERS`` is)."""
     tail = _lower_tail(snap)
-    if len(tail) != 2 or tail[1] != snap.image.rootfs:
+    if len(tail) < 2 or tail[1:] != snap.image.lower_dirs.split(":"):  # an imported image is several layers
         raise TransferError(
             f"snapshot {snap.id}: its lower chain is not layers, agent layer and image; it cannot be exported",
             snapshot_id=snap.id,
@@ -499,7 +499,7 @@ def _install(record: SnapshotRecord, image: Image, agent: Path, snap_stage: Path
             snap = Snapshot.adopt(
                 new_id,
                 workspace_id=record.workspace_id,
-                lower=":".join([*(str(layers / n) for n in lays), str(agent), image.rootfs]),
+                lower=":".join([*(str(layers / n) for n in lays), str(agent), image.lower_dirs]),
                 image=image,
                 limits=record.limits,
                 workdir=record.workdir,
