@@ -13,6 +13,7 @@ demo: setup
 
 lint: setup
 	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
 	.venv/bin/mypy
 
 test: setup lint fresh-check

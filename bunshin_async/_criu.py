@@ -80,6 +80,7 @@ COW_RESTORE = "cow-restore"
 image, so copies share pages until they write them; with ``CRIU_COW_ANON_PREFIX=<dir>/`` a dump treats mappings of
 pages images under that dir as anonymous memory (forks of such copies)."""
 
+
 class _Probe(msgspec.Struct, frozen=True):
     """What one ``criu --version`` said: its version, the ``Features:`` it lists, why it cannot be used (None when
     it answered)."""

@@ -72,10 +72,15 @@ class AiodockerEngine:
     async def save(self, ref: str, dest: Path) -> None:
         docker = self._client()
         try:
-            async with docker.images.export_image(ref) as stream:
-                async with await anyio.open_file(dest, "wb") as out:
-                    while chunk := await stream.read(1 << 20):
-                        await out.write(chunk)
+            # Not ``images.export_image``: its context manager never closes the response, so a cancelled export
+            # leaves an acquired connection behind (aiodocker 0.27). ``_query`` is what it wraps.
+            async with docker._query(f"images/{ref}/get", "GET", timeout=None) as response:
+                try:
+                    async with await anyio.open_file(dest, "wb") as out:
+                        while chunk := await response.content.read(1 << 20):
+                            await out.write(chunk)
+                finally:
+                    response.close()
         except Exception as exc:
             raise self._translate(exc, ref) from exc
         finally:

@@ -53,8 +53,14 @@ TESTS = f"{PY} -m unittest -q"
 VARIANTS = [
     ["cat statkit/__init__.py", SED_FIX, f"{PY} repro.py", TESTS],
     ["grep -n 'len(xs)' statkit/__init__.py", HEREDOC_FIX, TESTS],
-    ["nl -ba statkit/__init__.py", WRONG_FIX, TESTS, "git diff --no-index /dev/null statkit/__init__.py | head -20",
-     SED_FIX.replace("(len(xs) - 1)", "(len(xs) + 1)"), TESTS],
+    [
+        "nl -ba statkit/__init__.py",
+        WRONG_FIX,
+        TESTS,
+        "git diff --no-index /dev/null statkit/__init__.py | head -20",
+        SED_FIX.replace("(len(xs) - 1)", "(len(xs) + 1)"),
+        TESTS,
+    ],
     ["cat tests/test_statkit.py", "cat statkit/__init__.py", SED_FIX, TESTS, f"{PY} repro.py"],
 ]
 
@@ -70,7 +76,12 @@ def calc_trajectories(n: int, seed: int = 0, llm_median: float = 1.0, sigma: flo
             Step(tool="bash", args={"command": c}, llm_seconds=round(rng.lognormvariate(0, sigma) * llm_median, 3))
             for c in commands
         ]
-        steps.append(Step(tool=None, assistant_text="Fixed the off-by-one in mean().",
-                          llm_seconds=round(rng.lognormvariate(0, sigma) * llm_median, 3)))
+        steps.append(
+            Step(
+                tool=None,
+                assistant_text="Fixed the off-by-one in mean().",
+                llm_seconds=round(rng.lognormvariate(0, sigma) * llm_median, 3),
+            )
+        )
         out.append(Trajectory(task_id="calc", rollout=i, steps=steps))
     return out

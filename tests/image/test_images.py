@@ -3,12 +3,15 @@ with processes and memory, the formats ``docker save`` writes, and a GRPO group 
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
+import aiohttp
 import anyio
 import pytest
 
 from bunshin_async import Image, ImageError, InvalidArgument, Workspace
+from bunshin_async._docker import AiodockerEngine
 from bunshin_async._layers import LayerStore
 from bunshin_async._rollout import GroupRollout, RolloutContext, Task
 from bunshin_async._trajectory import Step, Trajectory
@@ -170,3 +173,19 @@ async def test_cancelled_engine_import_leaves_nothing(
         assert [p.name for p in fresh_store.layers.iterdir() if p.name.startswith(".tmp-")] == []
     image = await Image.from_docker(tag, store=fresh_store)  # and a later import completes
     assert image.digest == layers_image.digest
+
+
+async def test_export_cancelled_mid_stream_closes_its_response(bookworm_tag: str, tmp_path: Path) -> None:
+    """Cancelled once the archive has started to arrive (not at a guessed delay), the engine's response is closed
+    there and then, not left to the garbage collector (which warns of an unclosed connection, in whatever test)."""
+    tag = _build.build("layers", bookworm_tag)
+    dest = tmp_path / "image.tar"
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(AiodockerEngine().save, tag, dest)
+        with anyio.fail_after(60):
+            while not dest.exists() or dest.stat().st_size == 0:
+                await anyio.sleep(0.005)
+        tg.cancel_scope.cancel()
+    assert 0 < dest.stat().st_size
+    unclosed = [o for o in gc.get_objects() if isinstance(o, aiohttp.ClientResponse) and not o.closed]
+    assert unclosed == []

@@ -63,21 +63,35 @@ def _tree_bytes(path: Path) -> int:
     return total
 
 
+def host_processes() -> dict[int, str]:
+    """This process's descendants and every process in its workspaces' cgroups: pid -> what it is."""
+    procs = {p.pid: p for p in psutil.Process().children(recursive=True)}
+    for ctrl in [CGROUP_ROOT, *CGROUP_ROOT.iterdir()] if CGROUP_ROOT.exists() else []:
+        parent = ctrl / parent_name()
+        for root, _dirs, _files in os.walk(parent) if parent.is_dir() else []:
+            try:
+                for pid in {int(x) for x in Path(root, "cgroup.procs").read_text().split()} - procs.keys():
+                    procs[pid] = psutil.Process(pid)
+            except (OSError, psutil.NoSuchProcess):
+                pass
+    out = {}
+    for pid, proc in procs.items():
+        try:
+            out[pid] = f"{pid} {proc.status()} ppid {proc.ppid()} {' '.join(proc.cmdline())[:120] or proc.name()}"
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
 def host_state() -> HostState:
     """What this process holds on the host now (blocking)."""
     rundir, snaps = str(_paths.workspaces_dir()), str(snapshot_dir())
-    pids = {p.pid for p in psutil.Process().children(recursive=True)}
+    pids = host_processes()
     cgroups = 0
     for ctrl in [CGROUP_ROOT, *CGROUP_ROOT.iterdir()] if CGROUP_ROOT.exists() else []:
         parent = ctrl / parent_name()
-        if not parent.is_dir():
-            continue
-        for root, dirs, _files in os.walk(parent):
+        for _root, dirs, _files in os.walk(parent) if parent.is_dir() else []:
             cgroups += len(dirs)
-            try:
-                pids |= {int(x) for x in Path(root, "cgroup.procs").read_text().split()}
-            except OSError:
-                pass
     with open("/proc/self/mountinfo") as f:
         mounts = sum(1 for line in f if rundir in line.split()[4] or line.split()[4].startswith(snaps + "/"))
     base = Path(rundir)

@@ -49,8 +49,12 @@ async def test_cannot_reach_a_host_loopback_server() -> None:
             assert links.stdout.split() == ["lo"]
             # Its own loopback works.
             r = await ws.exec(
-                ["python3", "-c", "import socket;s=socket.create_server(('127.0.0.1',8080));"
-                 "c=socket.create_connection(('127.0.0.1',8080));print('ok')"]
+                [
+                    "python3",
+                    "-c",
+                    "import socket;s=socket.create_server(('127.0.0.1',8080));"
+                    "c=socket.create_connection(('127.0.0.1',8080));print('ok')",
+                ]
             )
             assert r.stdout == "ok\n"
     finally:
