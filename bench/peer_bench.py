@@ -65,7 +65,15 @@ class PeerFailed(Exception):
     """A peer could not do what a row asks; the reason goes into the JSON."""
 
 
+# Every container this run starts carries it, so whatever a failed step left (a container created but never
+# started, say) is removed at the end.
+RUN_LABEL = f"bunshin-peer-run={os.getpid()}"
+
+
 async def run(*argv: str, timeout: float = 300, check: bool = True, env: dict[str, str] | None = None) -> str:
+    for cli in ((DOCKER,), podman()):
+        if argv[: len(cli) + 1] == (*cli, "run"):
+            argv = (*argv[: len(cli) + 1], "--label", RUN_LABEL, *argv[len(cli) + 1 :])
     if argv[:4] == (*podman(), "run"):
         # Explicit nofile/nproc: podman 4.3 hands runc the limits it raised for itself, which runc 1.1.5 then fails
         # to set (EPERM) once it has dropped CAP_SYS_RESOURCE.
@@ -495,11 +503,18 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "image": image.name,
         "mib": args.mib,
     }
-    out["create_to_first_exec"] = await row_create(image, refs, args.repeat)
-    out["exec_round_trip"] = await row_exec(image, refs, args.repeat)
-    out["live_fork"] = await row_fork(image, refs, args.mib, [1, args.copies])
-    out["idle_memory"] = await row_idle(image, refs, args.idle)
-    out["concurrent_creations"] = await row_concurrent(image, refs, args.concurrent)
+    try:
+        out["create_to_first_exec"] = await row_create(image, refs, args.repeat)
+        out["exec_round_trip"] = await row_exec(image, refs, args.repeat)
+        out["live_fork"] = await row_fork(image, refs, args.mib, [1, args.copies])
+        out["idle_memory"] = await row_idle(image, refs, args.idle)
+        out["concurrent_creations"] = await row_concurrent(image, refs, args.concurrent)
+    finally:
+        with anyio.CancelScope(shield=True):
+            for cli in ((DOCKER,), podman()):
+                left = (await run(*cli, "ps", "-aq", "--filter", f"label={RUN_LABEL}", check=False)).split()
+                if left:
+                    await run(*cli, "rm", "-f", *left, check=False)
     return out
 
 

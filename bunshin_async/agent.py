@@ -280,13 +280,6 @@ async def _turn(
 ) -> tuple[MessageFinished, Any, float, dict[int, _Executed]]:
     """One model call; its tool calls run as their arguments complete (or after the message, if not ``early``)."""
     executed: dict[int, _Executed] = {}
-    send, receive = anyio.create_memory_object_stream[ToolCall](max_buffer_size=64)
-
-    async def worker() -> None:
-        async with receive:
-            async for call in receive:
-                executed[call.index] = await _execute(executor, call, max_chars)
-
     start = time.monotonic()
     stream = await client.chat.completions.create(
         model=model,
@@ -296,9 +289,16 @@ async def _turn(
         stream_options={"include_usage": True},
         **options,
     )
+    # Made after the request (a budget may cancel it) and closed by the blocks below whatever happens.
+    send, receive = anyio.create_memory_object_stream[ToolCall](max_buffer_size=64)
+
+    async def worker() -> None:
+        async for call in receive:
+            executed[call.index] = await _execute(executor, call, max_chars)
+
     finished: MessageFinished | None = None
     usage = None
-    async with _one_error(), anyio.create_task_group() as tg, send:
+    async with _one_error(), receive, anyio.create_task_group() as tg, send:
         tg.start_soon(worker)
         async with tap_openai_stream(stream, specs, keep_chunks=False) as tap:
             async for event in tap:
