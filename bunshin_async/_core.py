@@ -46,7 +46,7 @@ from ._image import AGENT_DIR, Image, agent_layer
 from ._kernel import Cgroup, Limits, devices_controller, mount_disk, unmount_disk
 from ._security import Security
 
-__all__ = ["SetupStep", "WorkspaceCore"]
+__all__ = ["SetupStep", "WorkspaceCore", "WorkspaceSpec"]
 
 START_TIMEOUT = 30.0
 CLOSE_TIMEOUT = 10.0
@@ -114,30 +114,29 @@ async def reap_pid1(pidfd: int) -> None:
         pass
 
 
-class WorkspaceCore:
-    """A workspace's host state and its lifecycle (module doc). The configuration (``image`` ... ``user``) is what
-    a workspace was made with; the rest is host state, changed only by this class and the fork layer."""
+class WorkspaceSpec(msgspec.Struct, frozen=True):
+    """How a workspace is made (``Workspace``'s arguments, resolved): what a snapshot records and its copies get."""
 
-    def __init__(
-        self,
-        image: Image | None,
-        *,
-        limits: Limits,
-        security: Security,
-        workdir: str,
-        env: dict[str, str],
-        hostname: str,
-        max_output: int,
-        user: str | None,
-    ) -> None:
-        self.image = image  # None until the facade resolves its default
-        self.limits = limits
-        self.security = security
-        self.workdir = workdir
-        self.env = env
-        self.hostname = hostname
-        self.max_output = max_output
-        self.user = user
+    image: Image | None  # None until the facade resolves its default (``Workspace.image``)
+    limits: Limits
+    security: Security
+    workdir: str
+    env: dict[str, str]
+    hostname: str
+    max_output: int
+    user: str | None
+
+    def detached(self) -> WorkspaceSpec:
+        """A copy whose ``env`` is its own (a snapshot's must not follow later changes to the workspace's)."""
+        return msgspec.structs.replace(self, env=dict(self.env))
+
+
+class WorkspaceCore:
+    """A workspace's host state and its lifecycle (module doc): ``spec`` is how it was made; the rest is host
+    state, changed only by this class and the fork layer."""
+
+    def __init__(self, spec: WorkspaceSpec) -> None:
+        self.spec = spec
         self.id = secrets.token_hex(6)
         self.dir = _paths.workspaces_dir() / self.id
         self.state = "new"
@@ -172,7 +171,7 @@ class WorkspaceCore:
             raise CapabilityMissing(
                 "workspaces need root (namespaces, mounts, cgroups)", capability="root", remedy="run as root"
             )
-        image = self.image
+        image = self.spec.image
         assert image is not None
         if len(image.lower_dirs) + 2 * len(str(self.dir)) > MOUNT_OPTIONS_MAX:
             raise ImageError(
@@ -184,7 +183,7 @@ class WorkspaceCore:
             prime_attach()  # the shim's cgroup attach then waits no grace period: the agent is ready sooner
             layer = await anyio.to_thread.run_sync(agent_layer)
             self.make_dirs()
-            self.security.log_relaxations(self.id)
+            self.spec.security.log_relaxations(self.id)
             self.create_cgroup()
             self.lower = f"{layer}:{image.lower_dirs}"
             await self.spawn()
@@ -205,34 +204,34 @@ class WorkspaceCore:
     def make_dirs(self, upper: bool = True) -> None:
         """The workspace's host directory, with an ``owner`` file (our pid and start time) for ``bunshin gc``.
         A restored copy makes its upper dir itself (``upper=False``)."""
-        if self.limits.disk is not None:  # the upper and work dirs on a tmpfs of that size (Limits.disk)
+        if self.spec.limits.disk is not None:  # the upper and work dirs on a tmpfs of that size (Limits.disk)
             self.dir.mkdir(parents=True)
-            mount_disk(self.dir, self.limits.disk)
+            mount_disk(self.dir, self.spec.limits.disk)
         for sub in ("upper", "work", "root") if upper else ("work", "root"):
             (self.dir / sub).mkdir(parents=True)
         (self.dir / "owner").write_text(_kernel.owner_token(os.getpid()))
 
     def create_cgroup(self) -> None:
-        self.cgroup = Cgroup.create(f"ws-{self.id}", self.limits, self.security.device_rules())
+        self.cgroup = Cgroup.create(f"ws-{self.id}", self.spec.limits, self.spec.security.device_rules())
 
     async def spawn(self) -> None:
         """Start bunshin-init over ``lower`` (set by ``start``, or a snapshot's chain for a filesystem-only copy)."""
         assert self.cgroup is not None and self.lower is not None
-        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "BUNSHIN_WORKDIR": self.workdir}
+        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "BUNSHIN_WORKDIR": self.spec.workdir}
         argv = [
             str(_paths.init_binary()),
             "--lower", self.lower,
             "--upper", str(self.dir / "upper"),
             "--work", str(self.dir / "work"),
             "--root", str(self.dir / "root"),
-            "--hostname", self.hostname,
+            "--hostname", self.spec.hostname,
             "--agent", f"{AGENT_DIR}/bunshin-agent",
-            "--workdir", self.workdir,
+            "--workdir", self.spec.workdir,
             "--self", f"{AGENT_DIR}/bunshin-init",
         ]  # fmt: skip
         for procs in self.cgroup.procs_files:
             argv += ["--cgroup", procs]
-        argv += self.security.init_args(nofile=self.limits.nofile, mknod=_mknod_allowed(self.security))
+        argv += self.spec.security.init_args(nofile=self.spec.limits.nofile, mknod=_mknod_allowed(self.spec.security))
         for key, value in env.items():
             argv += ["--env", f"{key}={value}"]
         self.shim = await anyio.open_process(

@@ -275,6 +275,16 @@ class Cgroup:
                 delay = min(delay * 2, 0.05)
 
 
+def task_status(pid: int) -> dict[str, str] | None:
+    """The fields of ``/proc/<pid>/status`` (proc(5): ``PPid``, ``State``, ``TracerPid``, ``NSpid``, the task's pid
+    in each pid namespace it is in, innermost last), stripped; None once it is gone (blocking)."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    return {k: v.strip() for k, v in (line.split(":", 1) for line in text.splitlines() if ":" in line)}
+
+
 def _start_time(pid: int) -> str | None:
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:

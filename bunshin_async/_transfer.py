@@ -43,7 +43,7 @@ import anyio
 import anyio.abc
 import msgspec
 
-from ._core import SetupStep
+from ._core import SetupStep, WorkspaceSpec
 from ._exceptions import ImageError, TransferError
 from ._fork import _layers
 from ._fork._snapshot import Snapshot
@@ -157,17 +157,17 @@ def snapshot_record(snap: Snapshot) -> SnapshotRecord:
         image_name=snap.image.name,
         image_digest=snap.image.digest,
         agent_layer=Path(tail[0]).parent.name,
-        limits=snap.limits,
-        workdir=snap.workdir,
-        env=dict(snap.env),
-        hostname=snap.hostname,
-        max_output=snap.max_output,
+        limits=snap.spec.limits,
+        workdir=snap.spec.workdir,
+        env=dict(snap.spec.env),
+        hostname=snap.spec.hostname,
+        max_output=snap.spec.max_output,
         fresh_net=snap.fresh_net,
         setup=list(snap.setup),
         layers=[p.name for p in _layers.chain_layers(snap.lower)],
         mem_chain=mem,
-        user=snap.user,
-        security=snap.security,
+        user=snap.spec.user,
+        security=snap.spec.security,
     )
 
 
@@ -501,17 +501,19 @@ def _install(record: SnapshotRecord, image: Image, agent: Path, snap_stage: Path
                 new_id,
                 workspace_id=record.workspace_id,
                 lower=":".join([*(str(layers / n) for n in lays), str(agent), image.lower_dirs]),
-                image=image,
-                limits=record.limits,
-                workdir=record.workdir,
-                env=dict(record.env),
-                hostname=record.hostname,
-                max_output=record.max_output,
+                spec=WorkspaceSpec(
+                    image,
+                    limits=record.limits,
+                    security=record.security,
+                    workdir=record.workdir,
+                    env=dict(record.env),
+                    hostname=record.hostname,
+                    max_output=record.max_output,
+                    user=record.user,
+                ),
                 mode=record.mode,
                 setup=list(record.setup),
                 fresh_net=record.fresh_net,
-                user=record.user,
-                security=record.security,
             )
             _layers.hold_layers([snap.path, *_layers.chain_layers(snap.lower)], snap.holder)
         except BaseException:

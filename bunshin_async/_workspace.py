@@ -17,10 +17,11 @@ from types import TracebackType
 from typing import Any, Generic, TypeVar
 
 import anyio
+import msgspec
 
 from . import _gui
 from . import _protocol as P
-from ._core import SetupStep, WorkspaceCore
+from ._core import SetupStep, WorkspaceCore, WorkspaceSpec
 from ._exceptions import InvalidArgument, WorkspaceClosed
 from ._fork import _dump, _restore
 from ._fork._snapshot import Snapshot
@@ -61,16 +62,23 @@ def _default_workdir(image_workdir: str | None) -> str:
 
 
 class _OnCore(Generic[T]):
-    """A ``Workspace`` attribute held by its core: the facade keeps no host state of its own."""
+    """A ``Workspace`` attribute held by its core (``spec``: by the core's ``WorkspaceSpec``, which setting it
+    replaces): the facade keeps no state of its own."""
+
+    def __init__(self, spec: bool = False) -> None:
+        self.spec = spec
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
 
     def __get__(self, ws: Any, owner: type | None = None) -> T:
-        return getattr(ws._core, self.name)  # type: ignore[no-any-return]
+        return getattr(ws._core.spec if self.spec else ws._core, self.name)  # type: ignore[no-any-return]
 
     def __set__(self, ws: Any, value: T) -> None:
-        setattr(ws._core, self.name, value)
+        if self.spec:
+            ws._core.spec = msgspec.structs.replace(ws._core.spec, **{self.name: value})
+        else:
+            setattr(ws._core, self.name, value)
 
 
 class Workspace:
@@ -110,7 +118,7 @@ class Workspace:
             workdir = _default_workdir(config.working_dir if config else None)
         if not workdir.startswith("/") or os.path.normpath(workdir) != workdir or workdir == "/":
             raise ValueError(f"workdir must be a normalized absolute path below /, not {workdir!r}")
-        self._core = WorkspaceCore(
+        spec = WorkspaceSpec(
             image,
             limits=limits or Limits(),
             security=security or Security(),
@@ -120,6 +128,7 @@ class Workspace:
             max_output=max_output,
             user=user if user is not None else (config.user if config else None),
         )
+        self._core = WorkspaceCore(spec)
         self.display = _gui.Display() if display is True else (display or None)
         """The display this workspace starts (None for a copy restored from a snapshot: it has its parent's)."""
         if self.display is not None:
@@ -129,13 +138,13 @@ class Workspace:
     id: _OnCore[str] = _OnCore()
     pid: _OnCore[int | None] = _OnCore()
     """Host pid of the workspace's pid 1."""
-    limits: _OnCore[Limits] = _OnCore()
-    security: _OnCore[Security] = _OnCore()
-    workdir: _OnCore[str] = _OnCore()
-    env: _OnCore[dict[str, str]] = _OnCore()
-    hostname: _OnCore[str] = _OnCore()
-    max_output: _OnCore[int] = _OnCore()
-    user: _OnCore[str | None] = _OnCore()
+    limits: _OnCore[Limits] = _OnCore(spec=True)
+    security: _OnCore[Security] = _OnCore(spec=True)
+    workdir: _OnCore[str] = _OnCore(spec=True)
+    env: _OnCore[dict[str, str]] = _OnCore(spec=True)
+    hostname: _OnCore[str] = _OnCore(spec=True)
+    max_output: _OnCore[int] = _OnCore(spec=True)
+    user: _OnCore[str | None] = _OnCore(spec=True)
 
     @classmethod
     def _facade(cls, core: WorkspaceCore) -> Workspace:
@@ -148,9 +157,11 @@ class Workspace:
 
     @property
     def image(self) -> Image:
-        if self._core.image is None:
-            self._core.image = Image.gui() if self.display is not None else Image.base()
-        return self._core.image
+        spec = self._core.spec
+        if spec.image is None:
+            spec = self._core.spec = msgspec.structs.replace(spec, image=Image.gui() if self.display else Image.base())
+        assert spec.image is not None
+        return spec.image
 
     @property
     def gui(self) -> _gui.Gui:

@@ -16,6 +16,7 @@ from .._core import WorkspaceCore
 from .._criu import CriuBackend, rpc
 from .._exceptions import ForkError
 from .._image import agent_layer
+from .._kernel import task_status
 from . import _layers, _quiesce, _restore
 from ._layers import MAX_MEM_CHAIN, chain_layers, hold_layers, mem_chain_depth, store_full
 from ._modes import dump_env, fs_only
@@ -91,18 +92,11 @@ async def _snapshot(ws: WorkspaceCore, backend: CriuBackend | None) -> Snapshot:
         raise ws.closed_error()
     backend = backend or _criu.default_backend()
     layer = await anyio.to_thread.run_sync(agent_layer)
-    assert ws.image is not None
+    assert ws.spec.image is not None
     snap = Snapshot(
         workspace_id=ws.id,
-        parent_lower=ws.lower or f"{layer}:{ws.image.lower_dirs}",
-        image=ws.image,
-        limits=ws.limits,
-        workdir=ws.workdir,
-        env=dict(ws.env),
-        hostname=ws.hostname,
-        max_output=ws.max_output,
-        user=ws.user,
-        security=ws.security,
+        parent_lower=ws.lower or f"{layer}:{ws.spec.image.lower_dirs}",
+        spec=ws.spec.detached(),
         mode="fs" if await anyio.to_thread.run_sync(fs_only) else "criu",
         setup=ws.setup,
     )
@@ -216,13 +210,8 @@ def _undumpable(ws: WorkspaceCore, after_failure: bool) -> str:
     criu/patches/0008 fails the dump at once on one, this check fails it before CRIU starts. ``after_failure``
     also names tasks in uninterruptible sleep, which the freezer may be unable to freeze (a hung FUSE or NFS
     request): CRIU then gives up after ``FREEZE_TIMEOUT``."""
-    tasks: dict[int, dict[str, str]] = {}
-    for pid in ws.cgroup.pids() if ws.cgroup is not None else []:
-        try:
-            text = Path(f"/proc/{pid}/status").read_text()
-        except OSError:
-            continue
-        tasks[pid] = {k: v.strip() for k, v in (line.split(":", 1) for line in text.splitlines() if ":" in line)}
+    pids = ws.cgroup.pids() if ws.cgroup is not None else []
+    tasks = {pid: status for pid in pids if (status := task_status(pid)) is not None}
 
     def name(pid: int, fields: dict[str, str] | None) -> str:
         if fields is None:
@@ -248,19 +237,13 @@ def _undumpable(ws: WorkspaceCore, after_failure: bool) -> str:
 
 def _live_ns_pids(ws: WorkspaceCore) -> set[int]:
     """In-workspace pids of the workspace's processes that have not exited (blocking; call it frozen). A spawned
-    process that exited is a zombie until the agent polls it; ``NSpid`` in /proc/<pid>/status lists a task's pid in
-    each pid namespace it is in, innermost last (proc(5))."""
-    live: set[int] = set()
-    for pid in ws.cgroup.pids() if ws.cgroup is not None else []:
-        try:
-            status = Path(f"/proc/{pid}/status").read_text()
-        except OSError:
-            continue
-        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-        nspid = fields.get("NSpid", "").split()
-        if nspid and not fields.get("State", "").strip().startswith(("Z", "X")):
-            live.add(int(nspid[-1]))
-    return live
+    process that exited is a zombie until the agent polls it; its innermost ``NSpid`` is its in-workspace pid."""
+    statuses = [task_status(pid) for pid in (ws.cgroup.pids() if ws.cgroup is not None else [])]
+    return {
+        int(s["NSpid"].split()[-1])
+        for s in statuses
+        if s and s.get("NSpid") and not s.get("State", "").startswith(("Z", "X"))
+    }
 
 
 def _dump_parent(ws: WorkspaceCore, snap: Snapshot) -> Path | None:

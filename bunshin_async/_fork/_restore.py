@@ -17,7 +17,7 @@ from .._compat import BaseExceptionGroup
 from .._core import WorkspaceCore, prime_attach
 from .._criu import CriuBackend, rpc
 from .._exceptions import BunshinError, ForkError
-from .._kernel import Cgroup
+from .._kernel import Cgroup, task_status
 from . import _layers
 from ._layers import MAX_LAYERS, chain_layers, hold_layers, release_layers, store_full
 from ._modes import ksm_enable, mode_wrapper, restore_mode
@@ -51,44 +51,30 @@ def _strays(cgroup: Cgroup) -> list[int]:
     (a restored root task, through rst_sibling). CRIU itself is in the cgroup too (the restore wrapper joined it)
     and our child, but the CRIU backend reaps it: reaping it here made asyncio's child watcher report a lost
     child."""
-    me, ours = os.getpid(), []
+    ours = []
     for pid in cgroup.pids():
+        status = task_status(pid)
         try:
-            with open(f"/proc/{pid}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            nspids = next(
-                (
-                    line.split()[1:]
-                    for line in Path(f"/proc/{pid}/status").read_text().splitlines()
-                    if line.startswith("NSpid:")
-                ),
-                [],
-            )
             os.kill(pid, signal.SIGKILL)
-        except (OSError, ValueError, IndexError):
+        except OSError:
             continue
-        if ppid == me and len(nspids) > 1:
+        if status is not None and _restored_child(status):
             ours.append(pid)
     return ours
+
+
+def _restored_child(status: dict[str, str]) -> bool:
+    """Whether a task is our child in another pid namespace (a restored root task, through rst_sibling)."""
+    return status.get("PPid") == str(os.getpid()) and len(status.get("NSpid", "").split()) > 1
 
 
 def _dead_restored_children() -> list[int]:
     """Our zombie children in another pid namespace: a restored root task (our child through rst_sibling) that
     died with a failed restore has left its cgroup already, so ``_strays`` cannot see it (blocking)."""
-    me, out = str(os.getpid()), []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            status = dict(
-                line.split(":", 1) for line in Path(f"/proc/{entry}/status").read_text().splitlines() if ":" in line
-            )
-        except OSError:
-            continue
-        if status.get("PPid", "").strip() == me and status.get("State", "").strip().startswith("Z"):
-            if len(status.get("NSpid", "").split()) > 1:
-                out.append(int(entry))
-    return out
+    pids = [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
+    return [
+        pid for pid in pids if (s := task_status(pid)) and s.get("State", "").startswith("Z") and _restored_child(s)
+    ]
 
 
 async def _reap_strays(cgroup: Cgroup) -> None:
@@ -253,16 +239,7 @@ async def _restart(ws: WorkspaceCore, snap: Snapshot) -> None:
 
 def new_core(snap: Snapshot) -> WorkspaceCore:
     """The factory of copies: a not-yet-started core with the configuration ``snap`` recorded."""
-    return WorkspaceCore(
-        snap.image,
-        limits=snap.limits,
-        security=snap.security,
-        workdir=snap.workdir,
-        env=dict(snap.env),
-        hostname=snap.hostname,
-        max_output=snap.max_output,
-        user=snap.user,
-    )
+    return WorkspaceCore(snap.spec.detached())
 
 
 async def copies(snap: Snapshot, n: int) -> list[WorkspaceCore]:

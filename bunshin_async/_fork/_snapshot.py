@@ -9,11 +9,9 @@ from typing import Any
 
 import anyio
 
-from .._core import SetupStep
+from .._core import SetupStep, WorkspaceSpec
 from .._exceptions import ForkError
 from .._image import Image
-from .._kernel import Limits
-from .._security import Security
 from . import _layers
 from ._layers import chain_layers, layers_dir, release_layers, snapshot_dir
 from ._spares import SparePool
@@ -32,14 +30,7 @@ class Snapshot:
         *,
         workspace_id: str,
         parent_lower: str,
-        image: Image,
-        limits: Limits,
-        workdir: str,
-        env: dict[str, str],
-        hostname: str,
-        max_output: int,
-        user: str | None = None,
-        security: Security,
+        spec: WorkspaceSpec,
         mode: str = "criu",
         setup: list[tuple[SetupStep, int]] | None = None,
     ) -> None:
@@ -53,14 +44,8 @@ class Snapshot:
         self.parent_lower = parent_lower
         self.lower = f"{self.layer}:{parent_lower}"
         self._layer_lock = anyio.Lock()
-        self.image = image
-        self.limits = limits
-        self.workdir = workdir
-        self.env = env
-        self.hostname = hostname
-        self.max_output = max_output
-        self.user = user
-        self.security = security
+        self.spec = spec
+        """How the workspace was made (its ``env`` a copy): what each copy gets."""
         self.dump_ms: float | None = None
         self.frozen_ms: float | None = None
         self.fresh_net = False
@@ -68,6 +53,11 @@ class Snapshot:
         self._closed = False
         self.spares: SparePool | None = None
         """The pool keeping warm spares of this snapshot (``keep_spares``), while one does."""
+
+    @property
+    def image(self) -> Image:
+        assert self.spec.image is not None  # a running workspace's image is resolved
+        return self.spec.image
 
     @property
     def images(self) -> Path:
@@ -107,7 +97,7 @@ class Snapshot:
 
     def keep_spares(self, k: int) -> SparePool:
         """A pool keeping ``k`` frozen, pre-restored copies for ``Workspace.from_snapshot`` to hand out in
-        milliseconds (``async with snap.keep_spares(k):``; see ``bunshin_async._spares``)."""
+        milliseconds (``async with snap.keep_spares(k):``; see ``bunshin_async._fork._spares``)."""
         return SparePool(self, k)
 
     async def aclose(self) -> None:
