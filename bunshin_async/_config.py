@@ -53,11 +53,14 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
         if unknown:
             raise TypeError(f"unknown settings {sorted(unknown)}; known: {list(Config.__struct_fields__)}")
         new = {k: v for k, v in _overrides.items() if k not in changes}
-        new.update({k: v for k, v in changes.items() if v is not None})
+        new.update(
+            {k: Path(v) if k in _PATHS and isinstance(v, str) else v for k, v in changes.items() if v is not None}
+        )
         config = msgspec.convert({**msgspec.structs.asdict(Config()), **new}, Config, strict=False)
         _overrides.clear()
-        _overrides.update({k: getattr(config, k) for k in new})  # checked and converted (a str path to a Path)
+        _overrides.update({k: getattr(config, k) for k in new})  # checked (strict=False: "3" is a log level too)
         return config
 
 
 _overrides: dict[str, object] = {}
+_PATHS = ("snapshot_dir", "run_dir")
