@@ -157,11 +157,10 @@ class Workspace:
 
     @property
     def image(self) -> Image:
-        spec = self._core.spec
-        if spec.image is None:
-            spec = self._core.spec = msgspec.structs.replace(spec, image=Image.gui() if self.display else Image.base())
-        assert spec.image is not None
-        return spec.image
+        if self._core.spec.image is None:
+            image = Image.gui() if self.display is not None else Image.base()
+            self._core.spec = msgspec.structs.replace(self._core.spec, image=image)
+        return self._core.spec.image  # type: ignore[return-value]  # set just above
 
     @property
     def gui(self) -> _gui.Gui:
