@@ -72,6 +72,8 @@ class _OnCore(Generic[T]):
         self.name = name
 
     def __get__(self, ws: Any, owner: type | None = None) -> T:
+        if ws is None:  # on the class (help(), docs): the descriptor itself
+            return self  # type: ignore[return-value]
         return getattr(ws._core.spec if self.spec else ws._core, self.name)  # type: ignore[no-any-return]
 
     def __set__(self, ws: Any, value: T) -> None:
