@@ -12,6 +12,7 @@ from pathlib import Path
 import anyio
 
 from .. import _criu
+from .._client import AgentClient
 from .._core import WorkspaceCore
 from .._criu import CriuBackend, rpc
 from .._exceptions import ForkError
@@ -20,7 +21,7 @@ from .._kernel import task_status
 from . import _layers, _quiesce, _restore
 from ._layers import MAX_MEM_CHAIN, chain_layers, hold_layers, mem_chain_depth, store_full
 from ._modes import dump_env, fs_only
-from ._quiesce import Batch, Coordinator, GatedAgentClient, coordinator
+from ._quiesce import Batch, Coordinator, coordinator
 from ._restore import NET_KEY
 from ._snapshot import Snapshot
 
@@ -100,7 +101,7 @@ async def _snapshot(ws: WorkspaceCore, backend: CriuBackend | None) -> Snapshot:
         mode="fs" if await anyio.to_thread.run_sync(fs_only) else "criu",
         setup=ws.setup,
     )
-    gated: GatedAgentClient | None = None
+    gated: AgentClient | None = None
     try:
         (snap.path if snap.mode == "fs" else snap.images).mkdir(parents=True)
         await anyio.to_thread.run_sync(hold_layers, [snap.path, *chain_layers(snap.lower)], snap.holder)

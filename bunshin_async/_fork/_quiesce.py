@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from .. import _protocol as P
 from .._client import AgentClient
 from .._core import WorkspaceCore
 from .._exceptions import ForkError
@@ -18,52 +17,6 @@ if TYPE_CHECKING:
     from ._snapshot import Snapshot
 
 DRAIN_TIMEOUT = 60.0
-
-
-class GatedAgentClient(AgentClient):
-    """An ``AgentClient`` that can be paused: ``quiesce()`` lets calls in flight finish, holds new ones and closes
-    every idle connection, so that the agent holds no connection to the host while CRIU dumps it."""
-
-    def __init__(self, socket_path: str, workspace_id: str) -> None:
-        super().__init__(socket_path, workspace_id)
-        self._open = anyio.Event()
-        self._open.set()
-        self._in_flight = 0
-        self._drained = anyio.Event()
-
-    async def request(self, req: P.Request) -> P.Response:
-        while not self._open.is_set():
-            await self._open.wait()
-        self._in_flight += 1
-        try:
-            return await super().request(req)
-        finally:
-            self._in_flight -= 1
-            if self._in_flight == 0:
-                self._drained.set()
-
-    async def quiesce(self) -> None:
-        self._open = anyio.Event()
-        while self._in_flight:
-            self._drained = anyio.Event()
-            await self._drained.wait()
-        idle, self._idle = self._idle, []
-        for conn in idle:
-            await conn.aclose()
-
-    def resume(self) -> None:
-        self._open.set()
-
-
-async def _gated(ws: WorkspaceCore) -> GatedAgentClient:
-    client = ws.client
-    if isinstance(client, GatedAgentClient):
-        return client
-    if client is None:
-        raise ws.closed_error()
-    gated = ws.client = GatedAgentClient(client.socket_path, ws.id)
-    await client.aclose()  # calls in flight on it close their connection when they end instead of pooling it
-    return gated
 
 
 def _host_connections(ws: WorkspaceCore) -> int:
@@ -91,9 +44,12 @@ def _host_connections(ws: WorkspaceCore) -> int:
         return sum(1 for line in f if line.split()[6] in held)
 
 
-async def drain(ws: WorkspaceCore) -> GatedAgentClient:
-    """Hold new calls and wait out those in flight. On any failure, cancellation included, the gate reopens."""
-    gated = await _gated(ws)
+async def drain(ws: WorkspaceCore) -> AgentClient:
+    """Hold new calls and wait out those in flight (``AgentClient.quiesce``); the caller ``resume``s the client. On
+    any failure, cancellation included, it is resumed here."""
+    gated = ws.client
+    if gated is None:
+        raise ws.closed_error()
     try:
         with anyio.move_on_after(DRAIN_TIMEOUT) as scope:
             await gated.quiesce()
