@@ -21,6 +21,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from bunshin_async import Workspace
 from bunshin_async import _protocol as P
 from bunshin_async._client import AgentClient, _receive_exact
+from bunshin_async._core import WorkspaceCore
 from bunshin_async._exceptions import WorkspaceClosed, WorkspaceStartError
 from bunshin_async._image import _make_dev
 
@@ -113,51 +114,60 @@ class OldClient(AgentClient):
         return resp
 
 
-class OldAgentWorkspace(Workspace):
-    """A workspace whose pid 1 and agent are the old ones (``OldAgent``)."""
+class OldAgentCore(WorkspaceCore):
+    """A workspace core whose pid 1 and agent are the old ones (``OldAgent``)."""
 
     old: OldAgent
 
     async def start(self) -> None:
-        import bunshin_async._workspace as W
+        import bunshin_async._core as C
 
-        real = W.agent_layer
-        W.agent_layer = lambda: self.old.layer  # type: ignore[assignment]
+        real = C.agent_layer
+        C.agent_layer = lambda: self.old.layer  # type: ignore[assignment]
         try:
             await super().start()
         finally:
-            W.agent_layer = real
+            C.agent_layer = real
 
-    async def _spawn(self) -> None:
-        assert self._cgroup is not None and self._lower is not None
-        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "BUNSHIN_WORKDIR": self.workdir}
+    async def spawn(self) -> None:
+        assert self.cgroup is not None and self.lower is not None
+        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "BUNSHIN_WORKDIR": self.spec.workdir}
         argv = [
-            str(self.old.init), "--lower", self._lower, "--upper", str(self._dir / "upper"),
-            "--work", str(self._dir / "work"), "--root", str(self._dir / "root"), "--hostname", self.hostname,
-            "--python", "/usr/bin/python3", "--agent", "/opt/bunshin/agent.py", "--workdir", self.workdir,
+            str(self.old.init), "--lower", self.lower, "--upper", str(self.dir / "upper"),
+            "--work", str(self.dir / "work"), "--root", str(self.dir / "root"), "--hostname", self.spec.hostname,
+            "--python", "/usr/bin/python3", "--agent", "/opt/bunshin/agent.py", "--workdir", self.spec.workdir,
             "--self", "/opt/bunshin/bunshin-init",
         ]  # fmt: skip
-        for procs in self._cgroup.procs_files:
+        for procs in self.cgroup.procs_files:
             argv += ["--cgroup", procs]
         for key, value in env.items():
             argv += ["--env", f"{key}={value}"]
-        self._shim = await anyio.open_process(
+        self.shim = await anyio.open_process(
             argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
         )
-        assert self._shim.stdout is not None
-        status = BufferedByteReceiveStream(self._shim.stdout)
+        assert self.shim.stdout is not None
+        status = BufferedByteReceiveStream(self.shim.stdout)
         ready = joined = False
         with anyio.fail_after(30):
             while not (ready and joined):
                 line = (await status.receive_until(b"\n", 4096)).decode(errors="replace")
                 if line.startswith("P "):
                     self.pid = int(line[2:])
-                    self._pidfd = os.pidfd_open(self.pid)
+                    self.pidfd = os.pidfd_open(self.pid)
                 elif line.startswith("R"):
                     ready = True
                 elif line.startswith("J"):
                     joined = True
                 elif line.startswith("E "):
                     raise WorkspaceStartError(f"old agent: {line[2:]}", workspace_id=self.id)
-        await self._shim.stdout.aclose()
-        self._client = OldClient(f"/proc/{self.pid}/root/run/bunshin/agent.sock", self.id)
+        await self.shim.stdout.aclose()
+        self.client = OldClient(f"/proc/{self.pid}/root/run/bunshin/agent.sock", self.id)
+
+
+class OldAgentWorkspace(Workspace):
+    """A workspace whose pid 1 and agent are the old ones (``OldAgent``): a ``Workspace`` over an ``OldAgentCore``."""
+
+    def __init__(self, old: OldAgent) -> None:
+        super().__init__()
+        self._core = core = OldAgentCore(self._core.spec)
+        core.old = old

@@ -413,6 +413,6 @@ if __name__ == "__main__":
                 main, args.mib, args.repeat, args.modes.split(","), args.ksm_wait, args.spares, ns, args.nested_mib
             )
     finally:
-        from bunshin_async._fork import ksm_restore
+        from bunshin_async._fork._modes import ksm_restore
 
         ksm_restore()

@@ -30,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _stats import pss_kib, summary  # noqa: E402
 
-from bunshin_async import Workspace, _fork  # noqa: E402
+from bunshin_async import Workspace  # noqa: E402
+from bunshin_async._fork._modes import cow_available  # noqa: E402
 
 FORM = Path(__file__).resolve().parent.parent / "tests" / "gui" / "form_app.py"
 ANCHOR_S_PER_BRANCH = 3.7
@@ -144,7 +145,7 @@ async def main(ns: list[int], repeat: int, gl: bool, modes: list[str]) -> None:
         "cold_gui_start_ms": summary(cold),
         "anchor": ANCHOR,
     }
-    available = ["criu"] + (["criu-cow"] if _fork.cow_available() else [])
+    available = ["criu"] + (["criu-cow"] if cow_available() else [])
     parent, _ = await _gui_state(gl)
     try:
         if not gl:

@@ -175,9 +175,7 @@ async def main() -> None:
         if old is not None:
 
             def make_old() -> Workspace:
-                ws = OldAgentWorkspace()
-                ws.old = old
-                return ws
+                return OldAgentWorkspace(old)
 
             factories["python"] = make_old
         firsts = await create_to_first_exec(factories, reps)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ._config import Config as Config
+from ._core import SetupStep as SetupStep
 from ._exceptions import (
     AgentError as AgentError,
 )
@@ -77,8 +79,7 @@ from ._exceptions import (
 from ._exceptions import (
     WorkspaceStartError as WorkspaceStartError,
 )
-from ._fork import SetupStep as SetupStep
-from ._fork import Snapshot as Snapshot
+from ._fork._snapshot import Snapshot as Snapshot
 from ._gui import Display as Display
 from ._gui import Screenshot as Screenshot
 from ._gui import Window as Window
@@ -101,6 +102,7 @@ __all__ = [
     "BunshinError",
     "CacheError",
     "CapabilityMissing",
+    "Config",
     "DirEntry",
     "Display",
     "DisplayError",

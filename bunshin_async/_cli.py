@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.cmd == "snapstore":
         from ._exceptions import CapabilityMissing
-        from ._fork import prepare_snapshot_store
+        from ._fork._layers import prepare_snapshot_store
 
         try:
             print(f"snapshot store: {prepare_snapshot_store()}")

@@ -27,6 +27,10 @@ class AgentClient:
         self.workspace_id = workspace_id
         self._idle: list[SocketStream] = []
         self._closed = False
+        self._open = anyio.Event()  # cleared while a snapshot quiesces the client
+        self._open.set()
+        self._in_flight = 0
+        self._drained = anyio.Event()
 
     async def _connect(self) -> SocketStream:
         if self._idle:
@@ -39,6 +43,31 @@ class AgentClient:
             ) from exc
 
     async def request(self, req: P.Request) -> P.Response:
+        while not self._open.is_set():
+            await self._open.wait()
+        self._in_flight += 1
+        try:
+            return await self._request(req)
+        finally:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._drained.set()
+
+    async def quiesce(self) -> None:
+        """Let calls in flight finish, hold new ones until ``resume`` and close every idle connection, so that the
+        agent holds no connection to the host (CRIU cannot dump one: a snapshot quiesces its workspace's client)."""
+        self._open = anyio.Event()
+        while self._in_flight:
+            self._drained = anyio.Event()
+            await self._drained.wait()
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            await conn.aclose()
+
+    def resume(self) -> None:
+        self._open.set()
+
+    async def _request(self, req: P.Request) -> P.Response:
         if self._closed:
             raise WorkspaceClosed(f"workspace {self.workspace_id} is closed", workspace_id=self.workspace_id)
         payload = P.request_encoder.encode(req)

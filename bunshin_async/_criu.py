@@ -31,6 +31,7 @@ import msgspec
 from anyio.abc import Process
 
 from . import _paths
+from ._config import Config
 from ._exceptions import CapabilityMissing, ForkError
 
 __all__ = [
@@ -378,3 +379,16 @@ async def _reap(proc: Process, kill: bool) -> None:
             pass
         await proc.wait()
     await proc.aclose()
+
+
+def default_backend() -> CriuBackend:
+    return SwrkCriu()
+
+
+def base_opts(req: Any) -> None:
+    """The options every dump and restore of a workspace shares (log level: ``Config.criu_log_level``)."""
+    req.opts.log_level = Config.current().criu_log_level
+    req.opts.tcp_established = True
+    req.opts.file_locks = True
+    req.opts.manage_cgroups = True
+    req.opts.manage_cgroups_mode = rpc.IGNORE

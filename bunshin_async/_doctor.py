@@ -85,11 +85,11 @@ def _read(path: str) -> str | None:
 
 
 def _fork_mode_check() -> Check:
-    """Which fork mode restores get (``_fork.restore_mode``) and why: CoW sharing needs the patched CRIU; without a
-    usable CRIU, ``auto`` falls back to filesystem-only forks."""
+    """Which fork mode restores get (``_fork._modes.restore_mode``) and why: CoW sharing needs the patched CRIU;
+    without a usable CRIU, ``auto`` falls back to filesystem-only forks."""
     from ._criu import criu_unavailable
     from ._exceptions import CapabilityMissing
-    from ._fork import cow_available, restore_mode
+    from ._fork._modes import cow_available, restore_mode
 
     try:
         mode = restore_mode()
@@ -230,7 +230,7 @@ def checks() -> list[Check]:
             )
         )
     out.append(_fork_mode_check())
-    from ._fork import snapshot_store
+    from ._fork._layers import snapshot_store
 
     huge, where = snapshot_store()
     out.append(Check("snapshot store", huge, where, "large folios for CRIU's page images", "bunshin snapstore"))

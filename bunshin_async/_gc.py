@@ -21,44 +21,17 @@ import shutil
 from pathlib import Path
 
 from . import _paths
-from ._kernel import CGROUP_ROOT, parent_name
+from ._fork._layers import collect_layers, snapshot_dir
+from ._kernel import CGROUP_ROOT, Cgroup, alive, cgroup_version, parent_name
+from ._layers import LayerStore
 
 
-def _start_time(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[19].decode()
-    except (OSError, IndexError):
-        return None
-
-
-def owner_token(pid: int) -> str:
-    return f"{pid} {_start_time(pid)}"
-
-
-def alive(token: str) -> bool:
-    try:
-        pid_s, start = token.split()
-        return _start_time(int(pid_s)) == start
-    except ValueError:
-        return False
-
-
-def _cgroup_dirs(name: str) -> list[Path]:
+def _cgroup(name: str) -> Cgroup:
+    """The cgroup ``name`` under the workspaces' parent, in every hierarchy it is in."""
     dirs = [CGROUP_ROOT / parent_name() / name]
     if CGROUP_ROOT.exists():
         dirs += [d / parent_name() / name for d in CGROUP_ROOT.iterdir() if d.is_dir()]
-    return [d for d in dirs if d.is_dir()]
-
-
-def _thaw(dirs: list[Path]) -> None:
-    for d in dirs:
-        for name, value in (("freezer.state", "THAWED"), ("cgroup.freeze", "0")):
-            if (d / name).exists():
-                try:
-                    (d / name).write_text(value)
-                except OSError:
-                    pass
+    return Cgroup(cgroup_version() or 1, [d for d in dirs if d.is_dir()])
 
 
 def _mounts_under(bases: list[Path]) -> list[str]:
@@ -77,8 +50,7 @@ def _mounts_under(bases: list[Path]) -> list[str]:
 def unmount_stale(keep: set[str]) -> list[str]:
     """Detach the mounts below the run dir and inside the snapshot store (blocking), except those below a path in
     ``keep`` (workspaces and snapshots still owned by a live process)."""
-    from . import _native
-    from ._fork import snapshot_dir
+    from . import _native  # the C extension, loaded when first needed (as in _kernel)
 
     out = []
     for point in _mounts_under([_paths.workspaces_dir(), snapshot_dir()]):
@@ -103,8 +75,6 @@ def _orphan_cgroups(base: Path) -> list[str]:
 
 def collect() -> list[str]:
     """Remove abandoned workspaces (blocking); returns a line per thing removed, unmounted or kept."""
-    from ._kernel import Cgroup
-
     out = []
     keep: set[str] = set()
     base = _paths.workspaces_dir()
@@ -117,22 +87,17 @@ def collect() -> list[str]:
             out.append(f"kept {ws_dir.name} (owner {token.split()[0]} is alive)")
             keep.add(str(ws_dir.resolve()))
             continue
-        dirs = _cgroup_dirs(f"ws-{ws_dir.name}")
-        _thaw(dirs)
-        cgroup = Cgroup(1, dirs)
+        cgroup = _cgroup(f"ws-{ws_dir.name}")
+        cgroup.thaw()
         cgroup.destroy_sync()
         out += unmount_stale(keep | {str(p.resolve()) for p in base.iterdir() if p != ws_dir})
         shutil.rmtree(ws_dir, ignore_errors=True)
         out.append(f"removed {ws_dir.name}" + (f" (cgroup left: {cgroup.dirs[0]})" if cgroup.dirs else ""))
     for name in _orphan_cgroups(base):  # a workspace killed between its cgroup and its directory
-        dirs = _cgroup_dirs(name)
-        _thaw(dirs)
-        orphan = Cgroup(1, dirs)
+        orphan = _cgroup(name)
+        orphan.thaw()
         orphan.destroy_sync()
         out.append(f"removed cgroup {name}" + (" (busy)" if orphan.dirs else ""))
-    from ._fork import collect_layers, snapshot_dir
-    from ._layers import LayerStore
-
     out += collect_layers() + LayerStore().collect()
     live_snaps = {str((snapshot_dir() / line.split()[2]).resolve()) for line in out if line.startswith("kept snap")}
     return out + unmount_stale(keep | live_snaps | {str(base.resolve() / ".layers")})

@@ -13,6 +13,7 @@ from pathlib import Path
 import anyio
 import msgspec
 
+from ._config import Config
 from ._exceptions import CapabilityMissing
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -20,8 +21,9 @@ V1_CONTROLLERS = ("memory", "pids", "cpu", "freezer", "devices")
 
 
 def parent_name() -> str:
-    """The cgroup directory all workspaces live under (``BUNSHIN_CGROUP_PARENT`` moves it, e.g. per test run)."""
-    return os.environ.get("BUNSHIN_CGROUP_PARENT", "bunshin")
+    """The cgroup directory all workspaces live under (``Config.cgroup_parent``, ``BUNSHIN_CGROUP_PARENT``: moved
+    e.g. per test run)."""
+    return Config.current().cgroup_parent
 
 
 class Limits(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -95,6 +97,45 @@ class Cgroup:
         if self.version == 2:
             return self.dirs[0]
         return next((d for d in self.dirs if d.parent.parent.name == "freezer"), None)
+
+    def _freezer(self) -> tuple[Path, str, str] | None:
+        """(control file, frozen value, thawed value) of the freezer: v1 ``freezer.state``, v2 ``cgroup.freeze``."""
+        d = self.freezer_dir
+        if d is None:
+            return None
+        return (d / "freezer.state", "FROZEN", "THAWED") if self.version == 1 else (d / "cgroup.freeze", "1", "0")
+
+    def frozen(self) -> bool:
+        """Whether every task of the cgroup is frozen (v2 reports it in ``cgroup.events``; blocking)."""
+        d = self.freezer_dir
+        if d is None:
+            return False
+        if self.version == 1:
+            return (d / "freezer.state").read_text().strip() == "FROZEN"
+        return "frozen 1" in (d / "cgroup.events").read_text().splitlines()
+
+    async def freeze(self, timeout: float = 10.0) -> None:
+        """Freeze every task of the cgroup and wait until they are (``TimeoutError`` past ``timeout`` seconds: a
+        task in uninterruptible sleep may not freeze). Raises ``OSError`` without a freezer."""
+        ctl = self._freezer()
+        if ctl is None:
+            raise FileNotFoundError(f"cgroup {self.dirs[0] if self.dirs else '?'} has no freezer")
+        _write(ctl[0], ctl[1])
+        delay = 0.0005
+        with anyio.fail_after(timeout):
+            while not self.frozen():
+                await anyio.sleep(delay)
+                delay = min(delay * 2, 0.02)
+
+    def thaw(self) -> None:
+        """Thaw the cgroup (best effort, idempotent). A CRIU or a process killed while the tree is frozen leaves it
+        frozen, and a frozen v1 task does not even die of SIGKILL until thawed."""
+        ctl = self._freezer()
+        if ctl is not None:
+            try:
+                _write(ctl[0], ctl[2])
+            except OSError:
+                pass
 
     def pids(self) -> list[int]:
         out: set[int] = set()
@@ -189,7 +230,7 @@ class Cgroup:
             raise
         return group
 
-    def _kill_all(self) -> None:
+    def kill_all(self) -> None:
         if self.version == 2 and (self.dirs[0] / "cgroup.kill").exists():
             try:
                 _write(self.dirs[0] / "cgroup.kill", "1")
@@ -216,7 +257,7 @@ class Cgroup:
 
     def destroy_sync(self) -> None:
         """Kill what is left and remove the directories (blocking; for error paths before any await)."""
-        self._kill_all()
+        self.kill_all()
         for _ in range(2000):
             if self._rmdir_all():
                 return
@@ -227,11 +268,43 @@ class Cgroup:
         with anyio.move_on_after(timeout):
             delay = 0.0005
             while True:
-                self._kill_all()
+                self.kill_all()
                 if self._rmdir_all():
                     return
                 await anyio.sleep(delay)
                 delay = min(delay * 2, 0.05)
+
+
+def task_status(pid: int) -> dict[str, str] | None:
+    """The fields of ``/proc/<pid>/status`` (proc(5): ``PPid``, ``State``, ``TracerPid``, ``NSpid``, the task's pid
+    in each pid namespace it is in, innermost last), stripped; None once it is gone (blocking)."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    return {k: v.strip() for k, v in (line.split(":", 1) for line in text.splitlines() if ":" in line)}
+
+
+def _start_time(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        return None
+
+
+def owner_token(pid: int) -> str:
+    """``pid`` and its start time: names an owner (of a workspace dir, a layer) so that a recycled pid is not
+    mistaken for it (``alive``)."""
+    return f"{pid} {_start_time(pid)}"
+
+
+def alive(token: str) -> bool:
+    try:
+        pid_s, start = token.split()
+        return _start_time(int(pid_s)) == start
+    except ValueError:
+        return False
 
 
 def prime_cgroup_attach() -> None:

@@ -45,7 +45,7 @@ from typing import IO, Any, cast
 
 import msgspec
 
-from . import _gc, _paths
+from . import _kernel, _paths
 from ._exceptions import ImageError
 
 __all__ = ["ImportLimits", "LayerStore", "store_dir"]
@@ -473,7 +473,7 @@ class LayerStore:
             tmp = self.layers / f".tmp-{hexd[:12]}-{secrets.token_hex(4)}"
             tmp.mkdir(mode=0o700)
             try:
-                (tmp / "owner").write_text(_gc.owner_token(os.getpid()))
+                (tmp / "owner").write_text(_kernel.owner_token(os.getpid()))
                 (tmp / "root").mkdir(mode=0o755)
                 with opener() as raw:
                     head = raw.read(4)
@@ -555,7 +555,7 @@ class LayerStore:
             if name.startswith(".tmp-"):
                 owner = entry / "owner"
                 token = owner.read_text().strip() if owner.exists() else ""
-                if token and _gc.alive(token):
+                if token and _kernel.alive(token):
                     continue
                 _rmtree(entry)
                 out.append(f"removed partial layer {name}")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ._config import Config
+
 PACKAGE_DIR = Path(__file__).resolve().parent
 
 
@@ -17,10 +19,9 @@ def images_dir() -> Path:
 
 
 def workspaces_dir() -> Path:
-    """Per-workspace upper, work and root dirs live here (``BUNSHIN_RUNDIR`` moves them); a clean host has this
-    directory empty."""
-    run = os.environ.get("BUNSHIN_RUNDIR")
-    return Path(run) if run else home() / "ws"
+    """Per-workspace upper, work and root dirs live here (``Config.run_dir``: ``BUNSHIN_RUNDIR`` moves them); a
+    clean host has this directory empty."""
+    return Config.current().run_dir
 
 
 def agent_layers_dir() -> Path:

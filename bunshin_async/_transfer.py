@@ -20,7 +20,7 @@ trailer checked out; on any failure, cancellation and a truncated stream include
 ``TransferError`` is raised, so nothing is ever half-imported. Each export yields one frame per item; any re-chunking
 of the bytes on the way imports the same.
 
-Installing keeps the store's reference counting (``_fork.hold_layers``): the imported snapshot holds its directory
+Installing keeps the store's reference counting (``_layers.hold_layers``): the imported snapshot holds its directory
 and its layers like one taken here, each directory of the memory chain is held by its child, and layers and parent
 directories that the store holds already (an earlier import of the same chain) are shared, not installed twice.
 """
@@ -43,9 +43,10 @@ import anyio
 import anyio.abc
 import msgspec
 
-from . import _fork
+from ._core import SetupStep, WorkspaceSpec
 from ._exceptions import ImageError, TransferError
-from ._fork import SetupStep, Snapshot
+from ._fork import _layers
+from ._fork._snapshot import Snapshot
 from ._image import Image, agent_layer
 from ._kernel import Limits
 from ._security import Security
@@ -129,7 +130,7 @@ def _frame(seq: int, kind: bytes, payload: bytes) -> bytes:
 
 def _lower_tail(snap: Snapshot) -> list[str]:
     """The part of the lower chain that is not snapshot layers: the agent layer and the image."""
-    layers = {str(p) for p in _fork.chain_layers(snap.lower)}
+    layers = {str(p) for p in _layers.chain_layers(snap.lower)}
     return [p for p in snap.lower.split(":") if p not in layers]
 
 
@@ -148,7 +149,7 @@ def snapshot_record(snap: Snapshot) -> SnapshotRecord:
         if not cur.is_dir():
             raise TransferError(f"snapshot {snap.id}: directory {cur} is gone", snapshot_id=snap.id)
         mem.append(cur.name)
-        cur = _fork._mem_parent_of(cur)
+        cur = _layers.mem_parent_of(cur)
     return SnapshotRecord(
         id=snap.id,
         workspace_id=snap.workspace_id,
@@ -156,17 +157,17 @@ def snapshot_record(snap: Snapshot) -> SnapshotRecord:
         image_name=snap.image.name,
         image_digest=snap.image.digest,
         agent_layer=Path(tail[0]).parent.name,
-        limits=snap.limits,
-        workdir=snap.workdir,
-        env=dict(snap.env),
-        hostname=snap.hostname,
-        max_output=snap.max_output,
+        limits=snap.spec.limits,
+        workdir=snap.spec.workdir,
+        env=dict(snap.spec.env),
+        hostname=snap.spec.hostname,
+        max_output=snap.spec.max_output,
         fresh_net=snap.fresh_net,
         setup=list(snap.setup),
-        layers=[p.name for p in _fork.chain_layers(snap.lower)],
+        layers=[p.name for p in _layers.chain_layers(snap.lower)],
         mem_chain=mem,
-        user=snap.user,
-        security=snap.security,
+        user=snap.spec.user,
+        security=snap.spec.security,
     )
 
 
@@ -178,18 +179,18 @@ async def export_snapshot(snap: Snapshot, *, chunk: int = CHUNK) -> AsyncIterato
         raise TransferError(f"snapshot {snap.id} is closed", snapshot_id=snap.id)
     if not 1 <= chunk <= MAX_FRAME:
         raise ValueError(f"chunk must be 1..{MAX_FRAME} bytes")
-    await snap._materialize()  # its upper copy becomes its layer, which is what a copy mounts
+    await snap.materialize()  # its upper copy becomes its layer, which is what a copy mounts
     record = await anyio.to_thread.run_sync(snapshot_record, snap)
     user = f"export-{secrets.token_hex(4)}"
-    held = [_fork.snapshot_dir() / d for d in record.mem_chain] + [_fork.layers_dir() / d for d in record.layers]
-    await anyio.to_thread.run_sync(_fork.hold_layers, held, user)
+    held = [_layers.snapshot_dir() / d for d in record.mem_chain] + [_layers.layers_dir() / d for d in record.layers]
+    await anyio.to_thread.run_sync(_layers.hold_layers, held, user)
     try:
         seq = 0
         yield _frame(seq, b"H", _header_enc.encode(Header(format=FORMAT, record=record, chunk=chunk)))
         digest, total = hashlib.sha256(), 0
         sections = [
-            (b"S", _fork.snapshot_dir(), record.mem_chain, "snaps"),
-            (b"L", _fork.layers_dir(), record.layers, "layers"),
+            (b"S", _layers.snapshot_dir(), record.mem_chain, "snaps"),
+            (b"L", _layers.layers_dir(), record.layers, "layers"),
         ]
         for kind, base, names, prefix in sections:
             # S: never the upper copy of a snapshot (a layer now, or a leftover of an unfinished materialisation)
@@ -205,7 +206,7 @@ async def export_snapshot(snap: Snapshot, *, chunk: int = CHUNK) -> AsyncIterato
         yield _frame(seq, b"T", _header_enc.encode(trailer))
     finally:
         with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(_fork.release_layers, held, user)
+            await anyio.to_thread.run_sync(_layers.release_layers, held, user)
 
 
 async def _tar_out(cmd: list[str], chunk: int, snap_id: str) -> AsyncIterator[bytes]:
@@ -292,7 +293,7 @@ def _check_record(record: SnapshotRecord) -> None:
         raise TransferError(f"snapshot {record.id!r}: malformed record", snapshot_id=str(record.id)[:64])
     if record.layers[:1] != [record.id] or len(set(record.layers)) != len(record.layers):
         raise TransferError(f"snapshot {record.id}: malformed layer chain", snapshot_id=record.id)
-    if len(record.mem_chain) > _fork.MAX_MEM_CHAIN + 1 or len(set(record.mem_chain)) != len(record.mem_chain):
+    if len(record.mem_chain) > _layers.MAX_MEM_CHAIN + 1 or len(set(record.mem_chain)) != len(record.mem_chain):
         raise TransferError(f"snapshot {record.id}: malformed memory chain", snapshot_id=record.id)
     if record.mode not in ("criu", "fs"):
         raise TransferError(f"snapshot {record.id}: unknown mode {record.mode!r}", snapshot_id=record.id)
@@ -426,11 +427,11 @@ async def import_snapshot(
     _check_record(record)
     local, layer = await anyio.to_thread.run_sync(_local_image, record, image)
     token = secrets.token_hex(6)
-    snap_stage = _fork.snapshot_dir() / f"import-{token}.partial"
-    layer_stage = _fork.layers_dir() / f"import-{token}.partial"
+    snap_stage = _layers.snapshot_dir() / f"import-{token}.partial"
+    layer_stage = _layers.layers_dir() / f"import-{token}.partial"
     stages = [snap_stage, layer_stage]
     # ``bunshin gc`` keeps a ``.partial`` whose users (``import-<token>.users``) are alive.
-    await anyio.to_thread.run_sync(_fork.hold_layers, [s.with_suffix("") for s in stages], "import")
+    await anyio.to_thread.run_sync(_layers.hold_layers, [s.with_suffix("") for s in stages], "import")
     sections = {b"S": _Extract(snap_stage / "s", record.id), b"L": _Extract(layer_stage / "l", record.id)}
     try:
         digest, total, order = hashlib.sha256(), 0, [b"S", b"L"]
@@ -469,7 +470,7 @@ async def import_snapshot(
         with anyio.CancelScope(shield=True):
             for stage in stages:
                 await anyio.to_thread.run_sync(shutil.rmtree, stage, True)
-            await anyio.to_thread.run_sync(_fork.release_layers, [s.with_suffix("") for s in stages], "import")
+            await anyio.to_thread.run_sync(_layers.release_layers, [s.with_suffix("") for s in stages], "import")
     return snap, TransferStats(snapshot_id=snap.id, source_id=record.id, bytes=total, seconds=time.monotonic() - t0)
 
 
@@ -477,8 +478,8 @@ def _install(record: SnapshotRecord, image: Image, agent: Path, snap_stage: Path
     """Move the checked staging trees into place and take the references (blocking). The top snapshot gets a new
     id when the store has its id already (the same stream imported twice); the rest of its chains is shared with
     what the store holds."""
-    snaps, layers = _fork.snapshot_dir(), _fork.layers_dir()
-    with _fork._layers_lock:
+    snaps, layers = _layers.snapshot_dir(), _layers.layers_dir()
+    with _layers.lock:
         new_id = record.id
         if (snaps / new_id).exists() or (layers / new_id).exists():
             new_id = secrets.token_hex(6)
@@ -495,24 +496,26 @@ def _install(record: SnapshotRecord, image: Image, agent: Path, snap_stage: Path
                     (layer_stage / "l" / "layers" / src_name).rename(layers / dst)
                     placed.append(layers / dst)
             for child, parent in zip(mem, mem[1:], strict=False):
-                _fork.hold_layers([snaps / parent], f"child-{child}")
+                _layers.hold_layers([snaps / parent], f"child-{child}")
             snap = Snapshot.adopt(
                 new_id,
                 workspace_id=record.workspace_id,
                 lower=":".join([*(str(layers / n) for n in lays), str(agent), image.lower_dirs]),
-                image=image,
-                limits=record.limits,
-                workdir=record.workdir,
-                env=dict(record.env),
-                hostname=record.hostname,
-                max_output=record.max_output,
+                spec=WorkspaceSpec(
+                    image,
+                    limits=record.limits,
+                    security=record.security,
+                    workdir=record.workdir,
+                    env=dict(record.env),
+                    hostname=record.hostname,
+                    max_output=record.max_output,
+                    user=record.user,
+                ),
                 mode=record.mode,
                 setup=list(record.setup),
                 fresh_net=record.fresh_net,
-                user=record.user,
-                security=record.security,
             )
-            _fork.hold_layers([snap.path, *_fork.chain_layers(snap.lower)], snap._user)
+            _layers.hold_layers([snap.path, *_layers.chain_layers(snap.lower)], snap.holder)
         except BaseException:
             for path in placed:
                 shutil.rmtree(path, ignore_errors=True)

@@ -10,58 +10,27 @@ starts the agent, which serves tool calls on a Unix socket that the host reaches
 from __future__ import annotations
 
 import os
-import secrets
-import shutil
 import signal
-import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Any, Generic, TypeVar
 
 import anyio
-from anyio.abc import Process
-from anyio.streams.buffered import BufferedByteReceiveStream
+import msgspec
 
-from . import _fork, _gc, _gui, _paths, _security
+from . import _gui
 from . import _protocol as P
-from ._client import AgentClient
-from ._compat import BaseExceptionGroup
-from ._exceptions import (
-    AgentError,
-    CapabilityMissing,
-    FileNotFound,
-    ForkError,
-    ImageError,
-    InvalidArgument,
-    PathOutsideWorkspace,
-    ToolError,
-    ToolTimeout,
-    WorkspaceClosed,
-    WorkspaceStartError,
-)
-from ._image import AGENT_DIR, Image, agent_layer
-from ._kernel import Cgroup, Limits, devices_controller, mount_disk, unmount_disk
+from ._core import SetupStep, WorkspaceCore, WorkspaceSpec
+from ._exceptions import InvalidArgument, WorkspaceClosed
+from ._fork import _dump, _restore
+from ._fork._snapshot import Snapshot
+from ._image import Image
+from ._kernel import Cgroup, Limits
 from ._protocol import DirEntry, ExecResult
 from ._security import Security
 
 __all__ = ["BackgroundProcess", "Shell", "Workspace"]
-
-START_TIMEOUT = 30.0
-CLOSE_TIMEOUT = 10.0
-
-
-def _raise_failure(resp: P.Failure, tool: str, timeout: float | None, workspace_id: str) -> None:
-    if resp.error == "timeout":
-        raise ToolTimeout(resp.message, tool=tool, timeout=timeout or 0.0, stdout=resp.stdout, stderr=resp.stderr)
-    if resp.error == "path_outside":
-        raise PathOutsideWorkspace(resp.message, tool=tool, path=resp.path or "")
-    if resp.error == "not_found":
-        raise FileNotFound(resp.message, tool=tool, path=resp.path or "")
-    if resp.error == "invalid":
-        raise InvalidArgument(resp.message, tool=tool)
-    if resp.error == "os":
-        raise ToolError(resp.message, tool=tool)
-    raise AgentError(f"{tool}: {resp.message}", workspace_id=workspace_id)
 
 
 def _check_timeout(timeout: float | None, tool: str) -> None:
@@ -79,9 +48,7 @@ def _argv_or_command(cmd: str | Sequence[str], tool: str) -> dict[str, object]:
 
 
 DEFAULT_WORKDIR = "/workspace"
-MOUNT_OPTIONS_MAX = 3600
-"""What the image's layers may take of the overlay's options: mount(2) copies one page of them (4096 bytes), which
-also hold the agent layer, upper and work dirs (and a fork's snapshot layers)."""
+T = TypeVar("T")
 
 
 def _default_workdir(image_workdir: str | None) -> str:
@@ -94,12 +61,26 @@ def _default_workdir(image_workdir: str | None) -> str:
     return DEFAULT_WORKDIR
 
 
-def _mknod_allowed(security: Security) -> bool:
-    """MKNOD is kept only where the device allow-list is enforced (or there is none to enforce)."""
-    if security.device_rules() is None or devices_controller():
-        return True
-    _security.log.warning("no cgroup v1 devices controller: MKNOD is dropped instead of a device allow-list")
-    return False
+class _OnCore(Generic[T]):
+    """A ``Workspace`` attribute held by its core (``spec``: by the core's ``WorkspaceSpec``, which setting it
+    replaces): the facade keeps no state of its own."""
+
+    def __init__(self, spec: bool = False) -> None:
+        self.spec = spec
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, ws: Any, owner: type | None = None) -> T:
+        if ws is None:  # on the class (help(), docs): the descriptor itself
+            return self  # type: ignore[return-value]
+        return getattr(ws._core.spec if self.spec else ws._core, self.name)  # type: ignore[no-any-return]
+
+    def __set__(self, ws: Any, value: T) -> None:
+        if self.spec:
+            ws._core.spec = msgspec.structs.replace(ws._core.spec, **{self.name: value})
+        else:
+            setattr(ws._core, self.name, value)
 
 
 class Workspace:
@@ -139,41 +120,49 @@ class Workspace:
             workdir = _default_workdir(config.working_dir if config else None)
         if not workdir.startswith("/") or os.path.normpath(workdir) != workdir or workdir == "/":
             raise ValueError(f"workdir must be a normalized absolute path below /, not {workdir!r}")
-        self._image = image
-        self.limits = limits or Limits()
-        self.security = security or Security()
-        self.workdir = workdir
-        self.env = {**(config.env if config else {}), **(env or {})}
-        self.hostname = hostname
-        self.max_output = max_output
-        self.user = user if user is not None else (config.user if config else None)
+        spec = WorkspaceSpec(
+            image,
+            limits=limits or Limits(),
+            security=security or Security(),
+            workdir=workdir,
+            env={**(config.env if config else {}), **(env or {})},
+            hostname=hostname,
+            max_output=max_output,
+            user=user if user is not None else (config.user if config else None),
+        )
+        self._core = WorkspaceCore(spec)
         self.display = _gui.Display() if display is True else (display or None)
         """The display this workspace starts (None for a copy restored from a snapshot: it has its parent's)."""
         if self.display is not None:
             self.env["DISPLAY"] = _gui.DISPLAY
         self._gui: _gui.Gui | None = None
-        self.id = secrets.token_hex(6)
-        self.pid: int | None = None  # host pid of the workspace's pid 1
-        self._dir = _paths.workspaces_dir() / self.id
-        self._cgroup: Cgroup | None = None
-        self._shim: Process | None = None
-        self._pidfd: int | None = None
-        self._client: AgentClient | None = None
-        self._lower: str | None = None  # overlay lowerdir chain: snapshot layers (forks), agent layer, image
-        self._mem_parent: Path | None = None  # snapshot dir a CoW copy's memory is mapped from (held while alive)
-        self._state = "new"  # new -> running -> closed
-        self._setup: list[tuple[_fork.SetupStep, int]] = []  # every spawn() in order, with its in-workspace pid
-        self.restarted_processes: list[BackgroundProcess] = []
-        """For a filesystem-only copy (``fork_mode == "fs"``): the recorded processes started again in it, in
-        order, each with its ``step``; they did not carry their memory. Empty otherwise."""
+
+    id: _OnCore[str] = _OnCore()
+    pid: _OnCore[int | None] = _OnCore()
+    """Host pid of the workspace's pid 1."""
+    limits: _OnCore[Limits] = _OnCore(spec=True)
+    security: _OnCore[Security] = _OnCore(spec=True)
+    workdir: _OnCore[str] = _OnCore(spec=True)
+    env: _OnCore[dict[str, str]] = _OnCore(spec=True)
+    hostname: _OnCore[str] = _OnCore(spec=True)
+    max_output: _OnCore[int] = _OnCore(spec=True)
+    user: _OnCore[str | None] = _OnCore(spec=True)
+
+    @classmethod
+    def _facade(cls, core: WorkspaceCore) -> Workspace:
+        """The workspace over a core the fork layer made (a copy: no display of its own, it has its parent's)."""
+        ws = cls.__new__(cls)
+        ws._core, ws.display, ws._gui = core, None, None
+        return ws
 
     # ------------------------------------------------------------------------------------------------ lifecycle
 
     @property
     def image(self) -> Image:
-        if self._image is None:
-            self._image = Image.gui() if self.display is not None else Image.base()
-        return self._image
+        if self._core.spec.image is None:
+            image = Image.gui() if self.display is not None else Image.base()
+            self._core.spec = msgspec.structs.replace(self._core.spec, image=image)
+        return self._core.spec.image  # type: ignore[return-value]  # set just above
 
     @property
     def gui(self) -> _gui.Gui:
@@ -184,16 +173,16 @@ class Workspace:
 
     @property
     def closed(self) -> bool:
-        return self._state == "closed"
+        return self._core.state == "closed"
 
     @property
     def directory(self) -> Path:
         """Host directory of this workspace (``upper`` holds its changes to the image)."""
-        return self._dir
+        return self._core.dir
 
     @property
     def cgroup(self) -> Cgroup | None:
-        return self._cgroup
+        return self._core.cgroup
 
     async def __aenter__(self) -> Workspace:
         await self.start()
@@ -206,228 +195,62 @@ class Workspace:
 
     async def start(self) -> None:
         """Create the workspace. On any failure (cancellation included) everything made so far is removed."""
-        if self._state != "new":
-            raise WorkspaceClosed(f"workspace {self.id} was already started", workspace_id=self.id)
-        self._state = "starting"
-        init = _paths.init_binary()
-        if not init.exists():
-            raise CapabilityMissing(
-                f"{init} is missing", capability="bunshin-init", remedy="reinstall bunshin (`make setup`)"
-            )
-        if os.geteuid() != 0:
-            raise CapabilityMissing(
-                "workspaces need root (namespaces, mounts, cgroups)", capability="root", remedy="run as root"
-            )
-        image = self.image
-        if len(image.lower_dirs) + 2 * len(str(self._dir)) > MOUNT_OPTIONS_MAX:
-            raise ImageError(
-                f"image {image.name!r} has too many layers ({len(image.layers)}) for one overlay mount's options "
-                f"({MOUNT_OPTIONS_MAX} bytes); squash some of its layers",
-                image=image.name,
-            )
-        try:
-            _fork._prime_attach()  # the shim's cgroup attach then waits no grace period: the agent is ready sooner
-            layer = await anyio.to_thread.run_sync(agent_layer)
-            self._make_dirs()
-            self.security.log_relaxations(self.id)
-            self._cgroup = Cgroup.create(f"ws-{self.id}", self.limits, self.security.device_rules())
-            self._lower = f"{layer}:{image.lower_dirs}"
-            await self._spawn()
-            self._state = "running"
-            if self.display is not None:
+        self.image  # noqa: B018 - resolves the default image into the core
+        await self._core.start()
+        if self.display is not None:
+            async with self._core.failing_closes():
                 await _gui.start_display(self, self.display)
-        except BaseException:
-            with anyio.CancelScope(shield=True):
-                await self._teardown()
-            self._state = "closed"
-            raise
-
-    def _make_dirs(self, upper: bool = True) -> None:
-        """The workspace's host directory, with an ``owner`` file (our pid and start time) for ``bunshin gc``.
-        A restored copy makes its upper dir itself (``upper=False``)."""
-        if self.limits.disk is not None:  # the upper and work dirs on a tmpfs of that size (Limits.disk)
-            self._dir.mkdir(parents=True)
-            mount_disk(self._dir, self.limits.disk)
-        for sub in ("upper", "work", "root") if upper else ("work", "root"):
-            (self._dir / sub).mkdir(parents=True)
-        (self._dir / "owner").write_text(_gc.owner_token(os.getpid()))
-
-    async def _spawn(self) -> None:
-        """Start bunshin-init over ``_lower`` (set by ``start``, or a snapshot's chain for a filesystem-only copy)."""
-        assert self._cgroup is not None and self._lower is not None
-        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "BUNSHIN_WORKDIR": self.workdir}
-        argv = [
-            str(_paths.init_binary()),
-            "--lower", self._lower,
-            "--upper", str(self._dir / "upper"),
-            "--work", str(self._dir / "work"),
-            "--root", str(self._dir / "root"),
-            "--hostname", self.hostname,
-            "--agent", f"{AGENT_DIR}/bunshin-agent",
-            "--workdir", self.workdir,
-            "--self", f"{AGENT_DIR}/bunshin-init",
-        ]  # fmt: skip
-        for procs in self._cgroup.procs_files:
-            argv += ["--cgroup", procs]
-        argv += self.security.init_args(nofile=self.limits.nofile, mknod=_mknod_allowed(self.security))
-        for key, value in env.items():
-            argv += ["--env", f"{key}={value}"]
-        self._shim = await anyio.open_process(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
-        )
-        assert self._shim.stdout is not None
-        status = BufferedByteReceiveStream(self._shim.stdout)
-        ready = joined = False
-        with anyio.fail_after(START_TIMEOUT):
-            while not (ready and joined):
-                try:
-                    line = (await status.receive_until(b"\n", 4096)).decode(errors="replace")
-                except (anyio.EndOfStream, anyio.IncompleteRead):
-                    raise WorkspaceStartError(
-                        f"workspace {self.id}: init exited before it was ready", workspace_id=self.id
-                    ) from None
-                if line.startswith("P "):
-                    self.pid = int(line[2:])
-                    try:
-                        self._pidfd = os.pidfd_open(self.pid)
-                    except ProcessLookupError:  # pid 1 failed already (a static init fails fast): "E" follows
-                        pass
-                elif line.startswith("R"):
-                    ready = True
-                elif line.startswith("J"):  # pid 1 and the agent are in the workspace's cgroups
-                    joined = True
-                elif line.startswith("E "):
-                    raise WorkspaceStartError(f"workspace {self.id}: {line[2:]}", workspace_id=self.id)
-        await self._shim.stdout.aclose()
-        self._client = AgentClient(f"/proc/{self.pid}/root/run/bunshin/agent.sock", self.id)
 
     async def aclose(self) -> None:
         """Stop every process of the workspace and remove its mounts, cgroup and directories. Idempotent; safe
         under cancellation (the cleanup is shielded, with a deadline)."""
-        if self._state == "closed":
-            return
-        self._state = "closed"
-        with anyio.CancelScope(shield=True):
-            await self._teardown()
-
-    async def _teardown(self) -> None:
-        with anyio.move_on_after(CLOSE_TIMEOUT):
-            if self._client is not None:
-                await self._client.aclose()
-            if self._pidfd is not None:
-                try:
-                    signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                if self._shim is None:  # restored by CRIU: pid 1 is our own child (rst_sibling), reap it
-                    await _fork.reap_pid1(self._pidfd)
-                os.close(self._pidfd)
-                self._pidfd = None
-            if self._shim is not None:
-                if self._shim.returncode is None and self.pid is None:
-                    self._shim.kill()
-                await self._shim.wait()
-                await self._shim.aclose()
-            if self._cgroup is not None:
-                await self._cgroup.destroy()
-            if self._dir.exists():
-                await anyio.to_thread.run_sync(unmount_disk, self._dir)
-                await anyio.to_thread.run_sync(shutil.rmtree, self._dir, True)
-        if self._lower is not None:  # after the overlay on them is gone (pid 1 reaped), even past the deadline
-            await anyio.to_thread.run_sync(_fork.release_layers, _fork.chain_layers(self._lower), self.id)
-        await anyio.to_thread.run_sync(_fork._map_from, self, None)
+        await self._core.aclose()
 
     # ------------------------------------------------------------------------------------------------ fork
 
-    fork_mode: str = "fresh"
+    fork_mode: _OnCore[str] = _OnCore()
     """``"fresh"`` for a workspace started cold, ``"criu"`` (or ``"criu-cow"``, ``"criu-ksm"``) for one restored
     from a CRIU snapshot (fork, rollback), ``"fs"`` for a filesystem-only copy: files carried, the recorded
     processes restarted (``restarted_processes``), no memory carried (``_fork`` module doc)."""
-    restore_ms: float | None = None
+    restore_ms: _OnCore[float | None] = _OnCore()
 
     @property
-    def setup(self) -> list[_fork.SetupStep]:
+    def restarted_processes(self) -> list[BackgroundProcess]:
+        """For a filesystem-only copy (``fork_mode == "fs"``): the recorded processes started again in it, in
+        order, each with its ``step``; they did not carry their memory. Empty otherwise."""
+        return [BackgroundProcess(self, pid, step) for step, pid in self._core.restarted]
+
+    @property
+    def setup(self) -> list[SetupStep]:
         """Every ``spawn`` of this workspace (a copy: those its snapshot recorded, then its own), in order: what a
         filesystem-only copy starts again."""
-        return [step for step, _pid in self._setup]
+        return [step for step, _pid in self._core.setup]
 
-    async def snapshot(self) -> _fork.Snapshot:
+    async def snapshot(self) -> Snapshot:
         """Checkpoint the live workspace (processes and files) without stopping it. Waits for tool calls in flight
         to finish and holds new ones for the duration. The caller owns the snapshot (``aclose()`` it). Without a
         usable CRIU (or with ``BUNSHIN_FORK_MODE=fs``) it holds files and the recorded setup only (``snap.mode``)."""
-        return await _fork.snapshot(self)
+        return await _dump.snapshot(self._core)
 
     @classmethod
-    async def from_snapshot(cls, snap: _fork.Snapshot, n: int = 1) -> list[Workspace]:
+    async def from_snapshot(cls, snap: Snapshot, n: int = 1) -> list[Workspace]:
         """``n`` new live workspaces, each a copy of ``snap`` with its own namespaces, cgroup and files. All or
         nothing: if one copy fails the others are closed and ``ForkError`` raised. Warm spares of the snapshot
         (``snap.keep_spares(k)``) are handed out first, thawed; the rest are restored now."""
-        if n < 1:
-            raise ValueError("n must be at least 1")
-        if snap.closed:
-            raise ForkError(f"snapshot {snap.id} is closed", workspace_id=snap.workspace_id)
-        spares = snap._spares.take(n) if snap._spares is not None else []
-        if len(spares) == n:
-            return spares
-        try:
-            return spares + await cls._restore_many(snap, n - len(spares))
-        except BaseException:
-            with anyio.CancelScope(shield=True):
-                for ws in spares:
-                    await ws.aclose()
-            raise
-
-    @classmethod
-    async def _restore_many(cls, snap: _fork.Snapshot, n: int) -> list[Workspace]:
-        copies = [cls._for_restore(snap) for _ in range(n)]
-        try:
-            async with anyio.create_task_group() as tg:
-                for ws in copies:
-                    tg.start_soon(_fork.restore_into, ws, snap)
-        except BaseException as exc:
-            with anyio.CancelScope(shield=True):
-                for ws in copies:
-                    await ws.aclose()
-            fork_errors = [e for e in getattr(exc, "exceptions", [exc]) if isinstance(e, ForkError)]
-            if fork_errors and isinstance(exc, BaseExceptionGroup):
-                raise fork_errors[0] from exc
-            raise
-        return copies
+        return [cls._facade(core) for core in await _restore.copies(snap, n)]
 
     async def fork(self, n: int = 1) -> list[Workspace]:
         """``n`` live copies of this workspace as it is now (see ``snapshot``); this one keeps running. Close each
         copy with ``aclose()``. Concurrent forks of one workspace share one snapshot where they can."""
-        return await _fork.fork(self, n)
+        return [type(self)._facade(core) for core in await _dump.fork(self._core, n)]
 
-    async def rollback(self, snap: _fork.Snapshot) -> None:
+    async def rollback(self, snap: Snapshot) -> None:
         """Replace this workspace's processes and files by the snapshot's; the object keeps its id. If the restore
         fails the workspace is closed and ``ForkError`` raised."""
-        await _fork.rollback(self, snap)
-
-    @classmethod
-    def _for_restore(cls, snap: _fork.Snapshot) -> Workspace:
-        """A not-yet-started workspace that adopts a restored tree (``_fork.restore_into``)."""
-        return cls(
-            snap.image,
-            limits=snap.limits,
-            workdir=snap.workdir,
-            env=snap.env,
-            hostname=snap.hostname,
-            max_output=snap.max_output,
-            user=snap.user,
-            security=snap.security,
-        )
-
-    def _live_client(self) -> AgentClient:
-        if self._state != "running" or self._client is None:
-            raise WorkspaceClosed(f"workspace {self.id} is {self._state}", workspace_id=self.id)
-        return self._client
+        await _restore.rollback(self._core, snap)
 
     async def _call(self, req: P.Request, tool: str, timeout: float | None = None) -> P.Response:
-        resp = await self._live_client().request(req)
-        if isinstance(resp, P.Failure):
-            _raise_failure(resp, tool, timeout, self.id)
-        return resp
+        return await self._core.call(req, tool, timeout)
 
     # ------------------------------------------------------------------------------------------------ tools
 
@@ -495,21 +318,15 @@ class Workspace:
         """Start a process that keeps running between calls; output goes to ``log_path`` (in the workspace
         directory) or is dropped. It is recorded (``setup``): a filesystem-only copy starts it again. ``user``
         overrides the workspace's."""
-        step = _fork.SetupStep(
+        step = SetupStep(
             **_argv_or_command(cmd, "spawn"),  # type: ignore[arg-type]
             cwd=cwd,
             env={**self.env, **(env or {})} or None,
             log_path=log_path,
             user=user if user is not None else self.user,
         )
-        return await self._start_step(step)
 
-    async def _start_step(self, step: _fork.SetupStep) -> BackgroundProcess:
-        resp = await self._call(step.request(), "spawn")
-        assert isinstance(resp, P.Spawned)
-        # No await between the answer and the record: a snapshot's drain cannot see one without the other.
-        self._setup.append((step, resp.pid))
-        return BackgroundProcess(self, resp.pid, step)
+        return BackgroundProcess(self, await self._core.start_step(step), step)
 
     async def start_entrypoint(
         self,
@@ -539,14 +356,14 @@ class Workspace:
         return resp
 
     def __repr__(self) -> str:
-        return f"<Workspace {self.id} {self._state} pid={self.pid}>"
+        return f"<Workspace {self.id} {self._core.state} pid={self.pid}>"
 
 
 class BackgroundProcess:
     """A process started with ``Workspace.spawn``; ``pid`` is its pid inside the workspace, ``step`` how it was
     started."""
 
-    def __init__(self, workspace: Workspace, pid: int, step: _fork.SetupStep | None = None) -> None:
+    def __init__(self, workspace: Workspace, pid: int, step: SetupStep | None = None) -> None:
         self.workspace = workspace
         self.pid = pid
         self.step = step

@@ -9,7 +9,7 @@ import anyio
 import psutil
 
 from bunshin_async import _paths
-from bunshin_async._fork import snapshot_dir
+from bunshin_async._fork._layers import snapshot_dir
 from bunshin_async._kernel import CGROUP_ROOT, parent_name
 
 

@@ -16,7 +16,7 @@ os.environ["BUNSHIN_CGROUP_PARENT"] = f"bunshin-test-{os.getpid()}"
 
 import pytest  # noqa: E402
 
-from bunshin_async._fork import prepare_snapshot_store  # noqa: E402
+from bunshin_async._fork._layers import prepare_snapshot_store  # noqa: E402
 from tests._leaks import children, leftovers  # noqa: E402
 
 prepare_snapshot_store()  # as `bunshin snapstore` does for the default one: a tmpfs with large folios

@@ -20,7 +20,7 @@ import anyio
 
 from .._accounting import tree_bytes
 from .._exceptions import ForkError
-from .._fork import Snapshot
+from .._fork._snapshot import Snapshot
 from .._workspace import Workspace
 from ._records import SnapshotRef
 

@@ -35,7 +35,7 @@ import anyio
 import msgspec
 
 from .._accounting import ResourceMonitor
-from .._fork import snapshot_dir
+from .._fork._layers import snapshot_dir
 from .._llm._replay import ReplayServer, build_turns
 from .._llm._timing import RecordedTiming
 from .._rollout import Budget, GroupRollout, RolloutContext, RolloutResult, Task

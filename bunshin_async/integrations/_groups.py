@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import anyio
 
-from .._fork import Snapshot
+from .._fork._snapshot import Snapshot
 from .._image import Image
 from .._kernel import Limits
 from .._rollout import Task, prepare

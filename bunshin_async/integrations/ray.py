@@ -59,9 +59,11 @@ import msgspec
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from .. import _fork, _gc
+from .. import _gc
 from .._cache._records import SnapshotRef
 from .._exceptions import BunshinError, ForkError, HostError, WorkspaceClosed
+from .._fork import _layers
+from .._fork._snapshot import Snapshot
 from .._image import Image
 from .._kernel import Limits
 from .._protocol import DirEntry, ExecResult
@@ -144,7 +146,7 @@ class WorkspaceHost:
         self.limiter = WorkspaceLimiter(config.max_workspaces)
         self.waiting = 0
         self.workspaces: dict[str, tuple[Workspace, str]] = {}  # handle id -> (current workspace, owner)
-        self.snapshots: dict[str, tuple[_fork.Snapshot, str]] = {}
+        self.snapshots: dict[str, tuple[Snapshot, str]] = {}
         self.fetched: dict[str, str] = {}  # "<source host>/<snapshot id>" -> local snapshot id (owned by the host)
         self._fetching: dict[str, anyio.Lock] = {}
         self.bandwidth: dict[str, float] = {}
@@ -152,7 +154,7 @@ class WorkspaceHost:
         self.sessions: dict[str, Any] = {}  # handle id -> CachedSession
         self._cache: Any = None
         self._reaper: asyncio.Task[None] | None = None
-        _fork.prepare_snapshot_store()
+        _layers.prepare_snapshot_store()
         self.collected = _gc.collect()  # what a host killed on this node left behind
 
     # ------------------------------------------------------------------------------------------------ plumbing
@@ -172,7 +174,7 @@ class WorkspaceHost:
         session = self.sessions.get(ws_id)
         return session.workspace if session is not None else entry[0]
 
-    def _snap(self, snap_id: str) -> _fork.Snapshot:
+    def _snap(self, snap_id: str) -> Snapshot:
         entry = self.snapshots.get(snap_id)
         if entry is None and self._cache is not None:  # a capture of the tool cache, fetched by another host
             own = self._cache.provider._own.get(snap_id)
@@ -235,7 +237,7 @@ class WorkspaceHost:
             cg = ws.cgroup
             if cg is not None:
                 mem += _cgroup_memory(cg)
-        snap_bytes = await anyio.to_thread.run_sync(tree_bytes, _fork.snapshot_dir())
+        snap_bytes = await anyio.to_thread.run_sync(tree_bytes, _layers.snapshot_dir())
         return HostInfo(
             name=self.name,
             node_id=ray.get_runtime_context().get_node_id(),
@@ -427,12 +429,13 @@ class WorkspaceHost:
 
     async def leftovers(self) -> list[str]:
         """What of workspaces and snapshots is on this host's disk (blocking listing, small)."""
-        left = [f"snapshot {p.name}" for p in _fork.snapshot_dir().iterdir()] if _fork.snapshot_dir().exists() else []
+        snaps = _layers.snapshot_dir()
+        left = [f"snapshot {p.name}" for p in snaps.iterdir()] if snaps.exists() else []
         from .. import _paths
 
         base = _paths.workspaces_dir()
         left += [f"dir {p.name}" for p in base.iterdir() if p.name != ".layers"] if base.exists() else []
-        layers = _fork.layers_dir()
+        layers = _layers.layers_dir()
         left += [f"layer {p.name}" for p in layers.iterdir()] if layers.exists() else []
         return left
 
@@ -450,7 +453,7 @@ def _cgroup_memory(cg: Any) -> int:
     return 0
 
 
-async def _snapshot_bytes(snap: _fork.Snapshot) -> int:
+async def _snapshot_bytes(snap: Snapshot) -> int:
     from .._accounting import tree_bytes
 
     size = await anyio.to_thread.run_sync(tree_bytes, snap.path)
@@ -1017,7 +1020,7 @@ class ClusterStateProvider:
 
     def __init__(self, host: WorkspaceHost) -> None:
         self.host = host
-        self._own: dict[str, _fork.Snapshot] = {}
+        self._own: dict[str, Snapshot] = {}
         self.last_error: str | None = None
 
     async def capture(self, ws: Workspace) -> SnapshotRef:

@@ -116,10 +116,10 @@ async def test_an_impostor_on_the_agent_socket(mode: str, error: type[Exception]
         await ws.write_file("fake.py", FAKE_AGENT)
         await ws.spawn(["python3", "fake.py", mode])
         await _wait_file(ws, "fake.ready")
-        assert ws._client is not None
-        for conn in ws._client._idle:  # pooled connections still reach the real agent; new ones the impostor
+        assert ws._core.client is not None
+        for conn in ws._core.client._idle:  # pooled connections still reach the real agent; new ones the impostor
             await conn.aclose()
-        ws._client._idle.clear()
+        ws._core.client._idle.clear()
         with anyio.fail_after(10), pytest.raises(error):
             await ws.exec("true")
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bunshin_async import Workspace
-from bunshin_async._fork import cow_available, ksm_restore
+from bunshin_async._fork._modes import cow_available, ksm_restore
 
 HERE = Path(__file__).parent
 

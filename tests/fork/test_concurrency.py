@@ -10,7 +10,8 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from bunshin_async import Workspace, _fork
+from bunshin_async import Snapshot, Workspace
+from bunshin_async._fork import _dump
 from bunshin_async.cache import ForkStateProvider
 
 pytestmark = pytest.mark.fork_modes("criu-cow", "criu")
@@ -20,13 +21,13 @@ pytestmark = pytest.mark.fork_modes("criu-cow", "criu")
 def dumps(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Workspace ids of the CRIU dumps made, in order (a wrapper around the real dump)."""
     made: list[str] = []
-    real = _fork._dump
+    real = _dump._dump
 
     async def counting(ws: Workspace, *args: object, **kwargs: object) -> None:
         made.append(ws.id)
         await real(ws, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(_fork, "_dump", counting)
+    monkeypatch.setattr(_dump, "_dump", counting)
     return made
 
 
@@ -61,7 +62,7 @@ async def test_snapshots_forks_rollbacks_and_captures_race(ws: Workspace, dumps:
     base = await ws.snapshot()
     provider = ForkStateProvider()
     rng = random.Random(20)
-    snaps: list[_fork.Snapshot] = []
+    snaps: list[Snapshot] = []
     copies: list[Workspace] = []
     refs = []
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from bunshin_async import Workspace, _fork
+from bunshin_async import Snapshot, Workspace
+from bunshin_async._fork import _dump, _layers, _modes
 
 HERE = Path(__file__).parent
 HEAP_MIB = 100
@@ -114,7 +115,7 @@ async def test_cow_copies_share_memory_until_written(
     assert not snap.path.exists()  # gone with its last copy
 
 
-def _pages_bytes(snap: _fork.Snapshot) -> int:
+def _pages_bytes(snap: Snapshot) -> int:
     return sum(p.stat().st_size for p in snap.images.glob("pages-*.img"))
 
 
@@ -136,7 +137,7 @@ async def test_cow_nested_fork_dumps_only_what_the_copy_wrote(ws: Workspace, for
                 # Hashing allocates (Python writes memory to read it): digests are taken after the dump, and on a
                 # second copy, so that the next generation's image holds only what /dirty wrote.
                 expected = await _get(current, "/digest")
-                assert (snap.path / "parent").read_text() == current._mem_parent.name  # type: ignore[union-attr]
+                assert (snap.path / "parent").read_text() == current._core.mem_parent.name  # type: ignore[union-attr]
                 assert _pages_bytes(snap) < full / 4, (gen, _pages_bytes(snap), full)
                 if gen == 4:  # the copy it was taken from, and that copy's own snapshot, go first
                     for c in made:
@@ -149,7 +150,7 @@ async def test_cow_nested_fork_dumps_only_what_the_copy_wrote(ws: Workspace, for
                 assert await _get(probe, "/digest") == expected, f"generation {gen}"
             finally:
                 await probe.aclose()
-        assert _fork.mem_chain_depth(current._mem_parent) == 4  # type: ignore[arg-type]
+        assert _layers.mem_chain_depth(current._core.mem_parent) == 4  # type: ignore[arg-type]
     finally:
         for c in made:
             await c.aclose()
@@ -157,7 +158,7 @@ async def test_cow_nested_fork_dumps_only_what_the_copy_wrote(ws: Workspace, for
 
 @pytest.mark.fork_modes("criu-cow")
 async def test_cow_chain_is_bounded(ws: Workspace, fork_mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_fork, "MAX_MEM_CHAIN", 1)
+    monkeypatch.setattr(_dump, "MAX_MEM_CHAIN", 1)
     await _start(ws, 20)
     (c1,) = await ws.fork()
     try:
@@ -211,7 +212,7 @@ async def test_cow_rollback_keeps_memory(ws: Workspace, fork_mode: str) -> None:
 
 @pytest.mark.fork_modes("criu")
 async def test_ksm_fallback(ws: Workspace, fork_mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    before = {n: (_fork.KSM_DIR / n).read_text().strip() for n in _fork.KSM_TUNING}
+    before = {n: (_modes.KSM_DIR / n).read_text().strip() for n in _modes.KSM_TUNING}
     monkeypatch.setenv("BUNSHIN_FORK_MODE", "ksm")
     await _start(ws, 10)
     d0 = await _get(ws, "/digest")
@@ -219,7 +220,7 @@ async def test_ksm_fallback(ws: Workspace, fork_mode: str, monkeypatch: pytest.M
         copies = await ws.fork(2)
         try:
             assert [c.fork_mode for c in copies] == ["criu-ksm"] * 2
-            assert (_fork.KSM_DIR / "run").read_text().strip() == "1"
+            assert (_modes.KSM_DIR / "run").read_text().strip() == "1"
             for c in copies:
                 assert await _get(c, "/digest") == d0
                 for pid in _pids(c):
@@ -229,15 +230,15 @@ async def test_ksm_fallback(ws: Workspace, fork_mode: str, monkeypatch: pytest.M
             for c in copies:
                 await c.aclose()
     finally:
-        _fork.ksm_restore()
-    assert {n: (_fork.KSM_DIR / n).read_text().strip() for n in _fork.KSM_TUNING} == before
+        _modes.ksm_restore()
+    assert {n: (_modes.KSM_DIR / n).read_text().strip() for n in _modes.KSM_TUNING} == before
 
 
 def test_restore_mode_never_pretends(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("BUNSHIN_FORK_MODE", "criu")
-    assert _fork.restore_mode() == "criu"
+    assert _modes.restore_mode() == "criu"
     monkeypatch.setenv("BUNSHIN_FORK_MODE", "auto")
-    assert _fork.restore_mode() == ("criu-cow" if _fork.cow_available() else "criu")
+    assert _modes.restore_mode() == ("criu-cow" if _modes.cow_available() else "criu")
     monkeypatch.setenv("BUNSHIN_FORK_MODE", "bogus")
     with pytest.raises(ValueError):
-        _fork.restore_mode()
+        _modes.restore_mode()

@@ -11,7 +11,8 @@ import time
 import anyio
 import pytest
 
-from bunshin_async import ForkError, Workspace, _fork
+from bunshin_async import ForkError, Workspace
+from bunshin_async._fork import _dump
 
 pytestmark = pytest.mark.fork_modes("criu-cow", "criu")
 
@@ -162,8 +163,8 @@ async def test_traced_process_fails_the_fork_fast_naming_it(
     ws: Workspace, checked_first: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if not checked_first:  # a tracer that attaches after the SDK's check: CRIU itself (criu/patches/0008) fails
-        check = _fork._undumpable
-        monkeypatch.setattr(_fork, "_undumpable", lambda ws, after_failure: after_failure and check(ws, True))
+        check = _dump._undumpable
+        monkeypatch.setattr(_dump, "_undumpable", lambda ws, after_failure: after_failure and check(ws, True))
     await ws.write_file("/workspace/tracer.py", TRACER)
     tracer = await ws.spawn(["python3", "/workspace/tracer.py"])
     with anyio.fail_after(10):

@@ -8,8 +8,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from bunshin_async import BunshinError, ForkError, Shell, Workspace, _criu, _fork, _paths
+from bunshin_async import BunshinError, ForkError, SetupStep, Shell, Workspace, _criu, _paths
 from bunshin_async._doctor import report
+from bunshin_async._fork import _modes
 
 pytestmark = pytest.mark.fork_modes("fs")
 
@@ -48,7 +49,7 @@ async def _get(ws: Workspace, timeout: float = 30.0) -> str:
             await anyio.sleep(0.05)
 
 
-async def _start_counter(ws: Workspace) -> _fork.SetupStep:
+async def _start_counter(ws: Workspace) -> SetupStep:
     await ws.exec("mkdir -p /workspace/srv")
     await ws.write_file("/workspace/srv/counter.py", COUNTER)
     proc = await ws.spawn(
@@ -202,7 +203,7 @@ async def test_record_survives_criu_copies(ws: Workspace, monkeypatch: pytest.Mo
 async def test_auto_falls_back_without_criu(ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("BUNSHIN_FORK_MODE", "auto")
     monkeypatch.setenv("BUNSHIN_CRIU", "/nonexistent/criu")
-    assert _fork.restore_mode() == "fs" and _fork.fs_only()
+    assert _modes.restore_mode() == "fs" and _modes.fs_only()
     why = _criu.criu_unavailable()
     assert why is not None and "/nonexistent/criu" in why
     text, _ok = report()
@@ -222,15 +223,15 @@ def test_criu_unusable_reasons(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     monkeypatch.delenv("BUNSHIN_CRIU", raising=False)
     monkeypatch.setattr(_paths, "criu_binary", lambda: None)
     assert "not found" in (_criu.criu_unavailable() or "")
-    assert _fork.restore_mode() == "fs"
+    assert _modes.restore_mode() == "fs"
     broken = tmp_path / "criu"
     broken.write_text("#!/bin/sh\necho 'libfoo.so: cannot open' >&2\nexit 3\n")
     broken.chmod(0o755)
     assert "status 3: libfoo.so: cannot open" in (_criu.criu_unavailable(broken) or "")
     monkeypatch.setattr(_paths, "criu_binary", lambda: broken)
-    assert _fork.restore_mode() == "fs"
+    assert _modes.restore_mode() == "fs"
     monkeypatch.setenv("BUNSHIN_FORK_MODE", "criu")  # an explicit mode never falls back
-    assert _fork.restore_mode() == "criu" and not _fork.fs_only()
+    assert _modes.restore_mode() == "criu" and not _modes.fs_only()
     monkeypatch.setattr(_paths, "criu_binary", real)
     monkeypatch.setenv("BUNSHIN_FORK_MODE", "fs")
     assert _criu.criu_unavailable() is None  # this host has CRIU: fs is only forced

@@ -110,7 +110,7 @@ async def test_restore_log_has_no_address_noise(ws: Workspace, configured: bool)
         assert snap.fresh_net is not configured
         (copy,) = await Workspace.from_snapshot(snap)
     try:
-        log = (copy._dir / "restore.log").read_text(errors="replace")
+        log = (copy.directory / "restore.log").read_text(errors="replace")
         assert "already assigned" not in log.lower()
         # The loopback's addresses are there all the same, and the workspace's own.
         r = await copy.exec(["python3", "-c", "import socket; socket.create_server(('127.0.0.1', 0)); print('ok')"])

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from bunshin_async import _paths
-from bunshin_async._fork import collect_layers
+from bunshin_async._fork._layers import collect_layers
 from bunshin_async._kernel import CGROUP_ROOT, parent_name
 
 # A host killed outright cannot put KSM's settings back, so the KSM mode is not killed here.

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import pytest
 
-from bunshin_async import Workspace, _fork
+from bunshin_async import Workspace
+from bunshin_async._fork import _layers as store
+from bunshin_async._fork import _restore
 
 pytestmark = pytest.mark.fork_modes("criu-cow")  # the file layers are the same for every restore mode
 
 
 def _layers() -> set[str]:
-    d = _fork.layers_dir()
+    d = store.layers_dir()
     return {p.name for p in d.iterdir() if not p.name.endswith(".users")} if d.exists() else set()
 
 
@@ -21,13 +23,13 @@ async def test_layers_outlive_snapshot_and_parent(ws: Workspace, monkeypatch: py
     await ws.exec("mkdir /workspace/d && echo p > /workspace/d/f && rm /etc/hostname")
     [a] = await ws.fork(1)  # its snapshot is closed already
     try:
-        assert len(_fork.chain_layers(a._lower or "")) == 1 and len(_layers()) == 1
+        assert len(store.chain_layers(a._core.lower or "")) == 1 and len(_layers()) == 1
         await a.write_file("/workspace/d/f", "a")
         [b] = await a.fork(1)
     finally:
         await a.aclose()
     try:
-        assert len(_fork.chain_layers(b._lower or "")) == 2 and len(_layers()) == 2
+        assert len(store.chain_layers(b._core.lower or "")) == 2 and len(_layers()) == 2
         assert await b.read_text("/workspace/d/f") == "a"
         assert (await b.exec("test -e /etc/hostname")).exit_code == 1
         assert await ws.read_text("/workspace/d/f") == "p\n"
@@ -36,12 +38,12 @@ async def test_layers_outlive_snapshot_and_parent(ws: Workspace, monkeypatch: py
             await b.write_file("/workspace/d/f", "b")
             await b.rollback(snap)
         assert await b.read_text("/workspace/d/f") == "a"
-        assert len(_fork.chain_layers(b._lower or "")) == 3
+        assert len(store.chain_layers(b._core.lower or "")) == 3
         # Past MAX_LAYERS a restore copies the top layer into the upper instead of stacking it.
-        monkeypatch.setattr(_fork, "MAX_LAYERS", 4)
+        monkeypatch.setattr(_restore, "MAX_LAYERS", 4)
         [c] = await b.fork(1)
         try:
-            assert c._lower == b._lower and await c.read_text("/workspace/d/f") == "a"
+            assert c._core.lower == b._core.lower and await c.read_text("/workspace/d/f") == "a"
         finally:
             await c.aclose()
     finally:

@@ -1,5 +1,5 @@
-"""``bunshin-init --restore-wrap`` (``_fork._wrapper``), the process every CRIU restore runs through: it must build
-the restore's private namespaces and root exactly, leave nothing on the host, and fail loudly."""
+"""``bunshin-init --restore-wrap`` (``_fork._restore._wrapper``), the process every CRIU restore runs through: it
+must build the restore's private namespaces and root exactly, leave nothing on the host, and fail loudly."""
 
 from __future__ import annotations
 

@@ -10,8 +10,9 @@ from typing import Any
 import anyio
 import pytest
 
-from bunshin_async import ForkError, Workspace, _fork
+from bunshin_async import ForkError, Workspace
 from bunshin_async._criu import NotifyHandler, SwrkCriu
+from bunshin_async._fork import _dump, _restore
 
 
 async def test_rollback_returns_exact_state(ws: Workspace, fork_mode: str) -> None:
@@ -73,7 +74,7 @@ async def test_criu_killed_mid_dump(ws: Workspace, point: str) -> None:
     await ws.spawn(f"i=0; while true; do {tick}; sleep 0.02; done")
     backend = KillCriuAt(point)
     with pytest.raises(ForkError) as info:
-        await _fork.snapshot(ws, backend)
+        await _dump.snapshot(ws._core, backend)
     assert backend.killed or point == "network-unlock"
     assert "criu dump" in str(info.value) and info.value.workspace_id == ws.id
     # The parent is thawed and keeps running.
@@ -90,13 +91,13 @@ async def test_criu_killed_mid_restore(ws: Workspace, point: str) -> None:
     async with await ws.snapshot() as snap:
         rundir = ws.directory.parent
         before = set(rundir.iterdir())
-        victim = Workspace._for_restore(snap)
+        victim = _restore.new_core(snap)
         backend = KillCriuAt(point)
         with pytest.raises(ForkError) as info:
-            await _fork.restore_into(victim, snap, backend)
+            await _restore.restore_into(victim, snap, backend)
         assert backend.killed
         assert "criu restore" in str(info.value)
-        assert victim.closed and not victim.directory.exists()
+        assert victim.state == "closed" and not victim.dir.exists()
         assert set(rundir.iterdir()) == before
         # The snapshot is still good, and so is the parent.
         (ok,) = await Workspace.from_snapshot(snap)

@@ -10,7 +10,6 @@ import anyio
 import pytest
 
 from bunshin_async import Workspace
-from bunshin_async._spares import _is_frozen
 
 pytestmark = pytest.mark.fork_modes("criu-cow")  # the pool is the same for every restore mode
 
@@ -22,13 +21,13 @@ async def test_spare_is_fast_live_and_refilled(ws: Workspace) -> None:
         with anyio.fail_after(60):
             await pool.wait_ready()
         assert pool.ready == 2 and pool.error is None
-        assert all(_is_frozen(s) for s in pool._ready)
+        assert all(s.cgroup is not None and s.cgroup.frozen() for s in pool._ready)
         t0 = time.monotonic()
         [c] = await Workspace.from_snapshot(snap)
         took = time.monotonic() - t0
         try:
             assert took < 0.5, f"from_snapshot with a warm spare took {took * 1000:.0f} ms"
-            assert not _is_frozen(c) and c.fork_mode == "criu-cow"
+            assert c.cgroup is not None and not c.cgroup.frozen() and c.fork_mode == "criu-cow"
             assert await c.read_text("/workspace/f") == "v1"
             await c.write_file("/workspace/f", "copy")
             assert await ws.read_text("/workspace/f") == "v1"
@@ -55,5 +54,5 @@ async def test_closing_the_snapshot_closes_its_spares(ws: Workspace) -> None:
         with anyio.fail_after(60):
             await pool.wait_ready()
         await snap.aclose()
-        assert pool.ready == 0 and snap._spares is None
+        assert pool.ready == 0 and snap.spares is None
     await ws.ping()  # the parent is untouched

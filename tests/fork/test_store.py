@@ -11,7 +11,7 @@ import pytest
 
 from bunshin_async import CapabilityMissing, Workspace
 from bunshin_async._cli import main as cli
-from bunshin_async._fork import prepare_snapshot_store, snapshot_store
+from bunshin_async._fork._layers import prepare_snapshot_store, snapshot_store
 
 pytestmark = pytest.mark.fork_modes("criu-cow")
 

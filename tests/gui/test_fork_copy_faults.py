@@ -14,7 +14,8 @@ from typing import Any
 import anyio
 import pytest
 
-from bunshin_async import ForkError, Workspace, _fork
+from bunshin_async import ForkError, Workspace
+from bunshin_async._fork import _layers
 
 from .conftest import settled
 
@@ -24,18 +25,18 @@ async def test_failed_upper_copy_is_fork_error(
     form: tuple[Workspace, dict[str, list[int]]], monkeypatch: pytest.MonkeyPatch, stage: str
 ) -> None:
     parent, _ = form
-    real = _fork._copy_tree
+    real = _layers.copy_tree
     failed: list[Path] = []
 
     async def copy(src: Path, dst: Path, **kw: Any) -> None:
-        into_snapshot = dst.parent.parent == _fork.snapshot_dir()
+        into_snapshot = dst.parent.parent == _layers.snapshot_dir()
         if into_snapshot != (stage == "snapshot"):
             return await real(src, dst, **kw)
         failed.append(dst)
         dst.mkdir()
         await real(src / "no-such-entry", dst, **kw)
 
-    monkeypatch.setattr(_fork, "_copy_tree", copy)
+    monkeypatch.setattr(_layers, "copy_tree", copy)
     before = await settled(parent)
     with pytest.raises(ForkError, match="no-such-entry") as info:
         copies = await parent.fork(2)
@@ -44,7 +45,7 @@ async def test_failed_upper_copy_is_fork_error(
     assert failed, "the copy was never made"
     assert info.value.workspace_id
     # The parent keeps running with its display, and nothing of the failed fork is left (root conftest).
-    monkeypatch.setattr(_fork, "_copy_tree", real)
+    monkeypatch.setattr(_layers, "copy_tree", real)
     assert (await parent.gui.screenshot()).digest == before
     [ok] = await parent.fork(1)
     try:

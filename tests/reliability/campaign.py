@@ -18,7 +18,7 @@ import msgspec
 import psutil
 
 from bunshin_async import Workspace, _paths
-from bunshin_async._fork import snapshot_dir
+from bunshin_async._fork._layers import snapshot_dir
 from bunshin_async._kernel import CGROUP_ROOT, parent_name
 
 STATE_MIB = 50

@@ -14,7 +14,9 @@ import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bunshin_async import Workspace, _criu, _fork  # noqa: E402
+from bunshin_async import Snapshot, Workspace, _criu  # noqa: E402
+from bunshin_async._core import WorkspaceCore  # noqa: E402
+from bunshin_async._fork import _layers, _quiesce, _restore  # noqa: E402
 from bunshin_async.cache import ForkStateProvider  # noqa: E402
 from tests.reliability.campaign import holding_workspace  # noqa: E402
 
@@ -48,42 +50,42 @@ async def main(stage: str) -> None:
             die()
 
         if point == "criu":
-            real_backend = _fork.default_backend
-            _fork.default_backend = lambda: _criu.SwrkCriu(on_spawn=on_spawn)  # type: ignore[assignment]
+            real_backend = _criu.default_backend
+            _criu.default_backend = lambda: _criu.SwrkCriu(on_spawn=on_spawn)  # type: ignore[assignment]
             assert real_backend
         if point == "drained":
-            real_drain = _fork._drain
+            real_drain = _quiesce.drain
 
-            async def drain(w: Workspace) -> Any:
+            async def drain(w: WorkspaceCore) -> Any:
                 await real_drain(w)
                 die()
 
-            _fork._drain = drain  # type: ignore[assignment]
+            _quiesce.drain = drain  # type: ignore[assignment]
         if point == "post-dump":
-            real_copy = _fork._copy_tree
+            real_copy = _layers.copy_tree
 
             async def copy_tree(src: Path, dst: Path, **kw: Any) -> None:
                 await real_copy(src, dst, **kw)
                 if src.name == "upper" and dst.name == "upper":
                     die()
 
-            _fork._copy_tree = copy_tree  # type: ignore[assignment]
+            _layers.copy_tree = copy_tree  # type: ignore[assignment]
         if point == "restored":
-            real_restore = _fork.restore_into
+            real_restore = _restore.restore_into
 
-            async def restore_into(w: Workspace, snap: _fork.Snapshot, backend: Any = None) -> None:
+            async def restore_into(w: WorkspaceCore, snap: Snapshot, backend: Any = None) -> None:
                 await real_restore(w, snap, backend)
                 die()
 
-            _fork.restore_into = restore_into  # type: ignore[assignment]
+            _restore.restore_into = restore_into  # type: ignore[assignment]
         if point == "stopped":
-            real_stop = _fork._stop_processes
+            real_stop = _restore._stop_processes
 
-            async def stop(w: Workspace) -> None:
+            async def stop(w: WorkspaceCore) -> None:
                 await real_stop(w)
                 die()
 
-            _fork._stop_processes = stop  # type: ignore[assignment]
+            _restore._stop_processes = stop  # type: ignore[assignment]
 
         if op == "snapshot":
             await ws.snapshot()

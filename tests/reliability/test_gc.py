@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bunshin_async import _gc, _paths
-from bunshin_async._fork import snapshot_dir
+from bunshin_async._fork._layers import snapshot_dir
 from bunshin_async._kernel import CGROUP_ROOT, Cgroup, Limits, parent_name
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from bunshin_async import ForkError, StoreFull, Workspace, _paths
-from bunshin_async._fork import STORE_OPTIONS
+from bunshin_async._fork._layers import STORE_OPTIONS
 from tests.reliability.campaign import holding_workspace
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]

@@ -19,7 +19,7 @@ import pytest
 _SNAPDIR = tempfile.mkdtemp(prefix="bunshin-snap-spec-", dir="/dev/shm")
 os.environ["BUNSHIN_SNAPDIR"] = _SNAPDIR
 
-from bunshin_async._fork import prepare_snapshot_store  # noqa: E402
+from bunshin_async._fork._layers import prepare_snapshot_store  # noqa: E402
 from bunshin_async._paths import criu_binary  # noqa: E402
 from bunshin_async._trajectory import Step, Trajectory  # noqa: E402
 from bunshin_async.llm import RecordedTiming, ReplayServer  # noqa: E402

@@ -34,7 +34,7 @@ class Home:
             "BUNSHIN_CGROUP_PARENT": self.cgroup_parent,
         }
         with self.active():
-            from bunshin_async._fork import prepare_snapshot_store
+            from bunshin_async._fork._layers import prepare_snapshot_store
 
             prepare_snapshot_store()
 

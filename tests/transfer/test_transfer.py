@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 from bunshin_async import TransferError, Workspace
-from bunshin_async._fork import layers_dir, snapshot_dir
+from bunshin_async._fork._layers import layers_dir, snapshot_dir
 from bunshin_async.transfer import export_snapshot, import_snapshot
 from tests.transfer._homes import Home
 
@@ -178,7 +178,7 @@ async def test_device_nodes_in_a_layer_are_refused(other: Home) -> None:
     async with Workspace() as ws:
         await ws.write_file("/workspace/x", "1")
         async with await ws.snapshot() as snap:
-            await snap._materialize()
+            await snap.materialize()
             node = snap.layer / "workspace" / "mem"
             os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(1, 1))  # /dev/mem: what a hostile sender would add
             try:

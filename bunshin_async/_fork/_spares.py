@@ -12,64 +12,21 @@ leaving the ``async with`` (or closing the snapshot) stops it and closes every s
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import anyio
 from anyio.abc import TaskGroup
 
-from ._exceptions import ForkError
+from .._core import WorkspaceCore
+from .._exceptions import ForkError
+from ._restore import restore_many
 
 if TYPE_CHECKING:
-    from ._fork import Snapshot
-    from ._workspace import Workspace
+    from ._snapshot import Snapshot
 
 __all__ = ["SparePool"]
 
-FREEZE_TIMEOUT = 10.0
 RETRY_DELAY = 1.0
-
-
-def _freeze_file(ws: Workspace) -> tuple[Path, str, str] | None:
-    """(control file, frozen value, thawed value) of the workspace's freezer, or None without one."""
-    cg = ws.cgroup
-    d = cg.freezer_dir if cg is not None else None
-    if cg is None or d is None:
-        return None
-    if cg.version == 1:
-        return d / "freezer.state", "FROZEN", "THAWED"
-    return d / "cgroup.freeze", "1", "0"
-
-
-def _is_frozen(ws: Workspace) -> bool:
-    cg = ws.cgroup
-    d = cg.freezer_dir if cg is not None else None
-    if cg is None or d is None:
-        return False
-    if cg.version == 1:
-        return (d / "freezer.state").read_text().strip() == "FROZEN"
-    return "frozen 1" in (d / "cgroup.events").read_text().splitlines()
-
-
-async def freeze(ws: Workspace) -> None:
-    ctl = _freeze_file(ws)
-    if ctl is None:
-        raise ForkError(f"workspace {ws.id} has no freezer cgroup", workspace_id=ws.id)
-    ctl[0].write_text(ctl[1])
-    delay = 0.0005
-    with anyio.fail_after(FREEZE_TIMEOUT):
-        while not _is_frozen(ws):
-            await anyio.sleep(delay)
-            delay = min(delay * 2, 0.02)
-
-
-def thaw(ws: Workspace) -> None:
-    ctl = _freeze_file(ws)
-    if ctl is not None:
-        try:
-            ctl[0].write_text(ctl[2])
-        except OSError:
-            pass
 
 
 class SparePool:
@@ -83,7 +40,7 @@ class SparePool:
         self.k = k
         self.error: BaseException | None = None
         """The last failure of a background restore (the pool retries after ``RETRY_DELAY`` s)."""
-        self._ready: list[Workspace] = []
+        self._ready: list[WorkspaceCore] = []
         self._wanted = anyio.Event()
         self._tg: TaskGroup | None = None
         self._closed = False
@@ -96,11 +53,11 @@ class SparePool:
     async def __aenter__(self) -> SparePool:
         if self.snap.closed:
             raise ForkError(f"snapshot {self.snap.id} is closed", workspace_id=self.snap.workspace_id)
-        if self.snap._spares is not None:
+        if self.snap.spares is not None:
             raise ValueError(f"snapshot {self.snap.id} already keeps spares")
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
-        self.snap._spares = self
+        self.snap.spares = self
         self._tg.start_soon(self._refill)
         return self
 
@@ -112,14 +69,14 @@ class SparePool:
     async def aclose(self) -> None:
         """Stop refilling and close the spares not handed out (idempotent; also run by ``Snapshot.aclose``)."""
         self._closed = True
-        if self.snap._spares is self:
-            self.snap._spares = None
+        if self.snap.spares is self:
+            self.snap.spares = None
         if self._tg is not None:
             self._tg.cancel_scope.cancel()
         with anyio.CancelScope(shield=True):
             while self._ready:
                 ws = self._ready.pop()
-                thaw(ws)  # v1: a frozen task cannot die
+                _thaw(ws)  # v1: a frozen task cannot die
                 await ws.aclose()
 
     async def wait_ready(self, n: int | None = None) -> None:
@@ -127,18 +84,16 @@ class SparePool:
         while len(self._ready) < min(n or self.k, self.k):  # noqa: ASYNC110 - the refill task has no event for it
             await anyio.sleep(0.01)
 
-    def take(self, n: int) -> list[Workspace]:
+    def take(self, n: int) -> list[WorkspaceCore]:
         """Up to ``n`` ready spares, thawed; the pool starts restoring their replacements."""
         out, self._ready = self._ready[:n], self._ready[n:]
         for ws in out:
-            thaw(ws)
+            _thaw(ws)
         if out:
             self._wanted.set()
         return out
 
     async def _refill(self) -> None:
-        from ._workspace import Workspace
-
         while not self._closed and not self.snap.closed:
             missing = self.k - len(self._ready)
             if missing <= 0:
@@ -146,24 +101,30 @@ class SparePool:
                 self._wanted = anyio.Event()
                 continue
             try:
-                copies = await Workspace._restore_many(self.snap, missing)
-            except Exception as exc:  # a failed restore leaves nothing behind (``_restore_many``)
+                copies = await restore_many(self.snap, missing)
+            except Exception as exc:  # a failed restore leaves nothing behind (``restore_many``)
                 self.error = exc
                 await anyio.sleep(RETRY_DELAY)
                 continue
             for i, ws in enumerate(copies):
                 try:
                     with anyio.CancelScope(shield=True):
-                        await freeze(ws)
+                        assert ws.cgroup is not None
+                        await ws.cgroup.freeze()
                 except BaseException:
                     with anyio.CancelScope(shield=True):
                         for c in copies[i:]:
-                            thaw(c)
+                            _thaw(c)
                             await c.aclose()
                     raise
                 if self._closed:
                     with anyio.CancelScope(shield=True):
-                        thaw(ws)
+                        _thaw(ws)
                         await ws.aclose()
                 else:
                     self._ready.append(ws)
+
+
+def _thaw(ws: WorkspaceCore) -> None:
+    if ws.cgroup is not None:
+        ws.cgroup.thaw()

@@ -1,0 +1,66 @@
+"""``Config``: the host-wide settings of the runtime, with the environment variables as defaults.
+
+    Config.configure(fork_mode="fs", snapshot_dir="/dev/shm/my-snaps")   # this process, from now on
+    Config.current().fork_mode                                           # what the next fork uses
+
+Each field left unset is read from its environment variable when it is used, not at import, so a variable set
+before the first workspace (a test's fixture, a Ray actor's runtime env) still counts.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import msgspec
+
+__all__ = ["Config"]
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(name, "").strip() or default
+
+
+def _run_dir() -> Path:
+    run = os.environ.get("BUNSHIN_RUNDIR")
+    return Path(run) if run else Path(os.environ.get("BUNSHIN_HOME", "/var/lib/bunshin")) / "ws"
+
+
+class Config(msgspec.Struct, frozen=True, kw_only=True):
+    """Settings of the runtime (see the module doc). ``fork_mode`` (``BUNSHIN_FORK_MODE``): ``auto``, ``cow``,
+    ``criu``, ``ksm`` or ``fs`` (``bunshin_async._fork``). ``snapshot_dir`` (``BUNSHIN_SNAPDIR``): the snapshot store,
+    a tmpfs. ``criu_log_level`` (``BUNSHIN_CRIU_LOG_LEVEL``, 0-4): CRIU's dump.log/restore.log detail.
+    ``run_dir`` (``BUNSHIN_RUNDIR``, else ``$BUNSHIN_HOME/ws``): the workspaces' directories. ``cgroup_parent``
+    (``BUNSHIN_CGROUP_PARENT``): the cgroup all workspaces live under."""
+
+    fork_mode: str = msgspec.field(default_factory=lambda: _env("BUNSHIN_FORK_MODE", "auto").lower())
+    snapshot_dir: Path = msgspec.field(default_factory=lambda: Path(_env("BUNSHIN_SNAPDIR", "/dev/shm/bunshin-snap")))
+    criu_log_level: int = msgspec.field(default_factory=lambda: int(_env("BUNSHIN_CRIU_LOG_LEVEL", "2")))
+    run_dir: Path = msgspec.field(default_factory=_run_dir)
+    cgroup_parent: str = msgspec.field(default_factory=lambda: _env("BUNSHIN_CGROUP_PARENT", "bunshin"))
+
+    @staticmethod
+    def current() -> Config:
+        """The configuration in force: what ``configure`` set, the environment for the rest (read now)."""
+        return Config(**{**msgspec.structs.asdict(Config()), **_overrides})
+
+    @staticmethod
+    def configure(**changes: object) -> Config:
+        """Set fields of the process-wide configuration (``None`` puts one back to its environment default);
+        returns the configuration now in force. Applies to operations started afterwards, in this process only (a
+        worker process or a Ray actor reads its own environment)."""
+        unknown = set(changes) - set(Config.__struct_fields__)
+        if unknown:
+            raise TypeError(f"unknown settings {sorted(unknown)}; known: {list(Config.__struct_fields__)}")
+        new = {k: v for k, v in _overrides.items() if k not in changes}
+        new.update(
+            {k: Path(v) if k in _PATHS and isinstance(v, str) else v for k, v in changes.items() if v is not None}
+        )
+        config = msgspec.convert({**msgspec.structs.asdict(Config()), **new}, Config, strict=False)
+        _overrides.clear()
+        _overrides.update({k: getattr(config, k) for k in new})  # checked (strict=False: "3" is a log level too)
+        return config
+
+
+_overrides: dict[str, object] = {}
+_PATHS = ("snapshot_dir", "run_dir")

@@ -1,0 +1,288 @@
+"""Taking snapshots: ``snapshot`` (a CRIU dump of the drained tree, the upper dir copied in ``post-dump``, or a
+filesystem-only copy under the freezer) and ``fork`` (concurrent calls coalesced on one dump, each restoring its own
+copies)."""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+from pathlib import Path
+
+import anyio
+
+from .. import _criu
+from .._client import AgentClient
+from .._core import WorkspaceCore
+from .._criu import CriuBackend, rpc
+from .._exceptions import ForkError
+from .._image import agent_layer
+from .._kernel import task_status
+from . import _layers, _quiesce, _restore
+from ._layers import MAX_MEM_CHAIN, chain_layers, hold_layers, mem_chain_depth, store_full
+from ._modes import dump_env, fs_only
+from ._quiesce import Batch, Coordinator, coordinator
+from ._restore import NET_KEY
+from ._snapshot import Snapshot
+
+__all__ = ["fork", "snapshot"]
+
+FREEZE_TIMEOUT = 10
+"""Seconds CRIU may take to freeze and seize the tree (its ``timeout`` option): a process that cannot be frozen
+fails the dump in this time, named (``_undumpable``)."""
+DUMP_TIMEOUT = 120.0
+
+
+async def fork(ws: WorkspaceCore, n: int) -> list[WorkspaceCore]:
+    """``n`` copies of ``ws`` as it is now. Concurrent calls on one workspace are coalesced: those that arrive
+    while no dump of it has started share the next one (16 concurrent ``fork(1)`` take one dump, or two when the
+    first had started already), and each restores its own copies from it, so one caller's failed or cancelled
+    restore does not touch the others. A call that joined a batch whose taker was cancelled joins the next one."""
+    if n < 1:
+        raise ValueError("n must be at least 1")
+    coord = coordinator(ws)
+    while True:
+        batch = coord.open
+        lead = batch is None
+        if batch is None:
+            batch = coord.open = Batch()
+        batch.users += 1
+        try:
+            if lead:
+                await _take(ws, coord, batch)
+            else:
+                await batch.taken.wait()
+            if batch.error is not None:
+                if isinstance(batch.error, anyio.get_cancelled_exc_class()):
+                    continue  # its taker was cancelled, not us: take part in the next batch
+                raise copy.copy(batch.error)
+            assert batch.snap is not None
+            return await _restore.copies(batch.snap, n)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await batch.leave()
+
+
+async def _take(ws: WorkspaceCore, coord: Coordinator, batch: Batch) -> None:
+    """Take ``batch``'s snapshot (the leader of a batch does this). Joiners are let in until the dump starts: one
+    scheduling round first, so that calls started together share it, then while the previous dump runs."""
+    try:
+        await anyio.lowlevel.checkpoint()
+        async with coord.lock:
+            if coord.open is batch:
+                coord.open = None
+            batch.snap = await _snapshot(ws, None)
+    except BaseException as exc:
+        if coord.open is batch:
+            coord.open = None
+        batch.error = exc
+        raise
+    finally:
+        batch.taken.set()
+
+
+async def snapshot(ws: WorkspaceCore, backend: CriuBackend | None = None) -> Snapshot:
+    """A snapshot of ``ws`` (see ``WorkspaceCore.snapshot``); snapshots, rollbacks and fork batches of one workspace
+    run one at a time."""
+    async with coordinator(ws).lock:
+        return await _snapshot(ws, backend)
+
+
+async def _snapshot(ws: WorkspaceCore, backend: CriuBackend | None) -> Snapshot:
+    if ws.state != "running" or ws.pid is None:
+        raise ws.closed_error()
+    backend = backend or _criu.default_backend()
+    layer = await anyio.to_thread.run_sync(agent_layer)
+    assert ws.spec.image is not None
+    snap = Snapshot(
+        workspace_id=ws.id,
+        parent_lower=ws.lower or f"{layer}:{ws.spec.image.lower_dirs}",
+        spec=ws.spec.detached(),
+        mode="fs" if await anyio.to_thread.run_sync(fs_only) else "criu",
+        setup=ws.setup,
+    )
+    gated: AgentClient | None = None
+    try:
+        (snap.path if snap.mode == "fs" else snap.images).mkdir(parents=True)
+        await anyio.to_thread.run_sync(hold_layers, [snap.path, *chain_layers(snap.lower)], snap.holder)
+        parent = None if snap.mode == "fs" else await anyio.to_thread.run_sync(_dump_parent, ws, snap)
+        gated = await _quiesce.drain(ws)
+        if snap.mode == "fs":
+            await _fs_copy(ws, snap)
+        else:
+            if blocked := await anyio.to_thread.run_sync(_undumpable, ws, False):
+                raise ForkError(f"workspace {ws.id}: {blocked}", workspace_id=ws.id)
+            try:
+                await _dump(ws, snap, backend, parent)
+            except ForkError as exc:
+                if blocked := await anyio.to_thread.run_sync(_undumpable, ws, True):
+                    raise ForkError(f"workspace {ws.id}: {blocked}; {exc}", **exc._kwargs) from exc
+                raise
+    except BaseException as exc:
+        with anyio.CancelScope(shield=True):
+            if ws.cgroup is not None:  # a CRIU killed while the tree is frozen leaves it frozen
+                ws.cgroup.thaw()
+            await snap.aclose()
+        if isinstance(exc, (ForkError, OSError)) and (full := store_full(exc, ws.id)) is not None:
+            raise full from exc
+        raise
+    finally:
+        if gated is not None:
+            gated.resume()
+    return snap
+
+
+async def _dump(ws: WorkspaceCore, snap: Snapshot, backend: CriuBackend, parent: Path | None) -> None:
+    """CRIU dump of the drained workspace into ``snap.images``, the upper dir copied in the post-dump notification
+    (``parent``: the snapshot directory the dump is incremental on, see ``_dump_parent``)."""
+    assert ws.pid is not None
+    freezer = ws.cgroup.freezer_dir if ws.cgroup is not None else None
+    req = rpc.criu_req(type=rpc.DUMP)
+    _criu.base_opts(req)
+    req.opts.pid = ws.pid
+    req.opts.leave_running = True
+    # The workspace's net namespace has only loopback, so every TCP peer is in the frozen tree and no packet can
+    # arrive while it is dumped: no lock is needed (and a lock left by a killed CRIU would cut the workspace's
+    # loopback).
+    req.opts.network_lock = rpc.SKIP
+    req.opts.notify_scripts = True
+    req.opts.timeout = FREEZE_TIMEOUT
+    if freezer is not None:
+        req.opts.freeze_cgroup = str(freezer)
+    if parent is not None:
+        req.opts.parent_img = f"../../{parent.name}/images"  # relative to snap.images, as CRIU wants it
+    netns = await anyio.to_thread.run_sync(plain_netns, ws.pid)
+    if netns is not None:
+        req.opts.external.append(f"net[{netns}]:{NET_KEY}")
+        snap.fresh_net = True
+
+    async def on_notify(name: str, pid: int) -> None:
+        if name == "post-dump":
+            await _layers.copy_tree(ws.dir / "upper", snap.upper, workspace_id=ws.id)
+
+    fd = os.open(snap.images, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        req.opts.images_dir_fd = fd
+        env = await anyio.to_thread.run_sync(dump_env)
+        t0 = time.monotonic()
+        # Not cancelled midway: CRIU killed while its parasite runs inside a task of the tree leaves that task
+        # executing the parasite without its tracer, and it dies (a cancelled snapshot killed the parent's pid 1,
+        # and the workspace with it). A dump is bounded (FREEZE_TIMEOUT, DUMP_TIMEOUT) and short; a cancellation
+        # takes effect when it ends, and the snapshot is then removed.
+        with anyio.CancelScope(shield=True):
+            await backend.call(
+                req,
+                work_dir=snap.images,
+                log_name="dump.log",
+                workspace_id=ws.id,
+                notify=on_notify,
+                env=env,
+                timeout=DUMP_TIMEOUT,
+            )
+        snap.dump_ms = (time.monotonic() - t0) * 1000
+    finally:
+        os.close(fd)
+    await anyio.lowlevel.checkpoint()  # a cancellation that came during the dump: the caller removes the snapshot
+    if not snap.upper.is_dir():
+        raise ForkError(f"workspace {ws.id}: CRIU never sent post-dump", workspace_id=ws.id)
+
+
+async def _fs_copy(ws: WorkspaceCore, snap: Snapshot) -> None:
+    """A filesystem-only snapshot (no CRIU) of the drained workspace: freeze the cgroup so that no process writes
+    while the upper dir is copied, note which recorded spawns still run, thaw."""
+    assert ws.cgroup is not None
+    t0 = time.monotonic()
+    try:
+        try:
+            await ws.cgroup.freeze()
+        except (OSError, TimeoutError) as exc:
+            raise ForkError(f"workspace {ws.id}: cannot freeze its cgroup: {exc!r}", workspace_id=ws.id) from exc
+        live = await anyio.to_thread.run_sync(_live_ns_pids, ws)
+        snap.setup = [(step, pid) for step, pid in snap.setup if pid in live]
+        await _layers.copy_tree(ws.dir / "upper", snap.upper, workspace_id=ws.id)
+    finally:
+        ws.cgroup.thaw()
+    snap.frozen_ms = (time.monotonic() - t0) * 1000
+
+
+def _undumpable(ws: WorkspaceCore, after_failure: bool) -> str:
+    """Why CRIU cannot dump ``ws``'s tree, naming the processes by their in-workspace pid, or ``""`` (blocking).
+    A task traced by another (a debugger, strace) cannot be seized and its ptrace state is not in the images;
+    criu/patches/0008 fails the dump at once on one, this check fails it before CRIU starts. ``after_failure``
+    also names tasks in uninterruptible sleep, which the freezer may be unable to freeze (a hung FUSE or NFS
+    request): CRIU then gives up after ``FREEZE_TIMEOUT``."""
+    pids = ws.cgroup.pids() if ws.cgroup is not None else []
+    tasks = {pid: status for pid in pids if (status := task_status(pid)) is not None}
+
+    def name(pid: int, fields: dict[str, str] | None) -> str:
+        if fields is None:
+            return f"host pid {pid} (outside the workspace)"
+        return f"pid {(fields.get('NSpid', '').split() or [str(pid)])[-1]} ({fields.get('Name', '?')})"
+
+    why: list[str] = []
+    for pid, fields in tasks.items():
+        tracer = int(fields.get("TracerPid", "0") or 0)
+        if tracer:
+            why.append(f"{name(pid, fields)} is traced by {name(tracer, tasks.get(tracer))}")
+        elif after_failure and fields.get("State", "").startswith("D"):
+            try:
+                wchan = Path(f"/proc/{pid}/wchan").read_text().strip() or "?"
+            except OSError:
+                wchan = "?"
+            why.append(f"{name(pid, fields)} is in uninterruptible sleep ({wchan}) and may not freeze")
+    if not why:
+        return ""
+    remedy = "CRIU cannot dump a traced process: detach the tracer first" if "traced" in why[0] else "retry"
+    return f"cannot snapshot: {'; '.join(why)} ({remedy})"
+
+
+def _live_ns_pids(ws: WorkspaceCore) -> set[int]:
+    """In-workspace pids of the workspace's processes that have not exited (blocking; call it frozen). A spawned
+    process that exited is a zombie until the agent polls it; its innermost ``NSpid`` is its in-workspace pid."""
+    statuses = [task_status(pid) for pid in (ws.cgroup.pids() if ws.cgroup is not None else [])]
+    return {
+        int(s["NSpid"].split()[-1])
+        for s in statuses
+        if s and s.get("NSpid") and not s.get("State", "").startswith(("Z", "X"))
+    }
+
+
+def _dump_parent(ws: WorkspaceCore, snap: Snapshot) -> Path | None:
+    """The snapshot directory whose images ``ws``'s memory is mapped from, when its dump can be incremental on
+    them (criu/patches/0002: pages the copy never wrote are referenced, not written again): ``ws`` is a CoW copy
+    and the chain is not too long. ``snap`` then holds that directory (blocking)."""
+    parent = ws.mem_parent
+    if ws.fork_mode != "criu-cow" or parent is None or not (parent / "images").is_dir():
+        return None
+    if mem_chain_depth(parent) >= MAX_MEM_CHAIN:
+        return None
+    (snap.path / "parent").write_text(parent.name)
+    hold_layers([parent], f"child-{snap.id}")
+    return parent
+
+
+def plain_netns(pid: int) -> int | None:
+    """The inode of ``pid``'s net namespace if it holds nothing but loopback with its default addresses and no
+    route of its own (as a workspace starts), else ``None`` (blocking). Such a namespace is left out of the images
+    and each copy gets a fresh one: CRIU would otherwise run ip(8) for its addresses, routes and rules (about 30 ms
+    at the dump, 20 ms at each restore, and "Address already assigned" noise for loopback's own address). Sockets
+    are per task and still carried. Loaded iptables tables count as configuration; nftables rules and sysctls set
+    inside the workspace cannot be seen from /proc and are not carried by this path."""
+    net = Path(f"/proc/{pid}/net")
+    try:
+        devs = [line.split(":", 1)[0].strip() for line in (net / "dev").read_text().splitlines()[2:]]
+        inet6 = [line.split() for line in (net / "if_inet6").read_text().splitlines()]
+        routes = (net / "route").read_text().splitlines()[1:]
+        trie = (net / "fib_trie").read_text().splitlines()
+        tables = [(net / name).read_text().strip() for name in ("ip_tables_names", "ip6_tables_names")]
+        ino = os.stat(f"/proc/{pid}/ns/net").st_ino
+    except OSError:
+        return None
+    if any(tables):  # (legacy) iptables tables are loaded in it
+        return None
+    local = {trie[i - 1].split()[-1] for i, line in enumerate(trie) if line.strip() == "/32 host LOCAL"}
+    if devs != ["lo"] or routes or local - {"127.0.0.1"}:
+        return None
+    if any(f[0] != "0" * 31 + "1" or f[-1] != "lo" for f in inet6):
+        return None
+    return ino

@@ -1,0 +1,103 @@
+"""Quiescing a workspace for a dump: calls in flight finish, new ones wait, no host connection stays open (CRIU
+cannot dump one), and one snapshot or rollback of a workspace runs at a time (``coordinator``)."""
+
+from __future__ import annotations
+
+import os
+import weakref
+from typing import TYPE_CHECKING
+
+import anyio
+
+from .._client import AgentClient
+from .._core import WorkspaceCore
+from .._exceptions import ForkError
+
+if TYPE_CHECKING:
+    from ._snapshot import Snapshot
+
+DRAIN_TIMEOUT = 60.0
+
+
+def _host_connections(ws: WorkspaceCore) -> int:
+    """Sockets held by the workspace's processes that live in the host's net namespace: the agent's ends of host
+    connections (an accepted Unix socket takes its net namespace from the connecting side, af_unix.c
+    ``unix_stream_connect``), which CRIU cannot dump."""
+    if ws.cgroup is None:
+        return 0
+    held: set[str] = set()
+    for pid in ws.cgroup.pids():
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                try:
+                    link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                except OSError:
+                    continue
+                if link.startswith("socket:["):
+                    held.add(link[8:-1])
+        except OSError:
+            continue
+    if not held:
+        return 0
+    with open("/proc/self/net/unix") as f:
+        next(f)
+        return sum(1 for line in f if line.split()[6] in held)
+
+
+async def drain(ws: WorkspaceCore) -> AgentClient:
+    """Hold new calls and wait out those in flight (``AgentClient.quiesce``); the caller ``resume``s the client. On
+    any failure, cancellation included, it is resumed here."""
+    gated = ws.client
+    if gated is None:
+        raise ws.closed_error()
+    try:
+        with anyio.move_on_after(DRAIN_TIMEOUT) as scope:
+            await gated.quiesce()
+            delay = 0.0005
+            while _host_connections(ws):  # the agent closes its end once it reads our hang-up
+                await anyio.sleep(delay)
+                delay = min(delay * 2, 0.02)
+    except BaseException:
+        gated.resume()
+        raise
+    if scope.cancelled_caught:
+        gated.resume()
+        raise ForkError(f"workspace {ws.id}: tool calls did not finish within {DRAIN_TIMEOUT} s", workspace_id=ws.id)
+    return gated
+
+
+class Batch:
+    """Concurrent ``fork`` calls on one workspace that share one snapshot (``snap``, or the ``error`` its taking
+    raised, once ``taken`` is set); each caller restores its own copies from it, and the last one to finish
+    closes it."""
+
+    def __init__(self) -> None:
+        self.users = 0
+        self.taken = anyio.Event()
+        self.snap: Snapshot | None = None
+        self.error: BaseException | None = None
+
+    async def leave(self) -> None:
+        self.users -= 1
+        if self.users == 0 and self.snap is not None:
+            with anyio.CancelScope(shield=True):
+                await self.snap.aclose()
+
+
+class Coordinator:
+    """Per workspace: one snapshot or rollback at a time (CRIU seizes the whole tree, and two dumps of one tree
+    collide in ``PTRACE_SEIZE``), and the fork batch still open to joiners."""
+
+    def __init__(self) -> None:
+        self.lock = anyio.Lock()
+        self.open: Batch | None = None
+
+
+_coordinators: weakref.WeakKeyDictionary[WorkspaceCore, Coordinator] = weakref.WeakKeyDictionary()
+
+
+def coordinator(ws: WorkspaceCore) -> Coordinator:
+    coord = _coordinators.get(ws)
+    if coord is None:
+        coord = _coordinators[ws] = Coordinator()
+    return coord

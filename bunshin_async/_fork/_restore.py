@@ -1,0 +1,279 @@
+"""Restoring copies: ``copies`` (warm spares first, then ``restore_many``), ``restore_into`` (a CRIU restore, or
+a filesystem-only cold start, into a new core) and ``rollback`` (the same into a live workspace's own core)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import anyio
+
+from .. import _criu, _paths
+from .._compat import BaseExceptionGroup
+from .._core import WorkspaceCore, prime_attach
+from .._criu import CriuBackend, rpc
+from .._exceptions import BunshinError, ForkError
+from .._kernel import Cgroup, task_status
+from . import _layers
+from ._layers import MAX_LAYERS, chain_layers, hold_layers, release_layers, store_full
+from ._modes import ksm_enable, mode_wrapper, restore_mode
+from ._quiesce import coordinator
+
+if TYPE_CHECKING:
+    from ._snapshot import Snapshot
+
+__all__ = ["copies", "restore_into", "rollback"]
+
+RESTORE_TIMEOUT = 120.0
+
+NET_KEY = "bunshin-net"
+NET_FD = 9
+"""``--external net[ino]:NET_KEY`` at the dump; at the restore CRIU inherits the fresh namespace on fd ``NET_FD``."""
+
+
+def _wrapper(cgroup: Cgroup, lower: str, upper: Path, work: Path, root: Path, fresh_net: bool = False) -> list[str]:
+    """``bunshin-init --restore-wrap`` (native/init.c) gives the restore a private mount namespace (no host mount,
+    nothing to clean up if we die), joins the cgroup and mounts the root overlay there, then execs CRIU (same pid:
+    still our child). With ``fresh_net`` it also makes a new net namespace, brings its loopback up and hands it to
+    CRIU on ``NET_FD``."""
+    opts = f"lowerdir={lower},upperdir={upper},workdir={work},index=on,nfs_export=on"
+    joins = [arg for p in cgroup.procs_files for arg in ("--cgroup", str(p))]
+    net = ["--net"] if fresh_net else []
+    return [str(_paths.init_binary()), "--restore-wrap", *net, *joins, "--overlay", opts, "--root", str(root), "--"]
+
+
+def _strays(cgroup: Cgroup) -> list[int]:
+    """Kill what a failed restore left in the cgroup; return those that are our children in another pid namespace
+    (a restored root task, through rst_sibling). CRIU itself is in the cgroup too (the restore wrapper joined it)
+    and our child, but the CRIU backend reaps it: reaping it here made asyncio's child watcher report a lost
+    child."""
+    ours = []
+    for pid in cgroup.pids():
+        status = task_status(pid)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            continue
+        if status is not None and _restored_child(status):
+            ours.append(pid)
+    return ours
+
+
+def _restored_child(status: dict[str, str]) -> bool:
+    """Whether a task is our child in another pid namespace (a restored root task, through rst_sibling)."""
+    return status.get("PPid") == str(os.getpid()) and len(status.get("NSpid", "").split()) > 1
+
+
+def _dead_restored_children() -> list[int]:
+    """Our zombie children in another pid namespace: a restored root task (our child through rst_sibling) that
+    died with a failed restore has left its cgroup already, so ``_strays`` cannot see it (blocking)."""
+    pids = [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
+    return [
+        pid for pid in pids if (s := task_status(pid)) and s.get("State", "").startswith("Z") and _restored_child(s)
+    ]
+
+
+async def _reap_strays(cgroup: Cgroup) -> None:
+    strays = _strays(cgroup)
+    for pid in strays:
+        try:
+            await anyio.to_thread.run_sync(os.waitpid, pid, 0)
+        except ChildProcessError:
+            pass
+    for pid in await anyio.to_thread.run_sync(_dead_restored_children):
+        try:
+            os.waitpid(pid, os.WNOHANG)  # noqa: ASYNC222 - WNOHANG on a zombie
+        except ChildProcessError:
+            pass
+
+
+async def restore_into(ws: WorkspaceCore, snap: Snapshot, backend: CriuBackend | None = None) -> None:
+    """Make ``ws`` (state "new", no directory yet) a live copy of ``snap`` (a filesystem-only one for an fs snapshot
+    or mode). On failure everything made for it is removed and the error (``ForkError`` for CRIU failures and failed
+    restarts) raised."""
+    if snap.closed:
+        raise ForkError(f"snapshot {snap.id} is closed", workspace_id=ws.id)
+    ws.state = "starting"
+    try:
+        async with ws.failing_closes():
+            prime_attach()
+            ws.make_dirs(upper=False)
+            await _upper_from(ws, snap)
+            ws.create_cgroup()
+            await _restore(ws, snap, backend or _criu.default_backend())
+            ws.state = "running"
+    except OSError as exc:
+        if (full := store_full(exc, ws.id, dump=False)) is not None:
+            raise full from exc
+        raise
+
+
+async def rollback(ws: WorkspaceCore, snap: Snapshot, backend: CriuBackend | None = None) -> None:
+    """Replace the processes and files of ``ws`` by the snapshot's; ``ws`` keeps its id, directory and cgroup. If
+    the restore fails the workspace is closed (its old state is already gone) and ``ForkError`` raised. Waits for
+    a snapshot of ``ws`` in progress (and the other way round)."""
+    async with coordinator(ws).lock:
+        await _rollback(ws, snap, backend)
+
+
+async def _rollback(ws: WorkspaceCore, snap: Snapshot, backend: CriuBackend | None) -> None:
+    if ws.state != "running":
+        raise ws.closed_error()
+    if snap.closed:
+        raise ForkError(f"snapshot {snap.id} is closed", workspace_id=ws.id)
+    ws.state = "starting"
+    async with ws.failing_closes():
+        prime_attach()
+        with anyio.CancelScope(shield=True):
+            await _stop_processes(ws)
+        await anyio.to_thread.run_sync(shutil.rmtree, ws.dir / "upper")
+        await anyio.to_thread.run_sync(shutil.rmtree, ws.dir / "work")
+        (ws.dir / "work").mkdir()
+        await _upper_from(ws, snap)
+        await _restore(ws, snap, backend or _criu.default_backend())
+        ws.state = "running"
+
+
+async def _upper_from(ws: WorkspaceCore, snap: Snapshot) -> None:
+    """Give ``ws`` (no upper dir yet, processes stopped) the snapshot's files: an empty upper over the snapshot's
+    layer chain, or, past ``MAX_LAYERS``, a copy of the top layer over the rest. ``ws`` takes its references on the
+    new chain first, then lets go of its old one."""
+    lower = snap.lower
+    await snap.materialize()
+    if len(lower.split(":")) > MAX_LAYERS:
+        lower = snap.parent_lower
+        await _layers.copy_tree(snap.layer, ws.dir / "upper", workspace_id=ws.id)
+    else:
+        (ws.dir / "upper").mkdir()
+    old = chain_layers(ws.lower or "")
+    new = chain_layers(lower)
+    ws.lower = lower  # from here teardown lets go of the new chain
+    try:
+        await anyio.to_thread.run_sync(hold_layers, new, ws.id)
+    finally:
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(release_layers, [p for p in old if p not in new], ws.id)
+
+
+async def _stop_processes(ws: WorkspaceCore) -> None:
+    """Kill the tree of ``ws`` and reap its pid 1 (or shim), leaving directory and cgroup in place."""
+    await ws.stop_processes()
+    if ws.cgroup is not None:  # stragglers outside pid 1's namespace cannot exist, but be exact
+        ws.cgroup.kill_all()
+        delay = 0.0005
+        while ws.cgroup.pids():
+            await anyio.sleep(delay)
+            delay = min(delay * 2, 0.05)
+
+
+async def _restore(ws: WorkspaceCore, snap: Snapshot, backend: CriuBackend) -> None:
+    assert ws.cgroup is not None
+    mode = "fs" if snap.mode == "fs" else await anyio.to_thread.run_sync(restore_mode)
+    await anyio.to_thread.run_sync(ws.map_from, snap.path if mode == "criu-cow" else None)
+    if mode == "fs":
+        await _restart(ws, snap)
+        return
+    if mode == "criu-ksm":
+        await anyio.to_thread.run_sync(ksm_enable)
+    req = rpc.criu_req(type=rpc.RESTORE)
+    _criu.base_opts(req)
+    req.opts.root = str(ws.dir / "root")
+    req.opts.rst_sibling = True
+    if snap.fresh_net:
+        req.opts.inherit_fd.add(key=NET_KEY, fd=NET_FD)
+    fd = os.open(snap.images, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        req.opts.images_dir_fd = fd
+        assert ws.lower is not None
+        env, prefix = mode_wrapper(mode)
+        wrapper = prefix + _wrapper(
+            ws.cgroup, ws.lower, ws.dir / "upper", ws.dir / "work", ws.dir / "root", snap.fresh_net
+        )
+        t0 = time.monotonic()
+        try:
+            resp = await backend.call(
+                req,
+                work_dir=ws.dir,
+                log_name="restore.log",
+                workspace_id=ws.id,
+                wrapper=wrapper,
+                env=env,
+                timeout=RESTORE_TIMEOUT,
+            )
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await _reap_strays(ws.cgroup)
+            raise
+    finally:
+        os.close(fd)
+    ws.restore_ms = (time.monotonic() - t0) * 1000
+    ws.adopt(int(resp.restore.pid))
+    ws.fork_mode = mode
+    ws.setup, ws.restarted = list(snap.setup), []  # carried, with their pids
+
+
+async def _restart(ws: WorkspaceCore, snap: Snapshot) -> None:
+    """Filesystem-only restore into ``ws`` (directory, upper over the snapshot's chain and cgroup made, no process):
+    a cold start of bunshin-init, then the snapshot's recorded spawns again, in their order. Failures are
+    ``ForkError``; the caller tears down what was made."""
+    t0 = time.monotonic()
+    ws.setup, ws.restarted = [], []
+    try:
+        await ws.spawn()
+    except (BunshinError, OSError) as exc:
+        why = f"workspace {ws.id}: cold start of a filesystem-only copy failed: {exc}"
+        raise ForkError(why, workspace_id=ws.id) from exc
+    ws.state = "running"  # tool calls are allowed from here; on failure the caller closes it
+    for step, _pid in snap.setup:
+        try:
+            ws.restarted.append((step, await ws.start_step(step)))
+        except BunshinError as exc:
+            raise ForkError(f"workspace {ws.id}: restarting `{step}` failed: {exc}", workspace_id=ws.id) from exc
+    ws.restore_ms = (time.monotonic() - t0) * 1000
+    ws.fork_mode = "fs"
+
+
+def new_core(snap: Snapshot) -> WorkspaceCore:
+    """The factory of copies: a not-yet-started core with the configuration ``snap`` recorded."""
+    return WorkspaceCore(snap.spec.detached())
+
+
+async def copies(snap: Snapshot, n: int) -> list[WorkspaceCore]:
+    """``n`` new live copies of ``snap`` (``Workspace.from_snapshot``): warm spares first, thawed, the rest
+    restored now. All or nothing: if one fails the others are closed and the error (``ForkError``) raised."""
+    if n < 1:
+        raise ValueError("n must be at least 1")
+    if snap.closed:
+        raise ForkError(f"snapshot {snap.id} is closed", workspace_id=snap.workspace_id)
+    spares = snap.spares.take(n) if snap.spares is not None else []
+    if len(spares) == n:
+        return spares
+    try:
+        return spares + await restore_many(snap, n - len(spares))
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            for ws in spares:
+                await ws.aclose()
+        raise
+
+
+async def restore_many(snap: Snapshot, n: int) -> list[WorkspaceCore]:
+    """``n`` copies restored concurrently; all or nothing, the first ``ForkError`` raised out of the group."""
+    made = [new_core(snap) for _ in range(n)]
+    try:
+        async with anyio.create_task_group() as tg:
+            for ws in made:
+                tg.start_soon(restore_into, ws, snap)
+    except BaseException as exc:
+        with anyio.CancelScope(shield=True):
+            for ws in made:
+                await ws.aclose()
+        fork_errors = [e for e in getattr(exc, "exceptions", [exc]) if isinstance(e, ForkError)]
+        if fork_errors and isinstance(exc, BaseExceptionGroup):
+            raise fork_errors[0] from exc
+        raise
+    return made

@@ -1,0 +1,140 @@
+"""``Snapshot``: a frozen moment of a workspace in the snapshot store (package doc)."""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from .._core import SetupStep, WorkspaceSpec
+from .._exceptions import ForkError
+from .._image import Image
+from . import _layers
+from ._layers import chain_layers, layers_dir, release_layers, snapshot_dir
+from ._spares import SparePool
+
+__all__ = ["Snapshot"]
+
+
+class Snapshot:
+    """A frozen moment of a workspace: CRIU images and the upper dir (a layer, see the module doc); for ``mode ==
+    "fs"`` only the upper dir and the recorded setup (``setup``), no images. Owns its
+    directory; ``aclose()`` removes it and lets go of its layers (idempotent). Workspaces restored from it do not
+    need it afterwards. ``lower`` is the full lowerdir chain a copy mounts under its empty upper."""
+
+    def __init__(
+        self,
+        *,
+        workspace_id: str,
+        parent_lower: str,
+        spec: WorkspaceSpec,
+        mode: str = "criu",
+        setup: list[tuple[SetupStep, int]] | None = None,
+    ) -> None:
+        self.id = secrets.token_hex(6)
+        self.workspace_id = workspace_id
+        self.mode = mode
+        """``"criu"`` (CRIU images: a live fork) or ``"fs"`` (files and ``setup`` only, see the module doc)."""
+        self.setup = list(setup or [])
+        """The workspace's recorded spawns with their in-workspace pids (for ``"fs"``: those still running)."""
+        self.path = snapshot_dir() / self.id
+        self.parent_lower = parent_lower
+        self.lower = f"{self.layer}:{parent_lower}"
+        self._layer_lock = anyio.Lock()
+        self.spec = spec
+        """How the workspace was made (its ``env`` a copy): what each copy gets."""
+        self.dump_ms: float | None = None
+        self.frozen_ms: float | None = None
+        self.fresh_net = False
+        """The net namespace was left out of the images (``plain_netns``): each copy gets a fresh loopback-only one."""
+        self._closed = False
+        self.spares: SparePool | None = None
+        """The pool keeping warm spares of this snapshot (``keep_spares``), while one does."""
+
+    @property
+    def image(self) -> Image:
+        assert self.spec.image is not None  # a running workspace's image is resolved
+        return self.spec.image
+
+    @property
+    def images(self) -> Path:
+        return self.path / "images"
+
+    @property
+    def upper(self) -> Path:
+        """The upper dir as copied at the dump (on tmpfs: short freeze); the first restore turns it into ``layer``."""
+        return self.path / "upper"
+
+    @property
+    def layer(self) -> Path:
+        """The upper copy as a read-only overlay layer on the workspaces' filesystem (made by the first restore)."""
+        return layers_dir() / self.id
+
+    async def materialize(self) -> None:
+        """Move the tmpfs upper copy to ``layer`` once (a copy: another filesystem), then free the tmpfs copy."""
+        async with self._layer_lock:
+            if self.layer.is_dir():
+                return
+            if self.closed:
+                raise ForkError(f"snapshot {self.id} is closed", workspace_id=self.workspace_id)
+            partial = self.layer.with_name(f"{self.id}.partial")
+            try:
+                partial.parent.mkdir(parents=True, exist_ok=True)
+                await _layers.copy_tree(self.upper, partial, workspace_id=self.workspace_id)
+                partial.rename(self.layer)
+            finally:
+                with anyio.CancelScope(shield=True):
+                    if partial.exists():
+                        await anyio.to_thread.run_sync(shutil.rmtree, partial, True)
+            await anyio.to_thread.run_sync(shutil.rmtree, self.upper, True)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def keep_spares(self, k: int) -> SparePool:
+        """A pool keeping ``k`` frozen, pre-restored copies for ``Workspace.from_snapshot`` to hand out in
+        milliseconds (``async with snap.keep_spares(k):``; see ``bunshin_async._fork._spares``)."""
+        return SparePool(self, k)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        with anyio.CancelScope(shield=True):
+            if self.spares is not None:
+                await self.spares.aclose()
+            await anyio.to_thread.run_sync(shutil.rmtree, self.upper, True)
+            # The directory itself goes with its last user: CoW copies map its pages image and incremental
+            # images of their own memory refer to it (``release_layers``).
+            await anyio.to_thread.run_sync(release_layers, [self.path, *chain_layers(self.lower)], self.holder)
+
+    @property
+    def holder(self) -> str:
+        """The name this snapshot holds its layers and directory under (``hold_layers``)."""
+        return f"snapshot-{self.id}"
+
+    async def __aenter__(self) -> Snapshot:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        return f"<Snapshot {self.id} of {self.workspace_id}>"
+
+    @classmethod
+    def adopt(cls, snap_id: str, *, lower: str, fresh_net: bool = False, **record: Any) -> Snapshot:
+        """A ``Snapshot`` object for a directory ``snap_id`` already in the store whose layers are in place (an
+        imported one, ``bunshin_async._transfer``); the caller holds its references (``hold_layers``). ``lower``
+        is its full chain, its own layer first; ``record`` the keyword arguments of ``__init__`` but the chain."""
+        own, _, parent_lower = lower.partition(":")
+        snap = cls(parent_lower=parent_lower, **record)
+        snap.id = snap_id
+        snap.path = snapshot_dir() / snap_id
+        snap.lower = lower
+        snap.fresh_net = fresh_net
+        if own != str(snap.layer):
+            raise ValueError(f"lower chain {lower!r} does not start with the layer of {snap_id}")
+        return snap
