@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# What the kernel-module tests need, idempotently (a second run only checks): the pinned Debian kernel's headers
+# (the module builds against them), its image unpacked under $BUNSHIN_KMOD_CACHE (qemu boots it), qemu itself and
+# cpio (the initramfs). busybox-static is in bunshin_async/system-packages.txt already.
+#
+# The image is unpacked, not installed: installing a linux-image package would add a boot entry and build an
+# initramfs for a kernel this host never boots. kmod/run-vm.sh only needs its vmlinuz.
+set -euo pipefail
+KMOD=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+log() { echo "==> $*"; }
+# shellcheck source=kmod/kernel.env
+. "$KMOD/kernel.env"
+SUITE=${SUITE:-$(. /etc/os-release; echo "${VERSION_CODENAME:-}")}
+kver_var=KVER_$SUITE pkgver_var=KPKGVER_$SUITE
+if [[ -z "${!kver_var:-}" ]]; then
+    echo "skipped: kernel-module guest kernel (no pinned kernel for Debian suite '${SUITE:-unknown}' in kmod/kernel.env)"
+    exit 0
+fi
+KVER=${!kver_var} KPKGVER=${!pkgver_var}
+CACHE=${BUNSHIN_KMOD_CACHE:-/var/cache/bunshin/kmod}
+
+installed() { [[ "$(dpkg-query -W -f='${Status} ${Version}' "$1" 2>/dev/null || true)" == "install ok installed ${2:-}"* ]]; }
+missing=()
+for p in qemu-system-x86 cpio; do installed "$p" || missing+=("$p"); done
+installed "linux-headers-$KVER" "$KPKGVER" || missing+=("linux-headers-$KVER=$KPKGVER")
+if ((${#missing[@]})); then
+    log "installing ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if [[ ! -s "$CACHE/$KVER/vmlinuz" || "$(cat "$CACHE/$KVER/version" 2>/dev/null)" != "$KPKGVER" ]]; then
+    log "unpacking the guest kernel linux-image-$KVER $KPKGVER into $CACHE/$KVER"
+    mkdir -p "$CACHE"
+    tmp=$(mktemp -d "$CACHE/.image-XXXXXX")
+    trap 'rm -rf "$tmp"' EXIT
+    # apt's download sandbox user must be able to write the target directory.
+    chmod 0755 "$tmp" && chown _apt "$tmp" 2>/dev/null || true
+    (cd "$tmp" && apt-get download -qq "linux-image-$KVER=$KPKGVER" 2>/dev/null) \
+        || { apt-get update -qq && (cd "$tmp" && apt-get download -qq "linux-image-$KVER=$KPKGVER"); }
+    dpkg-deb --fsys-tarfile "$tmp"/linux-image-*.deb | tar -C "$tmp" -x "./boot/vmlinuz-$KVER"
+    mkdir -p "$tmp/out"
+    mv "$tmp/boot/vmlinuz-$KVER" "$tmp/out/vmlinuz"
+    # The ELF inside the bzImage (as the kernel's scripts/extract-vmlinux finds it: the first xz stream): qemu
+    # boots it through its PVH entry, which skips the decompression that costs ~8 s under software emulation.
+    pos=$(LC_ALL=C grep -aboP '\xfd7zXZ\x00' "$tmp/out/vmlinuz" | head -n 1 | cut -d: -f1 || true)
+    if [[ -n $pos ]]; then
+        # unxz exits 1 on the bzImage's trailing bytes after the stream: the ELF itself is complete.
+        tail -c +$((pos + 1)) "$tmp/out/vmlinuz" | unxz -q >"$tmp/out/vmlinux" 2>/dev/null || true
+        LC_ALL=C head -c 4 "$tmp/out/vmlinux" | grep -q $'\x7fELF' || rm -f "$tmp/out/vmlinux"
+    fi
+    echo "$KPKGVER" >"$tmp/out/version"
+    rm -rf "${CACHE:?}/$KVER"
+    mv "$tmp/out" "$CACHE/$KVER"
+    rm -rf "$tmp"
+    trap - EXIT
+fi
+echo "kmod guest kernel $KVER ($KPKGVER) ready"

@@ -1,0 +1,702 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * tmpl_test: exercises /dev/bunshin_tmpl inside the qemu guest (kmod/run-vm.sh runs it as init's job).
+ *
+ *   tmpl_test check [MiB]      a frozen template of MiB (default 32), 4 copies: digests, isolation, accounting,
+ *                              lifetime (the template killed, the pins outlive it), the interface's errors
+ *   tmpl_test bench MiB...     map time per template size: lazy map, prefilled map, first read of every page,
+ *                              and a page-image-like restore (copying the pages) as the baseline
+ *
+ * Prints one JSON object on the last line of stdout; exits 0 only when every check passed. Built static
+ * (the guest has busybox and nothing else).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../bunshin_tmpl.h"
+
+#define PAGE 4096UL
+#define NCOPIES 4
+#define CGROOT "/sys/fs/cgroup"
+
+static char failures[4096];
+static int nfail;
+
+static void fail(const char *fmt, ...)
+{
+	char msg[256];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	fprintf(stderr, "FAIL: %s\n", msg);
+	if (strlen(failures) + strlen(msg) + 4 < sizeof(failures))
+		snprintf(failures + strlen(failures), sizeof(failures) - strlen(failures), "%s\"%s\"",
+			 nfail ? "," : "", msg);
+	nfail++;
+}
+
+static double now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* The template's pattern: word i of the range holds mix(i), so any misplaced or zeroed page changes the digest. */
+static inline uint64_t mix(uint64_t x)
+{
+	x += 0x9e3779b97f4a7c15ULL;
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+	x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+	return x ^ (x >> 31);
+}
+
+static void fill(uint64_t *p, size_t len)
+{
+	for (size_t i = 0; i < len / 8; i++)
+		p[i] = mix(i);
+}
+
+/* FNV-1a over 64-bit words, position-dependent through the multiply chain. */
+static uint64_t digest(const uint64_t *p, size_t len)
+{
+	uint64_t h = 0xcbf29ce484222325ULL;
+
+	for (size_t i = 0; i < len / 8; i++) {
+		h ^= p[i];
+		h *= 0x100000001b3ULL;
+	}
+	return h;
+}
+
+/* What a copy writes: one word per written page, its id and the page index (distinct per copy). */
+static inline uint64_t stamp(int copy, size_t page)
+{
+	return 0xC0FE000000000000ULL | ((uint64_t)copy << 40) | page;
+}
+
+static int dev_fd(void)
+{
+	int fd = open(BUNSHIN_TMPL_DEVICE, O_RDWR | O_CLOEXEC);
+
+	if (fd < 0) {
+		fprintf(stderr, "open %s: %s\n", BUNSHIN_TMPL_DEVICE, strerror(errno));
+		exit(2);
+	}
+	return fd;
+}
+
+static int tmpl_create(int dev, pid_t pid, uint64_t addr, uint64_t len, uint32_t flags, uint64_t *npages)
+{
+	struct bunshin_tmpl_create req = { .pid = pid, .flags = flags, .addr = addr, .len = len };
+	int fd = ioctl(dev, BUNSHIN_TMPL_CREATE, &req);
+
+	if (fd >= 0 && npages)
+		*npages = req.npages;
+	return fd;
+}
+
+static long tmpl_mapped(int tfd)
+{
+	struct bunshin_tmpl_info info;
+
+	if (ioctl(tfd, BUNSHIN_TMPL_INFO, &info) < 0)
+		return -1;
+	return (long)info.mapped;
+}
+
+/* A template process: maps `len` of anonymous memory, fills it, reports the address and stops itself (frozen, as
+ * a snapshot's template tree is). The caller reaps it. */
+static pid_t spawn_template(size_t len, uint64_t *addr)
+{
+	int pfd[2];
+	pid_t pid;
+
+	if (pipe(pfd))
+		exit(2);
+	pid = fork();
+	if (pid < 0)
+		exit(2);
+	if (pid == 0) {
+		uint64_t *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		uint64_t a = (uint64_t)(uintptr_t)p;
+
+		if (p == MAP_FAILED)
+			_exit(3);
+		fill(p, len);
+		if (write(pfd[1], &a, sizeof(a)) != sizeof(a))
+			_exit(3);
+		raise(SIGSTOP);
+		pause();
+		_exit(0);
+	}
+	close(pfd[1]);
+	if (read(pfd[0], addr, sizeof(*addr)) != sizeof(*addr)) {
+		fprintf(stderr, "template did not start\n");
+		exit(2);
+	}
+	close(pfd[0]);
+	int st;
+	if (waitpid(pid, &st, WUNTRACED) != pid || !WIFSTOPPED(st)) {
+		fprintf(stderr, "template did not stop\n");
+		exit(2);
+	}
+	return pid;
+}
+
+static void reap(pid_t pid)
+{
+	kill(pid, SIGKILL);
+	waitpid(pid, NULL, 0);
+}
+
+/* The template's memory as the template sees it (it is stopped: process_vm_readv reads its own pages). */
+static uint64_t digest_remote(pid_t pid, uint64_t addr, size_t len)
+{
+	uint64_t *buf = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	struct iovec l = { buf, len }, r = { (void *)(uintptr_t)addr, len };
+	uint64_t h = 0;
+
+	if (buf == MAP_FAILED)
+		return 0;
+	if (process_vm_readv(pid, &l, 1, &r, 1, 0) == (ssize_t)len)
+		h = digest(buf, len);
+	munmap(buf, len);
+	return h;
+}
+
+/* Rss and Pss (kB) of the VMA that starts at addr, from /proc/self/smaps. */
+static int vma_rss_pss(void *addr, long *rss, long *pss)
+{
+	char want[32], line[256];
+	int in = 0;
+	FILE *f = fopen("/proc/self/smaps", "r");
+
+	*rss = *pss = -1;
+	if (!f)
+		return -1;
+	snprintf(want, sizeof(want), "%lx-", (unsigned long)(uintptr_t)addr);
+	while (fgets(line, sizeof(line), f)) {
+		if (strchr(line, '-') && strncmp(line, want, strlen(want)) == 0) {
+			in = 1;
+			continue;
+		}
+		if (!in)
+			continue;
+		if (sscanf(line, "Rss: %ld kB", rss) == 1)
+			continue;
+		if (sscanf(line, "Pss: %ld kB", pss) == 1)
+			break;
+	}
+	fclose(f);
+	return *rss < 0 || *pss < 0 ? -1 : 0;
+}
+
+static long read_long(const char *path)
+{
+	char buf[64] = "";
+	int fd = open(path, O_RDONLY);
+	ssize_t n;
+
+	if (fd < 0)
+		return -1;
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	return n > 0 ? atol(buf) : -1;
+}
+
+static int write_str(const char *path, const char *s)
+{
+	int fd = open(path, O_WRONLY);
+	ssize_t n;
+
+	if (fd < 0)
+		return -1;
+	n = write(fd, s, strlen(s));
+	close(fd);
+	return n == (ssize_t)strlen(s) ? 0 : -1;
+}
+
+/* Per-copy report, written by the copy into a shared page. */
+struct copy_report {
+	uint64_t digest_before;
+	uint64_t digest_after;   /* after its own writes, after every copy wrote */
+	uint64_t expect_after;
+	long rss_before_kb, pss_before_kb, rss_after_kb;
+	long cg_before, cg_after; /* memory.current of the copy's own cgroup, bytes */
+	long written_pages;
+	int done;
+};
+
+/* A copy: maps the template, checks it, writes every `stride`th page, waits until every copy wrote, checks that it
+ * sees exactly its own writes. Runs in its own memory cgroup (charged for what it writes). */
+static void run_copy(int id, int tfd, size_t len, size_t stride, struct copy_report *rep, int go_fd, int ready_fd)
+{
+	char cg[128], pidbuf[32];
+	uint64_t *p;
+	size_t npages = len / PAGE;
+	char c;
+
+	snprintf(cg, sizeof(cg), CGROOT "/copy%d/cgroup.procs", id);
+	snprintf(pidbuf, sizeof(pidbuf), "%d", getpid());
+	if (write_str(cg, pidbuf))
+		_exit(10);
+	snprintf(cg, sizeof(cg), CGROOT "/copy%d/memory.current", id);
+
+	p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE, tfd, 0);
+	if (p == MAP_FAILED)
+		_exit(11);
+	rep->cg_before = read_long(cg);
+	rep->digest_before = digest(p, len);
+	vma_rss_pss(p, &rep->rss_before_kb, &rep->pss_before_kb);
+	for (size_t i = id % stride; i < npages; i += stride) {
+		p[i * (PAGE / 8)] = stamp(id, i);
+		rep->written_pages++;
+	}
+	rep->cg_after = read_long(cg);
+	if (write(ready_fd, "r", 1) != 1 || read(go_fd, &c, 1) != 1) /* every copy has written */
+		_exit(12);
+	rep->digest_after = digest(p, len);
+	vma_rss_pss(p, &rep->rss_after_kb, &(long){ 0 });
+	/* What this copy must see: the template's pattern with exactly its own stamps. */
+	uint64_t *want = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (want == MAP_FAILED)
+		_exit(13);
+	fill(want, len);
+	for (size_t i = id % stride; i < npages; i += stride)
+		want[i * (PAGE / 8)] = stamp(id, i);
+	rep->expect_after = digest(want, len);
+	rep->done = 1;
+	_exit(0);
+}
+
+/* An operation that must fail with `err`; closes or unmaps what it made if it wrongly succeeded. */
+static int fails_with(const char *what, int ret, int err)
+{
+	if (ret >= 0) {
+		fail("%s: succeeded, expected errno %d", what, err);
+		return 0;
+	}
+	if (errno != err) {
+		fail("%s: errno %d, expected %d", what, errno, err);
+		return 0;
+	}
+	return 1;
+}
+
+static int create_rc(int dev, pid_t pid, uint64_t addr, uint64_t len, uint32_t flags)
+{
+	int fd = tmpl_create(dev, pid, addr, len, flags, NULL);
+
+	if (fd >= 0)
+		close(fd);
+	return fd;
+}
+
+static int map_rc(int tfd, size_t len, int flags, off_t off)
+{
+	void *m = mmap(NULL, len, PROT_READ, flags, tfd, off);
+
+	if (m == MAP_FAILED)
+		return -1;
+	munmap(m, len);
+	return 0;
+}
+
+static const char *jbool(int v)
+{
+	return v ? "true" : "false";
+}
+
+static int check(size_t mib)
+{
+	size_t len = mib << 20, stride = 8;
+	uint64_t addr, npages = 0, expect;
+	int dev = dev_fd(), tfd, go[2], ready[2], errors_ok = 1;
+	pid_t tpl, copies[NCOPIES];
+	struct copy_report *reps;
+	char path[128];
+
+	tpl = spawn_template(len, &addr);
+	{
+		uint64_t *want = malloc(len);
+
+		if (!want)
+			return 2;
+		fill(want, len);
+		expect = digest(want, len);
+		free(want);
+	}
+
+	/* The interface's errors: each fails cleanly with its documented errno. */
+	{
+		int ffd = open("/init", O_RDONLY);
+		void *fm = ffd >= 0 ? mmap(NULL, PAGE, PROT_READ, MAP_PRIVATE, ffd, 0) : MAP_FAILED;
+		uint64_t fa = (uint64_t)(uintptr_t)fm;
+
+		errors_ok &= fails_with("unaligned addr", create_rc(dev, tpl, addr + 1, PAGE, 0), EINVAL);
+		errors_ok &= fails_with("unaligned len", create_rc(dev, tpl, addr, PAGE + 1, 0), EINVAL);
+		errors_ok &= fails_with("zero len", create_rc(dev, tpl, addr, 0, 0), EINVAL);
+		errors_ok &= fails_with("unknown flag", create_rc(dev, tpl, addr, PAGE, 0x80), EINVAL);
+		errors_ok &= fails_with("no such pid", create_rc(dev, 999999, addr, PAGE, 0), ESRCH);
+		errors_ok &= fails_with("past the mapping", create_rc(dev, tpl, addr, len + PAGE, 0), EFAULT);
+		errors_ok &= fails_with("too large", create_rc(dev, tpl, addr, 17ULL << 30, 0), E2BIG);
+		if (fm == MAP_FAILED)
+			fail("could not map /init for the file-mapping case");
+		else
+			errors_ok &= fails_with("file mapping", create_rc(dev, getpid(), fa, PAGE, 0), EINVAL);
+		errors_ok &= fails_with("unknown ioctl", ioctl(dev, _IO(BUNSHIN_TMPL_IOC_MAGIC, 9)), ENOTTY);
+		if (fm != MAP_FAILED)
+			munmap(fm, PAGE);
+		if (ffd >= 0)
+			close(ffd);
+	}
+
+	double t0 = now_ms();
+	tfd = tmpl_create(dev, tpl, addr, len, 0, &npages);
+	double create_ms = now_ms() - t0;
+	if (tfd < 0) {
+		fail("TMPL_CREATE: %s", strerror(errno));
+		reap(tpl);
+		printf("{\"mode\": \"check\", \"failures\": [%s]}\n", failures);
+		return 1;
+	}
+	if (npages != len / PAGE)
+		fail("npages %llu, expected %zu", (unsigned long long)npages, len / PAGE);
+	errors_ok &= fails_with("MAP_SHARED", map_rc(tfd, PAGE, MAP_SHARED, 0), EINVAL);
+	errors_ok &= fails_with("map past the end", map_rc(tfd, 2 * PAGE, MAP_PRIVATE, len - PAGE), EINVAL);
+	errors_ok &= fails_with("map at an offset past the end", map_rc(tfd, PAGE, MAP_PRIVATE, len), EINVAL);
+	errors_ok &= fails_with("create on a template fd", ioctl(tfd, BUNSHIN_TMPL_CREATE, &(struct bunshin_tmpl_create){
+		.pid = tpl, .addr = addr, .len = PAGE }), ENOTTY);
+	/* An offset mapping reads the template's pages from that offset on. */
+	{
+		uint64_t *m = mmap(NULL, PAGE, PROT_READ, MAP_PRIVATE, tfd, 3 * PAGE);
+
+		if (m == MAP_FAILED || m[0] != mix(3 * PAGE / 8) || m[PAGE / 8 - 1] != mix(4 * PAGE / 8 - 1))
+			fail("offset mapping reads the wrong page");
+		if (m != MAP_FAILED)
+			munmap(m, PAGE);
+	}
+
+	/* Four copies, each in its own memory cgroup, side by side. */
+	reps = mmap(NULL, sizeof(*reps) * NCOPIES, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (reps == MAP_FAILED || pipe(go) || pipe(ready))
+		return 2;
+	memset(reps, 0, sizeof(*reps) * NCOPIES);
+	if (write_str(CGROOT "/cgroup.subtree_control", "+memory"))
+		fail("cannot enable the memory controller");
+	for (int i = 0; i < NCOPIES; i++) {
+		snprintf(path, sizeof(path), CGROOT "/copy%d", i);
+		mkdir(path, 0755);
+		copies[i] = fork();
+		if (copies[i] == 0) {
+			close(go[1]);
+			close(ready[0]);
+			run_copy(i, tfd, len, stride, &reps[i], go[0], ready[1]);
+		}
+	}
+	close(go[0]);
+	close(ready[1]);
+	for (int i = 0; i < NCOPIES; i++) {
+		char c;
+
+		if (read(ready[0], &c, 1) != 1)
+			fail("a copy exited before writing");
+	}
+	long mapped_live = tmpl_mapped(tfd);
+	/* While the copies hold their private pages, the template still holds its own pattern. */
+	uint64_t tpl_digest_during = digest_remote(tpl, addr, len);
+	for (int i = 0; i < NCOPIES; i++)
+		if (write(go[1], "g", 1) != 1)
+			fail("copy %d gone", i);
+	close(go[1]);
+	close(ready[0]);
+	for (int i = 0; i < NCOPIES; i++) {
+		int st;
+
+		waitpid(copies[i], &st, 0);
+		if (!WIFEXITED(st) || WEXITSTATUS(st))
+			fail("copy %d exited with status %d", i, st);
+	}
+	long mapped_after_copies = tmpl_mapped(tfd);
+
+	int digests_ok = 1, isolation_ok = 1, accounting_ok = 1;
+	long written_kb = 0;
+	for (int i = 0; i < NCOPIES; i++) {
+		struct copy_report *r = &reps[i];
+		long wkb = r->written_pages * (long)(PAGE / 1024);
+		long charged = r->cg_after - r->cg_before;
+
+		written_kb = wkb;
+		if (!r->done || r->digest_before != expect) {
+			fail("copy %d: digest before writes differs from the template's", i);
+			digests_ok = 0;
+		}
+		if (!r->done || r->digest_after != r->expect_after) {
+			fail("copy %d: sees another copy's writes or lost its own", i);
+			isolation_ok = 0;
+		}
+		/* Before writes the mapping holds no page of its own: special PTEs count in neither Rss nor Pss. */
+		if (r->rss_before_kb != 0 || r->pss_before_kb != 0) {
+			fail("copy %d: Rss %ld kB, Pss %ld kB before writes", i, r->rss_before_kb, r->pss_before_kb);
+			accounting_ok = 0;
+		}
+		if (r->rss_after_kb != wkb) {
+			fail("copy %d: Rss %ld kB after writing %ld kB", i, r->rss_after_kb, wkb);
+			accounting_ok = 0;
+		}
+		/* The private pages are charged to the copy's own cgroup. memory.current moves in per-cpu batches
+		 * (mm/memcontrol.c, MEMCG_CHARGE_BATCH pages), and page tables add a little: a MiB of slack. */
+		if (r->cg_before < 0 || charged < wkb * 1024 - (1L << 20) || charged > wkb * 1024 + (1L << 20)) {
+			fail("copy %d: its cgroup was charged %ld bytes for %ld kB written", i, charged, wkb);
+			accounting_ok = 0;
+		}
+	}
+	if (tpl_digest_during != expect) {
+		fail("the template changed while the copies wrote");
+		isolation_ok = 0;
+	}
+
+	/* Lifetime: the template process dies; the pins keep its pages for later copies. */
+	reap(tpl);
+	int lifetime_ok = 1;
+	uint64_t *again = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE, tfd, 0);
+	if (again == MAP_FAILED || digest(again, len) != expect) {
+		fail("a mapping made after the template exited differs");
+		lifetime_ok = 0;
+	}
+	if (again != MAP_FAILED) {
+		/* A partial unmap splits nothing off but shrinks the VMA; unmapping the middle splits it in two
+		 * (->open counts the new half). */
+		munmap((char *)again + 2 * PAGE, PAGE);
+		if (tmpl_mapped(tfd) != 2) {
+			fail("after splitting a mapping: %ld mappings counted, expected 2", tmpl_mapped(tfd));
+			lifetime_ok = 0;
+		}
+		if (again[(4 * PAGE) / 8] != mix(4 * PAGE / 8) || again[0] != mix(0)) {
+			fail("a split mapping reads the wrong pages");
+			lifetime_ok = 0;
+		}
+		munmap(again, len);
+	}
+	long mapped_end = tmpl_mapped(tfd);
+	if (mapped_live != NCOPIES || mapped_after_copies != 0 || mapped_end != 0) {
+		fail("mappings counted: %ld live, %ld after the copies exited, %ld at the end", mapped_live,
+		     mapped_after_copies, mapped_end);
+		lifetime_ok = 0;
+	}
+	/* Only the template file is left holding the module (tmpl_fops.owner): it may not be unloaded yet. */
+	close(dev);
+	if (syscall(SYS_delete_module, "bunshin_tmpl", O_NONBLOCK) == 0 || errno != EWOULDBLOCK) {
+		fail("the module unloaded (or failed with errno %d) while a template was open", errno);
+		lifetime_ok = 0;
+	}
+	close(tfd);
+	for (int i = 0; i < NCOPIES; i++) {
+		snprintf(path, sizeof(path), CGROOT "/copy%d", i);
+		rmdir(path);
+	}
+
+	printf("{\"mode\": \"check\", \"mib\": %zu, \"copies\": %d, \"expect_digest\": \"%016llx\", "
+	       "\"copy_digests\": [\"%016llx\", \"%016llx\", \"%016llx\", \"%016llx\"], "
+	       "\"digests_ok\": %s, \"isolation_ok\": %s, \"accounting_ok\": %s, \"lifetime_ok\": %s, "
+	       "\"errors_ok\": %s, \"create_ms\": %.3f, \"copy_rss_before_kb\": %ld, \"copy_pss_before_kb\": %ld, "
+	       "\"copy_written_kb\": %ld, \"copy_rss_after_kb\": %ld, \"copy_cgroup_charged_bytes\": %ld, "
+	       "\"failures\": [%s]}\n",
+	       mib, NCOPIES, (unsigned long long)expect, (unsigned long long)reps[0].digest_before,
+	       (unsigned long long)reps[1].digest_before, (unsigned long long)reps[2].digest_before,
+	       (unsigned long long)reps[3].digest_before, jbool(digests_ok), jbool(isolation_ok),
+	       jbool(accounting_ok), jbool(lifetime_ok), jbool(errors_ok), create_ms, reps[0].rss_before_kb,
+	       reps[0].pss_before_kb, written_kb, reps[0].rss_after_kb, reps[0].cg_after - reps[0].cg_before,
+	       failures);
+	return nfail ? 1 : 0;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+	qsort(v, n, sizeof(*v), cmp_double);
+	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+#define REPS 5
+
+struct bench_row {
+	size_t mib;
+	double create_ms, map_ms, prefill_map_ms, touch_ms, dump_ms, cow_map_ms, copy_restore_ms;
+};
+
+/* One template size: the module's costs (pin once, then per copy: map, prefilled map, first read of every page)
+ * beside a page-image fork's (dump the pages to a tmpfs image, then per copy map the image MAP_PRIVATE as
+ * criu-cow does, or read it into anonymous memory as a stock restore does). Medians of REPS runs. */
+static int bench_one(int dev, size_t mib, struct bench_row *row)
+{
+	size_t len = mib << 20;
+	uint64_t addr;
+	pid_t tpl = spawn_template(len, &addr);
+	double create[REPS], map[REPS], pmap[REPS], touch[REPS], dump[REPS], cmap[REPS], crest[REPS];
+	volatile uint64_t sink = 0;
+	int tfd = -1, pfd = -1;
+
+	for (int r = 0; r < REPS; r++) {
+		double t0 = now_ms();
+		int fd = tmpl_create(dev, tpl, addr, len, 0, NULL);
+
+		create[r] = now_ms() - t0;
+		if (fd < 0)
+			return fail("bench TMPL_CREATE %zu MiB: %s", mib, strerror(errno)), -1;
+		if (tfd >= 0)
+			close(tfd);
+		tfd = fd;
+	}
+	fprintf(stderr, "bench %zu MiB: template pinned %d times\n", mib, REPS);
+	pfd = tmpl_create(dev, tpl, addr, len, BUNSHIN_TMPL_F_PREFILL, NULL);
+	if (pfd < 0)
+		return fail("bench TMPL_CREATE prefill: %s", strerror(errno)), -1;
+	for (int r = 0; r < REPS; r++) {
+		double t0 = now_ms();
+		uint64_t *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE, tfd, 0);
+
+		map[r] = now_ms() - t0;
+		if (p == MAP_FAILED)
+			return fail("bench map"), -1;
+		t0 = now_ms();
+		for (size_t i = 0; i < len / 8; i += PAGE / 8)
+			sink += p[i];
+		touch[r] = now_ms() - t0;
+		munmap(p, len);
+		t0 = now_ms();
+		p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE, pfd, 0);
+		pmap[r] = now_ms() - t0;
+		if (p == MAP_FAILED)
+			return fail("bench prefilled map"), -1;
+		munmap(p, len);
+	}
+	fprintf(stderr, "bench %zu MiB: maps done\n", mib);
+	/* The page-image baseline: the dump copies the template's pages into an image on tmpfs. */
+	char *buf = malloc(1 << 20);
+	for (int r = 0; r < REPS; r++) {
+		double t0 = now_ms();
+		int img = open("/tmp/pages.img", O_RDWR | O_CREAT | O_TRUNC, 0600);
+
+		for (size_t off = 0; off < len; off += 1 << 20) {
+			struct iovec l = { buf, 1 << 20 }, rv = { (void *)(uintptr_t)(addr + off), 1 << 20 };
+
+			if (process_vm_readv(tpl, &l, 1, &rv, 1, 0) != 1 << 20 || write(img, buf, 1 << 20) != 1 << 20)
+				return fail("bench dump"), -1;
+		}
+		dump[r] = now_ms() - t0;
+		t0 = now_ms();
+		uint64_t *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE, img, 0);
+		cmap[r] = now_ms() - t0;
+		if (p == MAP_FAILED)
+			return fail("bench image map"), -1;
+		munmap(p, len);
+		t0 = now_ms();
+		p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+		if (p == MAP_FAILED || pread(img, p, len, 0) != (ssize_t)len)
+			return fail("bench copy restore"), -1;
+		crest[r] = now_ms() - t0;
+		munmap(p, len);
+		close(img);
+		unlink("/tmp/pages.img");
+	}
+	free(buf);
+	close(tfd);
+	close(pfd);
+	reap(tpl);
+	fprintf(stderr, "bench %zu MiB: done\n", mib);
+	row->mib = mib;
+	row->create_ms = median(create, REPS);
+	row->map_ms = median(map, REPS);
+	row->prefill_map_ms = median(pmap, REPS);
+	row->touch_ms = median(touch, REPS);
+	row->dump_ms = median(dump, REPS);
+	row->cow_map_ms = median(cmap, REPS);
+	row->copy_restore_ms = median(crest, REPS);
+	(void)sink;
+	return 0;
+}
+
+static double ratio(double a, double b)
+{
+	return b > 0 ? a / b : 0;
+}
+
+static int bench(int argc, char **argv)
+{
+	struct bench_row rows[8];
+	int n = 0, dev = dev_fd();
+
+	for (int i = 0; i < argc && n < 8; i++, n++)
+		if (bench_one(dev, strtoul(argv[i], NULL, 10), &rows[n]))
+			break;
+	close(dev);
+	printf("{\"mode\": \"bench\", \"reps\": %d, \"sizes\": [", REPS);
+	for (int i = 0; i < n; i++) {
+		struct bench_row *r = &rows[i];
+
+		printf("%s{\"mib\": %zu, \"kmod_create_ms\": %.3f, \"kmod_map_ms\": %.3f, \"kmod_prefill_map_ms\": %.3f, "
+		       "\"kmod_first_read_ms\": %.3f, \"image_dump_ms\": %.3f, \"image_cow_map_ms\": %.3f, "
+		       "\"image_copy_restore_ms\": %.3f}",
+		       i ? ", " : "", r->mib, r->create_ms, r->map_ms, r->prefill_map_ms, r->touch_ms, r->dump_ms,
+		       r->cow_map_ms, r->copy_restore_ms);
+	}
+	printf("]");
+	if (n >= 2) {
+		struct bench_row *a = &rows[0], *b = &rows[n - 1];
+
+		/* Ratios of the largest size to the smallest, and of the page image to the module: the guest is
+		 * emulated, so only ratios mean something. A fork = what the snapshot pays once + what each copy
+		 * pays: kmod = pin + map; criu-cow-like = dump + map of the image. */
+		printf(", \"ratio_sizes\": %.3f, \"ratio_kmod_map\": %.3f, \"ratio_kmod_prefill_map\": %.3f, "
+		       "\"ratio_kmod_create\": %.3f, \"ratio_image_dump\": %.3f, \"ratio_image_copy_restore\": %.3f, "
+		       "\"kmod_fork_ms_small\": %.3f, \"kmod_fork_ms_large\": %.3f, "
+		       "\"image_cow_fork_ms_small\": %.3f, \"image_cow_fork_ms_large\": %.3f, "
+		       "\"image_cow_over_kmod_small\": %.3f, \"image_cow_over_kmod_large\": %.3f",
+		       ratio(b->mib, a->mib), ratio(b->map_ms, a->map_ms), ratio(b->prefill_map_ms, a->prefill_map_ms),
+		       ratio(b->create_ms, a->create_ms), ratio(b->dump_ms, a->dump_ms),
+		       ratio(b->copy_restore_ms, a->copy_restore_ms), a->create_ms + a->map_ms,
+		       b->create_ms + b->map_ms, a->dump_ms + a->cow_map_ms, b->dump_ms + b->cow_map_ms,
+		       ratio(a->dump_ms + a->cow_map_ms, a->create_ms + a->map_ms),
+		       ratio(b->dump_ms + b->cow_map_ms, b->create_ms + b->map_ms));
+	}
+	printf(", \"failures\": [%s]}\n", failures);
+	return nfail || n < argc ? 1 : 0;
+}
+
+int main(int argc, char **argv)
+{
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	if (argc >= 2 && strcmp(argv[1], "check") == 0)
+		return check(argc >= 3 ? strtoul(argv[2], NULL, 10) : 32);
+	if (argc >= 3 && strcmp(argv[1], "bench") == 0)
+		return bench(argc - 2, argv + 2);
+	fprintf(stderr, "usage: tmpl_test check [MiB] | tmpl_test bench MiB...\n");
+	return 2;
+}
