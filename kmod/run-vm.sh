@@ -32,12 +32,10 @@ kver_var=KVER_$SUITE
 [[ -n "${!kver_var:-}" ]] || die "no pinned kernel for Debian suite '$SUITE' (kmod/kernel.env: bookworm, trixie)"
 KVER=${!kver_var}
 CACHE=${BUNSHIN_KMOD_CACHE:-/var/cache/bunshin/kmod}
-VMLINUZ=$CACHE/$KVER/vmlinuz
 KDIR=/usr/src/linux-headers-$KVER
-[[ -f $VMLINUZ ]] || die "no guest kernel at $VMLINUZ; run \`make setup\`"
-# The unpacked ELF when setup made one (PVH boot, no decompression), else the bzImage.
-KERNEL=$VMLINUZ
-[[ -s $CACHE/$KVER/vmlinux ]] && KERNEL=$CACHE/$KVER/vmlinux
+[[ -s $CACHE/$KVER/vmlinux ]] || die "no guest kernel at $CACHE/$KVER/vmlinux; run \`make setup\`"
+# The unpacked ELF boots through its PVH entry: no decompression, ~8 s less under software emulation.
+KERNEL=$CACHE/$KVER/vmlinux
 [[ -f $KDIR/Makefile ]] || die "no headers for $KVER in $KDIR; run \`make setup\`"
 command -v qemu-system-x86_64 >/dev/null || die "qemu-system-x86_64 not found; run \`make setup\`"
 command -v cpio >/dev/null || die "cpio not found; run \`make setup\`"

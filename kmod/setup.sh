@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# What the kernel-module tests need, idempotently (a second run only checks): the pinned Debian kernel's headers
-# (the module builds against them), its image unpacked under $BUNSHIN_KMOD_CACHE (qemu boots it), qemu itself and
-# cpio (the initramfs). busybox-static is in bunshin_async/system-packages.txt already.
+# What the kernel-module tests need beyond bunshin_async/system-packages.txt (qemu-system-x86, cpio, xz-utils,
+# busybox-static), idempotently (a second run only checks): the pinned Debian kernel's headers (the module builds
+# against them) and its image unpacked under $BUNSHIN_KMOD_CACHE (qemu boots it).
 #
 # The image is unpacked, not installed: installing a linux-image package would add a boot entry and build an
-# initramfs for a kernel this host never boots. kmod/run-vm.sh only needs its vmlinuz.
+# initramfs for a kernel this host never boots. kmod/run-vm.sh only needs the kernel file.
 set -euo pipefail
 KMOD=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 log() { echo "==> $*"; }
@@ -20,16 +20,16 @@ KVER=${!kver_var} KPKGVER=${!pkgver_var}
 CACHE=${BUNSHIN_KMOD_CACHE:-/var/cache/bunshin/kmod}
 
 installed() { [[ "$(dpkg-query -W -f='${Status} ${Version}' "$1" 2>/dev/null || true)" == "install ok installed ${2:-}"* ]]; }
-missing=()
-for p in qemu-system-x86 cpio; do installed "$p" || missing+=("$p"); done
-installed "linux-headers-$KVER" "$KPKGVER" || missing+=("linux-headers-$KVER=$KPKGVER")
-if ((${#missing[@]})); then
-    log "installing ${missing[*]}"
+if ! installed "linux-headers-$KVER" "$KPKGVER"; then
+    log "installing linux-headers-$KVER $KPKGVER"
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        "linux-headers-$KVER=$KPKGVER" >/dev/null \
+        || { echo "kmod/setup.sh: linux-headers-$KVER $KPKGVER is not in the archive any more (a point release" \
+            "replaced it): pin the suite's current kernel in kmod/kernel.env" >&2; exit 1; }
 fi
 
-if [[ ! -s "$CACHE/$KVER/vmlinuz" || "$(cat "$CACHE/$KVER/version" 2>/dev/null)" != "$KPKGVER" ]]; then
+if [[ ! -s "$CACHE/$KVER/vmlinux" || "$(cat "$CACHE/$KVER/version" 2>/dev/null)" != "$KPKGVER" ]]; then
     log "unpacking the guest kernel linux-image-$KVER $KPKGVER into $CACHE/$KVER"
     mkdir -p "$CACHE"
     tmp=$(mktemp -d "$CACHE/.image-XXXXXX")
@@ -44,11 +44,11 @@ if [[ ! -s "$CACHE/$KVER/vmlinuz" || "$(cat "$CACHE/$KVER/version" 2>/dev/null)"
     # The ELF inside the bzImage (as the kernel's scripts/extract-vmlinux finds it: the first xz stream): qemu
     # boots it through its PVH entry, which skips the decompression that costs ~8 s under software emulation.
     pos=$(LC_ALL=C grep -aboP '\xfd7zXZ\x00' "$tmp/out/vmlinuz" | head -n 1 | cut -d: -f1 || true)
-    if [[ -n $pos ]]; then
-        # unxz exits 1 on the bzImage's trailing bytes after the stream: the ELF itself is complete.
-        tail -c +$((pos + 1)) "$tmp/out/vmlinuz" | unxz -q >"$tmp/out/vmlinux" 2>/dev/null || true
-        LC_ALL=C head -c 4 "$tmp/out/vmlinux" | grep -q $'\x7fELF' || rm -f "$tmp/out/vmlinux"
-    fi
+    [[ -n $pos ]] || { echo "kmod/setup.sh: no xz stream in vmlinuz-$KVER" >&2; exit 1; }
+    # unxz exits 1 on the bzImage's bytes after the stream: the ELF itself is complete (checked below).
+    tail -c +$((pos + 1)) "$tmp/out/vmlinuz" | unxz -q >"$tmp/out/vmlinux" 2>/dev/null || true
+    LC_ALL=C head -c 4 "$tmp/out/vmlinux" | grep -q $'\x7fELF' \
+        || { echo "kmod/setup.sh: could not unpack the ELF kernel from vmlinuz-$KVER" >&2; exit 1; }
     echo "$KPKGVER" >"$tmp/out/version"
     rm -rf "${CACHE:?}/$KVER"
     mv "$tmp/out" "$CACHE/$KVER"

@@ -34,6 +34,15 @@ fi
 log "CRIU"
 criu/build.sh
 
+# The kernel-module guest (kmod/): the pinned Debian kernel's headers and image. In the clean-root check a second
+# kernel in the chroot is a minute and a half for nothing that check looks at; qemu and cpio are packages above.
+if [[ -n "${BUNSHIN_CLEAN_ROOT_CHECK:-}" ]]; then
+    echo "skipped (clean-root check): the kmod guest kernel (linux-headers + linux-image, kmod/setup.sh)"
+else
+    log "kmod guest kernel"
+    kmod/setup.sh
+fi
+
 log "Docker engine"
 if [[ -n "${BUNSHIN_CLEAN_ROOT_CHECK:-}" ]]; then
     BUNSHIN_DOCKER_NO_START=1 scripts/docker.sh

@@ -1,0 +1,79 @@
+"""Template fork through the kernel module (kmod/, issue #21), measured inside the qemu guest that runs the pinned
+Debian kernel (kmod/run-vm.sh bench): for each template size (``--sizes``, default 64 and 256 MiB) the module's
+costs beside a page-image fork's, all in one guest run, medians of 5 (kmod/tests/tmpl_test.c ``bench``).
+
+- ``kmod_create_ms``: BUNSHIN_TMPL_CREATE, pinning the frozen template's pages (once per snapshot);
+- ``kmod_map_ms``: a copy's mmap of the template fd (per copy; page tables fill on first touch);
+- ``kmod_prefill_map_ms``: the same with BUNSHIN_TMPL_F_PREFILL (every PTE inserted at mmap time);
+- ``kmod_first_read_ms``: a copy reading one word of every page after a lazy map (the faults it pays on use);
+- ``image_dump_ms``: copying the template's pages into a page image on tmpfs, what a CRIU dump costs (once per
+  snapshot), ``image_cow_map_ms``: mapping that image MAP_PRIVATE as criu-cow's restore does (per copy), and
+  ``image_copy_restore_ms``: reading it into anonymous memory as a stock restore does (per copy).
+
+The guest is emulated (TCG), so only ratios mean anything: ``ratio_*`` are the largest size over the smallest
+(1.0 = cost independent of memory, ``ratio_sizes`` = proportional), and ``image_cow_over_kmod_*`` a criu-cow-like
+fork (dump + image map) over a module fork (pin + map) at the same size. Prints JSON; never fails because the
+machine is slow.
+
+    .venv/bin/python bench/kmod_bench.py [--sizes 64,256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+RUN_VM = Path(__file__).resolve().parent.parent / "kmod" / "run-vm.sh"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="64,256", help="comma-separated template sizes in MiB (smallest first)")
+    ap.add_argument("--timeout", type=int, default=400, help="seconds the guest may run")
+    args = ap.parse_args()
+    sizes = [str(int(s)) for s in args.sizes.split(",")]
+    start = time.monotonic()
+    res = subprocess.run(
+        [str(RUN_VM), "bench", *sizes],
+        capture_output=True,
+        text=True,
+        errors="replace",
+        timeout=args.timeout + 120,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "BUNSHIN_KMOD_TIMEOUT": str(args.timeout)},
+    )
+    console = res.stdout.replace("\r", "")
+    result = next(
+        (
+            json.loads(line.split(" ", 1)[1])
+            for line in reversed(console.splitlines())
+            if line.startswith("BUNSHIN_KMOD_RESULT ")
+        ),
+        None,
+    )
+    out: dict[str, object] = {
+        "benchmark": "kmod-template-fork",
+        "date": time.strftime("%Y-%m-%d"),
+        "host": "guest under qemu TCG (software emulation) on a shared host: ratios only",
+        "wall_s": round(time.monotonic() - start, 1),
+        "harness_rc": res.returncode,
+    }
+    if result is None:
+        out["error"] = f"no result line from the guest (exit {res.returncode}): {res.stderr.strip()[-500:]}"
+    else:
+        out.update(
+            kernel=result["kernel"],
+            accel=result["accel"],
+            module_unloaded=result["module_gone"],
+            kernel_bad_lines=result["kernel_bad_lines"],
+            **(result["test"] or {"error": "the guest job printed nothing"}),
+        )
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
