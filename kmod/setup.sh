@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# What the kernel-module tests need beyond bunshin_async/system-packages.txt (qemu-system-x86, cpio, xz-utils,
+# What the kernel-module tests need beyond bunshin_async/system-packages.txt (qemu-system-x86, cpio,
 # busybox-static), idempotently (a second run only checks): the pinned Debian kernel's headers (the module builds
-# against them) and its image unpacked under $BUNSHIN_KMOD_CACHE (qemu boots it).
+# against them) and its image unpacked under $BUNSHIN_KMOD_CACHE (qemu boots it), with xz-utils and zstd to unpack it.
 #
 # The image is unpacked, not installed: installing a linux-image package would add a boot entry and build an
 # initramfs for a kernel this host never boots. kmod/run-vm.sh only needs the kernel file.
@@ -20,13 +20,15 @@ KVER=${!kver_var} KPKGVER=${!pkgver_var}
 CACHE=${BUNSHIN_KMOD_CACHE:-/var/cache/bunshin/kmod}
 
 installed() { [[ "$(dpkg-query -W -f='${Status} ${Version}' "$1" 2>/dev/null || true)" == "install ok installed ${2:-}"* ]]; }
-if ! installed "linux-headers-$KVER" "$KPKGVER"; then
-    log "installing linux-headers-$KVER $KPKGVER"
+missing=()
+installed "linux-headers-$KVER" "$KPKGVER" || missing+=("linux-headers-$KVER=$KPKGVER")
+for p in xz-utils zstd; do installed "$p" || missing+=("$p"); done  # the kernel image's decompressors
+if ((${#missing[@]})); then
+    log "installing ${missing[*]}"
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-        "linux-headers-$KVER=$KPKGVER" >/dev/null \
-        || { echo "kmod/setup.sh: linux-headers-$KVER $KPKGVER is not in the archive any more (a point release" \
-            "replaced it): pin the suite's current kernel in kmod/kernel.env" >&2; exit 1; }
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
+        || { echo "kmod/setup.sh: installing ${missing[*]} failed (when a point release has replaced" \
+            "linux-headers-$KVER $KPKGVER in the archive, pin the suite's current kernel in kmod/kernel.env)" >&2; exit 1; }
 fi
 
 if [[ ! -s "$CACHE/$KVER/vmlinux" || "$(cat "$CACHE/$KVER/version" 2>/dev/null)" != "$KPKGVER" ]]; then
@@ -41,13 +43,17 @@ if [[ ! -s "$CACHE/$KVER/vmlinux" || "$(cat "$CACHE/$KVER/version" 2>/dev/null)"
     dpkg-deb --fsys-tarfile "$tmp"/linux-image-*.deb | tar -C "$tmp" -x "./boot/vmlinuz-$KVER"
     mkdir -p "$tmp/out"
     mv "$tmp/boot/vmlinuz-$KVER" "$tmp/out/vmlinuz"
-    # The ELF inside the bzImage (as the kernel's scripts/extract-vmlinux finds it: the first xz stream): qemu
-    # boots it through its PVH entry, which skips the decompression that costs ~8 s under software emulation.
-    pos=$(LC_ALL=C grep -aboP '\xfd7zXZ\x00' "$tmp/out/vmlinuz" | head -n 1 | cut -d: -f1 || true)
-    [[ -n $pos ]] || { echo "kmod/setup.sh: no xz stream in vmlinuz-$KVER" >&2; exit 1; }
-    # unxz exits 1 on the bzImage's bytes after the stream: the ELF itself is complete (checked below).
-    tail -c +$((pos + 1)) "$tmp/out/vmlinuz" | unxz -q >"$tmp/out/vmlinux" 2>/dev/null || true
-    LC_ALL=C head -c 4 "$tmp/out/vmlinux" | grep -q $'\x7fELF' \
+    # The ELF inside the bzImage, found as the kernel's scripts/extract-vmlinux finds it (the first compressed
+    # stream: xz on bookworm, zstd on trixie): qemu boots it through its PVH entry, which skips the decompression
+    # that costs ~8 s under software emulation. The decompressor exits non-zero on the bzImage's bytes after the
+    # stream; the ELF itself is complete (its magic is checked).
+    for z in 'xz \xfd7zXZ\x00' 'zstd \x28\xb5\x2f\xfd'; do
+        pos=$(LC_ALL=C grep -aboP "${z#* }" "$tmp/out/vmlinuz" | head -n 1 | cut -d: -f1 || true)
+        [[ -n $pos ]] || continue
+        tail -c +$((pos + 1)) "$tmp/out/vmlinuz" | "${z%% *}" -dcq >"$tmp/out/vmlinux" 2>/dev/null || true
+        break
+    done
+    LC_ALL=C head -c 4 "$tmp/out/vmlinux" 2>/dev/null | grep -q $'\x7fELF' \
         || { echo "kmod/setup.sh: could not unpack the ELF kernel from vmlinuz-$KVER" >&2; exit 1; }
     echo "$KPKGVER" >"$tmp/out/version"
     rm -rf "${CACHE:?}/$KVER"

@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/capability.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -244,6 +245,7 @@ struct copy_report {
 	long rss_before_kb, pss_before_kb, rss_after_kb;
 	long cg_before, cg_after; /* memory.current of the copy's own cgroup, bytes */
 	long written_pages;
+	int child_ok;            /* the copy's own fork() child saw its memory; the child's write stayed its own */
 	int done;
 };
 
@@ -285,6 +287,17 @@ static void run_copy(int id, int tfd, size_t len, size_t stride, struct copy_rep
 	for (size_t i = id % stride; i < npages; i += stride)
 		want[i * (PAGE / 8)] = stamp(id, i);
 	rep->expect_after = digest(want, len);
+	/* The copy's own fork(): its child sees the copy's memory and its writes stay its own. */
+	pid_t child = fork();
+	if (child == 0) {
+		if (digest(p, len) != rep->expect_after)
+			_exit(1);
+		p[1] = stamp(id + 100, 1);
+		_exit(0);
+	}
+	int st;
+	rep->child_ok = child > 0 && waitpid(child, &st, 0) == child && WIFEXITED(st) && WEXITSTATUS(st) == 0 &&
+			p[1] == mix(1) && digest(p, len) == rep->expect_after;
 	rep->done = 1;
 	_exit(0);
 }
@@ -320,6 +333,43 @@ static int map_rc(int tfd, size_t len, int flags, off_t off)
 		return -1;
 	munmap(m, len);
 	return 0;
+}
+
+/* TMPL_CREATE from a child that dropped CAP_SYS_PTRACE from its effective set: -1 with its errno. */
+static int without_ptrace_cap(int dev, pid_t pid, uint64_t addr)
+{
+	int st, pfd[2];
+	pid_t child;
+	int err = 0;
+
+	if (pipe(pfd))
+		return -1;
+	child = fork();
+	if (child == 0) {
+		struct __user_cap_header_struct hdr = { _LINUX_CAPABILITY_VERSION_3, 0 };
+		struct __user_cap_data_struct data[2];
+		int rc, e;
+
+		if (syscall(SYS_capget, &hdr, data))
+			_exit(1);
+		data[CAP_SYS_PTRACE / 32].effective &= ~(1u << (CAP_SYS_PTRACE % 32));
+		if (syscall(SYS_capset, &hdr, data))
+			_exit(1);
+		rc = create_rc(dev, pid, addr, PAGE, 0);
+		e = rc < 0 ? errno : 0;
+		if (write(pfd[1], &e, sizeof(e)) != sizeof(e))
+			_exit(1);
+		_exit(0);
+	}
+	close(pfd[1]);
+	if (read(pfd[0], &err, sizeof(err)) != sizeof(err))
+		err = -1;
+	close(pfd[0]);
+	waitpid(child, &st, 0);
+	if (err == 0)
+		return 0;
+	errno = err < 0 ? EIO : err;
+	return -1;
 }
 
 static const char *jbool(int v)
@@ -360,6 +410,18 @@ static int check(size_t mib)
 		errors_ok &= fails_with("no such pid", create_rc(dev, 999999, addr, PAGE, 0), ESRCH);
 		errors_ok &= fails_with("past the mapping", create_rc(dev, tpl, addr, len + PAGE, 0), EFAULT);
 		errors_ok &= fails_with("too large", create_rc(dev, tpl, addr, 17ULL << 30, 0), E2BIG);
+		void *none = mmap(NULL, PAGE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		void *shared = mmap(NULL, PAGE, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+
+		if (none == MAP_FAILED || shared == MAP_FAILED)
+			fail("could not map the unreadable and shared cases");
+		errors_ok &= fails_with("unreadable range", create_rc(dev, getpid(), (uint64_t)(uintptr_t)none, PAGE, 0),
+					EACCES);
+		errors_ok &= fails_with("shared anonymous range",
+					create_rc(dev, getpid(), (uint64_t)(uintptr_t)shared, PAGE, 0), EINVAL);
+		munmap(none, PAGE);
+		munmap(shared, PAGE);
+		errors_ok &= fails_with("without CAP_SYS_PTRACE", without_ptrace_cap(dev, tpl, addr), EPERM);
 		if (fm == MAP_FAILED)
 			fail("could not map /init for the file-mapping case");
 		else
@@ -450,6 +512,10 @@ static int check(size_t mib)
 		if (!r->done || r->digest_before != expect) {
 			fail("copy %d: digest before writes differs from the template's", i);
 			digests_ok = 0;
+		}
+		if (!r->child_ok) {
+			fail("copy %d: its own fork() child saw other memory or leaked a write back", i);
+			isolation_ok = 0;
 		}
 		if (!r->done || r->digest_after != r->expect_after) {
 			fail("copy %d: sees another copy's writes or lost its own", i);
