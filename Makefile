@@ -28,6 +28,7 @@ fresh-check:
 bench: setup
 	.venv/bin/python bench/workspace_bench.py
 	.venv/bin/python bench/fork_bench.py
+	.venv/bin/python bench/kmod_bench.py
 	.venv/bin/python bench/cache_bench.py
 	.venv/bin/bunshin bench --workload terminal --repeats 5 --time-scale 0.25 --out bench/results/terminal
 	.venv/bin/python bench/gui_bench.py

@@ -542,6 +542,62 @@ static int check(size_t mib)
 		isolation_ok = 0;
 	}
 
+	/* The other fault paths, in this process: a write before any read (do_cow_fault: the kernel copies the page
+	 * the handler returns into a page of the copy), MADV_DONTNEED of a written page (the template's content again),
+	 * a prefilled template (every PTE at mmap time), mremap moving a mapping. */
+	int paths_ok = 1;
+	{
+		uint64_t *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE, tfd, 0);
+		size_t npg = len / PAGE, nw = 0;
+		long rss, pss;
+
+		if (m == MAP_FAILED)
+			return 2;
+		for (size_t i = 0; i < npg; i += 16, nw++)
+			m[i * (PAGE / 8) + 1] = stamp(7, i); /* the first touch of that page is this write */
+		for (size_t i = 0; i < npg; i += 16)
+			if (m[i * (PAGE / 8)] != mix(i * (PAGE / 8)) || m[i * (PAGE / 8) + 1] != stamp(7, i) ||
+			    m[i * (PAGE / 8) + 2] != mix(i * (PAGE / 8) + 2)) {
+				fail("write-first page %zu: not a copy of the template page plus the write", i);
+				paths_ok = 0;
+				break;
+			}
+		if (vma_rss_pss(m, &rss, &pss) || rss != (long)(nw * PAGE / 1024)) {
+			fail("write-first: Rss %ld kB for %zu pages written", rss, nw);
+			paths_ok = 0;
+		}
+		madvise(m, PAGE, MADV_DONTNEED);
+		if (m[1] != mix(1)) {
+			fail("after MADV_DONTNEED a written page does not read the template's content");
+			paths_ok = 0;
+		}
+		void *moved = mremap(m, len, len, MREMAP_MAYMOVE | MREMAP_FIXED,
+				     (char *)mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+		if (moved == MAP_FAILED || ((uint64_t *)moved)[16 * (PAGE / 8) + 1] != stamp(7, 16) ||
+		    ((uint64_t *)moved)[PAGE / 8 + 5] != mix(PAGE / 8 + 5)) {
+			fail("mremap moved a mapping and lost its content");
+			paths_ok = 0;
+		}
+		munmap(moved == MAP_FAILED ? m : moved, len);
+
+		int pfd = tmpl_create(dev, tpl, addr, len, BUNSHIN_TMPL_F_PREFILL, NULL);
+		uint64_t *pm = pfd < 0 ? MAP_FAILED : mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE, pfd, 0);
+		if (pm == MAP_FAILED || vma_rss_pss(pm, &rss, &pss) || rss != 0 || digest(pm, len) != expect) {
+			fail("prefilled template: mapping, Rss or digest wrong");
+			paths_ok = 0;
+		}
+		if (pm != MAP_FAILED) {
+			pm[3] = 1;
+			if (digest_remote(tpl, addr, len) != expect) {
+				fail("a write to a prefilled mapping reached the template");
+				paths_ok = 0;
+			}
+			munmap(pm, len);
+		}
+		if (pfd >= 0)
+			close(pfd);
+	}
+
 	/* Lifetime: the template process dies; the pins keep its pages for later copies. */
 	reap(tpl);
 	int lifetime_ok = 1;
@@ -585,13 +641,13 @@ static int check(size_t mib)
 	printf("{\"mode\": \"check\", \"mib\": %zu, \"copies\": %d, \"expect_digest\": \"%016llx\", "
 	       "\"copy_digests\": [\"%016llx\", \"%016llx\", \"%016llx\", \"%016llx\"], "
 	       "\"digests_ok\": %s, \"isolation_ok\": %s, \"accounting_ok\": %s, \"lifetime_ok\": %s, "
-	       "\"errors_ok\": %s, \"create_ms\": %.3f, \"copy_rss_before_kb\": %ld, \"copy_pss_before_kb\": %ld, "
+	       "\"errors_ok\": %s, \"paths_ok\": %s, \"create_ms\": %.3f, \"copy_rss_before_kb\": %ld, \"copy_pss_before_kb\": %ld, "
 	       "\"copy_written_kb\": %ld, \"copy_rss_after_kb\": %ld, \"copy_cgroup_charged_bytes\": %ld, "
 	       "\"failures\": [%s]}\n",
 	       mib, NCOPIES, (unsigned long long)expect, (unsigned long long)reps[0].digest_before,
 	       (unsigned long long)reps[1].digest_before, (unsigned long long)reps[2].digest_before,
 	       (unsigned long long)reps[3].digest_before, jbool(digests_ok), jbool(isolation_ok),
-	       jbool(accounting_ok), jbool(lifetime_ok), jbool(errors_ok), create_ms, reps[0].rss_before_kb,
+	       jbool(accounting_ok), jbool(lifetime_ok), jbool(errors_ok), jbool(paths_ok), create_ms, reps[0].rss_before_kb,
 	       reps[0].pss_before_kb, written_kb, reps[0].rss_after_kb, reps[0].cg_after - reps[0].cg_before,
 	       failures);
 	return nfail ? 1 : 0;

@@ -8,6 +8,7 @@ import json
 import re
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,7 +28,7 @@ def _pinned_kernel() -> str:
     return env[f"KVER_{suite}"]
 
 
-def _run(*job: str, timeout: float = 150) -> tuple[int, str, dict[str, object]]:
+def _run(*job: str, timeout: float = 150) -> tuple[int, str, dict[str, Any]]:
     res = subprocess.run(
         [str(RUN_VM), *job], capture_output=True, text=True, errors="replace", timeout=timeout, stdin=subprocess.DEVNULL
     )
@@ -62,6 +63,8 @@ def test_copies_share_the_template_and_stay_isolated() -> None:
     # template fd is open and unloads after.
     assert test["lifetime_ok"]
     assert test["errors_ok"]
+    # A write before any read, MADV_DONTNEED of a written page, a prefilled template and mremap behave as documented.
+    assert test["paths_ok"]
     # The kernel log, in the guest (dmesg, after rmmod) and on the console, has no BUG/WARNING/Oops/trace.
     assert result["kernel_bad_lines"] == 0
     assert not [line for line in console.splitlines() if KERNEL_BAD.search(line)]
