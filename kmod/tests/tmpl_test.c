@@ -580,6 +580,31 @@ static int check(size_t mib)
 		}
 		munmap(moved == MAP_FAILED ? m : moved, len);
 
+		/* A template range never touched: the pins hold the zero page; copies read zeros and a write-first
+		 * or read-then-write gives a zeroed private page plus the write. */
+		uint64_t *fresh = mmap(NULL, 4 * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		int zfd = fresh == MAP_FAILED ? -1 : tmpl_create(dev, getpid(), (uint64_t)(uintptr_t)fresh, 4 * PAGE, 0,
+								  NULL);
+		uint64_t *zm = zfd < 0 ? MAP_FAILED : mmap(NULL, 4 * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE, zfd, 0);
+		if (zm == MAP_FAILED) {
+			fail("template of an untouched range: %s", strerror(errno));
+			paths_ok = 0;
+		} else {
+			zm[1] = 5;                  /* write first */
+			uint64_t z = zm[PAGE / 8];  /* read, */
+			zm[PAGE / 8 + 1] = 6;       /* then write */
+			if (zm[0] || zm[1] != 5 || z || zm[PAGE / 8] || zm[PAGE / 8 + 1] != 6 || zm[2 * PAGE / 8] ||
+			    fresh[1] || fresh[PAGE / 8 + 1]) {
+				fail("untouched template range: copies do not read zeros or writes leaked");
+				paths_ok = 0;
+			}
+			munmap(zm, 4 * PAGE);
+		}
+		if (zfd >= 0)
+			close(zfd);
+		if (fresh != MAP_FAILED)
+			munmap(fresh, 4 * PAGE);
+
 		int pfd = tmpl_create(dev, tpl, addr, len, BUNSHIN_TMPL_F_PREFILL, NULL);
 		uint64_t *pm = pfd < 0 ? MAP_FAILED : mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE, pfd, 0);
 		if (pm == MAP_FAILED || vma_rss_pss(pm, &rss, &pss) || rss != 0 || digest(pm, len) != expect) {
