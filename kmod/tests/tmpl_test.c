@@ -377,6 +377,47 @@ static const char *jbool(int v)
 	return v ? "true" : "false";
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+	qsort(v, n, sizeof(*v), cmp_double);
+	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* Median time (ms) of a copy's mmap of a template of `mib` MiB over `reps` maps, each unmapped again. */
+static double map_time(int dev, size_t mib, int reps)
+{
+	size_t len = mib << 20;
+	uint64_t addr;
+	pid_t tpl = spawn_template(len, &addr);
+	int tfd = tmpl_create(dev, tpl, addr, len, 0, NULL);
+	double t[16];
+
+	if (tfd < 0 || reps > 16) {
+		fail("map_time: TMPL_CREATE of %zu MiB: %s", mib, strerror(errno));
+		reap(tpl);
+		return -1;
+	}
+	for (int r = 0; r < reps; r++) {
+		double t0 = now_ms();
+		void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE, tfd, 0);
+
+		t[r] = now_ms() - t0;
+		if (p == MAP_FAILED)
+			return fail("map_time: mmap"), -1;
+		munmap(p, len);
+	}
+	close(tfd);
+	reap(tpl);
+	return median(t, reps);
+}
+
 static int check(size_t mib)
 {
 	size_t len = mib << 20, stride = 8;
@@ -663,32 +704,24 @@ static int check(size_t mib)
 		rmdir(path);
 	}
 
-	printf("{\"mode\": \"check\", \"mib\": %zu, \"copies\": %d, \"expect_digest\": \"%016llx\", "
+	/* A copy's map time is constant in the template's size (a per-page cost would make this ratio 4). */
+	dev = dev_fd();
+	double map64 = map_time(dev, 64, 9), map256 = map_time(dev, 256, 9);
+	close(dev);
+
+	printf("{\"mode\": \"check\", \"map_ms_64mib\": %.4f, \"map_ms_256mib\": %.4f, \"mib\": %zu, \"copies\": %d, \"expect_digest\": \"%016llx\", "
 	       "\"copy_digests\": [\"%016llx\", \"%016llx\", \"%016llx\", \"%016llx\"], "
 	       "\"digests_ok\": %s, \"isolation_ok\": %s, \"accounting_ok\": %s, \"lifetime_ok\": %s, "
 	       "\"errors_ok\": %s, \"paths_ok\": %s, \"create_ms\": %.3f, \"copy_rss_before_kb\": %ld, \"copy_pss_before_kb\": %ld, "
 	       "\"copy_written_kb\": %ld, \"copy_rss_after_kb\": %ld, \"copy_cgroup_charged_bytes\": %ld, "
 	       "\"failures\": [%s]}\n",
-	       mib, NCOPIES, (unsigned long long)expect, (unsigned long long)reps[0].digest_before,
+	       map64, map256, mib, NCOPIES, (unsigned long long)expect, (unsigned long long)reps[0].digest_before,
 	       (unsigned long long)reps[1].digest_before, (unsigned long long)reps[2].digest_before,
 	       (unsigned long long)reps[3].digest_before, jbool(digests_ok), jbool(isolation_ok),
 	       jbool(accounting_ok), jbool(lifetime_ok), jbool(errors_ok), jbool(paths_ok), create_ms, reps[0].rss_before_kb,
 	       reps[0].pss_before_kb, written_kb, reps[0].rss_after_kb, reps[0].cg_after - reps[0].cg_before,
 	       failures);
 	return nfail ? 1 : 0;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-	qsort(v, n, sizeof(*v), cmp_double);
-	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 #define REPS 5

@@ -65,6 +65,8 @@ def test_copies_share_the_template_and_stay_isolated() -> None:
     assert test["errors_ok"]
     # A write before any read, MADV_DONTNEED of a written page, a prefilled template and mremap behave as documented.
     assert test["paths_ok"]
+    # A copy's map costs the same for 4x the memory (a per-page cost would make this ratio 4).
+    assert test["map_ms_256mib"] < 2 * test["map_ms_64mib"], test
     # The kernel log, in the guest (dmesg, after rmmod) and on the console, has no BUG/WARNING/Oops/trace.
     assert result["kernel_bad_lines"] == 0
     assert not [line for line in console.splitlines() if KERNEL_BAD.search(line)]
