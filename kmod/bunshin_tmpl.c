@@ -319,7 +319,6 @@ out_unpinned:
 
 out_free:
 	tmpl_free(t, done);
-	t = NULL;
 out_mm:
 	if (mm)
 		mmput(mm);
