@@ -19,6 +19,7 @@ Predictors and policies live in the ``speculator`` package; this module only kno
 
 from __future__ import annotations
 
+from ._public import publish as _publish
 from ._runtime import (
     BoundedPolicy,
     BranchRecord,
@@ -39,6 +40,7 @@ from ._runtime import (
     canonical_args,
     run_turn,
 )
+from ._runtime._calls import chain_root, extend_chain
 
 __all__ = [
     "BoundedPolicy",
@@ -58,5 +60,9 @@ __all__ = [
     "TurnOutcome",
     "WorkspaceHandle",
     "canonical_args",
+    "chain_root",
+    "extend_chain",
     "run_turn",
 ]
+
+_publish(__name__, globals())

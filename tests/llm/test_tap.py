@@ -24,7 +24,6 @@ from bunshin_async.llm import (
     ArgumentsDelta,
     FixedTiming,
     MessageFinished,
-    Step,
     TextDelta,
     ToolNameKnown,
     UsageReported,
@@ -32,6 +31,7 @@ from bunshin_async.llm import (
     tap_openai_stream,
     tee_openai_stream,
 )
+from bunshin_async.rollout import Step
 
 from .conftest import TOOLS, traj
 

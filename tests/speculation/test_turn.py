@@ -10,9 +10,9 @@ import pytest
 
 from bunshin_async import Workspace
 from bunshin_async._llm._openai import tap_openai_stream
-from bunshin_async._tools import bash_tool, read_file_tool
 from bunshin_async.llm import FixedTiming, MessageFinished
 from bunshin_async.speculation import CallResult, Speculation, SpeculativeTurn, WorkspaceHandle, run_turn
+from bunshin_async.tools import bash_tool, read_file_tool
 from speculator import CostAwarePolicy, Rule, RulePredictor
 
 from .agent_loop import agent_rollout, workspace_state
@@ -158,7 +158,7 @@ async def test_results_arrive_before_the_message_ends(serve: Any) -> None:
 
 @pytest.mark.parametrize("spec_on", [False, True])
 async def test_tool_errors_are_results(serve: Any, spec_on: bool) -> None:
-    from bunshin_async._trajectory import Step
+    from bunshin_async.rollout import Step
 
     steps = [Step("read_file", {"path": "missing.txt"}, llm_seconds=0.03), final()]
     async with serve([trajectory("err", steps)]) as client:

@@ -1,0 +1,48 @@
+"""The tool model: ``Tool`` (schema, handler, effect class), the built-in tools that act on a ``Workspace`` and the
+shell-command classifier the cache and the speculator rely on::
+
+    from bunshin_async.tools import Effect, Tool, bash_tool, builtin_tools, classify_command
+
+    classify_command("grep -rn TODO src")      # CallClass(effect=Effect.READ, deterministic=True)
+    tools = [*builtin_tools(), bash_tool(timeout=60).with_effect(Effect.EXTERNAL)]
+
+A call's effect class (``pure``, ``read``, ``write``, ``external``) decides whether it may be cached or run
+speculatively; see ``bunshin_async._tools`` for the rules.
+"""
+
+from __future__ import annotations
+
+from ._gui import gui_tools
+from ._public import publish as _publish
+from ._tools import (
+    CallClass,
+    Effect,
+    Handler,
+    Tool,
+    bash_tool,
+    builtin_tools,
+    classify_command,
+    list_dir_tool,
+    python_tool,
+    read_file_tool,
+    validate_schema,
+    write_file_tool,
+)
+
+__all__ = [
+    "CallClass",
+    "Effect",
+    "Handler",
+    "Tool",
+    "bash_tool",
+    "builtin_tools",
+    "classify_command",
+    "gui_tools",
+    "list_dir_tool",
+    "python_tool",
+    "read_file_tool",
+    "validate_schema",
+    "write_file_tool",
+]
+
+_publish(__name__, globals())
