@@ -17,7 +17,7 @@ import functools
 import re
 import shlex
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
@@ -63,6 +63,8 @@ class CallClass(msgspec.Struct, frozen=True):
     def cacheable(self) -> bool:
         return self.deterministic and self.effect is not Effect.EXTERNAL
 
+
+_T = TypeVar("_T")
 
 #: ``async def handler(workspace, args) -> result``; the result must be msgspec-encodable as ``Tool.result_type``.
 Handler = Callable[["Workspace", dict[str, Any]], Awaitable[Any]]
@@ -176,13 +178,12 @@ class Tool(msgspec.Struct, frozen=True, kw_only=True):
         )
 
 
-def lookup(tools: Mapping[str, Tool], name: str) -> Tool:
-    """The tool the model called ``name``; ``ToolCallError`` naming the known ones when there is none (the one place
-    that says so: the agent loop, the cache and the speculative runtime all look tools up here)."""
-    tool = tools.get(name)
-    if tool is None:
-        raise ToolCallError(f"unknown tool {name!r}; known: {', '.join(sorted(tools))}", tool_name=name)
-    return tool
+def lookup(tools: Mapping[str, _T], name: str, *, index: int = 0) -> _T:
+    """The tool (or schema) the model called ``name``, ``index``-th in its message; ``ToolCallError`` naming the known
+    ones when there is none: the one place that says so, for the tap, the agent loop, the cache and the runtime."""
+    if name not in tools:
+        raise ToolCallError(f"unknown tool {name!r}; known: {', '.join(sorted(tools))}", tool_name=name, index=index)
+    return tools[name]
 
 
 # ---------------------------------------------------------------------------------------------- argument schemas

@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 
 from .._exceptions import LLMStreamError, ToolCallError
-from .._tools import Tool, validate_schema
+from .._tools import Tool, lookup, validate_schema
 from ._events import (
     ArgumentsComplete,
     ArgumentsDelta,
@@ -110,12 +110,7 @@ class ToolCallTap:
         if call_id and not call.id:
             call.id = call_id
         if name and not call.name:
-            if name not in self.schemas:
-                raise ToolCallError(
-                    f"the model called tool {name!r}, which is not one of {sorted(self.schemas)}",
-                    tool_name=name,
-                    index=index,
-                )
+            lookup(self.schemas, name, index=index)
             call.name = name
             events.append(ToolNameKnown(index=index, id=call.id, name=name, t=self._clock()))
         if arguments:

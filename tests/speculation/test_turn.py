@@ -169,15 +169,6 @@ async def test_tool_errors_are_results(serve: Any, spec_on: bool) -> None:
     assert out.metrics.committed == (1 if spec_on else 0)
 
 
-def test_speculation_module_exports_exactly_its_all() -> None:
-    import bunshin_async.speculation as spec
-
-    exported = {n for n in dir(spec) if not n.startswith("_")} - {"annotations"}
-    assert set(spec.__all__) == exported
-    for name in spec.__all__:
-        assert getattr(spec, name).__module__.startswith("bunshin_async._runtime")
-
-
 def test_bunshin_async_does_not_import_speculator() -> None:
     import subprocess
     import sys
