@@ -1,5 +1,5 @@
-"""Re-exported names carry the public module they are imported from (httpx's and trio's ``fixup_module_metadata``),
-so reprs, docs, pickles and error messages name ``bunshin_async.tools.Tool``, not ``bunshin_async._tools.Tool``."""
+"""Re-exported names carry their public module (httpx's and trio's ``fixup_module_metadata``): reprs, docs and
+pickles say ``bunshin_async.tools.Tool``, not ``bunshin_async._tools.Tool``."""
 
 from __future__ import annotations
 
@@ -9,12 +9,9 @@ from typing import Any
 
 
 def publish(module: str, namespace: dict[str, Any]) -> None:
-    """Set ``__module__`` of every class and function in ``namespace["__all__"]`` to ``module``; call it at the end
-    of each public module as ``publish(__name__, globals())``. Constants and type aliases are left as they are.
-
-    A class's string annotations (``from __future__ import annotations``) are evaluated in its defining module
-    first: ``typing.get_type_hints`` and msgspec look them up in ``sys.modules[cls.__module__]``, where the public
-    module lacks the private one's imports."""
+    """Set ``__module__`` of the classes and functions in ``namespace["__all__"]`` to ``module`` (the end of each
+    public module calls ``publish(__name__, globals())``). A class's string annotations are evaluated in its
+    defining module first: msgspec and ``typing.get_type_hints`` resolve them in ``sys.modules[cls.__module__]``."""
     package = module.partition(".")[0]
     for name in namespace["__all__"]:
         obj = namespace[name]

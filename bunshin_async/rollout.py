@@ -6,9 +6,8 @@
         async for result in group:            # each RolloutResult as it finishes
             train_on(result.trajectory, result.reward, result.loss_mask)
 
-An agent is anything with ``async def run(ctx: RolloutContext) -> Trajectory`` (``bunshin_async.agent.run_agent``
-is one loop to build it on). Trajectories are the JSONL records of ``/work/shared/traces``: ``load_trajectories``,
-``dump_trajectories``; the replay server (``bunshin_async.llm``) serves them.
+An agent has ``async def run(ctx: RolloutContext) -> Trajectory`` (build it on ``bunshin_async.agent.run_agent``).
+Trajectories are JSONL records (``load_trajectories``, ``dump_trajectories``), which ``bunshin_async.llm`` replays.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """The tool model: ``Tool`` (schema, handler, effect class), the built-in tools that act on a ``Workspace`` and the
-shell-command classifier the cache and the speculator rely on::
-
-    from bunshin_async.tools import Effect, Tool, bash_tool, builtin_tools, classify_command
+shell-command classifier; a call's effect class (``pure``, ``read``, ``write``, ``external``) decides whether the
+cache may serve it and the speculator run it ahead (see ``bunshin_async._tools``)::
 
     classify_command("grep -rn TODO src")      # CallClass(effect=Effect.READ, deterministic=True)
     tools = [*builtin_tools(), bash_tool(timeout=60).with_effect(Effect.EXTERNAL)]
-
-A call's effect class (``pure``, ``read``, ``write``, ``external``) decides whether it may be cached or run
-speculatively; see ``bunshin_async._tools`` for the rules.
 """
 
 from __future__ import annotations

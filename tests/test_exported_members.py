@@ -8,6 +8,7 @@ import importlib
 import inspect
 import pickle
 import pkgutil
+import re
 import types
 from typing import Any
 
@@ -41,6 +42,8 @@ def check_public_module(module: types.ModuleType) -> None:
     assert set(module.__all__) <= set(public), f"{module.__name__}.__all__ names what it lacks"
     here = {n for n, v in public.items() if getattr(v, "__module__", None) == module.__name__}
     assert here <= set(module.__all__), f"{module.__name__} defines public names outside __all__"
+    if not re.search(r"^(async def|def|class) ", inspect.getsource(module), re.M):  # re-exports only: no strays
+        assert set(public) - {"annotations"} == set(module.__all__), f"{module.__name__} exports more than __all__"
     for name in module.__all__:
         obj = getattr(module, name)
         if isinstance(obj, type) or inspect.isfunction(obj):

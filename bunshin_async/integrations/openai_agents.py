@@ -16,11 +16,6 @@ from ._openai_agents import (
     BunshinSandboxSessionState,
 )
 
-__all__ = [
-    "BunshinSandboxClient",
-    "BunshinSandboxClientOptions",
-    "BunshinSandboxSession",
-    "BunshinSandboxSessionState",
-]
+__all__ = ["BunshinSandboxClient", "BunshinSandboxClientOptions", "BunshinSandboxSession", "BunshinSandboxSessionState"]
 
 _publish(__name__, globals())
