@@ -126,11 +126,6 @@ class WorkspaceLimiter:
                 self._changed.notify_all()
 
 
-class _NoLimit(WorkspaceLimiter):
-    def __init__(self) -> None:
-        super().__init__(1 << 30)
-
-
 async def prepare(ws: Workspace, task: Task) -> None:
     """Put the task's files in place, run its set-up, start its background processes and wait until its ``ready``
     checks pass (a fork taken before a warm interpreter has built its state would copy a half-built one)."""
@@ -186,7 +181,7 @@ class GroupRollout:
         self.image = Image.load(image) if isinstance(image, str) else image
         self.limits = limits
         self.security = security
-        self.limiter = limiter or _NoLimit()
+        self.limiter = limiter or WorkspaceLimiter(1 << 30)  # no limit
         self.monitor = monitor
         self.reward = reward or command_reward
         self._send: MemoryObjectSendStream[RolloutResult] | None = None
