@@ -38,9 +38,8 @@ import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bunshin_async import Workspace  # noqa: E402
-from bunshin_async._cache._records import Entry, seal  # noqa: E402
-from bunshin_async._protocol import ExecResult  # noqa: E402
+from bunshin_async import ExecResult, Workspace  # noqa: E402
+from bunshin_async._cache._records import Entry, seal  # noqa: E402  (the stores' record format, measured raw)
 from bunshin_async.cache import (  # noqa: E402
     CachedSession,
     ForkStateProvider,
@@ -49,10 +48,9 @@ from bunshin_async.cache import (  # noqa: E402
     SnapshotRef,
     SqliteStore,
     Store,
-    Tool,
     ToolCache,
-    classify_command,
 )
+from bunshin_async.tools import Tool, classify_command  # noqa: E402
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces" / "swebench-gemini-3-pro.jsonl.gz"
 TARGETS_US = {"memory": 20, "sqlite": 200, "redis": 1000}

@@ -31,8 +31,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench._stats import summary  # noqa: E402
 from bunshin_async import Workspace  # noqa: E402
-from bunshin_async._rollout import Task  # noqa: E402
 from bunshin_async.integrations.ray import ClusterGroupRollout, HostConfig, RayCluster  # noqa: E402
+from bunshin_async.rollout import Task  # noqa: E402
 from bunshin_async.transfer import export_snapshot, import_snapshot  # noqa: E402
 from tests.ray.conftest import RayEnv  # noqa: E402
 from tests.ray.test_cluster import DigestAgent, ask  # noqa: E402

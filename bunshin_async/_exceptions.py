@@ -31,11 +31,20 @@ failure, an httpx error) are translated once, where the foreign system is called
 
 Errors carry structured fields, not just a message, and pickle cleanly because rollouts cross process
 boundaries (psutil's ``__reduce__`` pattern: the constructor's keyword arguments are kept in ``_kwargs``).
+
+Exception groups are kept, as anyio and trio keep them, except that where a task group ends inside one operation
+(an agent turn, a speculative turn) ``unwrap_group`` raises a group of *one* failure as that failure, so ``except
+ToolCallError`` works; several failures stay a group (use ``except*``). Tasks that must not fail their siblings (a
+group's rollouts, a CRIU conversation) catch their own errors.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
+
+from ._compat import BaseExceptionGroup
 
 __all__ = [
     "AgentError",
@@ -81,6 +90,17 @@ class BunshinError(Exception):
 
     def __str__(self) -> str:
         return self.message
+
+
+@asynccontextmanager
+async def unwrap_group() -> AsyncIterator[None]:
+    """Around the end of a task group: a group of one exception is raised as that exception (see above)."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise
 
 
 def _rebuild(cls: type[BunshinError], message: str, fields: dict[str, Any]) -> BunshinError:

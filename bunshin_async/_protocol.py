@@ -144,6 +144,8 @@ class FileData(Response, tag="file_data", frozen=True):
 
 
 class DirEntry(msgspec.Struct, frozen=True):
+    """One entry of ``Workspace.list_dir``."""
+
     name: str
     kind: str  # "file", "dir", "symlink" or "other"
     size: int

@@ -9,7 +9,7 @@ and masked out (``loss_mask == 0``): a trainer must not learn from a cut-off att
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Literal, Protocol
 
 import anyio
@@ -32,6 +32,7 @@ __all__ = [
     "RolloutResult",
     "Task",
     "WorkspaceLimiter",
+    "command_reward",
 ]
 
 TRUNCATING_STOPS = {"max_turns", "max_context_tokens", "max_tokens", "wall_clock"}
@@ -61,6 +62,8 @@ class Task(msgspec.Struct, frozen=True):
 
 
 class RolloutResult(msgspec.Struct):
+    """One rollout's outcome: its trajectory, reward and timings, and whether a trainer may learn from it."""
+
     task_id: str
     rollout: int
     status: Literal["finished", "truncated", "failed"]
@@ -88,6 +91,8 @@ class RolloutContext:
 
 
 class RolloutAgent(Protocol):
+    """What ``GroupRollout`` runs in each copy: the agent loop of one rollout, returning its trajectory."""
+
     async def run(self, ctx: RolloutContext) -> Trajectory: ...
 
 
@@ -119,11 +124,6 @@ class WorkspaceLimiter:
             async with self._changed:
                 self.in_use -= k
                 self._changed.notify_all()
-
-
-class _NoLimit(WorkspaceLimiter):
-    def __init__(self) -> None:
-        super().__init__(1 << 30)
 
 
 async def prepare(ws: Workspace, task: Task) -> None:
@@ -181,7 +181,7 @@ class GroupRollout:
         self.image = Image.load(image) if isinstance(image, str) else image
         self.limits = limits
         self.security = security
-        self.limiter = limiter or _NoLimit()
+        self.limiter = limiter or WorkspaceLimiter(1 << 30)  # no limit
         self.monitor = monitor
         self.reward = reward or command_reward
         self._send: MemoryObjectSendStream[RolloutResult] | None = None
@@ -347,7 +347,3 @@ async def command_reward(ws: Workspace, task: Task) -> tuple[float, str]:
         return 0.0, "no reward command"
     r = await ws.exec(task.reward_command, timeout=300)
     return (1.0 if r.exit_code == 0 else 0.0), (r.stdout + r.stderr)[-2000:]
-
-
-def results_in_order(results: Sequence[RolloutResult]) -> list[RolloutResult]:
-    return sorted(results, key=lambda r: r.rollout)

@@ -17,12 +17,12 @@ import functools
 import re
 import shlex
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
 from ._compat import StrEnum
-from ._exceptions import InvalidArgument
+from ._exceptions import InvalidArgument, ToolCallError
 from ._protocol import DirEntry, ExecResult
 
 if TYPE_CHECKING:
@@ -39,12 +39,14 @@ __all__ = [
     "list_dir_tool",
     "python_tool",
     "read_file_tool",
-    "validate",
+    "validate_schema",
     "write_file_tool",
 ]
 
 
 class Effect(StrEnum):
+    """What a call touches (see the module docstring): decides what the cache and the speculator may do with it."""
+
     PURE = "pure"
     READ = "read"
     WRITE = "write"
@@ -61,6 +63,8 @@ class CallClass(msgspec.Struct, frozen=True):
     def cacheable(self) -> bool:
         return self.deterministic and self.effect is not Effect.EXTERNAL
 
+
+_T = TypeVar("_T")
 
 #: ``async def handler(workspace, args) -> result``; the result must be msgspec-encodable as ``Tool.result_type``.
 Handler = Callable[["Workspace", dict[str, Any]], Awaitable[Any]]
@@ -111,7 +115,7 @@ class Tool(msgspec.Struct, frozen=True, kw_only=True):
 
     def normalize(self, args: Mapping[str, Any]) -> dict[str, Any]:
         """``args`` with defaults filled in and integral numbers made ints, after checking them against the schema
-        (``validate``). Raises ``InvalidArgument``."""
+        (``validate_schema``). Raises ``InvalidArgument``."""
         if not isinstance(args, Mapping) or not all(isinstance(k, str) for k in args):
             raise InvalidArgument(f"{self.name}: arguments must be an object with string keys", tool=self.name)
         props: Mapping[str, Any] = self.schema.get("properties") or {}
@@ -119,7 +123,7 @@ class Tool(msgspec.Struct, frozen=True, kw_only=True):
         for key, spec in props.items():
             if key not in out and isinstance(spec, Mapping) and "default" in spec:
                 out[key] = spec["default"]
-        reason = validate(self.schema, out)
+        reason = validate_schema(self.schema, out)
         if reason is not None:
             raise InvalidArgument(f"{self.name}: {reason}", tool=self.name)
         for key, spec in props.items():
@@ -174,6 +178,14 @@ class Tool(msgspec.Struct, frozen=True, kw_only=True):
         )
 
 
+def lookup(tools: Mapping[str, _T], name: str, *, index: int = 0) -> _T:
+    """The tool (or schema) the model called ``name``, ``index``-th in its message; ``ToolCallError`` naming the known
+    ones when there is none: the one place that says so, for the tap, the agent loop, the cache and the runtime."""
+    if name not in tools:
+        raise ToolCallError(f"unknown tool {name!r}; known: {', '.join(sorted(tools))}", tool_name=name, index=index)
+    return tools[name]
+
+
 # ---------------------------------------------------------------------------------------------- argument schemas
 
 
@@ -203,7 +215,7 @@ def _type_ok(name: str, value: Any) -> bool:
     return True  # an unknown type name constrains nothing
 
 
-def validate(schema: Mapping[str, Any], value: Any, path: str = "") -> str | None:
+def validate_schema(schema: Mapping[str, Any], value: Any, path: str = "") -> str | None:
     """Check ``value`` against the JSON-schema subset tool parameters use; None if it fits, else a one-line reason
     naming the offending path (``$.command``).
 
@@ -225,7 +237,7 @@ def validate(schema: Mapping[str, Any], value: Any, path: str = "") -> str | Non
     for key in ("anyOf", "oneOf"):
         branches = schema.get(key)
         if branches:
-            reasons = [validate(b, value, path) for b in branches]
+            reasons = [validate_schema(b, value, path) for b in branches]
             if all(r is not None for r in reasons):
                 return f"{here} matches none of {key}: {reasons[0]}"
     if isinstance(value, dict):
@@ -237,20 +249,20 @@ def validate(schema: Mapping[str, Any], value: Any, path: str = "") -> str | Non
         for name, item in value.items():
             sub = props.get(name)
             if sub is not None:
-                reason = validate(sub, item, f"{here}.{name}")
+                reason = validate_schema(sub, item, f"{here}.{name}")
                 if reason:
                     return reason
             elif extra is False:
                 return f"{here} has unexpected property {name!r}"
             elif isinstance(extra, Mapping):
-                reason = validate(extra, item, f"{here}.{name}")
+                reason = validate_schema(extra, item, f"{here}.{name}")
                 if reason:
                     return reason
     if isinstance(value, list | tuple):
         items = schema.get("items")
         if isinstance(items, Mapping):
             for i, item in enumerate(value):
-                reason = validate(items, item, f"{here}[{i}]")
+                reason = validate_schema(items, item, f"{here}[{i}]")
                 if reason:
                     return reason
     return None
@@ -500,6 +512,7 @@ def python_tool(*, timeout: float = 120.0, version: str = "1") -> Tool:
 
 
 def read_file_tool(*, version: str = "1") -> Tool:
+    """``read_file``: a text file of the workspace (``read``)."""
     return Tool(
         name="read_file",
         description="Read a text file of the workspace.",
@@ -517,6 +530,7 @@ def read_file_tool(*, version: str = "1") -> Tool:
 
 
 def write_file_tool(*, version: str = "1") -> Tool:
+    """``write_file``: create or replace a file of the workspace (``write``)."""
     return Tool(
         name="write_file",
         description="Write (or append to) a text file of the workspace, creating parent directories.",
@@ -538,6 +552,7 @@ def write_file_tool(*, version: str = "1") -> Tool:
 
 
 def list_dir_tool(*, version: str = "1") -> Tool:
+    """``list_dir``: a directory's entries, kind and size (``read``)."""
     return Tool(
         name="list_dir",
         description="List a directory of the workspace (name, kind, size).",

@@ -1,7 +1,7 @@
 """A minimal agent loop: stream a turn from any OpenAI-compatible endpoint, run its tool calls, repeat until the
 model answers without a tool call or a budget runs out, and record the ``Trajectory``.
 
-Tools are ``bunshin_async.cache.Tool``s (the built-in ``bash_tool`` by default). Calls run through a
+Tools are ``bunshin_async.tools.Tool``s (the built-in ``bash_tool`` by default). Calls run through a
 ``ToolExecutor``: directly in one workspace, or through a ``CachedSession`` of the tool cache, where a write hit
 can move the rollout into a restored workspace. A tool call starts as soon as the tap reports its arguments
 complete, while the rest of the message is still streaming (``start_tools_early``); calls of one message run one
@@ -16,21 +16,20 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 import anyio
 import msgspec
 
-from ._compat import BaseExceptionGroup
-from ._exceptions import ToolCallError, ToolError, ToolTimeout
+from ._exceptions import BunshinError, ToolError, ToolTimeout, unwrap_group
 from ._llm._events import ArgumentsComplete, MessageFinished, ToolCall, UsageReported
 from ._llm._openai import tap_openai_stream
 from ._protocol import ExecResult
-from ._runtime import Executor, Launch, Speculation, WorkspaceHandle, WorkspaceSlot, run_turn
-from ._tools import Tool as Tool  # re-exported for bunshin_async._experiment, until it imports from .cache
-from ._tools import bash_tool as bash_tool
+from ._runtime._calls import Launch
+from ._runtime._handle import Executor, WorkspaceHandle, WorkspaceSlot
+from ._runtime._turn import Speculation, run_turn
+from ._tools import Tool, bash_tool, lookup
 from ._trajectory import Step, Trajectory
 from ._workspace import Workspace
 
@@ -89,9 +88,7 @@ class WorkspaceExecutor:
         await self._slot.aclose()
 
     async def call(self, tool: str, args: Mapping[str, Any] | None = None) -> Any:
-        t = self.tools.get(tool)
-        if t is None:
-            raise ToolCallError(f"unknown tool {tool!r}; known: {', '.join(sorted(self.tools))}", tool_name=tool)
+        t = lookup(self.tools, tool)
         if t.handler is None:
             raise ToolError(f"tool {tool!r} has no handler", tool=tool)
         return await t.handler(self.workspace, t.normalize(args or {}))
@@ -112,15 +109,15 @@ def _clip(text: str, limit: int) -> str:
 
 
 def observation(outcome: Any, *, max_chars: int = 10_000) -> ToolResult:
-    """What the model is told about a call's result or ``ToolError``: a command's exit code and output (stdout
-    then stderr, the middle elided past ``max_chars``), a timeout with what was printed, ``error: ...`` for a
-    ``ToolError``, text as it is, ``ok`` for no result, anything else as JSON."""
+    """What the model is told about a call's result or error: a command's exit code and output (stdout then
+    stderr, the middle elided past ``max_chars``), a timeout with what was printed, ``error: ...`` for another
+    ``BunshinError``, text as it is, ``ok`` for no result, anything else as JSON."""
     exit_code = None
     if isinstance(outcome, ExecResult):
         text, exit_code = f"exit code {outcome.exit_code}\n{outcome.stdout}{outcome.stderr}", outcome.exit_code
     elif isinstance(outcome, ToolTimeout):
         text = f"timed out after {outcome.timeout:g} s\n{outcome.stdout}{outcome.stderr}"
-    elif isinstance(outcome, ToolError):
+    elif isinstance(outcome, BunshinError):
         text = f"error: {outcome}"
     elif isinstance(outcome, str):
         text = outcome
@@ -129,17 +126,6 @@ def observation(outcome: Any, *, max_chars: int = 10_000) -> ToolResult:
     else:
         text = msgspec.json.encode(outcome).decode()
     return ToolResult(_clip(text, max_chars), exit_code)
-
-
-@asynccontextmanager
-async def _one_error() -> AsyncIterator[None]:
-    """Let a task group's single failure out as itself (anyio wraps it in an ExceptionGroup)."""
-    try:
-        yield
-    except BaseExceptionGroup as group:
-        if len(group.exceptions) == 1:
-            raise group.exceptions[0] from None
-        raise
 
 
 class _Executed(msgspec.Struct):
@@ -206,7 +192,7 @@ async def run_agent(
     handle: WorkspaceHandle | None = None
     if speculation is not None:
         if not isinstance(executor, Executor):
-            raise TypeError(f"speculation needs an executor with adopt() (see _runtime.Executor), not {executor!r}")
+            raise TypeError(f"speculation needs an executor with adopt() (see speculation.Executor), not {executor!r}")
         handle = WorkspaceHandle.over(executor, salt=task_id)
         speculation = _with_cache_skip(speculation, executor)
     specs = [t.spec() for t in executor.tools.values()]
@@ -298,7 +284,7 @@ async def _turn(
 
     finished: MessageFinished | None = None
     usage = None
-    async with _one_error(), receive, anyio.create_task_group() as tg, send:
+    async with unwrap_group(), receive, anyio.create_task_group() as tg, send:
         tg.start_soon(worker)
         async with tap_openai_stream(stream, specs, keep_chunks=False) as tap:
             async for event in tap:
@@ -354,10 +340,7 @@ async def _speculative_turn(
         outcome = await run_turn(tap, handle, executor.tools, speculation, start_early=early and speculation.early)
     finished = outcome.message
     executed: dict[int, _Executed] = {}
-    for r in outcome.results:
-        if r.call.name not in executor.tools:  # as the plain path: an unusable call is the model's error
-            known = ", ".join(sorted(executor.tools))
-            raise ToolCallError(f"unknown tool {r.call.name!r}; known: {known}", tool_name=r.call.name)
+    for r in outcome.results:  # a call of an unknown tool raised ToolCallError in the turn, as on the plain path
         result = observation(r.error if r.error is not None else r.result, max_chars=max_chars)
         executed[r.call.index] = _Executed(result, r.seconds)
     return finished, outcome.usage, finished.t - start, executed

@@ -1,5 +1,5 @@
 """Talking to model endpoints: a streaming chat-completions client, the tool-call tap (for our client and for
-``openai`` streams), trajectory records and the replay server.
+``openai`` streams) and the replay server (of the trajectory records in ``bunshin_async.rollout``).
 
 The tap reports, as soon as each is knowable: a call's tool name (``ToolNameKnown``), each arguments fragment
 (``ArgumentsDelta``), a call's arguments complete and schema-valid (``ArgumentsComplete``), the end of the message
@@ -49,14 +49,7 @@ from ._llm._timing import (
     RecordedTiming,
     TimingModel,
 )
-from ._tools import validate as validate_schema
-from ._trajectory import (
-    Step,
-    Trajectory,
-    dump_trajectories,
-    iter_trajectories,
-    load_trajectories,
-)
+from ._public import publish as _publish
 
 __all__ = [
     "ArgumentsComplete",
@@ -73,7 +66,6 @@ __all__ = [
     "RetryPolicy",
     "SSEDecoder",
     "ServerSentEvent",
-    "Step",
     "TapEvent",
     "TextDelta",
     "TimingModel",
@@ -81,14 +73,11 @@ __all__ = [
     "ToolCallTap",
     "ToolNameKnown",
     "ToolsLike",
-    "Trajectory",
     "Usage",
     "UsageReported",
-    "dump_trajectories",
-    "iter_trajectories",
-    "load_trajectories",
     "replay_server",
     "tap_openai_stream",
     "tee_openai_stream",
-    "validate_schema",
 ]
+
+_publish(__name__, globals())

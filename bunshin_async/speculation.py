@@ -19,26 +19,21 @@ Predictors and policies live in the ``speculator`` package; this module only kno
 
 from __future__ import annotations
 
-from ._runtime import (
-    BoundedPolicy,
-    BranchRecord,
+from ._public import publish as _publish
+from ._runtime._calls import (
     CallKey,
-    CallResult,
     Candidate,
     Launch,
     Policy,
     PredictionContext,
     Predictor,
-    RolloutMetrics,
-    Speculation,
-    SpeculativeTurn,
-    TimelineEvent,
-    TurnMetrics,
-    TurnOutcome,
-    WorkspaceHandle,
     canonical_args,
-    run_turn,
+    chain_root,
+    extend_chain,
 )
+from ._runtime._handle import Executor, WorkspaceHandle
+from ._runtime._metrics import BranchRecord, RolloutMetrics, TimelineEvent, TurnMetrics
+from ._runtime._turn import BoundedPolicy, CallResult, Speculation, SpeculativeTurn, TurnOutcome, run_turn
 
 __all__ = [
     "BoundedPolicy",
@@ -46,6 +41,7 @@ __all__ = [
     "CallKey",
     "CallResult",
     "Candidate",
+    "Executor",
     "Launch",
     "Policy",
     "PredictionContext",
@@ -58,5 +54,9 @@ __all__ = [
     "TurnOutcome",
     "WorkspaceHandle",
     "canonical_args",
+    "chain_root",
+    "extend_chain",
     "run_turn",
 ]
+
+_publish(__name__, globals())

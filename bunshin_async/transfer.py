@@ -14,14 +14,9 @@ See ``bunshin_async._transfer`` for the stream format and what is checked.
 
 from __future__ import annotations
 
-from ._transfer import FORMAT as FORMAT
-from ._transfer import SnapshotRecord as SnapshotRecord
-from ._transfer import TransferStats as TransferStats
-from ._transfer import export_snapshot as export_snapshot
-from ._transfer import import_snapshot as import_snapshot
-from ._transfer import snapshot_record as snapshot_record
+from ._public import publish as _publish
+from ._transfer import FORMAT, SnapshotRecord, TransferStats, export_snapshot, import_snapshot, snapshot_record
 
 __all__ = ["FORMAT", "SnapshotRecord", "TransferStats", "export_snapshot", "import_snapshot", "snapshot_record"]
 
-for _name in ("SnapshotRecord", "TransferStats"):
-    globals()[_name].__module__ = __name__
+_publish(__name__, globals())

@@ -18,7 +18,8 @@ import openai
 
 from bunshin_async import Workspace
 from bunshin_async.agent import run_agent
-from bunshin_async.llm import RecordedTiming, ReplayServer, Step, Trajectory, dump_trajectories
+from bunshin_async.llm import RecordedTiming, ReplayServer
+from bunshin_async.rollout import Step, Trajectory, dump_trajectories
 
 TASK = "Create f.txt containing 'hi' in the current directory, check it, then say what it contains."
 

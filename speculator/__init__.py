@@ -12,6 +12,7 @@ import os
 from collections.abc import Iterable, Sequence
 from importlib import resources
 
+from bunshin_async._public import publish as _publish  # the SDK's helper: exported names carry this module
 from bunshin_async.speculation import Policy, Predictor, Speculation
 
 from ._policy import CostAwarePolicy, cpu_contention
@@ -91,3 +92,6 @@ def default_speculation(
     return Speculation(
         predictors=predictors, policy=policy if policy is not None else CostAwarePolicy(), group=group, early=tap
     )
+
+
+_publish(__name__, globals())

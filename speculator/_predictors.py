@@ -12,8 +12,7 @@ from typing import Any
 
 import msgspec
 
-from bunshin_async._runtime._calls import chain_root, extend_chain
-from bunshin_async.speculation import CallKey, Candidate, PredictionContext
+from bunshin_async.speculation import CallKey, Candidate, PredictionContext, chain_root, extend_chain
 
 from ._signature import signature
 

@@ -30,7 +30,7 @@ import msgspec
 
 from .._exceptions import BunshinError, StoreUnavailable, ToolCallError, ToolError
 from .._runtime._handle import WorkspaceSlot
-from .._tools import CallClass, Effect, Tool, builtin_tools
+from .._tools import CallClass, Effect, Tool, builtin_tools, lookup
 from ._flight import SingleFlight
 from ._keys import SCHEMA_VERSION, BaseState, StateChain, encode_call, pure_key
 from ._metrics import AuditMismatch, CacheMetrics
@@ -287,9 +287,7 @@ class CachedSession:
         self, tool: str, args: Mapping[str, Any] | None = None, *, effect: Effect | str | None = None
     ) -> CallRecord:
         """``call``, returning the ``CallRecord`` (also appended to ``history``)."""
-        t = self.tools.get(tool)
-        if t is None:
-            raise ToolCallError(f"unknown tool {tool!r}; known: {', '.join(sorted(self.tools))}", tool_name=tool)
+        t = lookup(self.tools, tool)
         norm = t.normalize(args or {})
         cls = t.classify_call(norm)
         if effect is not None:
@@ -334,9 +332,7 @@ class CachedSession:
         ``ToolError`` it raised) under the call's key so sibling rollouts hit it. A write is captured by the state
         provider as a missed write would be (``capture_min_duration`` applies to ``duration``, seconds). Returns
         the ``CallRecord`` (also in ``history``); the ``ToolError`` is not raised."""
-        t = self.tools.get(tool)
-        if t is None:
-            raise ToolCallError(f"unknown tool {tool!r}; known: {', '.join(sorted(self.tools))}", tool_name=tool)
+        t = lookup(self.tools, tool)
         async with self._lock:
             await self._slot.swap(workspace)  # first: whatever fails below, the fork has an owner
             if self._closed:

@@ -20,6 +20,8 @@ class ToolStats(msgspec.Struct, kw_only=True):
 
 
 class AuditMismatch(msgspec.Struct, frozen=True):
+    """A served hit that differed from re-running the call (``ToolCache(audit_fraction=...)``); see ``metrics()``."""
+
     tool: str
     key: str
     args: dict[str, object]

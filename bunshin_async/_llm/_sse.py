@@ -9,6 +9,8 @@ __all__ = ["SSEDecoder", "ServerSentEvent"]
 
 
 class ServerSentEvent(msgspec.Struct, frozen=True):
+    """One server-sent event (``SSEDecoder``): its ``data`` lines joined, ``event`` and ``id``."""
+
     data: str
     event: str = "message"
     id: str | None = None

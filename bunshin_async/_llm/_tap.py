@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 
 from .._exceptions import LLMStreamError, ToolCallError
-from .._tools import Tool, validate
+from .._tools import Tool, lookup, validate_schema
 from ._events import (
     ArgumentsComplete,
     ArgumentsDelta,
@@ -110,12 +110,7 @@ class ToolCallTap:
         if call_id and not call.id:
             call.id = call_id
         if name and not call.name:
-            if name not in self.schemas:
-                raise ToolCallError(
-                    f"the model called tool {name!r}, which is not one of {sorted(self.schemas)}",
-                    tool_name=name,
-                    index=index,
-                )
+            lookup(self.schemas, name, index=index)
             call.name = name
             events.append(ToolNameKnown(index=index, id=call.id, name=name, t=self._clock()))
         if arguments:
@@ -200,7 +195,7 @@ class ToolCallTap:
             value = msgspec.json.decode(text)
         except msgspec.DecodeError:
             return False
-        if not isinstance(value, dict) or validate(self.schemas[call.name], value) is not None:
+        if not isinstance(value, dict) or validate_schema(self.schemas[call.name], value) is not None:
             return False  # final but wrong; _finalize reports it when the message ends
         call.call = ToolCall(index=call.index, id=call.id, name=call.name, arguments=value, raw=call.text)
         return True
@@ -225,7 +220,7 @@ class ToolCallTap:
                 tool_name=call.name,
                 index=call.index,
             )
-        reason = validate(self.schemas[call.name], value)
+        reason = validate_schema(self.schemas[call.name], value)
         if reason is not None:
             raise ToolCallError(
                 f"arguments of {call.name} call {call.index} do not fit its schema: {reason}",

@@ -35,8 +35,7 @@ from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectSendStream
 
 from .._accounting import tree_bytes
-from .._compat import BaseExceptionGroup
-from .._exceptions import BunshinError, InvalidArgument, ToolError
+from .._exceptions import BunshinError, InvalidArgument, ToolError, unwrap_group
 from .._llm._events import (
     ArgumentsComplete,
     MessageFinished,
@@ -48,7 +47,7 @@ from .._llm._events import (
     UsageReported,
 )
 from .._protocol import ExecResult
-from .._tools import Effect, Tool
+from .._tools import Effect, Tool, lookup
 from .._workspace import Workspace
 from ._calls import CallKey, Candidate, Launch, Policy, PredictionContext, Predictor
 from ._handle import CLOSE_DEADLINE, WorkspaceHandle
@@ -270,7 +269,7 @@ async def _run_tool(tool: Tool, ws: Workspace, args: dict[str, Any]) -> tuple[An
     if tool.handler is None:
         return None, ToolError(f"tool {tool.name!r} has no handler", tool=tool.name)
     try:
-        return await tool.handler(ws, args), None
+        return await tool.handler(ws, tool.normalize(args)), None
     except ToolError as exc:
         return None, exc
 
@@ -284,8 +283,9 @@ class SpeculativeTurn:
                 ...
             outcome = await turn.results()
 
-    ``tools`` are ``bunshin_async.cache.Tool``s (their effect classes decide what may be speculated). The turn owns
-    the branches it starts; leaving the block (also by cancellation or error) cancels them and closes their forks.
+    ``tools`` are ``bunshin_async.tools.Tool``s (their effect classes decide what may be speculated); a call of any
+    other tool raises ``ToolCallError``, as the plain agent loop does. The turn owns the branches it starts; leaving
+    the block (also by cancellation or error) cancels them and closes their forks.
     After the turn ``handle.workspace`` is the workspace every call of the turn ran in, in order.
     """
 
@@ -343,11 +343,8 @@ class SpeculativeTurn:
         else:
             self._cancel_branches(lambda b: True)
         try:
-            await tg.__aexit__(exc_type, exc, tb)
-        except BaseExceptionGroup as group:
-            if len(group.exceptions) == 1:
-                raise group.exceptions[0] from None
-            raise
+            async with unwrap_group():
+                await tg.__aexit__(exc_type, exc, tb)
         finally:
             with anyio.CancelScope(shield=True):
                 await self._close_leftovers()
@@ -498,12 +495,8 @@ class SpeculativeTurn:
         if not self.early:
             await self._message_event.wait()
         t_due = self._clock()
-        tool = self.tools.get(d.call.name)
         try:
-            if tool is None or (d.key is None and self.handle.executor is None):
-                err = ToolError(f"no tool {d.call.name!r} in this turn's tools", tool=d.call.name)
-                self._deliver(d, CallResult(index=d.call.index, call=d.call, error=err, t=self._clock()))
-                return
+            tool = lookup(self.tools, d.call.name)  # the model's error, as on the plain path: ends the turn
             branch = self._match(d) if d.key is not None else None
             if branch is not None:
                 result = await self._use_branch(d, branch, t_due)

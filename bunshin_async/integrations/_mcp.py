@@ -35,14 +35,14 @@ import xxhash
 
 from .. import __version__
 from .._cache._cache import CachedSession, ToolCache
-from .._exceptions import BunshinError, InvalidArgument, ToolError, ToolTimeout, WorkspaceClosed
+from .._exceptions import BunshinError, InvalidArgument, ToolCallError, ToolError, ToolTimeout, WorkspaceClosed
 from .._gui import Display, Screenshot, gui_tools
 from .._image import Image
 from .._kernel import Limits
 from .._protocol import ExecResult
-from .._tools import Effect, Handler, Tool, builtin_tools
+from .._tools import Effect, Handler, Tool, builtin_tools, lookup
 from .._workspace import Workspace
-from ..agent import WorkspaceExecutor
+from ..agent import WorkspaceExecutor, observation
 from ._require import require
 
 require("mcp", framework="the MCP SDK", extra="mcp")
@@ -108,21 +108,15 @@ def _text(text: str) -> types.TextContent:
 
 
 def _render(result: Any) -> types.CallToolResult:
-    """A tool's result as MCP content: commands as text with their exit code (and structured), screenshots as a
-    PNG image, text as it is, nothing as ``ok``, anything else as JSON."""
-    if isinstance(result, ExecResult):
-        structured = msgspec.to_builtins(result)
-        text = f"exit code {result.exit_code}\n{result.stdout}{result.stderr}"
-        return types.CallToolResult(content=[_text(text)], structured_content=structured)
+    """A tool's result as MCP content: screenshots as a PNG image, anything else as the text ``run_agent``'s model
+    sees (``agent.observation``, unclipped), commands also structured."""
     if isinstance(result, Screenshot):
         image = types.ImageContent(type="image", data=base64.b64encode(result.png).decode(), mime_type="image/png")
         meta = {"width": result.width, "height": result.height, "digest": result.digest}
         return types.CallToolResult(content=[image], structured_content=meta)
-    if isinstance(result, str):
-        return types.CallToolResult(content=[_text(result)])
-    if result is None:
-        return types.CallToolResult(content=[_text("ok")])
-    return types.CallToolResult(content=[_text(msgspec.json.encode(result).decode())])
+    text = _text(observation(result, max_chars=1 << 62).output)
+    structured = msgspec.to_builtins(result) if isinstance(result, ExecResult) else None
+    return types.CallToolResult(content=[text], structured_content=structured)
 
 
 def _error(exc: BunshinError) -> types.CallToolResult:
@@ -237,8 +231,11 @@ class WorkspaceServer:
     async def call(self, name: str, arguments: Mapping[str, Any]) -> types.CallToolResult:
         """Serve one ``tools/call``. Tool failures (``BunshinError``) are error results the model can read; an
         unknown tool is a protocol error (``MCPError``)."""
-        if name not in self.tools and name not in (_CLOSE, _FORK):
-            raise MCPError(types.INVALID_PARAMS, f"unknown tool {name!r}")
+        if name not in (_CLOSE, _FORK):
+            try:
+                lookup(self.tools, name)
+            except ToolCallError as exc:
+                raise MCPError(types.INVALID_PARAMS, str(exc)) from exc
         args = dict(arguments)
         try:
             key = _check_key(args.pop("workspace", None))
@@ -434,6 +431,8 @@ async def serve(server: WorkspaceServer, transport: str = "stdio", **http: Any) 
 
 
 class MCPImage(msgspec.Struct, frozen=True):
+    """An image a tool returned (a GUI screenshot), as MCP image content."""
+
     mime_type: str
     data: bytes
 

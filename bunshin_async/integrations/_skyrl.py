@@ -32,11 +32,12 @@ from typing import Any
 
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
-from .._exceptions import BunshinError, InvalidArgument, ToolTimeout
+from .._exceptions import BunshinError, InvalidArgument
 from .._image import Image
 from .._kernel import Limits
 from .._rollout import Task, command_reward
 from .._workspace import Workspace
+from ..agent import observation as tool_observation
 from ._groups import GroupForks
 from ._require import require
 
@@ -193,16 +194,10 @@ class BunshinTextEnv(BaseTextEnv):  # type: ignore[misc]
         assert self.workspace is not None
         ws, timeout = self.workspace, self.timeout
         try:
-            r = self.runtime.portal.call(lambda: ws.exec(command, timeout=timeout))
-            text = f"exit code {r.exit_code}\n{r.stdout}{r.stderr}"
-        except ToolTimeout as exc:
-            text = f"timed out after {timeout:g} s\n{exc.stdout}{exc.stderr}"
+            outcome: Any = self.runtime.portal.call(lambda: ws.exec(command, timeout=timeout))
         except BunshinError as exc:
-            text = f"error: {exc}"
-        if len(text) > self.max_output:
-            half = self.max_output // 2
-            text = f"{text[:half]}\n[... {len(text) - self.max_output} characters elided ...]\n{text[-half:]}"
-        return text
+            outcome = exc
+        return tool_observation(outcome, max_chars=self.max_output).output  # what run_agent's model sees
 
     def close(self) -> None:
         """Close the episode's workspace (and leave its group). Idempotent."""

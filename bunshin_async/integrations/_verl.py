@@ -129,14 +129,20 @@ class _WorkspaceTool(BaseTool):  # type: ignore[misc]
 
 
 class BashTool(_WorkspaceTool):
+    """``bash``: a shell command in the sample's workspace."""
+
     make_tool = staticmethod(bash_tool)
 
 
 class ReadFileTool(_WorkspaceTool):
+    """``read_file``: a file of the sample's workspace."""
+
     make_tool = staticmethod(read_file_tool)
 
 
 class WriteFileTool(_WorkspaceTool):
+    """``write_file``: create or replace a file of the sample's workspace."""
+
     make_tool = staticmethod(write_file_tool)
 
 

@@ -13,17 +13,9 @@ tools. See ``bunshin_async.integrations._mcp`` for the policies::
 
 from __future__ import annotations
 
-from ._mcp import MCPImage as MCPImage
-from ._mcp import MCPToolResult as MCPToolResult
-from ._mcp import MCPToolset as MCPToolset
-from ._mcp import WorkspaceServer as WorkspaceServer
-from ._mcp import annotations_for as annotations_for
-from ._mcp import serve as serve
+from .._public import publish as _publish
+from ._mcp import MCPImage, MCPToolResult, MCPToolset, WorkspaceServer, annotations_for, serve
 
 __all__ = ["MCPImage", "MCPToolResult", "MCPToolset", "WorkspaceServer", "annotations_for", "serve"]
 
-# The public path in reprs and docs; msgspec Structs keep theirs, since msgspec resolves their (string)
-# annotations in the module named by ``__module__``.
-for _name in ("MCPToolset", "WorkspaceServer", "annotations_for", "serve"):
-    globals()[_name].__module__ = __name__
-del _name
+_publish(__name__, globals())

@@ -8,14 +8,14 @@ workspaces, with ``fork(session, n)``. See ``bunshin_async.integrations._openai_
 
 from __future__ import annotations
 
-from ._openai_agents import BunshinSandboxClient as BunshinSandboxClient
-from ._openai_agents import BunshinSandboxClientOptions as BunshinSandboxClientOptions
-from ._openai_agents import BunshinSandboxSession as BunshinSandboxSession
-from ._openai_agents import BunshinSandboxSessionState as BunshinSandboxSessionState
+from .._public import publish as _publish
+from ._openai_agents import (
+    BunshinSandboxClient,
+    BunshinSandboxClientOptions,
+    BunshinSandboxSession,
+    BunshinSandboxSessionState,
+)
 
-__all__ = [
-    "BunshinSandboxClient",
-    "BunshinSandboxClientOptions",
-    "BunshinSandboxSession",
-    "BunshinSandboxSessionState",
-]
+__all__ = ["BunshinSandboxClient", "BunshinSandboxClientOptions", "BunshinSandboxSession", "BunshinSandboxSessionState"]
+
+_publish(__name__, globals())

@@ -85,11 +85,13 @@ __all__ = [
     "ClusterStateProvider",
     "HostConfig",
     "HostInfo",
+    "HostRef",
     "PlacedResult",
     "RayCluster",
     "RemoteSnapshot",
     "RemoteWorkspace",
     "WorkspaceHost",
+    "plan_group",
 ]
 
 DEFAULT_BANDWIDTH = 100 << 20
@@ -639,11 +641,11 @@ class RemoteSnapshot:
         return f"<RemoteSnapshot {self.id} on {self.host.name}>"
 
 
-HOST_ACTOR = ray.remote(WorkspaceHost)
+_HOST_ACTOR = ray.remote(WorkspaceHost)
 NAMESPACE = "bunshin"
 
 
-def host_actor_name(name: str) -> str:
+def _host_actor_name(name: str) -> str:
     return f"bunshin-host-{name}"
 
 
@@ -673,8 +675,8 @@ class RayCluster:
         hosts = []
         for node_id, config in configs.items():
             name = (names or {}).get(node_id, node_id[:12])
-            actor = HOST_ACTOR.options(
-                name=host_actor_name(name),
+            actor = _HOST_ACTOR.options(
+                name=_host_actor_name(name),
                 namespace=NAMESPACE,
                 num_cpus=0,
                 max_concurrency=1000,
@@ -691,7 +693,7 @@ class RayCluster:
         """A client of hosts started elsewhere (by name), with an owner identity of its own."""
         hosts = []
         for name in names:
-            actor = ray.get_actor(host_actor_name(name), namespace=NAMESPACE)
+            actor = ray.get_actor(_host_actor_name(name), namespace=NAMESPACE)
             hosts.append(HostRef(actor, name, ""))
         return cls(hosts)
 
@@ -1043,7 +1045,7 @@ class ClusterStateProvider:
                 raise ForkError(f"snapshot {snap_id} was evicted", workspace_id=ws.id)
         else:
             try:
-                source = ray.get_actor(host_actor_name(name), namespace=NAMESPACE)
+                source = ray.get_actor(_host_actor_name(name), namespace=NAMESPACE)
             except ValueError as exc:
                 raise HostError(f"host {name} holding snapshot {snap_id} is gone", host=name) from exc
             reply = await self.host.fetch(source, name, snap_id, None)

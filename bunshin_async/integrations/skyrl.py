@@ -8,10 +8,9 @@ episode in a workspace and forks the members of a ``group_id`` from one set-up. 
 
 from __future__ import annotations
 
-from ._skyrl import ENV_ID as ENV_ID
-from ._skyrl import BunshinTextEnv as BunshinTextEnv
-from ._skyrl import EnvRuntime as EnvRuntime
-from ._skyrl import default_runtime as default_runtime
-from ._skyrl import register as register
+from .._public import publish as _publish
+from ._skyrl import ENV_ID, BunshinTextEnv, EnvRuntime, default_runtime, register
 
 __all__ = ["ENV_ID", "BunshinTextEnv", "EnvRuntime", "default_runtime", "register"]
+
+_publish(__name__, globals())

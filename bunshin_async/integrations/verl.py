@@ -4,13 +4,8 @@ cache, the samples of one ``uid`` forked from one set-up. See ``bunshin_async.in
 
 from __future__ import annotations
 
-from ._verl import AGENT_NAME as AGENT_NAME
-from ._verl import BashTool as BashTool
-from ._verl import BunshinToolAgentLoop as BunshinToolAgentLoop
-from ._verl import ReadFileTool as ReadFileTool
-from ._verl import VerlRuntime as VerlRuntime
-from ._verl import WriteFileTool as WriteFileTool
-from ._verl import default_runtime as default_runtime
+from .._public import publish as _publish
+from ._verl import AGENT_NAME, BashTool, BunshinToolAgentLoop, ReadFileTool, VerlRuntime, WriteFileTool, default_runtime
 
 __all__ = [
     "AGENT_NAME",
@@ -21,3 +16,5 @@ __all__ = [
     "WriteFileTool",
     "default_runtime",
 ]
+
+_publish(__name__, globals())

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from bunshin_async import ExecResult, ToolError, Workspace
-from bunshin_async.cache import CachedSession, ForkStateProvider, ToolCache, builtin_tools
+from bunshin_async.cache import CachedSession, ForkStateProvider, ToolCache
+from bunshin_async.tools import builtin_tools
 
 from .conftest import workspace_state
 

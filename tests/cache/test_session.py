@@ -16,18 +16,15 @@ from bunshin_async._cache._state import StateTree
 from bunshin_async._fork._layers import snapshot_dir
 from bunshin_async.cache import (
     CachedSession,
-    Effect,
     ForkStateProvider,
     MemoryStore,
     RedisStore,
     SnapshotRef,
     SqliteStore,
     Store,
-    Tool,
     ToolCache,
-    builtin_tools,
-    read_file_tool,
 )
+from bunshin_async.tools import Effect, Tool, builtin_tools, read_file_tool
 
 from .conftest import RedisServer
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bunshin_async import InvalidArgument
-from bunshin_async.cache import CallClass, Effect, Tool, bash_tool, builtin_tools, classify_command
+from bunshin_async.tools import CallClass, Effect, Tool, bash_tool, builtin_tools, classify_command
 
 R, W, X = Effect.READ, Effect.WRITE, Effect.EXTERNAL
 
@@ -109,8 +109,8 @@ def test_normalize_fills_defaults_and_validates() -> None:
 
 
 def test_normalize_validates_with_the_taps_validator() -> None:
-    """One validator (``bunshin_async.llm.validate_schema``) decides for the tap and for ``normalize``."""
-    from bunshin_async.llm import validate_schema
+    """One validator (``bunshin_async.tools.validate_schema``) decides for the tap and for ``normalize``."""
+    from bunshin_async.tools import validate_schema
 
     schema = {"type": "object", "properties": {"m": {"enum": ["a", "b"]}, "n": {"type": "integer"}}}
     tool = Tool(name="t", schema=schema)

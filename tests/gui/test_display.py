@@ -12,8 +12,7 @@ import anyio
 import pytest
 
 from bunshin_async import Display, DisplayError, Image, InvalidArgument, Limits, Screenshot, Workspace
-from bunshin_async._gui import gui_tools
-from bunshin_async._tools import Effect
+from bunshin_async.tools import Effect, gui_tools
 
 from .conftest import settled, wait_for
 

@@ -13,8 +13,7 @@ import pytest
 from bunshin_async import Image, ImageError, InvalidArgument, Workspace
 from bunshin_async._docker import AiodockerEngine
 from bunshin_async._layers import LayerStore
-from bunshin_async._rollout import GroupRollout, RolloutContext, Task
-from bunshin_async._trajectory import Step, Trajectory
+from bunshin_async.rollout import GroupRollout, RolloutContext, Step, Task, Trajectory
 
 from . import _build
 from ._archives import legacy_save_to_oci

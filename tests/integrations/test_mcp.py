@@ -19,8 +19,9 @@ from mcp import StdioServerParameters
 from mcp.server.mcpserver import MCPServer
 
 from bunshin_async import ToolError, Workspace
-from bunshin_async.cache import Effect, ToolCache
+from bunshin_async.cache import ToolCache
 from bunshin_async.integrations.mcp import MCPToolResult, MCPToolset, WorkspaceServer, annotations_for
+from bunshin_async.tools import Effect
 
 from .conftest import Clean, bunshin_env, free_port
 
@@ -152,7 +153,7 @@ async def test_toolset_caches_read_only_tools_and_never_unannotated_ones() -> No
 
 
 async def test_annotations_from_effects() -> None:
-    from bunshin_async.cache import bash_tool, read_file_tool
+    from bunshin_async.tools import bash_tool, read_file_tool
 
     assert annotations_for(read_file_tool()).model_dump(by_alias=True, exclude_none=True) == {
         "title": "read_file",

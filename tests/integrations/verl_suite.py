@@ -30,6 +30,7 @@ with warnings.catch_warnings():
     from bunshin_async.integrations.verl import AGENT_NAME, BunshinToolAgentLoop, VerlRuntime
 
 from tests.integrations.conftest import Clean
+from tests.test_exported_members import check_public_module
 
 CHATML = (
     "{%- if tools %}<|im_start|>system\nTools: {{ tools | tojson }}<|im_end|>\n{% endif %}"
@@ -47,6 +48,13 @@ tools:
   - class_name: bunshin_async.integrations.verl.WriteFileTool
     config: {type: native}
 """
+
+
+def test_public_module() -> None:
+    """What tests/test_exported_members.py checks of every other public module (verl imports only here)."""
+    import bunshin_async.integrations.verl as module
+
+    check_public_module(module)
 
 
 def make_tokenizer() -> PreTrainedTokenizerFast:

@@ -6,7 +6,7 @@ from typing import Any
 import openai
 import pytest
 
-from bunshin_async.llm import Step, Trajectory
+from bunshin_async.rollout import Step, Trajectory
 
 BASH_SCHEMA = {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}
 READ_SCHEMA = {

@@ -12,18 +12,19 @@ import msgspec
 import pytest
 
 from bunshin_async import ToolCallError, Workspace
-from bunshin_async._rollout import GroupRollout, RolloutContext, Task
 from bunshin_async.agent import run_agent
-from bunshin_async.cache import ForkStateProvider, Tool, ToolCache, bash_tool, builtin_tools
-from bunshin_async.llm import (
-    FixedTiming,
-    RecordedTiming,
+from bunshin_async.cache import ForkStateProvider, ToolCache
+from bunshin_async.llm import FixedTiming, RecordedTiming, replay_server
+from bunshin_async.rollout import (
+    GroupRollout,
+    RolloutContext,
     Step,
+    Task,
     Trajectory,
     dump_trajectories,
     load_trajectories,
-    replay_server,
 )
+from bunshin_async.tools import Tool, bash_tool, builtin_tools
 
 from .conftest import traj
 

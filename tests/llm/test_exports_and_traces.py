@@ -5,11 +5,9 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import pytest
 
-import bunshin_async.agent
-import bunshin_async.llm
-from bunshin_async.llm import FixedTiming, MessageFinished, iter_trajectories, replay_server, tap_openai_stream
+from bunshin_async.llm import FixedTiming, MessageFinished, replay_server, tap_openai_stream
+from bunshin_async.rollout import iter_trajectories
 
 # ../shared/traces beside the checkout
 SHARED_TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "swebench-gemini-3-pro.jsonl.gz"
@@ -22,21 +20,6 @@ BASH = [
         },
     }
 ]
-
-
-@pytest.mark.parametrize(
-    ("module", "sources"),
-    [
-        (bunshin_async.llm, ("bunshin_async._llm", "bunshin_async._trajectory")),
-        (bunshin_async.agent, ("bunshin_async.agent",)),
-    ],
-)
-def test_all_is_what_is_exported(module: Any, sources: tuple[str, ...]) -> None:
-    public = {name for name in vars(module) if not name.startswith("_") and name != "annotations"}
-    public -= {n for n, v in vars(module).items() if type(v).__name__ == "module"}
-    assert set(module.__all__) <= public
-    defined_here = {n for n in public if getattr(vars(module)[n], "__module__", "").startswith(sources)}
-    assert defined_here <= set(module.__all__)
 
 
 async def test_replays_the_shared_trace(tmp_path: Path, make_client: Any) -> None:

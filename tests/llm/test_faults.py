@@ -17,10 +17,10 @@ from bunshin_async.llm import (
     MessageFinished,
     ReplayServer,
     RetryPolicy,
-    Step,
     replay_server,
     tap_openai_stream,
 )
+from bunshin_async.rollout import Step
 
 from .conftest import TOOLS, traj
 

@@ -24,7 +24,6 @@ from bunshin_async.llm import (
     ArgumentsDelta,
     FixedTiming,
     MessageFinished,
-    Step,
     TextDelta,
     ToolNameKnown,
     UsageReported,
@@ -32,6 +31,7 @@ from bunshin_async.llm import (
     tap_openai_stream,
     tee_openai_stream,
 )
+from bunshin_async.rollout import Step
 
 from .conftest import TOOLS, traj
 
@@ -117,7 +117,7 @@ async def test_unknown_tool_raises_when_named(make_client: Any) -> None:
             async for event in tap_openai_stream(stream, TOOLS):
                 seen.append(event)
     assert info.value.tool_name == "python" and info.value.index == 0
-    assert "not one of ['bash', 'read']" in str(info.value)
+    assert str(info.value) == "unknown tool 'python'; known: bash, read"
     assert not any(isinstance(e, MessageFinished) for e in seen)  # raised as soon as the name arrived
     assert stream.response.is_closed
 

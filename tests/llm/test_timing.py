@@ -20,11 +20,10 @@ from bunshin_async.llm import (
     MessageFinished,
     RecordedTiming,
     ReplayServer,
-    Step,
-    dump_trajectories,
     replay_server,
     tap_openai_stream,
 )
+from bunshin_async.rollout import Step, dump_trajectories
 
 from .conftest import TOOLS, traj
 

@@ -12,14 +12,13 @@ import pytest
 import ray
 
 from bunshin_async import FileNotFound, HostError, PathOutsideWorkspace, TransferError, WorkspaceClosed
-from bunshin_async._rollout import RolloutContext, Task
-from bunshin_async._trajectory import Step, Trajectory
 from bunshin_async.integrations.ray import (
     ClusterGroupRollout,
     RayCluster,
     RemoteWorkspace,
     plan_group,
 )
+from bunshin_async.rollout import RolloutContext, Step, Task, Trajectory
 from tests.ray.conftest import LEASE, LIMIT, RayEnv
 
 GUEST = (Path(__file__).parents[1] / "transfer" / "memory_guest.py").read_bytes()

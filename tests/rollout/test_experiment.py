@@ -14,9 +14,8 @@ from bunshin_async._experiment._cli import trajectory_groups
 from bunshin_async._experiment._runner import CONFIGS, ReplayAgent, markdown_table, run_experiment, write_outputs
 from bunshin_async._llm._replay import ReplayServer
 from bunshin_async._llm._timing import RecordedTiming
-from bunshin_async._rollout import GroupRollout
-from bunshin_async._tools import bash_tool
-from bunshin_async._trajectory import Step, Trajectory, dump_trajectories
+from bunshin_async.rollout import GroupRollout, Step, Trajectory, dump_trajectories
+from bunshin_async.tools import bash_tool
 
 
 async def test_group_of_8_on_the_bundled_task_with_the_agent_loop() -> None:

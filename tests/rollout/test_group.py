@@ -8,8 +8,7 @@ import anyio
 import pytest
 
 from bunshin_async import _paths
-from bunshin_async._rollout import Budget, GroupRollout, RolloutContext, Task, WorkspaceLimiter
-from bunshin_async._trajectory import Step, Trajectory
+from bunshin_async.rollout import Budget, GroupRollout, RolloutContext, Step, Task, Trajectory, WorkspaceLimiter
 
 TASK = Task(
     task_id="t",

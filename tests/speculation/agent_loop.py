@@ -10,9 +10,9 @@ from typing import Any
 import msgspec
 
 from bunshin_async import Workspace
-from bunshin_async._tools import Tool
 from bunshin_async.agent import WorkspaceExecutor, run_agent
 from bunshin_async.speculation import RolloutMetrics, Speculation, TurnMetrics
+from bunshin_async.tools import Tool
 
 
 class Call(msgspec.Struct, frozen=True):

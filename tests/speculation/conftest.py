@@ -21,8 +21,8 @@ os.environ["BUNSHIN_SNAPDIR"] = _SNAPDIR
 
 from bunshin_async._fork._layers import prepare_snapshot_store  # noqa: E402
 from bunshin_async._paths import criu_binary  # noqa: E402
-from bunshin_async._trajectory import Step, Trajectory  # noqa: E402
 from bunshin_async.llm import RecordedTiming, ReplayServer  # noqa: E402
+from bunshin_async.rollout import Step, Trajectory  # noqa: E402
 
 pytestmark = pytest.mark.root
 

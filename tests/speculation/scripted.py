@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from bunshin_async._trajectory import Step, Trajectory
+from bunshin_async.rollout import Step, Trajectory
 
 
 def _call(rng: random.Random) -> tuple[str, dict[str, Any]]:

@@ -9,10 +9,12 @@ from typing import Any
 import anyio
 import pytest
 
-from bunshin_async import Workspace
+from bunshin_async import ToolCallError, Workspace
 from bunshin_async.agent import WorkspaceExecutor, run_agent
-from bunshin_async.cache import CachedSession, ForkStateProvider, ToolCache, builtin_tools
+from bunshin_async.cache import CachedSession, ForkStateProvider, ToolCache
+from bunshin_async.rollout import Step
 from bunshin_async.speculation import Speculation
+from bunshin_async.tools import builtin_tools
 from speculator import CostAwarePolicy, NgramModel, Rule, RulePredictor, SiblingTable, default_speculation
 
 from .conftest import bash, final, trajectory
@@ -94,6 +96,23 @@ async def test_speculation_with_a_cached_session_agrees_with_the_plain_loop(serv
     assert m.restores == 2 and m.captures == 2
 
 
+async def test_an_unknown_tool_is_the_same_error_with_and_without_speculation(serve: Any) -> None:
+    """Both paths raise the one ``ToolCallError`` (``_tools.lookup``), not an exception group; the turn's branches
+    (a write predicted by the rule, run in a fork) are closed on the way out (the leak fixture checks)."""
+    script = [bash("ls", llm=0.1, turn=0), Step("browse", {"url": "x"}, llm_seconds=0.3, turn=1), final()]
+    rules = [Rule(after="^ls$", then_tool="bash", then_args={"command": "echo x > f"}, expected_seconds=1.0)]
+    async with serve([trajectory("unknown", script)]) as client, Workspace() as ws:
+        with pytest.raises(ToolCallError) as plain:
+            await run_agent(client, "replay:unknown:0", "t", ws, tools=TOOLS)
+        spec = default_speculation(group="unknown", model=NgramModel(), rules=rules)
+        executor = WorkspaceExecutor(ws, TOOLS)
+        with pytest.raises(ToolCallError) as speculative:
+            await run_agent(client, "replay:unknown:0", "t", executor, speculation=spec, task_id="unknown")
+        await executor.aclose()
+    assert str(plain.value) == "unknown tool 'browse'; known: bash, list_dir, python, read_file, write_file"
+    assert str(speculative.value) == str(plain.value) and speculative.value.tool_name == "browse"
+
+
 SIBLING_SCRIPT = [
     bash("echo base > f", llm=0.1, turn=0),
     bash("sleep 0.6; echo x >> f", llm=0.9, turn=1),
@@ -162,7 +181,7 @@ async def test_plain_workspace_with_speculation_is_refused() -> None:
 
 
 async def test_cached_session_and_workspace_executor_are_executors() -> None:
-    from bunshin_async._runtime import Executor
+    from bunshin_async.speculation import Executor
 
     async with ToolCache() as cache, Workspace() as ws, cache.session(ws, TOOLS) as session:
         assert isinstance(session, CachedSession) and isinstance(session, Executor)

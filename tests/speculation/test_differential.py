@@ -12,9 +12,9 @@ import anyio
 import pytest
 
 from bunshin_async import Workspace
-from bunshin_async._tools import builtin_tools
-from bunshin_async._trajectory import Trajectory
+from bunshin_async.rollout import Trajectory
 from bunshin_async.speculation import BoundedPolicy, Speculation
+from bunshin_async.tools import builtin_tools
 from speculator import (
     CostAwarePolicy,
     HistoryPredictor,

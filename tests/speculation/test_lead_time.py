@@ -13,8 +13,8 @@ import pytest
 
 from bunshin_async import Workspace
 from bunshin_async._runtime._turn import _apply_tail, _filtered, _tail_lines
-from bunshin_async._tools import Effect, bash_tool, builtin_tools
 from bunshin_async.speculation import CallKey, Candidate, Launch, PredictionContext, Speculation
+from bunshin_async.tools import Effect, bash_tool, builtin_tools
 from speculator import (
     CostAwarePolicy,
     ObservationPredictor,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bunshin_async._tools import Effect, bash_tool
 from bunshin_async.speculation import CallKey, Candidate, Launch, PredictionContext
 from bunshin_async.speculation import canonical_args as canon
+from bunshin_async.tools import Effect, bash_tool
 from speculator import (
     CostAwarePolicy,
     HistoryPredictor,

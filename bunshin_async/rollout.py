@@ -1,0 +1,46 @@
+"""The rollout API for RL trainers: GRPO groups forked from one warm workspace, and the trajectories they record::
+
+    from bunshin_async.rollout import Budget, GroupRollout, Task
+
+    async with GroupRollout(task, 8, agent, budget=Budget(max_turns=30, wall_seconds=600)) as group:
+        async for result in group:            # each RolloutResult as it finishes
+            train_on(result.trajectory, result.reward, result.loss_mask)
+
+An agent has ``async def run(ctx: RolloutContext) -> Trajectory`` (build it on ``bunshin_async.agent.run_agent``).
+Trajectories are JSONL records (``load_trajectories``, ``dump_trajectories``), which ``bunshin_async.llm`` replays.
+"""
+
+from __future__ import annotations
+
+from ._accounting import ResourceMonitor
+from ._public import publish as _publish
+from ._rollout import (
+    Budget,
+    GroupRollout,
+    RolloutAgent,
+    RolloutContext,
+    RolloutResult,
+    Task,
+    WorkspaceLimiter,
+    command_reward,
+)
+from ._trajectory import Step, Trajectory, dump_trajectories, iter_trajectories, load_trajectories
+
+__all__ = [
+    "Budget",
+    "GroupRollout",
+    "ResourceMonitor",
+    "RolloutAgent",
+    "RolloutContext",
+    "RolloutResult",
+    "Step",
+    "Task",
+    "Trajectory",
+    "WorkspaceLimiter",
+    "command_reward",
+    "dump_trajectories",
+    "iter_trajectories",
+    "load_trajectories",
+]
+
+_publish(__name__, globals())
