@@ -26,7 +26,7 @@ import msgspec
 from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from . import _kernel, _paths, _security
+from . import _kernel, _paths, _security, _userns
 from . import _protocol as P
 from ._client import AgentClient
 from ._exceptions import (
@@ -173,7 +173,9 @@ class WorkspaceCore:
             )
         image = self.spec.image
         assert image is not None
-        if len(image.lower_dirs) + 2 * len(str(self.dir)) > MOUNT_OPTIONS_MAX:
+        userns = self.spec.security.userns
+        shifts = (len(image.layers) + 2) * _userns.SUFFIX_MAX if userns else 0  # the shifted copies' longer names
+        if len(image.lower_dirs) + shifts + 2 * len(str(self.dir)) > MOUNT_OPTIONS_MAX:
             raise ImageError(
                 f"image {image.name!r} has too many layers ({len(image.layers)}) for one overlay mount's options "
                 f"({MOUNT_OPTIONS_MAX} bytes); squash some of its layers",
@@ -186,6 +188,11 @@ class WorkspaceCore:
             self.spec.security.log_relaxations(self.id)
             self.create_cgroup()
             self.lower = f"{layer}:{image.lower_dirs}"
+            if userns:  # the layers' shifted copies (_userns), made once
+                try:
+                    self.lower = await anyio.to_thread.run_sync(_userns.shifted_lower, self.lower)
+                except (ImageError, OSError) as exc:
+                    raise WorkspaceStartError(f"workspace {self.id}: {exc}", workspace_id=self.id) from exc
             await self.spawn()
             self.state = "running"
 
@@ -209,6 +216,8 @@ class WorkspaceCore:
             mount_disk(self.dir, self.spec.limits.disk)
         for sub in ("upper", "work", "root") if upper else ("work", "root"):
             (self.dir / sub).mkdir(parents=True)
+            if self.spec.security.userns and sub != "root":
+                _userns.chown_root(self.dir / sub)
         (self.dir / "owner").write_text(_kernel.owner_token(os.getpid()))
 
     def create_cgroup(self) -> None:

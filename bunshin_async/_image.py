@@ -32,6 +32,7 @@ from . import _docker, _paths
 from ._exceptions import CapabilityMissing, ImageError
 from ._layers import ImportLimits, LayerStore
 from ._oci import ImageConfig, ImageRecord, add_record, find_record, import_archive, load_record, run_cancellable
+from ._userns import shifted
 
 BASE_NAME = "debian-bookworm"
 BASE_SUITE = "bookworm"
@@ -277,13 +278,20 @@ def apt_mirror() -> str:
 def build_base_image(force: bool = False) -> Image:
     """Build (or reuse) the base image. Idempotent: a complete build is recognised by its manifest."""
     _build(BASE_NAME, BASE_PACKAGES, force)
-    return Image.base()
+    return _with_shifted_copy(Image.base())
 
 
 def build_gui_image(force: bool = False) -> Image:
     """Build (or reuse) the GUI image: the base recipe plus ``GUI_PACKAGES``, cached beside it."""
     _build(GUI_NAME, GUI_PACKAGES, force)
-    return Image.gui()
+    return _with_shifted_copy(Image.gui())
+
+
+def _with_shifted_copy(image: Image) -> Image:
+    """Make the image's shifted copy for the workspaces' user namespace now (_userns), so that the first
+    workspace does not wait for it."""
+    shifted(Path(image.rootfs))
+    return image
 
 
 def _build(name: str, packages: tuple[str, ...], force: bool) -> None:

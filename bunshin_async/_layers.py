@@ -563,7 +563,7 @@ class LayerStore:
                 if not (self.layers / name[: -len(".lock")]).exists():
                     entry.unlink(missing_ok=True)
             elif name not in wanted:
-                if str(entry / "root") in mounted:
+                if any(str(p) in mounted for p in (entry / "root", *entry.glob("root.shift-*"))):
                     out.append(f"kept layer {name[:12]} (mounted by a live workspace)")
                     continue
                 _rmtree(entry)

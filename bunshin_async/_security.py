@@ -2,6 +2,8 @@
 
 On by default, as the major container engines do it (runc and moby are the reference):
 
+- a user namespace (``_userns``): root inside is an unprivileged host uid/gid range, so the capabilities below
+  count over the workspace's own namespaces only;
 - capabilities: every set of every process reduced to the container default set (``DEFAULT_CAPABILITIES``, moby's
   list without ``NET_RAW``: raw and packet sockets are of no use in a loopback-only net namespace and are what an
   attacker wants them for; podman drops it too), so no ``CAP_SYS_ADMIN``, ``SYS_MODULE``, ``SYS_RAWIO``,
@@ -26,6 +28,7 @@ import re
 import msgspec
 
 from ._exceptions import SecurityError
+from ._userns import DEFAULT_IDMAP
 
 __all__ = ["CAPABILITIES", "DEFAULT_CAPABILITIES", "DEFAULT_DEVICES", "Security"]
 
@@ -77,13 +80,16 @@ class Security(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     keeping one also allows the syscalls moby's profile gates on it (``SYS_ADMIN``: mount, unshare, setns, ...).
     ``seccomp``: False leaves syscalls unfiltered (and ``no_new_privs`` unset). ``masked_paths``: False leaves
     ``/proc`` and ``/sys`` as mounted. ``devices``: more ``devices.allow`` rules (``"c 10:200 rwm"``);
-    ``all_devices``: no allow-list at all. ``Security.off()`` relaxes everything (the host's root, as before)."""
+    ``all_devices``: no allow-list at all. ``userns``: False runs the workspace without a user namespace, its root
+    the host's (a kept capability then counts over the host's objects: fanotify mount marks want that).
+    ``Security.off()`` relaxes everything (the host's root, as before)."""
 
     capabilities: tuple[str, ...] = ()
     seccomp: bool = True
     masked_paths: bool = True
     devices: tuple[str, ...] = ()
     all_devices: bool = False
+    userns: bool = True
 
     def __post_init__(self) -> None:
         for name in self.capabilities:
@@ -100,7 +106,7 @@ class Security(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     @classmethod
     def off(cls) -> Security:
         """No boundary beyond the namespaces: every capability, no seccomp, no masks, every device."""
-        return cls(capabilities=CAPABILITIES, seccomp=False, masked_paths=False, all_devices=True)
+        return cls(capabilities=CAPABILITIES, seccomp=False, masked_paths=False, all_devices=True, userns=False)
 
     @property
     def kept_capabilities(self) -> frozenset[str]:
@@ -120,6 +126,8 @@ class Security(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             out.append("/proc and /sys unmasked and writable where the kernel allows")
         if self.all_devices:
             out.append("every device node can be opened")
+        if not self.userns:
+            out.append("no user namespace (root inside is the host's root)")
         out += [f"device {rule}" for rule in self.devices]
         return out
 
@@ -133,6 +141,8 @@ class Security(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         args += ["--seccomp", "1" if self.seccomp else "0", "--masks", "1" if self.masked_paths else "0"]
         if nofile is not None:
             args += ["--nofile", str(nofile)]
+        if self.userns:
+            args += ["--userns", DEFAULT_IDMAP.init_arg()]
         return args
 
     def log_relaxations(self, workspace_id: str) -> None:

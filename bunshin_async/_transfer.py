@@ -43,6 +43,7 @@ import anyio
 import anyio.abc
 import msgspec
 
+from . import _userns
 from ._core import SetupStep, WorkspaceSpec
 from ._exceptions import ImageError, TransferError
 from ._fork import _layers
@@ -138,7 +139,8 @@ def snapshot_record(snap: Snapshot) -> SnapshotRecord:
     """The record of ``snap`` (blocking: reads its directories). Raises ``TransferError`` for a snapshot whose
     lower chain is not ``layers + agent layer + image`` (one copied past ``MAX_LAYERS`` is)."""
     tail = _lower_tail(snap)
-    if len(tail) < 2 or tail[1:] != snap.image.lower_dirs.split(":"):  # an imported image is several layers
+    image_lower = _userns.lower_for(snap.image.lower_dirs, snap.spec.security.userns, create=False)
+    if len(tail) < 2 or tail[1:] != image_lower.split(":"):  # an imported image is several layers
         raise TransferError(
             f"snapshot {snap.id}: its lower chain is not layers, agent layer and image; it cannot be exported",
             snapshot_id=snap.id,
@@ -479,6 +481,7 @@ def _install(record: SnapshotRecord, image: Image, agent: Path, snap_stage: Path
     id when the store has its id already (the same stream imported twice); the rest of its chains is shared with
     what the store holds."""
     snaps, layers = _layers.snapshot_dir(), _layers.layers_dir()
+    base_lower = _userns.lower_for(f"{agent}:{image.lower_dirs}", record.security.userns)
     with _layers.lock:
         new_id = record.id
         if (snaps / new_id).exists() or (layers / new_id).exists():
@@ -500,7 +503,7 @@ def _install(record: SnapshotRecord, image: Image, agent: Path, snap_stage: Path
             snap = Snapshot.adopt(
                 new_id,
                 workspace_id=record.workspace_id,
-                lower=":".join([*(str(layers / n) for n in lays), str(agent), image.lower_dirs]),
+                lower=":".join([*(str(layers / n) for n in lays), base_lower]),
                 spec=WorkspaceSpec(
                     image,
                     limits=record.limits,

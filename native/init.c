@@ -1,7 +1,8 @@
 /*
  * bunshin-init: the shim and the pid-1 init of a Bunshin workspace.
  *
- * The host runs this binary (the "shim").  It unshares the mount, pid, ipc, uts and network namespaces, forks the
+ * The host runs this binary (the "shim").  With --userns it first clones pid 1 into a user namespace of its own that
+ * owns all the others (clone_userns).  It unshares the mount, pid, ipc, uts and network namespaces, forks the
  * workspace's pid 1 and moves it into the workspace's cgroups, which mounts the overlayfs root and the pseudo filesystems,
  * pivots into the root, starts the in-workspace agent (bunshin-agent, native/agent.c: a static executable, so it needs
  * nothing from the image) and reaps orphans until the agent exits.
@@ -37,6 +38,7 @@
 #include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/wait.h>
+#include <grp.h>
 #include <unistd.h>
 
 #include "security.h"
@@ -50,6 +52,7 @@ struct config {
 	const char *lower, *upper, *work, *root, *hostname, *agent, *workdir, *self_exe;
 	const char *cgroups[MAX_CGROUPS];
 	int ncgroups;
+	unsigned long uid_base, gid_base, id_count; /* --userns UID:GID:COUNT (0 count: no user namespace) */
 	char *env[MAX_ENV + 1];
 	int nenv;
 	struct security sec; /* native/security.c */
@@ -131,19 +134,25 @@ static void mkdir_p(const char *path, mode_t mode)
 }
 
 /* Everything below runs as pid 1 of the new pid namespace, with the new mount namespace still rooted at the host's. */
-static void setup_root(const struct config *c)
+static void mount_root(const struct config *c)
 {
 	char opts[8192];
-
-	/* Nothing we mount may propagate back to the host. */
-	mount_or_fail(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL);
 	/* index=on,nfs_export=on: CRIU dumps inotify/fanotify watches by file handle, which overlayfs only
 	 * provides with both (Documentation/filesystems/overlayfs.rst, "NFS export"). */
 	snprintf(opts, sizeof(opts), "lowerdir=%s,upperdir=%s,workdir=%s,index=on,nfs_export=on", c->lower, c->upper,
 		 c->work);
 	mount_or_fail("overlay", c->root, "overlay", 0, opts);
-	if (chdir(c->root) < 0)
-		fail("chdir root", errno);
+}
+
+static void setup_root(const struct config *c)
+{
+	/* Nothing we mount may propagate back to the host. */
+	if (!c->id_count) { /* else clone_userns did it */
+		mount_or_fail(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL);
+		mount_root(c);
+		if (chdir(c->root) < 0)
+			fail("chdir root", errno);
+	}
 
 	mkdir_p("proc", 0555);
 	mount_or_fail("proc", "proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
@@ -286,6 +295,83 @@ static int run_pid1(const struct config *c)
 	}
 }
 
+static void write_proc(int proc_fd, pid_t pid, const char *file, const char *text)
+{
+	char path[64];
+	snprintf(path, sizeof(path), "%d/%s", pid, file);
+	int fd = openat(proc_fd, path, O_WRONLY | O_CLOEXEC);
+	if (fd < 0 || write(fd, text, strlen(text)) != (ssize_t)strlen(text))
+		fail(path, errno);
+	close(fd);
+}
+
+/* --userns: pid 1 in a new user namespace that owns its mount, pid, ipc, uts and net namespaces (clone(2) with all
+ * the flags makes the user namespace first and the others owned by it). The shim, still the host's root, mounts the
+ * overlay root first in a mount namespace of its own, which pid 1's is a copy of: overlayfs then works with the
+ * host's credentials (trusted.overlay.* attributes, whiteouts) and pid 1 needs no right over the lower dirs. The
+ * shim writes pid 1's uid_map and gid_map (a writer with CAP_SETUID/CAP_SETGID over the parent namespace needs no
+ * "setgroups deny", user_namespaces(7)), then lets it go on; pid 1 becomes root of its namespace (the mapped host
+ * uid) and builds the root as without one. CRIU dumps and restores the user namespace with its maps. */
+static pid_t clone_userns(const struct config *c, int proc_fd)
+{
+	int sync[2];
+	if (unshare(CLONE_NEWNS) < 0)
+		fail("unshare", errno);
+	mount_or_fail(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL);
+	mount_root(c);
+	if (pipe2(sync, O_CLOEXEC) < 0)
+		fail("pipe", errno);
+	/* pid 1 inherits it: a process in the new namespace may not lower its own (that takes CAP_SYS_RESOURCE of the
+	 * host), nor may the shim write it once pid 1 is in the namespace (its /proc files are no longer the shim's) */
+	char oom[16] = "0\n";
+	int oom_fd = open("/proc/self/oom_score_adj", O_RDWR | O_CLOEXEC);
+	if (oom_fd >= 0) {
+		ssize_t n = read(oom_fd, oom, sizeof(oom) - 1);
+		oom[n > 0 ? n : 0] = 0;
+		if (pwrite(oom_fd, "-1000\n", 6, 0) < 0) { /* best effort, as without a user namespace */
+			close(oom_fd);
+			oom_fd = -1;
+		}
+	}
+	pid_t pid = (pid_t)syscall(SYS_clone, CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS |
+						       CLONE_NEWNET | SIGCHLD,
+				   NULL, NULL, NULL, 0);
+	if (pid < 0)
+		fail("clone", errno);
+	if (pid == 0) {
+		char go;
+		close(sync[1]);
+		if (read(sync[0], &go, 1) != 1)
+			_exit(1);
+		close(sync[0]);
+		/* Still the host's uid 0 (its fsuid, so the host's directories on the way are searched as by the
+		 * shim), with every capability over the new namespaces. The shim's overlay is locked in this copy of
+		 * its mount namespace, and pivot_root refuses a locked new root (fs/namespace.c); a bind of it is not. */
+		mount_or_fail(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL);
+		mount_or_fail(c->root, c->root, NULL, MS_BIND, NULL);
+		if (chdir(c->root) < 0)
+			fail("chdir root", errno);
+		if (setresgid(0, 0, 0) < 0 || setgroups(0, NULL) < 0 || setresuid(0, 0, 0) < 0)
+			fail("become root of the user namespace", errno);
+		setup_pid1(c); /* sets PR_SET_PDEATHSIG again: a credential change cleared it */
+	}
+	close(sync[0]);
+	char map[64];
+	snprintf(map, sizeof(map), "0 %lu %lu\n", c->uid_base, c->id_count);
+	write_proc(proc_fd, pid, "uid_map", map);
+	snprintf(map, sizeof(map), "0 %lu %lu\n", c->gid_base, c->id_count);
+	write_proc(proc_fd, pid, "gid_map", map);
+	if (oom_fd >= 0) {
+		if (pwrite(oom_fd, oom, strlen(oom), 0) < 0)
+			fail("oom_score_adj", errno);
+		close(oom_fd);
+	}
+	if (write(sync[1], "g", 1) != 1)
+		fail("start pid 1", errno);
+	close(sync[1]);
+	return pid;
+}
+
 static pid_t child_pid;
 
 static void forward_kill(int sig)
@@ -299,7 +385,7 @@ static void usage(void)
 {
 	failf("usage: bunshin-init --lower DIRS --upper DIR --work DIR --root DIR --hostname NAME "
 	      "--agent PATH --workdir PATH --self PATH [--cgroup PROCS_FILE]... [--env K=V]... "
-	      "[--caps HEX] [--seccomp 0|1] [--masks 0|1] [--nofile N]");
+	      "[--caps HEX] [--seccomp 0|1] [--masks 0|1] [--nofile N] [--userns UID:GID:COUNT]");
 }
 
 #define NET_FD 9 /* _fork.NET_FD: CRIU inherits the fresh net namespace on this descriptor */
@@ -395,6 +481,11 @@ int main(int argc, char **argv)
 			c.cgroups[c.ncgroups++] = v;
 		else if (!strcmp(k, "--env") && c.nenv < MAX_ENV)
 			c.env[c.nenv++] = (char *)v;
+		else if (!strcmp(k, "--userns")) {
+			if (sscanf(v, "%lu:%lu:%lu", &c.uid_base, &c.gid_base, &c.id_count) != 3 || !c.uid_base ||
+			    !c.gid_base || !c.id_count)
+				usage();
+		}
 		else if (security_arg(&c.sec, k, v) != 1)
 			usage();
 	}
@@ -411,14 +502,17 @@ int main(int argc, char **argv)
 	int proc_fd = open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (proc_fd < 0)
 		fail("/proc", errno);
-	if (unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET) < 0)
-		fail("unshare", errno);
-
-	child_pid = fork();
-	if (child_pid < 0)
-		fail("fork", errno);
-	if (child_pid == 0)
-		setup_pid1(&c);
+	if (c.id_count) {
+		child_pid = clone_userns(&c, proc_fd);
+	} else {
+		if (unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET) < 0)
+			fail("unshare", errno);
+		child_pid = fork();
+		if (child_pid < 0)
+			fail("fork", errno);
+		if (child_pid == 0)
+			setup_pid1(&c);
+	}
 
 	struct sigaction sa = {.sa_handler = forward_kill};
 	sigaction(SIGTERM, &sa, NULL);

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from .. import _criu, _paths
+from .. import _criu, _paths, _userns
 from .._compat import BaseExceptionGroup
 from .._core import WorkspaceCore, prime_attach
 from .._criu import CriuBackend, rpc
@@ -33,6 +33,10 @@ RESTORE_TIMEOUT = 120.0
 NET_KEY = "bunshin-net"
 NET_FD = 9
 """``--external net[ino]:NET_KEY`` at the dump; at the restore CRIU inherits the fresh namespace on fd ``NET_FD``."""
+FRESH_NETNS = "fresh-netns"
+"""The feature criu/patches/0011 adds: with ``CRIU_FRESH_NETNS=NET_KEY`` in its environment the restored tree makes
+its fresh net namespace itself (loopback up) instead of inheriting one. A tree restored into its own user namespace
+(``Security.userns``) cannot join one the wrapper made: that one is owned by the host's user namespace (setns(2))."""
 
 
 def _wrapper(cgroup: Cgroup, lower: str, upper: Path, work: Path, root: Path, fresh_net: bool = False) -> list[str]:
@@ -133,6 +137,8 @@ async def _rollback(ws: WorkspaceCore, snap: Snapshot, backend: CriuBackend | No
         await anyio.to_thread.run_sync(shutil.rmtree, ws.dir / "upper")
         await anyio.to_thread.run_sync(shutil.rmtree, ws.dir / "work")
         (ws.dir / "work").mkdir()
+        if ws.spec.security.userns:
+            _userns.chown_root(ws.dir / "work")
         await _upper_from(ws, snap)
         await _restore(ws, snap, backend or _criu.default_backend())
         ws.state = "running"
@@ -149,6 +155,8 @@ async def _upper_from(ws: WorkspaceCore, snap: Snapshot) -> None:
         await _layers.copy_tree(snap.layer, ws.dir / "upper", workspace_id=ws.id)
     else:
         (ws.dir / "upper").mkdir()
+        if ws.spec.security.userns:
+            _userns.chown_root(ws.dir / "upper")
     old = chain_layers(ws.lower or "")
     new = chain_layers(lower)
     ws.lower = lower  # from here teardown lets go of the new chain
@@ -183,15 +191,18 @@ async def _restore(ws: WorkspaceCore, snap: Snapshot, backend: CriuBackend) -> N
     _criu.base_opts(req)
     req.opts.root = str(ws.dir / "root")
     req.opts.rst_sibling = True
-    if snap.fresh_net:
+    own_net = snap.fresh_net and snap.spec.security.userns  # made by CRIU in the copy's user namespace (FRESH_NETNS)
+    if snap.fresh_net and not own_net:
         req.opts.inherit_fd.add(key=NET_KEY, fd=NET_FD)
     fd = os.open(snap.images, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         req.opts.images_dir_fd = fd
         assert ws.lower is not None
         env, prefix = mode_wrapper(mode)
+        if own_net:
+            env = {**env, "CRIU_FRESH_NETNS": NET_KEY}
         wrapper = prefix + _wrapper(
-            ws.cgroup, ws.lower, ws.dir / "upper", ws.dir / "work", ws.dir / "root", snap.fresh_net
+            ws.cgroup, ws.lower, ws.dir / "upper", ws.dir / "work", ws.dir / "root", snap.fresh_net and not own_net
         )
         t0 = time.monotonic()
         try:

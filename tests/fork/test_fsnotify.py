@@ -19,9 +19,11 @@ HERE = Path(__file__).parent
 
 @pytest.fixture
 async def ws() -> AsyncIterator[Workspace]:
-    # fanotify mount and filesystem marks need CAP_SYS_ADMIN: the workspace under test is given it (an explicit
-    # relaxation of the boundary), as the CRIU patches it checks serve such workspaces.
-    async with Workspace(security=Security(capabilities=("SYS_ADMIN",))) as w:
+    # fanotify mount and filesystem marks need CAP_SYS_ADMIN of the host's user namespace (fanotify_init(2)): the
+    # workspace under test is given it (explicit relaxations of the boundary: the capability, and no user
+    # namespace, in which it would count for the workspace's own namespaces only), as the CRIU patches it checks
+    # serve such workspaces.
+    async with Workspace(security=Security(capabilities=("SYS_ADMIN",), userns=False)) as w:
         await w.write_file("/workspace/guest_state.py", (HERE / "guest_state.py").read_bytes())
         yield w
 

@@ -26,9 +26,10 @@ TCP_TOTAL = 4 << 20  # gaps_guest.TCP_TOTAL
 
 @pytest.fixture
 async def ws() -> AsyncIterator[Workspace]:
-    # fanotify mount and filesystem marks need CAP_SYS_ADMIN, a loopback address CAP_NET_ADMIN: the CRIU patches
-    # under test serve workspaces that are given them, so these keep them (an explicit relaxation).
-    async with Workspace(security=Security(capabilities=("SYS_ADMIN", "NET_ADMIN"))) as w:
+    # fanotify mount and filesystem marks need CAP_SYS_ADMIN of the host's user namespace, a loopback address
+    # CAP_NET_ADMIN: the CRIU patches under test serve workspaces that are given them, so these keep them, without
+    # a user namespace (explicit relaxations).
+    async with Workspace(security=Security(capabilities=("SYS_ADMIN", "NET_ADMIN"), userns=False)) as w:
         await w.write_file("/workspace/gaps_guest.py", (HERE / "gaps_guest.py").read_bytes())
         yield w
 

@@ -70,13 +70,18 @@ def mount(source: str, target: str, fstype: str, flags: int = 0, data: str = "")
 
 
 def mount_disk(major: int, minor: int) -> None:
-    """A node for the host's disk (mknod works), mounted read-only: the mount itself must fail."""
-    os.mknod("/tmp/hostdisk", 0o600 | 0o060000, os.makedev(major, minor))
+    """A node for the host's disk, mounted read-only: the mount must fail (and under a user namespace, whose root
+    has no CAP_MKNOD over the host's devices, the mknod already does)."""
+    try:
+        os.mknod("/tmp/hostdisk", 0o600 | 0o060000, os.makedev(major, minor))
+    except OSError as exc:
+        out(False, exc.errno, f"mknod: {exc}")
     mount("/tmp/hostdisk", "/tmp/disk", "ext4", 1)  # MS_RDONLY
 
 
 def mknod_open(path: str, kind: str, major: int, minor: int) -> None:
-    """mknod is allowed (CAP_MKNOD, as in runc); opening a node off the allow-list is what must fail."""
+    """Without a user namespace mknod is allowed (CAP_MKNOD, as in runc) and opening a node off the allow-list is
+    what must fail; under one, mknod of a device fails (user_namespaces(7))."""
     mode = 0o600 | (0o020000 if kind == "c" else 0o060000)
     try:
         os.mknod(path, mode, os.makedev(major, minor))
