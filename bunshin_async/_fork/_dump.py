@@ -22,7 +22,7 @@ from . import _layers, _quiesce, _restore
 from ._layers import MAX_MEM_CHAIN, chain_layers, hold_layers, mem_chain_depth, store_full
 from ._modes import dump_env, fs_only
 from ._quiesce import Batch, Coordinator, coordinator
-from ._restore import NET_KEY
+from ._restore import FRESH_NETNS, NET_KEY
 from ._snapshot import Snapshot
 
 __all__ = ["fork", "snapshot"]
@@ -151,7 +151,11 @@ async def _dump(ws: WorkspaceCore, snap: Snapshot, backend: CriuBackend, parent:
         req.opts.freeze_cgroup = str(freezer)
     if parent is not None:
         req.opts.parent_img = f"../../{parent.name}/images"  # relative to snap.images, as CRIU wants it
-    netns = await anyio.to_thread.run_sync(plain_netns, ws.pid)
+    # Under a user namespace a copy's fresh net namespace must be made by CRIU inside it (FRESH_NETNS); a CRIU
+    # without that patch carries the net namespace instead (ip(8) and iptables-restore at every restore).
+    netns = None
+    if not ws.spec.security.userns or FRESH_NETNS in await anyio.to_thread.run_sync(_criu.criu_features):
+        netns = await anyio.to_thread.run_sync(plain_netns, ws.pid)
     if netns is not None:
         req.opts.external.append(f"net[{netns}]:{NET_KEY}")
         snap.fresh_net = True
