@@ -14,6 +14,7 @@ from . import _paths
 from ._exceptions import BunshinError
 from ._image import Image
 from ._kernel import cgroup_version
+from ._userns import DEFAULT_IDMAP
 
 
 class Check(msgspec.Struct, frozen=True):
@@ -155,13 +156,17 @@ def security_checks() -> list[Check]:
         )
     )
     userns = _read("/proc/sys/user/max_user_namespaces")
+    ok = userns is not None and userns.strip() not in ("", "0")
+    m = DEFAULT_IDMAP
     out.append(
         Check(
             "user namespace per workspace",
-            False,
-            f"not implemented (max_user_namespaces={userns}); root inside is the host's root, with reduced "
-            "capabilities",
-            "uid mapping of workspace root to an unprivileged host range",
+            ok,
+            f"root inside is host uid {m.host_uid} (gid {m.host_gid}, {m.count} ids); layers shifted once, "
+            "no idmapped mounts"
+            if ok
+            else f"max_user_namespaces={userns}: workspaces need Security(userns=False)",
+            "root inside a workspace mapped to an unprivileged host range",
         )
     )
     return out

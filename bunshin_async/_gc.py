@@ -23,7 +23,8 @@ from pathlib import Path
 from . import _paths
 from ._fork._layers import collect_layers, snapshot_dir
 from ._kernel import CGROUP_ROOT, Cgroup, alive, cgroup_version, parent_name
-from ._layers import LayerStore
+from ._layers import LayerStore, mounted_lower_dirs
+from ._userns import collect as collect_shifted
 
 
 def _cgroup(name: str) -> Cgroup:
@@ -99,5 +100,8 @@ def collect() -> list[str]:
         orphan.destroy_sync()
         out.append(f"removed cgroup {name}" + (" (busy)" if orphan.dirs else ""))
     out += collect_layers() + LayerStore().collect()
+    # the built-in images' and agent layers' shifted copies (a store layer's go with the layer)
+    parents = [p for d in (_paths.images_dir(), _paths.agent_layers_dir()) if d.is_dir() for p in d.iterdir()]
+    out += collect_shifted([p for p in parents if p.is_dir()], mounted_lower_dirs())
     live_snaps = {str((snapshot_dir() / line.split()[2]).resolve()) for line in out if line.startswith("kept snap")}
     return out + unmount_stale(keep | live_snaps | {str(base.resolve() / ".layers")})
