@@ -33,6 +33,7 @@ bench: setup
 	.venv/bin/bunshin bench --workload terminal --repeats 5 --time-scale 0.25 --out bench/results/terminal
 	.venv/bin/python bench/gui_bench.py
 	.venv/bin/python bench/security_bench.py
+	.venv/bin/python bench/security_bench.py --compare userns
 	.venv/bin/python bench/peer_bench.py
 	.venv/bin/python bench/integrations_bench.py
 	.venv/bin/python bench/cluster_bench.py

@@ -1,5 +1,6 @@
 """The security boundary's cost, in wall time and in CPU time, with the boundary on (``Security()``) and off
-(``Security.off()``) alternated in one run: a cold workspace's create + first exec + close, and a fork of a
+(``Security.off()``; with ``--compare userns`` only its user namespace off, ``Security(userns=False)``) alternated in
+one run: a cold workspace's create + first exec + close, and a fork of a
 workspace holding ``--mib`` MiB of Python state (snapshot + copy-on-write restore of one copy + close).
 
 CPU time is this process's plus that of every reaped child (the shim and the whole workspace tree under it, CRIU),
@@ -44,9 +45,16 @@ async def _parent(mib: int, security: Security) -> Workspace:
     return ws
 
 
-async def main(reps: int, mib: int) -> None:
+COMPARE = {
+    "boundary": {"on": Security(), "off": Security.off()},
+    "userns": {"on": Security(), "off": Security(userns=False)},
+}
+"""``--compare``: the whole boundary on vs off, or only its user namespace (everything else on in both)."""
+
+
+async def main(reps: int, mib: int, compare: str) -> None:
     os.environ["BUNSHIN_FORK_MODE"] = "cow"
-    configs = {"on": Security(), "off": Security.off()}
+    configs = COMPARE[compare]
     samples = {name: {"create_wall": [], "create_cpu": [], "fork_wall": [], "fork_cpu": []} for name in configs}
     parents = {name: await _parent(mib, sec) for name, sec in configs.items()}
     try:
@@ -67,7 +75,7 @@ async def main(reps: int, mib: int) -> None:
         for ws in parents.values():
             await ws.aclose()
     out: dict[str, object] = {
-        "benchmark": "security",
+        "benchmark": "security" if compare == "boundary" else f"security-{compare}",
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "reps": reps,
         "mib": mib,
@@ -87,5 +95,6 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--mib", type=int, default=200)
+    ap.add_argument("--compare", choices=tuple(COMPARE), default="boundary")
     args = ap.parse_args()
-    anyio.run(main, args.reps, args.mib)
+    anyio.run(main, args.reps, args.mib, args.compare)
