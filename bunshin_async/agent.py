@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Iterable, Mapping
+from contextlib import AsyncExitStack
 from typing import Any, Protocol
 
 import anyio
@@ -202,6 +203,48 @@ async def run_agent(
     steps: list[Step] = []
     stop_reason = "max_turns"
     started = time.monotonic()
+    async with AsyncExitStack() as stack:
+        if handle is not None:  # branches may outlive their turn (Speculation.keep); closed when the loop ends
+            await stack.enter_async_context(handle.background())
+            stack.callback(_rollout_done, speculation, handle)
+        stop_reason = await _loop(
+            client, model, messages, specs, executor, handle, speculation, steps, start_tools_early,
+            request_options or {}, max_output_chars, max_turns, max_seconds,
+        )  # fmt: skip
+    return Trajectory(
+        task_id=task_id,
+        rollout=rollout,
+        steps=steps,
+        model=model,
+        stop_reason=stop_reason,
+        wall_seconds=time.monotonic() - started,
+        messages=messages,
+    )
+
+
+def _rollout_done(speculation: Speculation | None, handle: WorkspaceHandle) -> None:
+    done = getattr(speculation.policy, "rollout_done", None) if speculation is not None else None
+    if done is not None:
+        done(handle.name)
+
+
+async def _loop(
+    client: Any,
+    model: str,
+    messages: list[dict[str, Any]],
+    specs: list[dict[str, Any]],
+    executor: ToolExecutor,
+    handle: WorkspaceHandle | None,
+    speculation: Speculation | None,
+    steps: list[Step],
+    start_tools_early: bool,
+    request_options: Mapping[str, Any],
+    max_output_chars: int,
+    max_turns: int,
+    max_seconds: float | None,
+) -> str:
+    """``run_agent``'s turns; appends to ``messages`` and ``steps``, returns the stop reason."""
+    stop_reason = "max_turns"
     with anyio.move_on_after(max_seconds if max_seconds is not None else float("inf")) as budget:
         for turn in range(max_turns):
             if handle is None:
@@ -243,15 +286,7 @@ async def run_agent(
                 )  # fmt: skip
     if budget.cancelled_caught:
         stop_reason = "time_budget"
-    return Trajectory(
-        task_id=task_id,
-        rollout=rollout,
-        steps=steps,
-        model=model,
-        stop_reason=stop_reason,
-        wall_seconds=time.monotonic() - started,
-        messages=messages,
-    )
+    return stop_reason
 
 
 async def _turn(

@@ -110,12 +110,25 @@ class Launch(msgspec.Struct, frozen=True, kw_only=True):
     """A candidate the runtime could launch, with what the runtime knows about it: its canonical ``key`` and its
     ``effect`` class for these arguments (``pure``/``read`` run in place, ``write`` in a fork) and
     ``turn_elapsed``, the seconds since the turn's model call started (what is left of the LLM's time bounds what
-    a launch can hide)."""
+    a launch can hide). A chained launch (``depth`` > 0) would run after ``depth`` speculated calls not yet asked
+    for, in a fork of the last one's branch: ``prior`` is the probability that those are right (the product of
+    their candidates' probabilities), so the launch pays only with probability ``prior x candidate.probability``.
+    ``rollout`` names the rollout it is for (stable over its turns) and ``progress`` counts the calls that rollout
+    has made: a policy shared by a group prefers its straggler."""
 
     candidate: Candidate
     key: CallKey
     effect: Effect
     turn_elapsed: float = 0.0
+    depth: int = 0
+    prior: float = 1.0
+    rollout: str = ""
+    progress: int = 0
+
+    @property
+    def probability(self) -> float:
+        """The probability that this launch is used: ``prior x candidate.probability``."""
+        return self.prior * self.candidate.probability
 
     @property
     def needs_fork(self) -> bool:
@@ -127,7 +140,8 @@ class Policy(Protocol):
     """Chooses which of ``options`` (best first, deduplicated, none already running) to launch now, given how many
     branches run (``running``) and how many of those hold a fork (``forks``). Told, to learn online, every tool
     run time and every fork's cost. A policy may also have ``observe_llm(seconds)``: the runtime then tells it
-    each turn's LLM time (from the request to the message's end)."""
+    each turn's LLM time (from the request to the message's end); ``release(launch)``: told when a branch it
+    selected ends (committed or not), to track what is in flight; ``rollout_done(rollout)``: that rollout ended."""
 
     def select(self, options: Sequence[Launch], *, running: int, forks: int) -> list[Launch]: ...
 

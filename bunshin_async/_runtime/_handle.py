@@ -12,13 +12,16 @@ workspace is whatever the executor's is now (a cache write hit may have replaced
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from types import TracebackType
 from typing import Any, Protocol, runtime_checkable
 
 import anyio
+from anyio.abc import TaskGroup
 
+from .._compat import BaseExceptionGroup
 from .._workspace import Workspace
 from ._calls import CallKey, chain_root, extend_chain
 from ._metrics import RolloutMetrics
@@ -26,6 +29,7 @@ from ._metrics import RolloutMetrics
 __all__ = ["Executor", "WorkspaceHandle", "WorkspaceSlot"]
 
 CLOSE_DEADLINE = 10.0
+_ids = itertools.count()
 
 
 class WorkspaceSlot:
@@ -90,6 +94,11 @@ class WorkspaceHandle:
     for matching branches); ``chain`` is the prefix hash of every call made so far (reads too), the key sibling
     rollouts share. ``salt`` separates tasks (use the task id: rollouts of one group must use the same salt).
     ``metrics`` sums the speculation metrics of its turns.
+
+    Inside ``async with handle.background():`` (``run_agent`` opens it) speculative branches run in the handle's
+    task group instead of their turn's, so a branch the turn did not use may stay alive into the next turns
+    (``kept``, the turn runtime's) while the state it started from is unchanged; leaving the block cancels them
+    and closes their forks. Nothing may change the workspace between the turns of such a block but the turns.
     """
 
     def __init__(self, workspace: Workspace, *, own: bool = True, salt: str = "") -> None:
@@ -104,6 +113,9 @@ class WorkspaceHandle:
         self.swaps = 0
         self.turns = 0
         self.metrics = RolloutMetrics()
+        self.name = f"rollout-{next(_ids)}"  # stable over the handle's life: what a shared policy keys on
+        self.kept: list[Any] = []  # branches handed from one turn to the next (the turn runtime's _Branch)
+        self.tasks: TaskGroup | None = None
 
     @classmethod
     def over(cls, executor: Executor, *, salt: str = "") -> WorkspaceHandle:
@@ -152,6 +164,26 @@ class WorkspaceHandle:
         """Point at ``new`` (owned from now on) and close the previous workspace if owned. Caller holds ``lock``."""
         if await self._slot.swap(new):
             self.swaps += 1
+
+    @asynccontextmanager
+    async def background(self) -> AsyncIterator[WorkspaceHandle]:
+        """Let speculative branches outlive their turn (see the class docstring). Leaving the block cancels what
+        is still alive and waits for it to close its forks."""
+        if self.tasks is not None:
+            raise RuntimeError("handle.background() is already active")
+        try:
+            async with anyio.create_task_group() as tg:
+                self.tasks = tg
+                try:
+                    yield self
+                finally:
+                    self.tasks = None
+                    self.kept = []
+                    tg.cancel_scope.cancel()
+        except BaseExceptionGroup as group:  # the block's own error (branch tasks catch theirs), as it was raised
+            if len(group.exceptions) == 1:
+                raise group.exceptions[0] from None
+            raise
 
     async def aclose(self) -> None:
         """Close the current workspace if the handle owns it (never with an executor). Idempotent."""

@@ -20,6 +20,7 @@ EventKind = Literal[
     "branch_done",
     "branch_commit",
     "branch_discard",
+    "branch_kept",
     "call_start",
     "call_done",
     "turn_end",
@@ -39,7 +40,8 @@ class BranchRecord(msgspec.Struct, frozen=True, kw_only=True):
     """One speculative branch. ``outcome``: ``committed`` (its result was used), ``wasted`` (a wrong prediction,
     or started too late to matter and discarded), ``failed`` (the fork or the run failed; the call ran normally).
     Seconds are wall time; ``cpu_seconds`` the fork's cgroup CPU time (wall time where not measurable);
-    ``memory_bytes`` the fork's peak memory plus its private files."""
+    ``memory_bytes`` the fork's peak memory plus its private files; ``depth`` the speculated calls it was chained
+    after (0: it ran from the rollout's state); ``probability`` that of the whole chain up to it."""
 
     position: int
     tool: str
@@ -53,6 +55,7 @@ class BranchRecord(msgspec.Struct, frozen=True, kw_only=True):
     cpu_seconds: float = 0.0
     memory_bytes: int = 0
     saved_seconds: float = 0.0
+    depth: int = 0
 
 
 class _Counts(msgspec.Struct, kw_only=True):

@@ -49,9 +49,9 @@ from .._llm._events import (
 from .._protocol import ExecResult
 from .._tools import Effect, Tool, lookup
 from .._workspace import Workspace
-from ._calls import CallKey, Candidate, Launch, Policy, PredictionContext, Predictor
+from ._calls import CallKey, Launch, Policy, PredictionContext, Predictor, extend_chain
 from ._handle import CLOSE_DEADLINE, WorkspaceHandle
-from ._metrics import BranchRecord, EventKind, RolloutMetrics, TimelineEvent, TurnMetrics
+from ._metrics import BranchRecord, EventKind, RolloutMetrics, TimelineEvent, TurnMetrics, _Counts
 
 FORK_DEADLINE = 60.0
 
@@ -84,18 +84,21 @@ class TurnOutcome(msgspec.Struct, frozen=True, kw_only=True):
 
 class BoundedPolicy:
     """The fallback policy: launch the most probable options while fewer than ``max_branches`` run and fewer than
-    ``max_forks`` forks exist, if their probability is at least ``min_probability``. ``speculator`` has the
-    cost-aware one."""
+    ``max_forks`` forks exist, if their probability is at least ``min_probability`` and they are at most
+    ``max_depth`` speculated calls deep. ``speculator`` has the cost-aware one."""
 
-    def __init__(self, max_branches: int = 2, max_forks: int = 1, min_probability: float = 0.0) -> None:
+    def __init__(
+        self, max_branches: int = 2, max_forks: int = 1, min_probability: float = 0.0, max_depth: int = 1
+    ) -> None:
         self.max_branches, self.max_forks, self.min_probability = max_branches, max_forks, min_probability
+        self.max_depth = max_depth
 
     def select(self, options: Sequence[Launch], *, running: int, forks: int) -> list[Launch]:
         out: list[Launch] = []
         for option in options:
             if running >= self.max_branches:
                 break
-            if option.candidate.probability < self.min_probability:
+            if option.probability < self.min_probability or option.depth > self.max_depth:
                 continue
             if option.needs_fork:
                 if forks >= self.max_forks:
@@ -120,13 +123,22 @@ class Speculation:
     launches (pass one that says whether the prefix cache would serve the call: such calls are not speculated).
     One ``Speculation`` may serve many turns and rollouts: the policy learns across them; ``metrics`` sums the
     turns run with it (make one per rollout, sharing the policy and the predictors' tables, to get per-rollout
-    metrics) and ``turns`` keeps each turn's own metrics, in order."""
+    metrics) and ``turns`` keeps each turn's own metrics, in order.
+
+    Chains: when a speculated write finishes in its fork before the model asked for it, the predictors are asked
+    for the call after it (their context extended by that call and its output) and what the policy picks runs in
+    a fork of that branch (a read in the branch's fork itself); committing a branch makes its children branches of
+    the new state. ``keep``: inside ``handle.background()`` (``run_agent``), at most this many unused branches
+    (their chains included) outlive their turn while no state change happened since they started: a later turn
+    commits them when the model asks for their call; any committed write discards them. Their forks count against
+    the policy's fork budget."""
 
     predictors: Sequence[Predictor] = ()
     policy: Policy = field(default_factory=BoundedPolicy)
     group: str = ""
     early: bool = True
     skip: Callable[[Launch], bool] | None = None
+    keep: int = 2
     metrics: RolloutMetrics = field(default_factory=RolloutMetrics)
     turns: list[TurnMetrics] = field(default_factory=list)
 
@@ -135,8 +147,28 @@ class Speculation:
 
 
 class _Branch:
-    def __init__(self, launch: Launch, position: int, epoch: int, t: float) -> None:
+    """A speculative call. Its starting state is ``parent``'s fork after ``parent``'s call when it has a parent (a
+    chain), else the handle's state at ``epoch``. ``turn`` is the turn that owns it now (a kept branch moves to the
+    next turn)."""
+
+    def __init__(
+        self,
+        launch: Launch,
+        position: int,
+        epoch: int,
+        t: float,
+        *,
+        turn: SpeculativeTurn,
+        ctx: PredictionContext,
+        parent: _Branch | None = None,
+    ) -> None:
         self.launch = launch
+        self.turn = turn
+        self.ctx = ctx
+        self.parent = parent
+        self.children: list[_Branch] = []
+        self.depth = launch.depth
+        self.kept = False
         self.key = launch.key
         self.position = position
         self.epoch = epoch
@@ -162,6 +194,21 @@ class _Branch:
         self.released = anyio.Event()
         self.finished = anyio.Event()
         self.tail: int | None = None  # committed as a near miss: keep the last ``tail`` lines of stdout
+        self.started = False  # its task began (a task cancelled before it starts holds nothing)
+
+
+def _descends(b: _Branch, ancestor: _Branch) -> bool:
+    p = b.parent
+    while p is not None:
+        if p is ancestor:
+            return True
+        p = p.parent
+    return False
+
+
+def _merge_counts(dst: _Counts, src: _Counts) -> None:
+    for name in _Counts.__struct_fields__:
+        setattr(dst, name, getattr(dst, name) + getattr(src, name))
 
 
 class _Decided:
@@ -253,9 +300,12 @@ def _apply_tail(result: Any, error: ToolError | None, n: int) -> ExecResult | No
 
 
 def _output_text(r: CallResult) -> str:
-    if r.error is not None:
-        return str(r.error)
-    res = r.result
+    return _text(r.result, r.error)
+
+
+def _text(res: Any, error: ToolError | None) -> str:
+    if error is not None:
+        return str(error)
     if isinstance(res, ExecResult):
         return res.stdout + res.stderr
     return res if isinstance(res, str) else ""
@@ -321,8 +371,14 @@ class SpeculativeTurn:
         self.metrics = TurnMetrics(turn=handle.turns)
         self._fed = False
         self._last_position = -1
+        self._finalized = False
 
     # ------------------------------------------------------------------------------------------ lifecycle
+
+    @property
+    def _keeping(self) -> bool:
+        """Branches may outlive this turn (``Speculation.keep`` inside ``handle.background()``)."""
+        return self.speculation is not None and self.speculation.keep > 0 and self.handle.tasks is not None
 
     async def __aenter__(self) -> SpeculativeTurn:
         self.handle.turns += 1
@@ -331,6 +387,14 @@ class SpeculativeTurn:
         tg = anyio.create_task_group()
         await tg.__aenter__()
         self._tg = tg
+        kept, self.handle.kept = self.handle.kept, []
+        for b in kept:  # the previous turn's unused branches: still valid (no state change since), now ours
+            b.turn, b.kept = self, False
+            self._branches.append(b)
+            self._all_branches.append(b)
+            self._mark("branch_kept", b.position, b.key.name)
+        if not self._keeping:
+            self._cancel_branches(lambda b: True)
         return self
 
     async def __aexit__(
@@ -338,20 +402,32 @@ class SpeculativeTurn:
     ) -> bool | None:
         tg, self._tg = self._tg, None
         assert tg is not None
-        if exc is not None or not self._complete.is_set():
+        failed = exc is not None or not self._complete.is_set()
+        if failed:
             tg.cancel_scope.cancel()
-        else:
+            for b in list(self.handle.kept):
+                if b.turn is self:
+                    self._discard(b)
             self._cancel_branches(lambda b: True)
+        else:
+            self._cancel_branches(lambda b: not b.kept)
         try:
             async with unwrap_group():
                 await tg.__aexit__(exc_type, exc, tb)
         finally:
             with anyio.CancelScope(shield=True):
+                if failed:  # branches running in the handle's task group close their own forks: wait for them
+                    for b in self._all_branches:
+                        if b.turn is self and b.started:
+                            with anyio.move_on_after(FORK_DEADLINE + CLOSE_DEADLINE):
+                                await b.finished.wait()
                 await self._close_leftovers()
         return None
 
     async def _close_leftovers(self) -> None:
         for b in self._all_branches:
+            if b.turn is not self or b.kept:
+                continue
             if b.ws is not None and b.forked and not b.committed and not b.ws.closed:
                 with anyio.move_on_after(CLOSE_DEADLINE):
                     await b.ws.aclose()
@@ -412,11 +488,44 @@ class SpeculativeTurn:
                 raise BunshinError("the event stream ended before the message finished")
             for d in self._decided:
                 await d.done.wait()
-            self._cancel_branches(lambda b: True)
+            keep = self._handover()
+            self._cancel_branches(lambda b: b not in keep)
             for b in self._all_branches:
-                await b.finished.wait()
+                if b.turn is self and b not in keep:
+                    await b.finished.wait()
+            for b in keep:
+                b.kept = True
+                if b in self._branches:
+                    self._branches.remove(b)
+            self.handle.kept = keep
             self._finalize()
             self._complete.set()
+
+    def _valid(self, b: _Branch) -> bool:
+        """``b``'s starting state still exists: its parent's branch is alive, or no state change happened since."""
+        while b.parent is not None:
+            if b.parent.discarded or b.parent.failed:
+                return False
+            b = b.parent
+        return b.epoch == self.handle.epoch and not b.discarded
+
+    def _handover(self) -> list[_Branch]:
+        """The unused branches this turn hands to the next (``Speculation.keep`` of them, chains with their
+        parents): finished ones first, then the likeliest."""
+        if not self._keeping:
+            return []
+        assert self.speculation is not None
+        alive = [b for b in self._branches if not b.claimed and not b.discarded and not b.failed and self._valid(b)]
+        alive.sort(key=lambda b: (not b.done.is_set(), -b.launch.probability))
+        keep: list[_Branch] = []
+        for b in alive:
+            chain = [b]
+            while chain[-1].parent is not None:
+                chain.append(chain[-1].parent)
+            new = [c for c in chain if c not in keep]
+            if len(keep) + len(new) <= self.speculation.keep:
+                keep.extend(reversed(new))
+        return keep
 
     def _emit(self, item: TapEvent | CallResult) -> None:
         if self._out is not None:
@@ -437,7 +546,8 @@ class SpeculativeTurn:
             if call.index not in known:
                 self._decide(call)
         n = len(ev.tool_calls)
-        self._cancel_branches(lambda b: b.position >= n)
+        if not self._keeping:
+            self._cancel_branches(lambda b: b.position >= n)
         self._message_event.set()
 
     # ------------------------------------------------------------------------------------------ main line
@@ -479,7 +589,8 @@ class SpeculativeTurn:
         tool = self.tools.get(call.name)
         near = _filtered(tool, key) if tool is not None and key is not None else None
         wanted = {key, near[0] if near else None}
-        self._cancel_branches(lambda b: b.position == position and b.key not in wanted)
+        if not self._keeping:  # kept branches stay while their state is unchanged: a later call may want them
+            self._cancel_branches(lambda b: b.position == position and b.key not in wanted)
         assert self._tg is not None
         self._tg.start_soon(self._run_call, d)
         self._replan()
@@ -516,7 +627,7 @@ class SpeculativeTurn:
         keys = [d.key] if near is None else [d.key, near[0]]
         for want in keys:
             for b in self._branches:
-                if b.key == want and b.epoch == self.handle.epoch and not b.discarded:
+                if b.key == want and b.parent is None and b.epoch == self.handle.epoch and not b.discarded:
                     b.claimed = True
                     b.tail = near[1] if near and want != d.key else None
                     return b
@@ -528,6 +639,9 @@ class SpeculativeTurn:
             t_ready = self._clock()
             if not b.ok or b.epoch != self.handle.epoch:
                 return None
+            skip = self.speculation.skip if self.speculation is not None else None
+            if b.launch.depth > 0 and skip is not None and skip(b.launch):
+                return None  # a chained call the cache now serves (its veto could not judge the chain's state)
             if b.tail is not None:
                 filtered = _apply_tail(b.result, b.error, b.tail)
                 if filtered is None:  # not provably what the filtered command prints: run it instead
@@ -537,11 +651,15 @@ class SpeculativeTurn:
             if b.forked:
                 assert b.ws is not None
                 async with self.handle.lock:
-                    self._cancel_branches(lambda other: other is not b)
+                    # Every branch but b's own chain saw a state b changes; b's children started from b's state.
+                    self._cancel_branches(lambda other: other is not b and not _descends(other, b))
                     await self._quiesce()
                     b.committed = True  # from here the fork is the handle's (or its executor's)
                     await self.handle.commit(b.ws, d.key, _outcome(b.result, b.error), b.run_end - b.run_start)
                     self.handle.advance()
+                    for child in b.children:  # now branches of the committed state
+                        child.parent, child.epoch = None, self.handle.epoch
+                    b.children = []
             elif self.handle.executor is not None:  # a read: let the executor account it (a cache records it)
                 assert b.ws is not None
                 await self.handle.commit(b.ws, d.key, _outcome(b.result, b.error), b.run_end - b.run_start)
@@ -607,7 +725,7 @@ class SpeculativeTurn:
     async def _quiesce(self) -> None:
         """Wait until every branch that runs in the current workspace has stopped (they were cancelled)."""
         for b in list(self._all_branches):
-            if not b.launch.needs_fork and not b.done.is_set():
+            if not b.launch.needs_fork and b.parent is None and not b.done.is_set():
                 await b.done.wait()
 
     # ------------------------------------------------------------------------------------------ branches
@@ -622,40 +740,100 @@ class SpeculativeTurn:
             return
         position = len(self._decided)
         ctx = self._context(position)
-        merged: dict[CallKey, tuple[Candidate, Launch]] = {}
+        epoch = self.handle.epoch
+        running = {b.key for b in self._branches if b.parent is None and b.epoch == epoch}
+        running |= {d.key for d in self._decided if d.key is not None and not d.done.is_set()}  # runs anyway
+        options = self._options(ctx, depth=0, prior=1.0, exclude=running)
+        if not options:
+            return
+        for launch in spec.policy.select(options, running=self._running(), forks=self._forks()):
+            self._launch(_Branch(launch, position, epoch, self._clock(), turn=self, ctx=ctx))
+
+    def _options(self, ctx: PredictionContext, *, depth: int, prior: float, exclude: set[CallKey]) -> list[Launch]:
+        """The predictors' candidates for ``ctx`` as launches, deduplicated (highest probability kept), best first,
+        without ``exclude``'s and (for the next call itself) what ``Speculation.skip`` vetoes."""
+        spec = self.speculation
+        assert spec is not None
+        merged: dict[CallKey, Launch] = {}
+        elapsed = self._clock() - self._t0
         for predictor in spec.predictors:
             for cand in predictor.predict(ctx):
                 key, effect, deterministic = self._classify(cand.name, cand.arguments)
                 if key is None or effect is Effect.EXTERNAL or not deterministic:
                     continue
                 self._predicted.add(key)
-                prior = merged.get(key)
-                if prior is None or cand.probability > prior[0].probability:
-                    elapsed = self._clock() - self._t0
-                    merged[key] = (cand, Launch(candidate=cand, key=key, effect=effect, turn_elapsed=elapsed))
-        epoch = self.handle.epoch
-        running = {b.key for b in self._branches if b.epoch == epoch}
-        options = sorted(
-            (
-                launch
-                for key, (_, launch) in merged.items()
-                if key not in running and (spec.skip is None or not spec.skip(launch))
-            ),
-            key=lambda launch: -launch.candidate.probability,
+                prior_launch = merged.get(key)
+                if prior_launch is None or cand.probability > prior_launch.candidate.probability:
+                    merged[key] = Launch(
+                        candidate=cand, key=key, effect=effect, turn_elapsed=elapsed, depth=depth, prior=prior,
+                        rollout=self.handle.name, progress=len(ctx.history),
+                    )  # fmt: skip
+        skip = spec.skip if depth == 0 else None  # a veto (the cache's) judges the current state, not a chain's
+        return sorted(
+            (o for k, o in merged.items() if k not in exclude and (skip is None or not skip(o))),
+            key=lambda o: -o.probability,
         )
+
+    def _running(self) -> int:
+        return sum(1 for b in self._branches if not b.done.is_set())
+
+    def _forks(self) -> int:
+        return sum(1 for b in self._branches if b.launch.needs_fork)
+
+    def _launch(self, b: _Branch) -> None:
+        self._branches.append(b)
+        self._all_branches.append(b)
+        self.metrics.launched += 1
+        launch = b.launch
+        chained = f" after {b.parent.key.name}" if b.parent is not None else ""
+        detail = f"{launch.key.name} {launch.effect.value} p={launch.probability:.2f}{chained}"
+        self._mark("branch_launch", b.position, detail)
+        tg = self.handle.tasks if self._keeping else self._tg
+        assert tg is not None
+        tg.start_soon(self._run_branch, b)
+
+    def _chain(self, b: _Branch) -> None:
+        """``b`` (a write) finished before the model asked for it: launch what the policy picks of the calls
+        predicted to follow it, in forks of ``b``'s fork (reads in ``b``'s fork itself)."""
+        spec = self.speculation
+        if spec is None or self._finalized or self._tg is None or b.discarded or b.claimed:
+            return
+        ctx = b.ctx
+        if not self._keeping and self._finished is not None and ctx.position + 1 >= len(self._finished.tool_calls):
+            return  # the message has no call after b's: without kept branches the child would be discarded
+        after = PredictionContext(
+            history=(*ctx.history, b.key),
+            chain=extend_chain(ctx.chain, b.key),
+            turn=ctx.turn,
+            position=ctx.position + 1,
+            decided=(*ctx.decided, b.key),
+            group=ctx.group,
+            last_output=_text(b.result, b.error),
+        )
+        exclude = {c.key for c in b.children}
+        options = self._options(after, depth=b.depth + 1, prior=b.launch.probability, exclude=exclude)
         if not options:
             return
-        forks = sum(1 for b in self._branches if b.launch.needs_fork)
-        for launch in spec.policy.select(options, running=len(self._branches), forks=forks):
-            b = _Branch(launch, position, epoch, self._clock())
-            self._branches.append(b)
-            self._all_branches.append(b)
-            self.metrics.launched += 1
-            detail = f"{launch.key.name} {launch.effect.value} p={launch.candidate.probability:.2f}"
-            self._mark("branch_launch", position, detail)
-            self._tg.start_soon(self._run_branch, b)
+        for launch in spec.policy.select(options, running=self._running(), forks=self._forks()):
+            child = _Branch(launch, after.position, b.epoch, self._clock(), turn=self, ctx=after, parent=b)
+            b.children.append(child)
+            self._launch(child)
+
+    def _base(self, b: _Branch) -> Workspace | None:
+        """Where ``b`` starts: its parent's fork, or the current workspace if its state is still the current one;
+        None when that state is gone (``b`` then does nothing)."""
+        if b.discarded:
+            return None
+        p = b.parent
+        if p is None:
+            return self.handle.workspace if self.handle.epoch == b.epoch else None
+        if not p.ok or p.discarded or p.ws is None or p.ws.closed:
+            return None
+        return p.ws
 
     async def _run_branch(self, b: _Branch) -> None:
+        """The branch's task; ``b.turn`` (not ``self``) is the turn that owns it now: a kept branch moves on."""
+        b.started = True
         tool = self.tools[b.key.name]
         args = b.key.arguments()
         try:
@@ -663,27 +841,31 @@ class SpeculativeTurn:
                 if b.launch.needs_fork:
                     t = self._clock()
                     async with self.handle.lock:
-                        if self.handle.epoch != b.epoch:
+                        base = self._base(b)
+                        if base is None:
                             return
-                        b.ws = await _fork_shielded(self.handle.workspace)
+                        b.ws = await _fork_shielded(base)
                     b.forked = True
-                    await anyio.lowlevel.checkpoint()  # a cancellation that came during the fork lands here
                     b.fork_seconds = self._clock() - t
-                    self._mark("branch_ready", b.position, f"fork {b.fork_seconds * 1000:.0f} ms")
+                    await anyio.lowlevel.checkpoint()  # a cancellation that came during the fork lands here
+                    b.turn._mark("branch_ready", b.position, f"fork {b.fork_seconds * 1000:.0f} ms")
                 else:
-                    if self._writing or self.handle.epoch != b.epoch:
+                    base = self._base(b)
+                    if base is None or (b.parent is None and b.turn._writing):
                         return
-                    b.ws = self.handle.workspace
+                    b.ws = base
                 b.run_start = self._clock()
                 b.result, b.error = await _run_tool(tool, b.ws, args)
                 b.run_end = self._clock()
                 b.ok = True
-                self._mark("branch_done", b.position, b.key.name)
+                b.turn._mark("branch_done", b.position, b.key.name)
                 b.done.set()
+                if b.launch.needs_fork:
+                    b.turn._chain(b)
                 await b.released.wait()  # until the main line took it, or the scope is cancelled
         except Exception as exc:  # a failed branch only costs its work: the call will run normally
             b.failed = True
-            self._mark("branch_done", b.position, f"failed: {exc!r}"[:200])
+            b.turn._mark("branch_done", b.position, f"failed: {exc!r}"[:200])
         finally:
             b.done.set()
             with anyio.CancelScope(shield=True):
@@ -692,9 +874,19 @@ class SpeculativeTurn:
 
     async def _settle(self, b: _Branch) -> None:
         """Account for a branch whose task ends, and close its fork unless it was committed."""
-        if b in self._branches:
-            self._branches.remove(b)
-        spec = self.speculation
+        owner = b.turn
+        if b in owner._branches:
+            owner._branches.remove(b)
+        if b in self.handle.kept:
+            self.handle.kept.remove(b)
+        if not b.committed and b.children:  # they start from this fork: stop them before it closes
+            for c in list(b.children):
+                self._discard(c)
+            for c in list(b.children):
+                if c.started:
+                    with anyio.move_on_after(FORK_DEADLINE + CLOSE_DEADLINE):
+                        await c.done.wait()
+        spec = owner.speculation
         if spec is not None:
             if b.ok:
                 spec.policy.observe_tool(b.key, b.run_end - b.run_start)
@@ -703,9 +895,13 @@ class SpeculativeTurn:
                 b.cpu_seconds, b.memory_bytes = await anyio.to_thread.run_sync(_fork_cost, b.ws)
             with anyio.move_on_after(CLOSE_DEADLINE):
                 await b.ws.aclose()
-        if spec is not None and b.forked:
-            spec.policy.observe_fork(b.fork_seconds, b.memory_bytes)
-        m = self.metrics
+        if spec is not None:
+            if b.forked:
+                spec.policy.observe_fork(b.fork_seconds, b.memory_bytes)
+            release = getattr(spec.policy, "release", None)
+            if release is not None:
+                release(b.launch)
+        m = TurnMetrics(turn=owner.metrics.turn)
         if b.used:
             outcome: Literal["committed", "wasted", "failed"] = "committed"
             m.committed += 1
@@ -723,34 +919,54 @@ class SpeculativeTurn:
                 m.failed += 1
             else:
                 m.wasted += 1
-            self._mark("branch_discard", b.position, b.key.name)
+            owner._mark("branch_discard", b.position, b.key.name)
         m.fork_seconds += b.fork_seconds
-        m.branches.append(
+        _merge_counts(owner.metrics, m)
+        if owner._finalized:  # a kept branch ended after its last turn (the rollout ended): count it still
+            _merge_counts(self.handle.metrics, m)
+            if spec is not None:
+                _merge_counts(spec.metrics, m)
+        owner.metrics.branches.append(
             BranchRecord(
                 position=b.position,
                 tool=b.key.name,
                 effect=b.launch.effect.value,
                 source=b.launch.candidate.source,
-                probability=b.launch.candidate.probability,
+                probability=b.launch.probability,
                 outcome=outcome,
-                launched_at=b.launched_at - self._t0,
+                launched_at=b.launched_at - owner._t0,
                 fork_seconds=b.fork_seconds,
                 run_seconds=(b.run_end - b.run_start) if b.run_end else 0.0,
                 cpu_seconds=b.cpu_seconds,
                 memory_bytes=b.memory_bytes,
                 saved_seconds=b.saved,
+                depth=b.depth,
             )
         )
 
     def _cancel_wrong_name(self, position: int, name: str) -> None:
-        self._cancel_branches(lambda b: b.position == position and b.key.name != name)
+        if not self._keeping:
+            self._cancel_branches(lambda b: b.position == position and b.key.name != name)
 
     def _cancel_branches(self, which: Callable[[_Branch], bool]) -> None:
         for b in list(self._branches):
-            if not b.claimed and which(b):
-                self._branches.remove(b)
-                b.discarded = True
-                b.scope.cancel()
+            if not b.claimed and not b.discarded and which(b):
+                self._discard(b)
+
+    def _discard(self, b: _Branch) -> None:
+        """Cancel ``b`` and every branch chained after it (they start from its state)."""
+        stack = [b]
+        while stack:
+            c = stack.pop()
+            if c.claimed or c.discarded:
+                continue
+            c.discarded = True
+            if c in c.turn._branches:
+                c.turn._branches.remove(c)
+            if c in self.handle.kept:
+                self.handle.kept.remove(c)
+            c.scope.cancel()
+            stack.extend(c.children)
 
     # ------------------------------------------------------------------------------------------ metrics
 
@@ -758,6 +974,7 @@ class SpeculativeTurn:
         self.metrics.timeline.append(TimelineEvent(self._clock() - self._t0, kind, index, detail))
 
     def _finalize(self) -> None:
+        self._finalized = True
         m = self.metrics
         end = max(self._t_last, self._t_message)
         m.calls = len(self._decided)
