@@ -53,6 +53,15 @@ class CostAwarePolicy:
     slowing the rollouts it serves. Budgets: at most ``max_branches`` running, ``max_forks`` forks, and forks'
     estimated memory within ``memory_budget`` bytes. One policy may serve many rollouts (share it to share what it
     learned).
+
+    Chains: a launch ``depth`` calls deep pays with the chain's probability (``Launch.probability``) and can hide
+    the rest of this turn's LLM time plus at most ``depth`` more turns' (it is asked for at least ``depth`` calls
+    later); deeper than ``max_depth`` is never launched.
+
+    Groups: rollouts that share the policy share ``group_forks`` forks in flight, and the one furthest behind
+    (fewest calls made among the rollouts still running: a group's latency is its straggler's) is preferred: its
+    expected gain counts ``1 + straggler_weight`` times (others' in proportion to how far behind they are), and
+    the last ``straggler_reserve`` of the group's forks are its alone.
     """
 
     def __init__(
@@ -71,6 +80,10 @@ class CostAwarePolicy:
         llm_seconds: float = 3.0,
         cpu_weight: float = 1.0,
         contention: Callable[[], float] | None = cpu_contention,
+        max_depth: int = 2,
+        group_forks: int = 4,
+        straggler_weight: float = 1.0,
+        straggler_reserve: int = 1,
     ) -> None:
         self.max_branches = max_branches
         self.max_forks = max_forks
@@ -89,6 +102,12 @@ class CostAwarePolicy:
         self.cpu_weight = cpu_weight
         self.contention = contention
         self._load = 0.0
+        self.max_depth = max_depth
+        self.group_forks = group_forks
+        self.straggler_weight = straggler_weight
+        self.straggler_reserve = straggler_reserve
+        self._progress: dict[str, int] = {}  # calls made, per rollout still running
+        self._live: dict[str, int] = {}  # forks selected and not yet released, per rollout
 
     def expected_seconds(self, option: Launch) -> float:
         exact = self._exact.get(option.key)
@@ -101,21 +120,35 @@ class CostAwarePolicy:
             return option.candidate.expected_seconds
         return self.default_seconds
 
+    def lag(self, rollout: str) -> float:
+        """How far ``rollout`` is behind its group, 0 (the front, or alone) to 1 (the straggler)."""
+        if rollout not in self._progress or len(self._progress) < 2:
+            return 0.0
+        lo, hi = min(self._progress.values()), max(self._progress.values())
+        return 1.0 if hi == lo else (hi - self._progress[rollout]) / (hi - lo)
+
     def saving(self, option: Launch) -> float:
         """Expected seconds saved, net of cost (``select`` reads the CPU contention once per call into it)."""
-        p = option.candidate.probability
+        p = option.probability
         run = self.expected_seconds(option)
         llm = self.llm_seconds
-        hideable = max(0.25 * llm, llm - option.turn_elapsed)
-        gain = p * min(run, hideable)
+        hideable = max(0.25 * llm, llm - option.turn_elapsed) + option.depth * llm
+        gain = p * min(run, hideable) * (1 + self.straggler_weight * self.lag(option.rollout))
         cost = self.fork_seconds.value * self.fork_weight if option.needs_fork else self.read_cost
         cost += (1 - p) * run * self._load * self.cpu_weight
         return gain - cost
 
     def select(self, options: Sequence[Launch], *, running: int, forks: int) -> list[Launch]:
         self._load = self.contention() if self.contention is not None else 0.0
+        for o in options:
+            if o.rollout:
+                self._progress[o.rollout] = o.progress
         ranked = sorted(
-            ((self.saving(o), o) for o in options if o.candidate.probability >= self.min_probability),
+            (
+                (self.saving(o), o)
+                for o in options
+                if o.probability >= self.min_probability and o.depth <= self.max_depth
+            ),
             key=lambda x: -x[0],
         )
         out: list[Launch] = []
@@ -125,10 +158,28 @@ class CostAwarePolicy:
             if option.needs_fork:
                 if forks >= self.max_forks or (forks + 1) * self.fork_bytes.value > self.memory_budget:
                     continue
+                if not self._group_fork_allowed(option.rollout):
+                    continue
                 forks += 1
+                self._live[option.rollout] = self._live.get(option.rollout, 0) + 1
             running += 1
             out.append(option)
         return out
+
+    def _group_fork_allowed(self, rollout: str) -> bool:
+        live = sum(self._live.values())
+        limit = self.group_forks if self.lag(rollout) >= 1.0 else self.group_forks - self.straggler_reserve
+        return live < limit
+
+    def release(self, launch: Launch) -> None:
+        """A branch this policy selected ended (committed, discarded or failed)."""
+        if launch.needs_fork and self._live.get(launch.rollout, 0) > 0:
+            self._live[launch.rollout] -= 1
+
+    def rollout_done(self, rollout: str) -> None:
+        """``rollout`` ended: it no longer counts in its group's progress."""
+        self._progress.pop(rollout, None)
+        self._live.pop(rollout, None)
 
     def observe_tool(self, key: CallKey, seconds: float) -> None:
         self._exact.setdefault(key, _Ewma(seconds)).add(seconds, self.alpha)
