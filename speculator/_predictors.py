@@ -404,7 +404,8 @@ def _chain_for_tests(history: Sequence[CallKey], salt: str = "") -> bytes:
 
 class OraclePredictor:
     """Told the rollout's true calls (``script``: tool name and arguments, in order): predicts the next one with
-    probability 1. The experiment's ``oracle`` configuration uses it to bound what one-step speculation can buy."""
+    probability 1 (after a chain of speculated calls, the one after them). The experiment's ``oracle``
+    configuration uses it to bound what speculation can buy."""
 
     name = "oracle"
 

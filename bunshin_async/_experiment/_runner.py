@@ -8,7 +8,8 @@ Configurations, all in one run on the same workload:
   cached state instead of re-executing);
 - ``fork+cache+spec``: plus speculative tool execution while the model is still generating;
 - ``oracle``: ``fork+cache+spec`` whose only predictor is told the rollout's true next call at the start of each
-  turn (and as each call of a message is decided): the bound of one-step speculation, same runtime and policy.
+  turn, as each call of a message is decided, and after each speculated call it chains (the calls after it): the
+  bound of this runtime's speculation, same runtime and policy.
 
 With ``repeats`` the configurations run in turn, repeat after repeat (paired: each repeat runs every
 configuration once, back to back), and the summary gives each figure's median and spread (min, max) over repeats.
