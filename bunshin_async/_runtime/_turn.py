@@ -195,6 +195,7 @@ class _Branch:
         self.finished = anyio.Event()
         self.tail: int | None = None  # committed as a near miss: keep the last ``tail`` lines of stdout
         self.started = False  # its task began (a task cancelled before it starts holds nothing)
+        self.lock = anyio.Lock()  # held while a chained child forks this branch's fork, and while it is committed
 
 
 def _descends(b: _Branch, ancestor: _Branch) -> bool:
@@ -589,8 +590,12 @@ class SpeculativeTurn:
         tool = self.tools.get(call.name)
         near = _filtered(tool, key) if tool is not None and key is not None else None
         wanted = {key, near[0] if near else None}
-        if not self._keeping:  # kept branches stay while their state is unchanged: a later call may want them
-            self._cancel_branches(lambda b: b.position == position and b.key not in wanted)
+        # A finished branch for another call may stay (its state is unchanged until a write: a later call may want
+        # it, and it costs only memory); one still running for another call goes (it takes CPU from the rollouts).
+        keep_done = self._keeping
+        self._cancel_branches(
+            lambda b: b.position == position and b.key not in wanted and not (keep_done and b.done.is_set())
+        )
         assert self._tg is not None
         self._tg.start_soon(self._run_call, d)
         self._replan()
@@ -650,7 +655,7 @@ class SpeculativeTurn:
             assert d.key is not None
             if b.forked:
                 assert b.ws is not None
-                async with self.handle.lock:
+                async with self.handle.lock, b.lock:
                     # Every branch but b's own chain saw a state b changes; b's children started from b's state.
                     self._cancel_branches(lambda other: other is not b and not _descends(other, b))
                     await self._quiesce()
@@ -840,11 +845,18 @@ class SpeculativeTurn:
             with b.scope:
                 if b.launch.needs_fork:
                     t = self._clock()
-                    async with self.handle.lock:
-                        base = self._base(b)
-                        if base is None:
-                            return
-                        b.ws = await _fork_shielded(base)
+                    while b.ws is None:
+                        # A chained branch forks its parent's fork under the parent's lock (held while the parent
+                        # is committed), so it does not hold up the main line; if the parent was committed in the
+                        # meantime, the branch now starts from the current workspace: take the handle's lock.
+                        parent = b.parent
+                        async with parent.lock if parent is not None else self.handle.lock:
+                            if b.parent is not parent:
+                                continue
+                            base = self._base(b)
+                            if base is None:
+                                return
+                            b.ws = await _fork_shielded(base)
                     b.forked = True
                     b.fork_seconds = self._clock() - t
                     await anyio.lowlevel.checkpoint()  # a cancellation that came during the fork lands here
@@ -945,8 +957,10 @@ class SpeculativeTurn:
         )
 
     def _cancel_wrong_name(self, position: int, name: str) -> None:
-        if not self._keeping:
-            self._cancel_branches(lambda b: b.position == position and b.key.name != name)
+        keep_done = self._keeping
+        self._cancel_branches(
+            lambda b: b.position == position and b.key.name != name and not (keep_done and b.done.is_set())
+        )
 
     def _cancel_branches(self, which: Callable[[_Branch], bool]) -> None:
         for b in list(self._branches):
