@@ -373,6 +373,7 @@ class SpeculativeTurn:
         self._fed = False
         self._last_position = -1
         self._finalized = False
+        self._closing = False  # the turn is ending: no new branch (a chain launched now would never be waited for)
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
@@ -396,6 +397,9 @@ class SpeculativeTurn:
             self._mark("branch_kept", b.position, b.key.name)
         if not self._keeping:
             self._cancel_branches(lambda b: True)
+        for b in kept:  # a write that finished after its turn ended has not chained yet
+            if b.ok and b.launch.needs_fork and not b.children and not b.discarded:
+                self._chain(b)
         return self
 
     async def __aexit__(
@@ -403,6 +407,7 @@ class SpeculativeTurn:
     ) -> bool | None:
         tg, self._tg = self._tg, None
         assert tg is not None
+        self._closing = True
         failed = exc is not None or not self._complete.is_set()
         if failed:
             tg.cancel_scope.cancel()
@@ -489,6 +494,7 @@ class SpeculativeTurn:
                 raise BunshinError("the event stream ended before the message finished")
             for d in self._decided:
                 await d.done.wait()
+            self._closing = True
             keep = self._handover()
             self._cancel_branches(lambda b: b not in keep)
             for b in self._all_branches:
@@ -739,7 +745,7 @@ class SpeculativeTurn:
         """Ask the predictors about the next undecided call and launch what the policy picks. Only while the
         next call's starting state exists: the message is still streaming and no decided write is pending."""
         spec = self.speculation
-        if spec is None or self._finished is not None or self._tg is None:
+        if spec is None or self._finished is not None or self._tg is None or self._closing:
             return
         if self._writing or any(d.changes_state and not d.done.is_set() for d in self._decided):
             return
@@ -786,6 +792,7 @@ class SpeculativeTurn:
         return sum(1 for b in self._branches if b.launch.needs_fork)
 
     def _launch(self, b: _Branch) -> None:
+        assert not self._closing
         self._branches.append(b)
         self._all_branches.append(b)
         self.metrics.launched += 1
@@ -801,7 +808,7 @@ class SpeculativeTurn:
         """``b`` (a write) finished before the model asked for it: launch what the policy picks of the calls
         predicted to follow it, in forks of ``b``'s fork (reads in ``b``'s fork itself)."""
         spec = self.speculation
-        if spec is None or self._finalized or self._tg is None or b.discarded or b.claimed:
+        if spec is None or self._closing or self._tg is None or b.discarded or b.claimed:
             return
         ctx = b.ctx
         if not self._keeping and self._finished is not None and ctx.position + 1 >= len(self._finished.tool_calls):
