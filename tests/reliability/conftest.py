@@ -1,5 +1,6 @@
 """The reliability campaign (issue #20, item 4): slow, run in CI; its counts are sized to keep the whole directory
-under ~6 minutes on the 2-core CI machine (``BUNSHIN_SOAK_CYCLES`` and friends raise them)."""
+under ~10 minutes on an idle 2-core CI machine, ~4 of them the 2,000 fork cycles (``BUNSHIN_SOAK_CYCLES`` and
+friends change them)."""
 
 from __future__ import annotations
 
