@@ -15,7 +15,7 @@ from .._tools import Tool, bash_tool
 from .._trajectory import Trajectory, load_trajectories
 from ._bundled import calc_task, calc_trajectories
 from ._runner import CONFIGS, markdown_table, run_experiment, write_outputs
-from ._terminal import terminal_task, terminal_trajectories
+from ._terminal import PADS, padded_seconds, terminal_task, terminal_trajectories
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -41,7 +41,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     p.add_argument("--trajectories", type=Path, help="replay this JSONL(.gz) trajectory file instead")
     p.add_argument("--limit", type=int, default=40, help="trajectories taken from --trajectories")
-    p.add_argument("--pad-tools", action="store_true", help="pad each tool call to its recorded duration")
+    p.add_argument(
+        "--pad-tools", action="store_true",
+        help="pad each tool call to its recorded duration (--trajectories) or, on the terminal workload, to a "
+        "duration drawn from the timed traces' per-kind distribution (installs, tests, long runs; sleep, stated)",
+    )  # fmt: skip
     p.add_argument(
         "--group-by", choices=["task", "rollout"], default=None,
         help="--trajectories: 'task' replays the rollouts of one task_id as a GRPO group (one set-up, forked); "
@@ -51,25 +55,37 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=Path("bench/results"))
 
 
-def _padded_bash(recorded: dict[tuple[str, int], list[float]], scale: float) -> Any:
-    """A bash tool per rollout that sleeps after each call until its recorded duration x ``scale`` has passed."""
+def _padded_bash(pad: Any, scale: float) -> Any:
+    """A bash tool per rollout that sleeps after each call until ``pad(task_id, rollout, command)`` x ``scale``
+    seconds have passed. Keyed by the command, not by call order, so that a call run speculatively (or twice) pads
+    the same as when the model asks for it."""
     inner = bash_tool(timeout=120.0)
     handler = inner.handler
     assert handler is not None
 
     def for_rollout(task_id: str, rollout: int) -> Tool:
-        queue = list(recorded.get((task_id, rollout), []))
-
         async def run(ws: Any, args: dict[str, Any]) -> Any:
             start = anyio.current_time()
             result = await handler(ws, args)
-            want = (queue.pop(0) if queue else 0.0) * scale
+            want = pad(task_id, rollout, str(args.get("command", ""))) * scale
             await anyio.sleep(max(0.0, want - (anyio.current_time() - start)))
             return result
 
         return msgspec.structs.replace(inner, handler=run)
 
     return for_rollout
+
+
+def _recorded_pads(groups: list[tuple[Task, list[Trajectory]]]) -> Any:
+    """Each command's recorded duration in its rollout (the first recording of a command that repeats)."""
+    recorded: dict[tuple[str, int, str], float] = {}
+    for task, trajs in groups:
+        for t in trajs:
+            for s in t.steps:
+                if not s.final:
+                    key = (task.task_id, t.rollout, str((s.args or {}).get("command", "")))
+                    recorded.setdefault(key, s.tool_seconds or 0.0)
+    return lambda task_id, rollout, command: recorded.get((task_id, rollout, command), 0.0)
 
 
 def trajectory_groups(trajs: list[Trajectory], group_by: str) -> list[tuple[Task, list[Trajectory]]]:
@@ -108,9 +124,7 @@ def main(args: argparse.Namespace) -> int:
                     "groups": len(groups), "group_by": group_by, "time_scale": args.time_scale,
                     "pad_tools": args.pad_tools}  # fmt: skip
         if args.pad_tools:
-            recorded = {(task.task_id, t.rollout): [s.tool_seconds or 0.0 for s in t.steps if not s.final]
-                        for task, ts in groups for t in ts}  # fmt: skip
-            tools_for = _padded_bash(recorded, args.time_scale)
+            tools_for = _padded_bash(_recorded_pads(groups), args.time_scale)
     else:
         terminal = args.workload == "terminal"
         if args.quick:
@@ -130,10 +144,13 @@ def main(args: argparse.Namespace) -> int:
             make = terminal_trajectories if terminal else calc_trajectories
             trajs = make(rollouts, seed=args.seed + g, llm_median=llm_median)
             groups.append((task, [Trajectory(task_id=task.task_id, rollout=t.rollout, steps=t.steps) for t in trajs]))
+        if terminal and args.pad_tools:
+            tools_for = _padded_bash(lambda task_id, rollout, command: padded_seconds(command), args.time_scale)
         workload = {"kind": args.workload, "task": groups[0][0].task_id, "groups": args.groups,
                     "rollouts_per_group": rollouts, "llm_median_s": llm_median,
                     "llm_sigma": 1.0 if terminal else 0.5, "time_scale": args.time_scale,
-                    "warm_interpreter_mib": kernel_mib, "tools_padded": False,
+                    "warm_interpreter_mib": kernel_mib, "tools_padded": bool(terminal and args.pad_tools),
+                    "tool_pads_median_s": PADS if terminal and args.pad_tools else None,
                     "cpu_work": (args.work or (0.2 if args.quick else 1.0)) if terminal else None}  # fmt: skip
 
     async def go() -> None:

@@ -501,7 +501,12 @@ def _result(runs: list[list[ConfigResult]], workload: dict[str, Any] | None, tim
             "llm": f"replay server: recorded per-turn llm_seconds x time_scale {time_scale} (first token after "
             "min(0.05 s, llm_seconds); finish_reason one token interval after the last argument fragment); "
             "simulated, not a real model",
-            "tools": "executed for real in the workspace (measured)",
+            "tools": "executed for real in the workspace (measured)"
+            + (
+                "; then each call sleeps until its padded duration x time_scale has passed (see the workload)"
+                if workload and (workload.get("tools_padded") or workload.get("pad_tools"))
+                else ""
+            ),
             "memory": "summed PSS of all workspace processes + snapshots and copy-on-write page images on tmpfs "
             "(beyond what PSS shows), sampled every 0.1 s",
         },

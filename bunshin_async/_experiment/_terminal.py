@@ -7,9 +7,10 @@ each installs the dependencies its own way (one at a time after each import erro
 people do), re-runs the same test command after every install and edit, fixes the bug (sometimes wrongly first),
 then builds and benchmarks. The slow calls (real ``pip install``s from the vendored sources, test runs, a CPU-bound
 build and benchmark) are state-changing and predictable from context (the module an import error names, the test
-command after an edit, the benchmark after the build) but not from the shared prefix. Tools really execute; nothing
-is padded. LLM time per turn is a seeded log-normal with the traces' median (3.3 s) and spread (sigma 1.0: mean
-~5.4 s, p90 ~12 s), capped at 30 s; ``time_scale`` of the experiment scales it.
+command after an edit, the benchmark after the build) but not from the shared prefix. Tools really execute; they
+are padded only when ``--pad-tools`` asks (see ``PADS``). LLM time per turn is a seeded log-normal with the traces'
+median (3.3 s) and spread (sigma 1.0: mean ~5.4 s, p90 ~12 s), capped at 30 s; ``time_scale`` of the experiment
+scales it (and the pads).
 """
 
 from __future__ import annotations
@@ -48,6 +49,34 @@ VARIANTS = [
     [f"{PIP} ./vendor/fastcsv", TESTS, f"{PIP} ./vendor/colstats", TESTS, WRONG_FIX, TESTS, RIGHT_AFTER_WRONG, TESTS,
      BUILD, BENCH],
 ]  # fmt: skip
+
+
+# With ``--pad-tools``, each call runs for real and then sleeps up to a duration drawn, once per command, from a
+# log-normal with the timed traces' per-kind median (../shared/traces/README.md): real installs there download
+# (median 28.5 s, 37% of tool time), tests take 1.2 s, and 13% of calls take over 10 s (here the build and the
+# benchmark). Unpadded, the vendored installs take 1-2 s and tools are ~6% of a rollout's time, against the traces'
+# 39%: too little for any tool-latency mechanism to show.
+PADS = {"install": 28.5, "test": 1.2, "long run": 10.0}
+PAD_SIGMA = 0.5
+
+
+def call_kind(command: str) -> str | None:
+    """The kind whose duration a padded run of ``command`` takes, or None (not padded)."""
+    if "pip install" in command:
+        return "install"
+    if command == TESTS:
+        return "test"
+    if command in (BUILD, BENCH):
+        return "long run"
+    return None
+
+
+def padded_seconds(command: str) -> float:
+    """The padded duration of ``command`` (the same in every rollout and configuration: seeded by the command)."""
+    kind = call_kind(command)
+    if kind is None:
+        return 0.0
+    return round(min(120.0, PADS[kind] * random.Random(command).lognormvariate(0.0, PAD_SIGMA)), 3)
 
 
 def terminal_task(kernel_mib: int = 64, *, work: float = 1.0) -> Task:

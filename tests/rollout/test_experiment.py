@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from bunshin_async import Workspace
 from bunshin_async._cli import main as cli_main
 from bunshin_async._experiment._bundled import calc_task, calc_trajectories
-from bunshin_async._experiment._cli import trajectory_groups
+from bunshin_async._experiment._cli import _padded_bash, trajectory_groups
 from bunshin_async._experiment._runner import CONFIGS, ReplayAgent, markdown_table, run_experiment, write_outputs
+from bunshin_async._experiment._terminal import BUILD, PIP, TESTS, call_kind, padded_seconds
 from bunshin_async._llm._replay import ReplayServer
 from bunshin_async._llm._timing import RecordedTiming
 from bunshin_async.rollout import GroupRollout, Step, Trajectory, dump_trajectories
@@ -89,6 +92,32 @@ def test_a_trajectory_file_replays_as_groups_and_an_unfinished_recording_as_trun
     assert trajectory_groups(trajs, "rollout")[1][0].task_id == "t1:1"
 
 
+async def test_a_padded_call_pads_by_its_command_not_by_call_order() -> None:
+    """A call run out of order (speculated, or cancelled and run again) pads like the call the model asks for: the
+    pad is looked up by command, so a call made first does not take another call's duration."""
+    tool = _padded_bash(lambda task_id, rollout, command: 0.4 if command == "echo slow" else 0.0, 1.0)("t", 0)
+    assert tool.handler is not None
+    async with Workspace() as ws:
+        for command in ["true", "echo slow", "true", "echo slow"]:
+            t = time.monotonic()
+            result = await tool.handler(ws, {"command": command})
+            took = time.monotonic() - t
+            assert result.exit_code == 0
+            if command == "echo slow":
+                assert took >= 0.4, took
+
+
+def test_terminal_pads_follow_the_traces_kinds_and_agree_everywhere() -> None:
+    """The padded terminal workload: installs, tests and long runs get durations around the traces' per-kind
+    medians, the same for the same command wherever it runs; reads and edits are not padded."""
+    install = f"{PIP} ./vendor/fastcsv"
+    assert call_kind(install) == "install" and call_kind(TESTS) == "test" and call_kind(BUILD) == "long run"
+    assert call_kind("cat README.md") is None and padded_seconds("cat README.md") == 0.0
+    assert padded_seconds(install) == padded_seconds(install)
+    assert 28.5 / 8 < padded_seconds(install) < 28.5 * 8
+    assert 1.2 / 8 < padded_seconds(TESTS) < 1.2 * 8
+
+
 def _bench(tmp_path: Path, *args: str) -> dict[str, Any]:
     out = tmp_path / "out"
     assert cli_main(["bench", "--quick", "--out", str(out), *args]) == 0
@@ -116,11 +145,12 @@ def test_every_configuration_through_bunshin_bench_quick(tmp_path: Path) -> None
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_the_terminal_workload_through_bunshin_bench_quick(tmp_path: Path) -> None:
-    """`bunshin bench --workload terminal --quick`: real installs from the vendored sources, test runs, a build and a
-    benchmark, diverging after three calls; every configuration agrees on calls, results and final states, and
-    every rollout ends with the tests passing (reward 1)."""
-    result = _bench(tmp_path, "--workload", "terminal")
-    assert result["workload"]["kind"] == "terminal" and result["workload"]["tools_padded"] is False
+    """`bunshin bench --workload terminal --quick --pad-tools`: real installs from the vendored sources, test runs, a
+    build and a benchmark (padded), diverging after three calls; every configuration agrees on calls, results and
+    final states, and every rollout ends with the tests passing (reward 1)."""
+    result = _bench(tmp_path, "--workload", "terminal", "--pad-tools")
+    assert result["workload"]["kind"] == "terminal" and result["workload"]["tools_padded"] is True
+    assert "padded" in result["models"]["tools"]
     assert result["same_calls_and_results"] is True, result["differences"]
     for c in result["configs"]:
         assert [r["reward"] for r in c["rollouts"]] == [1.0, 1.0], c["name"]
