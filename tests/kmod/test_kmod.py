@@ -97,6 +97,8 @@ def test_criu_restores_copies_through_the_module() -> None:
     # /proc/PID/maps), and read the template's exact bytes.
     assert all(a >= 1 and b >= 1 for a, b in test["copy_tmpl_vmas"]), test["copy_tmpl_vmas"]
     assert test["copy_digests"] == [test["template_digests"]] * copies
+    # The template fds stayed in criu: a copy holds mappings only, no descriptor of the module.
+    assert test["copy_tmpl_fds"] == 0
     # Without CRIU_TMPL_DEV the same images restore as before: the page image read, no template mapping.
     assert test["plain_tmpl_vmas"] == [0, 0]
     assert test["plain_digests"] == test["template_digests"]
