@@ -519,7 +519,7 @@ static int check(size_t mib)
 	double restore_ms[NCOPIES + 1] = { 0 }, restore_log_ms[NCOPIES + 1] = { 0 }, pin_ms[NCOPIES + 1] = { 0 };
 	double dump_full_ms = 0, dump_tmpl_ms = 0;
 	long long full_bytes = 0, tmpl_bytes = 0;
-	int mark_ok = 0, refused_ok = 0, fds = 0;
+	int mark_ok = 0, refused_ok = 0, wrong_root_ok = 0, fds = 0;
 	char line[512];
 	FILE *f;
 
@@ -570,6 +570,28 @@ static int check(size_t mib)
 			fail("a plain restore of the template dump did not refuse it (exit %d)", rc);
 			kill_tree(p);
 		}
+	}
+
+	/* Another tree (a workload of another size) as CRIU_TMPL_ROOT: its memory layout differs, the restore refuses. */
+	{
+		double ms, lg, pin;
+		int rc;
+		pid_t other, p = -1;
+
+		unlink(OUT "/d1");
+		unlink(OUT "/d2");
+		other = start_workload(mib + 1);
+		if (other <= 0 || wait_file(OUT "/d1", 60000) || wait_file(OUT "/d2", 60000))
+			fail("the second workload did not start");
+		else {
+			p = restore_at(IMG_TMPL, M_TMPL, other, 8, &ms, &lg, &pin, &rc);
+			wrong_root_ok = p < 0 && rc > 0 &&
+					file_has(IMG_TMPL "/restore-8.log", "CRIU_TMPL_ROOT names another tree");
+			if (!wrong_root_ok)
+				fail("a template restore from another tree did not refuse it (exit %d)", rc);
+		}
+		kill_tree(p);
+		kill_tree(other);
 	}
 
 	/*
@@ -650,9 +672,9 @@ static int check(size_t mib)
 		printf("%s\"%016llx\"", i > 1 ? ", " : "", (unsigned long long)others[i]);
 	printf("], \"template_after\": \"%016llx\", \"dump_full_ms\": %.1f, \"dump_tmpl_ms\": %.1f, "
 	       "\"full_pages_bytes\": %lld, \"tmpl_pages_bytes\": %lld, \"mark_ok\": %s, \"refused_ok\": %s, "
-	       "\"restore_ms\": [",
+	       "\"wrong_root_ok\": %s, \"restore_ms\": [",
 	       (unsigned long long)tpl_after, dump_full_ms, dump_tmpl_ms, full_bytes, tmpl_bytes, mark_ok ? "true" : "false",
-	       refused_ok ? "true" : "false");
+	       refused_ok ? "true" : "false", wrong_root_ok ? "true" : "false");
 	for (int i = 0; i <= NCOPIES; i++)
 		printf("%s%.1f", i ? ", " : "", restore_ms[i]);
 	printf("], \"restore_log_ms\": [");

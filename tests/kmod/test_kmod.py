@@ -92,6 +92,9 @@ def test_criu_restores_copies_through_the_module() -> None:
     assert test["full_pages_bytes"] > 17 << 20
     assert 0 < test["tmpl_pages_bytes"] < 1 << 20
     assert test["mark_ok"] and test["refused_ok"]
+    # A template restore from another tree (CRIU_TMPL_ROOT naming a workload of another size) refuses it: the
+    # template tasks' mappings must match the images' VMAs exactly.
+    assert test["wrong_root_ok"]
     # Both tasks of every copy (pid 1 and its child, in the copy's own pid namespace; two copies from the template
     # dump, one from the plain dump) map their memory from the template (/dev/bunshin_tmpl mappings in
     # /proc/PID/maps), and read the template's exact bytes.
