@@ -12,10 +12,19 @@ costs beside a page-image fork's, all in one guest run, medians of 5 (kmod/tests
 
 The guest is emulated (TCG), so only ratios mean anything: ``ratio_*`` are the largest size over the smallest
 (1.0 = cost independent of memory, ``ratio_sizes`` = proportional), and ``image_cow_over_kmod_*`` a criu-cow-like
-fork (dump + image map) over a module fork (pin + map) at the same size. Prints JSON; never fails because the
-machine is slow.
+fork (dump + image map) over a module fork (pin + map) at the same size.
 
-    .venv/bin/python bench/kmod_bench.py [--sizes 64,256]      (issue #21's sizes: --sizes 200,800)
+A second guest run (kmod/run-vm.sh criu-bench, ``--criu-sizes``, default 32 and 128 MiB; empty to skip) times the
+project's CRIU on a two-task tree, medians of 5: a plain dump (``dump_full_ms``) beside a template dump without the
+anonymous pages (``dump_tmpl_ms``, CRIU_TMPL_DUMP, criu/patches/0012; ``*_pages_bytes``: what each wrote), then a
+copy's restore three ways, interleaved: through the module from the template dump (``tmpl``), CRIU's CoW restore of
+the plain dump's page image (``cow``, CRIU_COW_RESTORE=1) and a plain restore reading it (``plain``). The times
+are criu's own (its log's last time stamp: exec and dynamic linking, seconds under TCG, are left out; the
+``*_wall_ms`` keep them); ``tmpl_pin_ms`` is the part of a template restore spent in BUNSHIN_TMPL_CREATE (every
+restore pins again: caching the template fds per snapshot is not done), and ``tmpl_unpinned_vs_cow`` the ratio
+without it. Prints JSON; never fails because the machine is slow.
+
+    .venv/bin/python bench/kmod_bench.py [--sizes 64,256] [--criu-sizes 32,128]   (issue #21's: --sizes 200,800)
 """
 
 from __future__ import annotations
@@ -33,21 +42,29 @@ RUN_VM = Path(__file__).resolve().parent.parent / "kmod" / "run-vm.sh"
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="64,256", help="comma-separated template sizes in MiB (smallest first)")
+    ap.add_argument("--criu-sizes", default="32,128", help="sizes for the CRIU restore run (empty: skip it)")
     ap.add_argument("--timeout", type=int, default=400, help="seconds the guest may run")
     args = ap.parse_args()
     sizes = [str(int(s)) for s in args.sizes.split(",")]
+    out = _guest("bench", sizes, args.timeout)
+    if args.criu_sizes:
+        out["criu_restore"] = _guest("criu-bench", [str(int(s)) for s in args.criu_sizes.split(",")], args.timeout)
+    print(json.dumps(out, indent=1))
+
+
+def _guest(job: str, sizes: list[str], timeout: int) -> dict[str, object]:
     start = time.monotonic()
     res = subprocess.run(
-        [str(RUN_VM), "bench", *sizes],
+        [str(RUN_VM), job, *sizes],
         capture_output=True,
         text=True,
         errors="replace",
-        timeout=args.timeout + 120,
+        timeout=timeout + 120,
         stdin=subprocess.DEVNULL,
         # The guest holds the largest template, its page image on tmpfs and a restored copy at once.
         env={
             **os.environ,
-            "BUNSHIN_KMOD_TIMEOUT": str(args.timeout),
+            "BUNSHIN_KMOD_TIMEOUT": str(timeout),
             "BUNSHIN_KMOD_MEM": str(max(2048, 4 * max(int(s) for s in sizes) + 512)),
         },
     )
@@ -61,7 +78,7 @@ def main() -> None:
         None,
     )
     out: dict[str, object] = {
-        "benchmark": "kmod-template-fork",
+        "benchmark": "kmod-template-fork" if job == "bench" else "kmod-criu-template-restore",
         "date": time.strftime("%Y-%m-%d"),
         "host": "guest under qemu TCG (software emulation) on a shared host: ratios only",
         "wall_s": round(time.monotonic() - start, 1),
@@ -77,7 +94,7 @@ def main() -> None:
             kernel_bad_lines=result["kernel_bad_lines"],
             **(result["test"] or {"error": "the guest job printed nothing"}),
         )
-    print(json.dumps(out, indent=1))
+    return out
 
 
 if __name__ == "__main__":

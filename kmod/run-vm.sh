@@ -5,9 +5,14 @@
 #
 #   kmod/run-vm.sh check [MiB]        correctness: digests, isolation, accounting, lifetime, errors (tmpl_test.c)
 #   kmod/run-vm.sh bench MiB...       map time per template size beside a page-image restore (ratios only)
+#   kmod/run-vm.sh criu [MiB]         CRIU dumping a workload tree as a template and restoring copies through the
+#                                     module (criu/patches/0012-template-restore.patch; tests/criu_test.c)
+#   kmod/run-vm.sh criu-bench MiB...  dump and restore times through the module beside CRIU's CoW and plain ones
 #
 # The initramfs holds busybox (static), bunshin_tmpl.ko and tmpl_test (static), all built here from the tree into a
-# temporary directory (parallel runs do not share one). The guest's init loads the module, runs the job, unloads the
+# temporary directory (parallel runs do not share one); the criu jobs add the project's CRIU (criu/dist/sbin/criu,
+# or BUNSHIN_KMOD_CRIU) with the shared libraries it loads (ldd), the nf_tables modules it probes for (unpacked by
+# kmod/setup.sh) and criu_test (static). The guest's init loads the module, runs the job, unloads the
 # module, scans the kernel log for BUG/WARNING/Oops/Call Trace and prints one line
 #   BUNSHIN_KMOD_RESULT {"insmod_rc": 0, "test_rc": 0, "rmmod_rc": 0, "module_gone": true, "kernel_bad_lines": 0, ...}
 # then powers off. Exit status: 0 when that line says everything passed, 1 when it says otherwise, 2 when the VM
@@ -21,8 +26,8 @@ set -euo pipefail
 KMOD=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 die() { echo "run-vm.sh: $*" >&2; exit 2; }
 
-(($#)) || die "usage: run-vm.sh check [MiB] | run-vm.sh bench MiB..."
-case $1 in check | bench) ;; *) die "unknown job '$1' (check or bench)" ;; esac
+(($#)) || die "usage: run-vm.sh check|criu [MiB] | run-vm.sh bench|criu-bench MiB..."
+case $1 in check | bench | criu | criu-bench) ;; *) die "unknown job '$1' (check, bench, criu or criu-bench)" ;; esac
 for a in "${@:2}"; do [[ $a =~ ^[0-9]+$ ]] || die "sizes are whole MiB, not '$a'"; done
 
 # shellcheck source=kmod/kernel.env
@@ -65,8 +70,30 @@ grep -v -E '^(Skipping BTF|  )' "$WORK/build.log" >&2 || true
 gcc -static -O2 -Wall -Wextra -Werror -o "$WORK/root/tmpl_test" "$KMOD/tests/tmpl_test.c" \
     || die "tmpl_test build failed"
 cp "$WORK/mod/bunshin_tmpl.ko" "$WORK/root/"
+prog=/tmpl_test
+if [[ $1 == criu* ]]; then
+    prog=/criu_test
+    CRIU_BIN=${BUNSHIN_KMOD_CRIU:-$KMOD/../criu/dist/sbin/criu}
+    [[ -x $CRIU_BIN ]] || die "no CRIU at $CRIU_BIN; run \`make setup\` (criu/build.sh)"
+    "$CRIU_BIN" --version 2>/dev/null | grep -qx 'Features: tmpl-restore' \
+        || die "$CRIU_BIN lacks the template restore (criu/patches/0012-template-restore.patch); rerun criu/build.sh"
+    # CRIU's kernel-feature probe needs nf_tables: the modules kmod/setup.sh unpacked, loaded in their order.
+    [[ -s $CACHE/$KVER/modules/order ]] || die "no modules for CRIU in $CACHE/$KVER/modules; run \`make setup\`"
+    gcc -static -O2 -Wall -Wextra -Werror -o "$WORK/root/criu_test" "$KMOD/tests/criu_test.c" \
+        || die "criu_test build failed"
+    mkdir -p "$WORK/root/criu" "$WORK/root/mods"
+    cp "$CACHE/$KVER/modules/order" "$WORK/root/mods/"
+    while read -r m; do cp "$CACHE/$KVER/modules/$m.ko" "$WORK/root/mods/"; done <"$CACHE/$KVER/modules/order"
+    cp "$CRIU_BIN" "$WORK/root/criu/criu"
+    # The loader and every library criu loads, at the paths the loader looks them up at.
+    for lib in $(ldd "$CRIU_BIN" | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }'); do
+        mkdir -p "$WORK/root$(dirname "$lib")"
+        cp -L "$lib" "$WORK/root$lib"
+    done
+fi
 cp "$BUSYBOX" "$WORK/root/bin/busybox"
 printf '%s\n' "$*" >"$WORK/root/job"
+echo "$prog" >"$WORK/root/prog"
 cat >"$WORK/root/init" <<'INIT'
 #!/bin/busybox sh
 /bin/busybox --install -s /bin
@@ -78,12 +105,17 @@ mount -t devtmpfs dev /dev
 mount -t tmpfs -o size=75% tmp /tmp
 mount -t cgroup2 cgroup2 /sys/fs/cgroup
 echo "BUNSHIN_KMOD_BOOTED $(cut -d' ' -f1 /proc/uptime)"
+if [ -f /mods/order ]; then
+    for m in $(cat /mods/order); do insmod /mods/$m.ko || echo "BUNSHIN_KMOD_DEP insmod $m failed"; done
+    mkdir -p /dev/shm && mount -t tmpfs -o size=16m shm /dev/shm  # CRIU's kernel-feature cache (RUNDIR)
+    ip link set lo up  # CRIU probes TCP repair over loopback
+fi
 insmod /bunshin_tmpl.ko
 ins=$?
 test_rc=99
 if [ "$ins" = 0 ]; then
     # stderr goes to the console as it comes (progress, failures); stdout's last line is the job's JSON.
-    { /tmpl_test $(cat /job) >/tmp/out; echo $? >/tmp/rc; } 2>&1 | sed 's/^/TMPL_TEST_STDERR /'
+    { $(cat /prog) $(cat /job) >/tmp/out; echo $? >/tmp/rc; } 2>&1 | sed 's/^/TMPL_TEST_STDERR /'
     test_rc=$(cat /tmp/rc)
 fi
 rmmod bunshin_tmpl

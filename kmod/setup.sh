@@ -61,4 +61,38 @@ if [[ ! -s "$CACHE/$KVER/vmlinux" || "$(cat "$CACHE/$KVER/version" 2>/dev/null)"
     rm -rf "$tmp"
     trap - EXIT
 fi
+# The modules CRIU needs in the guest (kmod/run-vm.sh's criu jobs): its kernel-feature probe runs libnftables,
+# which exits when the kernel has no nf_tables; Debian builds nf_tables and what it loads as modules. Those the
+# package holds (.ko, or compressed) are unpacked in load order into modules/, listed in modules/order; one it
+# lacks is built in.
+CRIU_MODS="crypto/crc32c_generic lib/libcrc32c net/netfilter/nfnetlink net/netfilter/nf_tables"
+if [[ ! -s "$CACHE/$KVER/modules/order" ]]; then
+    log "unpacking the guest's modules for CRIU (nf_tables) from linux-image-$KVER $KPKGVER"
+    tmp=$(mktemp -d "$CACHE/.modules-XXXXXX")
+    trap 'rm -rf "$tmp"' EXIT
+    chmod 0755 "$tmp" && chown _apt "$tmp" 2>/dev/null || true
+    (cd "$tmp" && apt-get download -qq "linux-image-$KVER=$KPKGVER" 2>/dev/null) \
+        || { apt-get update -qq && (cd "$tmp" && apt-get download -qq "linux-image-$KVER=$KPKGVER"); }
+    dpkg-deb --fsys-tarfile "$tmp"/linux-image-*.deb >"$tmp/image.tar"
+    tar -tf "$tmp/image.tar" >"$tmp/list"
+    mkdir -p "$tmp/out"
+    for m in $CRIU_MODS; do
+        path=$(grep -E "^\./lib/modules/$KVER/kernel/$m\.ko(\.xz|\.zst)?$" "$tmp/list" | head -n 1 || true)
+        [[ -n $path ]] || continue
+        tar -C "$tmp" -xf "$tmp/image.tar" "$path"
+        name=$(basename "$m")
+        case $path in
+            *.xz) xz -dc "$tmp/$path" >"$tmp/out/$name.ko" ;;
+            *.zst) zstd -qdc "$tmp/$path" >"$tmp/out/$name.ko" ;;
+            *) cp "$tmp/$path" "$tmp/out/$name.ko" ;;
+        esac
+        echo "$name" >>"$tmp/out/order"
+    done
+    grep -qx nf_tables "$tmp/out/order" 2>/dev/null \
+        || { echo "kmod/setup.sh: no nf_tables module in linux-image-$KVER" >&2; exit 1; }
+    rm -rf "$CACHE/$KVER/modules"
+    mv "$tmp/out" "$CACHE/$KVER/modules"
+    rm -rf "$tmp"
+    trap - EXIT
+fi
 echo "kmod guest kernel $KVER ($KPKGVER) ready"

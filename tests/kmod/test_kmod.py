@@ -1,6 +1,8 @@
 """The kernel module (kmod/) in a qemu guest running the pinned Debian kernel: a frozen template process, four
 copies mapping its memory through /dev/bunshin_tmpl, their digests, isolation and memory accounting, the
-template's lifetime, the interface's errors, the module's unload and a clean kernel log (kmod/run-vm.sh)."""
+template's lifetime, the interface's errors, the module's unload and a clean kernel log (kmod/run-vm.sh); and the
+project's CRIU in the guest restoring copies of a frozen template tree through the module
+(criu/patches/0012-template-restore.patch, kmod/tests/criu_test.c)."""
 
 from __future__ import annotations
 
@@ -68,6 +70,49 @@ def test_copies_share_the_template_and_stay_isolated() -> None:
     # A copy's map costs the same for 4x the memory (a per-page cost would make this ratio 4).
     assert test["map_ms_256mib"] < 2 * test["map_ms_64mib"], test
     # The kernel log, in the guest (dmesg, after rmmod) and on the console, has no BUG/WARNING/Oops/trace.
+    assert result["kernel_bad_lines"] == 0
+    assert not [line for line in console.splitlines() if KERNEL_BAD.search(line)]
+    assert rc == 0
+
+
+@pytest.mark.root
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_criu_restores_copies_through_the_module() -> None:
+    rc, console, result = _run("criu", "16")
+    test = result["test"]
+    assert isinstance(test, dict), result
+    assert test["failures"] == [], test["failures"]
+    assert result["kernel"] == _pinned_kernel()
+    assert (result["insmod_rc"], result["test_rc"], result["rmmod_rc"]) == (0, 0, 0), result
+    copies = test["copies"]
+    assert copies == 3
+    # The template dump (CRIU_TMPL_DUMP) writes none of the anonymous memory (17 MiB) the plain dump writes, and
+    # marks its images: a restore without the module refuses them.
+    assert test["full_pages_bytes"] > 17 << 20
+    assert 0 < test["tmpl_pages_bytes"] < 1 << 20
+    assert test["mark_ok"] and test["refused_ok"]
+    # A template restore from another tree (CRIU_TMPL_ROOT naming a workload of another size) refuses it: the
+    # template tasks' mappings must match the images' VMAs exactly.
+    assert test["wrong_root_ok"]
+    # Both tasks of every copy (pid 1 and its child, in the copy's own pid namespace; two copies from the template
+    # dump, one from the plain dump) map their memory from the template (/dev/bunshin_tmpl mappings in
+    # /proc/PID/maps), and read the template's exact bytes.
+    assert all(a >= 1 and b >= 1 for a, b in test["copy_tmpl_vmas"]), test["copy_tmpl_vmas"]
+    assert test["copy_digests"] == [test["template_digests"]] * copies
+    # The template fds stayed in criu: a copy holds mappings only, no descriptor of the module.
+    assert test["copy_tmpl_fds"] == 0
+    # Without CRIU_TMPL_DEV the same images restore as before: the page image read, no template mapping.
+    assert test["plain_tmpl_vmas"] == [0, 0]
+    assert test["plain_digests"] == test["template_digests"]
+    # A copy's write is its own: the other copies, the plain copy and the template (thawed after the copies are
+    # gone) keep the template's bytes.
+    assert test["written_digest"] != test["template_digests"][0]
+    assert test["others_after_write"] == [test["template_digests"][0]] * copies
+    assert test["template_after"] == test["template_digests"][0]
+    assert test["digests_ok"] and test["isolation_ok"] and test["plain_ok"]
+    # Every template fd was released (rmmod succeeds only then) and the kernel logged no BUG/WARNING/Oops/trace.
+    assert result["module_gone"] is True
     assert result["kernel_bad_lines"] == 0
     assert not [line for line in console.splitlines() if KERNEL_BAD.search(line)]
     assert rc == 0
