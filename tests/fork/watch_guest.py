@@ -124,11 +124,17 @@ def drain(ino: int, fan: int, wds: dict[int, str], log) -> None:
     log.flush()
 
 
+def write_marks(fds: dict[str, int]) -> None:
+    """Atomically: a reader polling for /tmp/marks must never see it empty or half-written."""
+    with open("/tmp/marks.new", "w") as f:
+        f.write("\n".join(marks(fds)) + "\n")
+    os.rename("/tmp/marks.new", "/tmp/marks")
+
+
 def main() -> None:
     ino, fan, wds = setup()
     fds = {"inotify": ino, "fanotify": fan}
-    with open("/tmp/marks", "w") as f:
-        f.write("\n".join(marks(fds)) + "\n")
+    write_marks(fds)
     log = open("/tmp/events.log", "a")
     while True:
         drain(ino, fan, wds, log)
@@ -137,9 +143,7 @@ def main() -> None:
         except FileNotFoundError:
             cmd = ""
         if cmd == "marks":
-            with open("/tmp/marks.new", "w") as f:
-                f.write("\n".join(marks(fds)) + "\n")
-            os.rename("/tmp/marks.new", "/tmp/marks")
+            write_marks(fds)
             os.unlink(f"{W}/cmd")
         time.sleep(0.02)
 
