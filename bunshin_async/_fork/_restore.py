@@ -104,10 +104,12 @@ async def restore_into(ws: WorkspaceCore, snap: Snapshot, backend: CriuBackend |
     ws.state = "starting"
     try:
         async with ws.failing_closes():
-            prime_attach()
             ws.make_dirs(upper=False)
-            await _upper_from(ws, snap)
+            # The cgroup first: the priming attach holds cgroup_mutex through its grace period, and a cgroup-v1
+            # mkdir waits for that mutex (it took 3-13 ms here when made after the prime).
             ws.create_cgroup()
+            prime_attach()
+            await _upper_from(ws, snap)
             await _restore(ws, snap, backend or _criu.default_backend())
             ws.state = "running"
     except OSError as exc:
