@@ -464,8 +464,11 @@ static int restore_wrap(int argc, char **argv)
 	/* With --net the namespace made next is the copy's; without, CRIU makes it from this one in the restored
 	 * user namespace (criu/patches/0011). Either way it gets a hash table of its own (enter_small_hash_netns). */
 	int host_net = enter_small_hash_netns();
-	if (host_net >= 0)
-		close(host_net); /* CRIU needs nothing of the host's net namespace */
+	if (host_net >= 0) {
+		close(host_net); /* CRIU needs nothing of the host's net namespace but a loopback (kerndat probes) */
+		if (!net)
+			loopback_up();
+	}
 	if (unshare(CLONE_NEWNS | (net ? CLONE_NEWNET : 0)) < 0)
 		fail("unshare", errno);
 	mount_or_fail(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL);
