@@ -221,7 +221,7 @@ done
 PY=/usr/bin/python3
 # Without GnuTLS (NO_GNUTLS=1: --tls page servers, which Bunshin never uses; criu refuses --tls then) and without
 # libnftables (a pkg-config that does not see it: only --network-lock nftables uses it; dumps here skip the lock and
-# restores use the iptables default): criu loads 7 shared libraries instead of 22, and every criu process, two a
+# restores use the iptables default): criu loads 7 shared libraries instead of 21, and every criu process, two a
 # fork, starts ~2 ms sooner (dynamic linking and GnuTLS's constructor, which parses its ASN.1 tables).
 printf '#!/bin/sh\nfor arg; do [ "$arg" = libnftables ] && exit 1; done\nexec pkg-config "$@"\n' >"$BUILD/pkg-config"
 chmod 0755 "$BUILD/pkg-config"
