@@ -3,8 +3,8 @@
 # project-locally into criu/dist. Idempotent; see README.md.
 #
 # Environment overrides:
-#   CRIU_RUNDIR    kdat cache dir baked into the binary (default: /run/criu if
-#                  /run is a tmpfs, else /dev/shm/criu)
+#   CRIU_RUNDIR    kdat cache dir baked into the binary (default: /run/criu-<build>
+#                  if /run is a tmpfs, else /dev/shm/criu-<build>)
 #   DEBIAN_MIRROR  Debian archive URI (default: parsed from the apt sources)
 #   CRIU_FORCE=1   rebuild even if up to date
 set -euo pipefail
@@ -25,19 +25,6 @@ trap '[[ -z "$APT_TMP" ]] || rm -rf "$APT_TMP"' EXIT
 die() { echo "build.sh: error: $*" >&2; exit 1; }
 log() { echo "==> $*"; }
 
-# --- kdat cache dir (RUNDIR) ------------------------------------------------
-# CRIU 4.2.1 bakes $(RUNDIR) into criu/kerndat.c as KDAT_RUNDIR and stores
-# "$RUNDIR/criu.kdat" there, but only if that dir is on a tmpfs (it checks
-# TMPFS_MAGIC) and already exists (it never creates it).
-if [[ -n "${CRIU_RUNDIR:-}" ]]; then
-    RUNDIR=$CRIU_RUNDIR
-elif [[ "$(stat -f -c %T /run 2>/dev/null || true)" == tmpfs ]]; then
-    RUNDIR=/run/criu
-else
-    RUNDIR=/dev/shm/criu
-fi
-ensure_rundir() { mkdir -p -m 0700 "$RUNDIR" 2>/dev/null || true; }
-
 # --- patch series -----------------------------------------------------------
 PATCHES=()
 while IFS= read -r line || [[ -n "$line" ]]; do
@@ -47,6 +34,23 @@ while IFS= read -r line || [[ -n "$line" ]]; do
     [[ -f "patches/$line" ]] || die "patch listed in patches/series not found: patches/$line"
     PATCHES+=("patches/$line")
 done < patches/series
+
+# --- kdat cache dir (RUNDIR) ------------------------------------------------
+# CRIU 4.2.1 bakes $(RUNDIR) into criu/kerndat.c as KDAT_RUNDIR and stores
+# "$RUNDIR/criu.kdat" there, but only if that dir is on a tmpfs (it checks
+# TMPFS_MAGIC) and already exists (it never creates it). The cache's magic is
+# the build time, so two builds sharing a dir (worktrees with other patches)
+# would make each other re-probe at every run: the dir is named per build.
+BUILD_ID=$( { cat VERSION SHA256 patches/series ${PATCHES[@]+"${PATCHES[@]}"} "$HERE/build.sh"; } \
+            | sha256sum | cut -c1-12)
+if [[ -n "${CRIU_RUNDIR:-}" ]]; then
+    RUNDIR=$CRIU_RUNDIR
+elif [[ "$(stat -f -c %T /run 2>/dev/null || true)" == tmpfs ]]; then
+    RUNDIR=/run/criu-$BUILD_ID
+else
+    RUNDIR=/dev/shm/criu-$BUILD_ID
+fi
+ensure_rundir() { mkdir -p -m 0700 "$RUNDIR" 2>/dev/null || true; }
 
 # --- stamp: sha256(VERSION + SHA256 + series + patches + build.sh + RUNDIR) --
 want_stamp=$( { cat VERSION SHA256 patches/series ${PATCHES[@]+"${PATCHES[@]}"} "$HERE/build.sh"; echo "RUNDIR=$RUNDIR"; } \
@@ -215,8 +219,15 @@ done
 # Use the system python3 (stdlib only, for scripts/magic-gen.py) rather than
 # whatever python3 comes first in PATH (venvs, pyenv shims).
 PY=/usr/bin/python3
+# Without GnuTLS (NO_GNUTLS=1: --tls page servers, which Bunshin never uses; criu refuses --tls then) and without
+# libnftables (a pkg-config that does not see it: only --network-lock nftables uses it; dumps here skip the lock and
+# restores use the iptables default): criu loads 7 shared libraries instead of 21, and every criu process, two a
+# fork, starts ~2 ms sooner (dynamic linking and GnuTLS's constructor, which parses its ASN.1 tables).
+printf '#!/bin/sh\nfor arg; do [ "$arg" = libnftables ] && exit 1; done\nexec pkg-config "$@"\n' >"$BUILD/pkg-config"
+chmod 0755 "$BUILD/pkg-config"
 log "building criu $VERSION (RUNDIR=$RUNDIR, make -j$(nproc))"
-make -C "$BUILD/src" -j"$(nproc)" PYTHON="$PY" RUNDIR="$RUNDIR" criu lib >"$BUILD/make.log" 2>&1 \
+make -C "$BUILD/src" -j"$(nproc)" PYTHON="$PY" RUNDIR="$RUNDIR" NO_GNUTLS=1 PKG_CONFIG="$BUILD/pkg-config" \
+    criu lib >"$BUILD/make.log" 2>&1 \
     || { tail -50 "$BUILD/make.log" >&2
          # With -j2 the first error is often far above the tail: name it.
          grep -m3 -E 'No rule to make target|\*\*\*|error:' "$BUILD/make.log" >&2 || true

@@ -64,6 +64,9 @@ Memory of the copies (``ws.fork_mode``, chosen by ``Config.fork_mode``, ``BUNSHI
 Network: a workspace's net namespace that is as it started (``plain_netns``: loopback only, default addresses) is
 left out of the images (``--external net[...]``) and each copy gets a fresh one, made by the restore wrapper and
 handed to CRIU (``inherit_fd``); sockets are carried as always. Otherwise CRIU dumps and restores the namespace.
+Every workspace's and copy's net namespace has a TCP hash table of its own (16,384 buckets, native/init.c
+``enter_small_hash_netns``), not the host's (262,144 here): CRIU's socket collection walks the whole table at each
+dump, twice (IPv4 and IPv6).
 A copy in its own user namespace (``Security.userns``, ``_userns``) cannot join a namespace the wrapper made (it is
 owned by the host's user namespace), so CRIU makes it in the restored tree instead (criu/patches/0011,
 ``FRESH_NETNS``). CRIU dumps and restores the user namespace and its uid/gid maps, so copies keep the mapping.

@@ -92,28 +92,29 @@ async def _snapshot(ws: WorkspaceCore, backend: CriuBackend | None) -> Snapshot:
     if ws.state != "running" or ws.pid is None:
         raise ws.closed_error()
     backend = backend or _criu.default_backend()
-    layer = await anyio.to_thread.run_sync(agent_layer)
+    # Blocking steps are grouped into few worker-thread calls: each hop costs 0.1-0.5 ms here, and a snapshot
+    # made ten of them before CRIU started.
+    layer, fs = await anyio.to_thread.run_sync(lambda: (agent_layer(), fs_only()))
     assert ws.spec.image is not None
     snap = Snapshot(
         workspace_id=ws.id,
         parent_lower=ws.lower or f"{layer}:{ws.spec.image.lower_dirs}",
         spec=ws.spec.detached(),
-        mode="fs" if await anyio.to_thread.run_sync(fs_only) else "criu",
+        mode="fs" if fs else "criu",
         setup=ws.setup,
     )
     gated: AgentClient | None = None
     try:
-        (snap.path if snap.mode == "fs" else snap.images).mkdir(parents=True)
-        await anyio.to_thread.run_sync(hold_layers, [snap.path, *chain_layers(snap.lower)], snap.holder)
-        parent = None if snap.mode == "fs" else await anyio.to_thread.run_sync(_dump_parent, ws, snap)
+        parent = await anyio.to_thread.run_sync(_open, ws, snap)
         gated = await _quiesce.drain(ws)
         if snap.mode == "fs":
             await _fs_copy(ws, snap)
         else:
-            if blocked := await anyio.to_thread.run_sync(_undumpable, ws, False):
+            blocked, netns, env = await anyio.to_thread.run_sync(_before_dump, ws)
+            if blocked:
                 raise ForkError(f"workspace {ws.id}: {blocked}", workspace_id=ws.id)
             try:
-                await _dump(ws, snap, backend, parent)
+                await _dump(ws, snap, backend, parent, netns, env)
             except ForkError as exc:
                 if blocked := await anyio.to_thread.run_sync(_undumpable, ws, True):
                     raise ForkError(f"workspace {ws.id}: {blocked}; {exc}", **exc._kwargs) from exc
@@ -132,9 +133,41 @@ async def _snapshot(ws: WorkspaceCore, backend: CriuBackend | None) -> Snapshot:
     return snap
 
 
-async def _dump(ws: WorkspaceCore, snap: Snapshot, backend: CriuBackend, parent: Path | None) -> None:
+def _open(ws: WorkspaceCore, snap: Snapshot) -> Path | None:
+    """Make the snapshot's directory and take its references; the directory its dump is incremental on, if any
+    (``_dump_parent``; blocking)."""
+    (snap.path if snap.mode == "fs" else snap.images).mkdir(parents=True)
+    hold_layers([snap.path, *chain_layers(snap.lower)], snap.holder)
+    return None if snap.mode == "fs" else _dump_parent(ws, snap)
+
+
+def _before_dump(ws: WorkspaceCore) -> tuple[str, int | None, dict[str, str]]:
+    """What a CRIU dump of the drained ``ws`` needs to know first (blocking): why it cannot be dumped
+    (``_undumpable``, ``""`` when it can), the inode of its net namespace when that is left out of the images
+    (``plain_netns``), CRIU's environment (``dump_env``)."""
+    blocked = _undumpable(ws, False)
+    if blocked:
+        return blocked, None, {}
+    assert ws.pid is not None
+    # Under a user namespace a copy's fresh net namespace must be made by CRIU inside it (FRESH_NETNS); a CRIU
+    # without that patch carries the net namespace instead (ip(8) and iptables-restore at every restore).
+    netns = None
+    if not ws.spec.security.userns or FRESH_NETNS in _criu.criu_features():
+        netns = plain_netns(ws.pid)
+    return "", netns, dump_env()
+
+
+async def _dump(
+    ws: WorkspaceCore,
+    snap: Snapshot,
+    backend: CriuBackend,
+    parent: Path | None,
+    netns: int | None,
+    env: dict[str, str],
+) -> None:
     """CRIU dump of the drained workspace into ``snap.images``, the upper dir copied in the post-dump notification
-    (``parent``: the snapshot directory the dump is incremental on, see ``_dump_parent``)."""
+    (``parent``: the snapshot directory the dump is incremental on, see ``_dump_parent``; ``netns``, ``env``: see
+    ``_before_dump``)."""
     assert ws.pid is not None
     freezer = ws.cgroup.freezer_dir if ws.cgroup is not None else None
     req = rpc.criu_req(type=rpc.DUMP)
@@ -151,11 +184,6 @@ async def _dump(ws: WorkspaceCore, snap: Snapshot, backend: CriuBackend, parent:
         req.opts.freeze_cgroup = str(freezer)
     if parent is not None:
         req.opts.parent_img = f"../../{parent.name}/images"  # relative to snap.images, as CRIU wants it
-    # Under a user namespace a copy's fresh net namespace must be made by CRIU inside it (FRESH_NETNS); a CRIU
-    # without that patch carries the net namespace instead (ip(8) and iptables-restore at every restore).
-    netns = None
-    if not ws.spec.security.userns or FRESH_NETNS in await anyio.to_thread.run_sync(_criu.criu_features):
-        netns = await anyio.to_thread.run_sync(plain_netns, ws.pid)
     if netns is not None:
         req.opts.external.append(f"net[{netns}]:{NET_KEY}")
         snap.fresh_net = True
@@ -167,7 +195,6 @@ async def _dump(ws: WorkspaceCore, snap: Snapshot, backend: CriuBackend, parent:
     fd = os.open(snap.images, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         req.opts.images_dir_fd = fd
-        env = await anyio.to_thread.run_sync(dump_env)
         t0 = time.monotonic()
         # Not cancelled midway: CRIU killed while its parasite runs inside a task of the tree leaves that task
         # executing the parasite without its tracer, and it dies (a cancelled snapshot killed the parent's pid 1,

@@ -104,10 +104,12 @@ async def restore_into(ws: WorkspaceCore, snap: Snapshot, backend: CriuBackend |
     ws.state = "starting"
     try:
         async with ws.failing_closes():
-            prime_attach()
             ws.make_dirs(upper=False)
-            await _upper_from(ws, snap)
+            # The cgroup first: the priming attach holds cgroup_mutex through its grace period, and a cgroup-v1
+            # mkdir waits for that mutex (it took 3-13 ms here when made after the prime).
             ws.create_cgroup()
+            prime_attach()
+            await _upper_from(ws, snap)
             await _restore(ws, snap, backend or _criu.default_backend())
             ws.state = "running"
     except OSError as exc:
@@ -160,11 +162,14 @@ async def _upper_from(ws: WorkspaceCore, snap: Snapshot) -> None:
     old = chain_layers(ws.lower or "")
     new = chain_layers(lower)
     ws.lower = lower  # from here teardown lets go of the new chain
-    try:
-        await anyio.to_thread.run_sync(hold_layers, new, ws.id)
-    finally:
-        with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(release_layers, [p for p in old if p not in new], ws.id)
+
+    def swap() -> None:  # one worker-thread call, not cancelled midway
+        try:
+            hold_layers(new, ws.id)
+        finally:
+            release_layers([p for p in old if p not in new], ws.id)
+
+    await anyio.to_thread.run_sync(swap)
 
 
 async def _stop_processes(ws: WorkspaceCore) -> None:
@@ -180,8 +185,13 @@ async def _stop_processes(ws: WorkspaceCore) -> None:
 
 async def _restore(ws: WorkspaceCore, snap: Snapshot, backend: CriuBackend) -> None:
     assert ws.cgroup is not None
-    mode = "fs" if snap.mode == "fs" else await anyio.to_thread.run_sync(restore_mode)
-    await anyio.to_thread.run_sync(ws.map_from, snap.path if mode == "criu-cow" else None)
+
+    def choose() -> str:  # the memory mode and the snapshot the copy maps, in one worker-thread call
+        mode = "fs" if snap.mode == "fs" else restore_mode()
+        ws.map_from(snap.path if mode == "criu-cow" else None)
+        return mode
+
+    mode = await anyio.to_thread.run_sync(choose)
     if mode == "fs":
         await _restart(ws, snap)
         return

@@ -9,14 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from bunshin_async import _paths
+from bunshin_async import Security, Workspace, _paths
 
 pytestmark = pytest.mark.fork_modes("criu-cow")  # no restore mode involved: run once
 
 PROBE = (
     "readlink /proc/self/fd/9 /proc/self/ns/net; grep -c ' {root} ' /proc/self/mountinfo; cat {root}/hello; "
-    "ip -o link show | cut -d' ' -f2,3"
+    "cat /proc/sys/net/ipv4/tcp_ehash_entries; ip -o link show | cut -d' ' -f2,3"
 )
+CHILD_EHASH = "16384"  # native/init.c: the TCP hash table of a workspace's own net namespace
+HOST_CHILD_EHASH = Path("/proc/sys/net/ipv4/tcp_child_ehash_entries")
 
 
 def _dirs(tmp_path: Path) -> dict[str, Path]:
@@ -38,20 +40,56 @@ def test_private_mount_and_fresh_net(tmp_path: Path) -> None:
     opts = f"lowerdir={d['lower']},upperdir={d['upper']},workdir={d['work']}"
     r = _wrap("--net", "--overlay", opts, "--root", str(d["root"]), "--", "/bin/sh", "-c", PROBE.format(root=d["root"]))
     assert r.returncode == 0, r.stderr
-    fd9, own_net, mounted, hello, *links = r.stdout.split()
+    fd9, own_net, mounted, hello, ehash, *links = r.stdout.split()
     assert fd9 == own_net != os.readlink("/proc/self/ns/net")  # CRIU inherits the new namespace on fd 9
     assert (mounted, hello) == ("1", "from-lower")
+    assert ehash == CHILD_EHASH  # a table of its own (a negative size: the host's, shared)
     assert links[0] == "lo:" and "UP" in links[1].split(",") and len(links) == 2  # loopback only, up
     assert not os.listdir(d["root"])  # the overlay lived only in the wrapper's mount namespace
     assert f" {d['root']} " not in Path("/proc/self/mountinfo").read_text()
 
 
-def test_without_net_keeps_the_callers_namespace(tmp_path: Path) -> None:
+def test_without_net_runs_in_a_namespace_whose_children_get_small_tables(tmp_path: Path) -> None:
+    """Without --net CRIU makes the copy's net namespace itself (criu/patches/0011) or restores the one in the
+    images: the wrapper leaves it in an intermediate namespace whose children get a small TCP table, and the host's
+    setting is untouched."""
     d = _dirs(tmp_path)
     opts = f"lowerdir={d['lower']},upperdir={d['upper']},workdir={d['work']}"
-    r = _wrap("--overlay", opts, "--root", str(d["root"]), "--", "/bin/readlink", "/proc/self/ns/net")
+    host = HOST_CHILD_EHASH.read_text()
+    probe = f"readlink /proc/self/ns/net; cat {HOST_CHILD_EHASH}; unshare -n cat /proc/sys/net/ipv4/tcp_ehash_entries"
+    r = _wrap("--overlay", opts, "--root", str(d["root"]), "--", "/bin/sh", "-c", probe)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == os.readlink("/proc/self/ns/net")
+    net, child_ehash, made = r.stdout.split()
+    assert net != os.readlink("/proc/self/ns/net") and child_ehash == made == CHILD_EHASH
+    assert HOST_CHILD_EHASH.read_text() == host
+
+
+SERVE = (
+    'python3 -c \'import socket; s = socket.create_server(("127.0.0.1", 0)); c = socket.create_connection('
+    's.getsockname()); a, _ = s.accept(); c.sendall(b"pong"); print(a.recv(4).decode())\''
+)
+
+
+@pytest.mark.parametrize("userns", [True, False], ids=["userns", "no-userns"])
+async def test_workspaces_and_copies_have_their_own_tcp_table(userns: bool) -> None:
+    """CRIU's socket collection walks the TCP table of the dumped namespace at every dump: a workspace's, a copy's
+    and a copy of a copy's are small ones of their own, not the host's."""
+    host = HOST_CHILD_EHASH.read_text()
+    probe = "cat /proc/sys/net/ipv4/tcp_ehash_entries"
+    async with Workspace(security=Security(userns=userns)) as ws:
+        [c] = await ws.fork()
+        try:
+            [d] = await c.fork()
+            try:
+                for w in (ws, c, d):
+                    assert (await w.exec(probe)).stdout.strip() == CHILD_EHASH
+                served = await d.exec(SERVE, timeout=30)
+                assert served.stdout.strip() == "pong", served.stderr
+            finally:
+                await d.aclose()
+        finally:
+            await c.aclose()
+    assert HOST_CHILD_EHASH.read_text() == host
 
 
 def test_failures_are_reported_on_stderr(tmp_path: Path) -> None:
