@@ -22,7 +22,6 @@
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,6 +35,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "guest.h"
+
 #define OUT "/tmp/wl"
 #define IMG "/tmp/img"
 #define CRIU "/criu/criu"
@@ -44,44 +45,7 @@
 #define CHILD_MIB 1
 #define DIRTY (256UL << 10)
 
-static char failures[4096];
-static int nfail;
-
-static void fail(const char *fmt, ...)
-{
-	char msg[256];
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
-	va_end(ap);
-	fprintf(stderr, "FAIL: %s\n", msg);
-	for (char *p = msg; *p; p++)
-		if (*p == '"' || *p == '\\')
-			*p = '\'';
-	if (strlen(failures) + strlen(msg) + 4 < sizeof(failures))
-		snprintf(failures + strlen(failures), sizeof(failures) - strlen(failures), "%s\"%s\"",
-			 nfail ? "," : "", msg);
-	nfail++;
-}
-
-static double now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
 /* ---- the workload ---------------------------------------------------------------------------------------- */
-
-static uint64_t splitmix(uint64_t x)
-{
-	x += 0x9e3779b97f4a7c15ULL;
-	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-	x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-	return x ^ (x >> 31);
-}
 
 static uint64_t digest(const uint64_t *w, size_t n)
 {
@@ -126,7 +90,7 @@ static void serve(int role, size_t mib)
 	if (buf == MAP_FAILED)
 		_exit(3);
 	for (size_t i = 0; i < n; i++)
-		buf[i] = splitmix(i * 2 + role);
+		buf[i] = mix(i * 2 + role);
 	sigemptyset(&set);
 	sigaddset(&set, SIGUSR1);
 	sigaddset(&set, SIGUSR2);

@@ -14,7 +14,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,45 +30,11 @@
 #include <unistd.h>
 
 #include "../bunshin_tmpl.h"
+#include "guest.h"
 
 #define PAGE 4096UL
 #define NCOPIES 4
 #define CGROOT "/sys/fs/cgroup"
-
-static char failures[4096];
-static int nfail;
-
-static void fail(const char *fmt, ...)
-{
-	char msg[256];
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
-	va_end(ap);
-	fprintf(stderr, "FAIL: %s\n", msg);
-	if (strlen(failures) + strlen(msg) + 4 < sizeof(failures))
-		snprintf(failures + strlen(failures), sizeof(failures) - strlen(failures), "%s\"%s\"",
-			 nfail ? "," : "", msg);
-	nfail++;
-}
-
-static double now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
-/* The template's pattern: word i of the range holds mix(i), so any misplaced or zeroed page changes the digest. */
-static inline uint64_t mix(uint64_t x)
-{
-	x += 0x9e3779b97f4a7c15ULL;
-	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-	x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-	return x ^ (x >> 31);
-}
 
 static void fill(uint64_t *p, size_t len)
 {
