@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from bunshin_async import Limits, Workspace
+from bunshin_async import Limits, Security, Workspace
 
 ATTEMPTS = (Path(__file__).parent / "attempts.py").read_bytes()
 SYSCTLS = ("kernel/core_pattern", "vm/swappiness", "kernel/pid_max", "vm/overcommit_memory", "kernel/hostname")
@@ -93,8 +93,8 @@ class Box:
 
 
 @asynccontextmanager
-async def inside(where: str, limits: Limits | None = None) -> AsyncIterator[Box]:
-    async with Workspace(limits=limits) as ws:
+async def inside(where: str, limits: Limits | None = None, security: Security | None = None) -> AsyncIterator[Box]:
+    async with Workspace(limits=limits, security=security) as ws:
         await ws.write_file("/workspace/attempts.py", ATTEMPTS)
         if where == "workspace":
             yield Box(ws, None)
@@ -102,6 +102,7 @@ async def inside(where: str, limits: Limits | None = None) -> AsyncIterator[Box]
         (copy,) = await ws.fork()
         try:
             assert copy.fork_mode.startswith("criu")
+            assert security is None or copy.security == security
             yield Box(copy, ws)
         finally:
             await copy.aclose()

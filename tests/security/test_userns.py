@@ -17,7 +17,7 @@ import pytest
 from bunshin_async import Security, Workspace, _kernel, _userns
 from bunshin_async._userns import DEFAULT_IDMAP, IdMap, shifted
 
-from .conftest import ATTEMPTS, Box, Host, host_root_device
+from .conftest import Box, Host, host_root_device, inside
 
 M = DEFAULT_IDMAP
 
@@ -104,17 +104,8 @@ NEEDS_HOST_CAPS: list[tuple[str, tuple[object, ...], set[str]]] = [
 
 @pytest.fixture
 async def relaxed(where: str) -> AsyncIterator[Box]:
-    async with Workspace(security=RELAXED) as ws:
-        await ws.write_file("/workspace/attempts.py", ATTEMPTS)
-        if where == "workspace":
-            yield Box(ws, None)
-            return
-        (copy,) = await ws.fork()
-        try:
-            assert copy.fork_mode.startswith("criu") and copy.security == RELAXED
-            yield Box(copy, ws)
-        finally:
-            await copy.aclose()
+    async with inside(where, security=RELAXED) as box:
+        yield box
 
 
 @pytest.mark.parametrize(
