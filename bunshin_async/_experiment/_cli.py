@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +56,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=Path("bench/results"))
 
 
-def _padded_bash(pad: Any, scale: float) -> Any:
+Pad = Callable[[str, int, str], float]
+"""``(task_id, rollout, command) -> seconds`` a padded call lasts at least (before ``--time-scale``)."""
+
+
+def _padded_bash(pad: Pad, scale: float) -> Callable[[str, int], Tool]:
     """A bash tool per rollout that sleeps after each call until ``pad(task_id, rollout, command)`` x ``scale``
     seconds have passed. Keyed by the command, not by call order, so that a call run speculatively (or twice) pads
     the same as when the model asks for it."""
@@ -76,7 +81,7 @@ def _padded_bash(pad: Any, scale: float) -> Any:
     return for_rollout
 
 
-def _recorded_pads(groups: list[tuple[Task, list[Trajectory]]]) -> Any:
+def _recorded_pads(groups: list[tuple[Task, list[Trajectory]]]) -> Pad:
     """Each command's recorded duration in its rollout (the first recording of a command that repeats)."""
     recorded: dict[tuple[str, int, str], float] = {}
     for task, trajs in groups:
