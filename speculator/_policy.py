@@ -54,6 +54,11 @@ class CostAwarePolicy:
     estimated memory within ``memory_budget`` bytes. One policy may serve many rollouts (share it to share what it
     learned).
 
+    Precision: the probability used is the candidate's times its predictor's observed calibration, ``(hits +
+    prior_weight) / (expected hits + prior_weight)`` over every guess it made (launched or not: the runtime scores
+    each decided call, ``observe_prediction``), capped at 1: a predictor whose guesses never match the workload
+    soon stops launching, a well calibrated one keeps its probabilities.
+
     Chains: a launch ``depth`` calls deep pays with the chain's probability (``Launch.probability``) and can hide
     the rest of this turn's LLM time plus at most ``depth`` more turns' (it is asked for at least ``depth`` calls
     later); deeper than ``max_depth`` is never launched.
@@ -76,6 +81,7 @@ class CostAwarePolicy:
         fork_weight: float = 1.0,
         read_cost: float = 0.002,
         min_probability: float = 0.05,
+        prior_weight: float = 2.0,
         alpha: float = 0.3,
         llm_seconds: float = 3.0,
         cpu_weight: float = 1.0,
@@ -92,6 +98,8 @@ class CostAwarePolicy:
         self.fork_weight = fork_weight
         self.read_cost = read_cost
         self.min_probability = min_probability
+        self.prior_weight = prior_weight
+        self._precision: dict[str, list[float]] = {}  # source -> [hits, expected hits]
         self.alpha = alpha
         self.fork_seconds = _Ewma(fork_seconds)
         self.fork_bytes = _Ewma(float(fork_bytes))
@@ -127,9 +135,26 @@ class CostAwarePolicy:
         lo, hi = min(self._progress.values()), max(self._progress.values())
         return 1.0 if hi == lo else (hi - self._progress[rollout]) / (hi - lo)
 
+    def calibration(self, source: str) -> float:
+        """Observed hits over expected hits of ``source``'s guesses, with ``prior_weight`` guesses' worth of a
+        calibrated prior."""
+        hits, expected = self._precision.get(source, (0.0, 0.0))
+        return (hits + self.prior_weight) / (expected + self.prior_weight)
+
+    def probability(self, option: Launch) -> float:
+        """The chance ``option`` is used: its chain's prior times its candidate's calibrated probability."""
+        cand = option.candidate
+        return option.prior * min(1.0, cand.probability * self.calibration(cand.source))
+
+    def observe_prediction(self, source: str, probability: float, hit: bool) -> None:
+        """``source``'s guesses for one decided call summed to ``probability``; ``hit``: one was the call."""
+        acc = self._precision.setdefault(source, [0.0, 0.0])
+        acc[0] += hit
+        acc[1] += probability
+
     def saving(self, option: Launch) -> float:
         """Expected seconds saved, net of cost (``select`` reads the CPU contention once per call into it)."""
-        p = option.probability
+        p = self.probability(option)
         run = self.expected_seconds(option)
         llm = self.llm_seconds
         hideable = max(0.25 * llm, llm - option.turn_elapsed) + option.depth * llm
@@ -147,7 +172,7 @@ class CostAwarePolicy:
             (
                 (self.saving(o), o)
                 for o in options
-                if o.probability >= self.min_probability and o.depth <= self.max_depth
+                if self.probability(o) >= self.min_probability and o.depth <= self.max_depth
             ),
             key=lambda x: -x[0],
         )

@@ -141,7 +141,9 @@ class Policy(Protocol):
     branches run (``running``) and how many of those hold a fork (``forks``). Told, to learn online, every tool
     run time and every fork's cost. A policy may also have ``observe_llm(seconds)``: the runtime then tells it
     each turn's LLM time (from the request to the message's end); ``release(launch)``: told when a branch it
-    selected ends (committed or not), to track what is in flight; ``rollout_done(rollout)``: that rollout ended."""
+    selected ends (committed or not), to track what is in flight; ``rollout_done(rollout)``: that rollout ended;
+    ``observe_prediction(source, probability, hit)``: when a call is decided, for each predictor (``source``) that
+    guessed it, the guesses' summed probability and whether one of them was the call (to learn its precision)."""
 
     def select(self, options: Sequence[Launch], *, running: int, forks: int) -> list[Launch]: ...
 

@@ -361,6 +361,9 @@ class SpeculativeTurn:
         self._branches: list[_Branch] = []
         self._all_branches: list[_Branch] = []
         self._predicted: set[CallKey] = set()
+        # What each predictor proposed for the next undecided call (source -> key -> probability), scored when that
+        # call is decided: a policy learns its predictors' precision from every guess, launched or not.
+        self._proposed: dict[int, dict[str, dict[CallKey, float]]] = {}
         self._finished: MessageFinished | None = None
         self._message_event = anyio.Event()
         self._complete = anyio.Event()
@@ -596,6 +599,7 @@ class SpeculativeTurn:
         tool = self.tools.get(call.name)
         near = _filtered(tool, key) if tool is not None and key is not None else None
         wanted = {key, near[0] if near else None}
+        self._score(position, wanted)
         # A finished branch for another call may stay (its state is unchanged until a write: a later call may want
         # it, and it costs only memory); one still running for another call goes (it takes CPU from the rollouts).
         keep_done = self._keeping
@@ -605,6 +609,17 @@ class SpeculativeTurn:
         assert self._tg is not None
         self._tg.start_soon(self._run_call, d)
         self._replan()
+
+    def _score(self, position: int, wanted: set[CallKey | None]) -> None:
+        """Tell the policy (if it learns precision: ``observe_prediction``) how each predictor's guesses for call
+        ``position`` fared: one report per source, its guesses' summed probability and whether one was a call a
+        branch could serve (``wanted``: the call, or the command it filters)."""
+        proposed = self._proposed.pop(position, {})
+        observe = getattr(self.speculation.policy, "observe_prediction", None) if self.speculation else None
+        if observe is None:
+            return
+        for source, guesses in proposed.items():
+            observe(source, min(1.0, sum(guesses.values())), any(k in guesses for k in wanted if k is not None))
 
     async def _run_call(self, d: _Decided) -> None:
         earlier = self._decided[: d.position]
@@ -773,6 +788,9 @@ class SpeculativeTurn:
                 if key is None or effect is Effect.EXTERNAL or not deterministic:
                     continue
                 self._predicted.add(key)
+                if depth == 0:
+                    guesses = self._proposed.setdefault(ctx.position, {}).setdefault(cand.source, {})
+                    guesses[key] = cand.probability
                 prior_launch = merged.get(key)
                 if prior_launch is None or cand.probability > prior_launch.candidate.probability:
                     merged[key] = Launch(

@@ -1,8 +1,10 @@
 """The cost-aware policy's decisions on constructed states: a group's straggler is preferred (group latency is
-its straggler's), and a chained launch pays with its chain's probability within the LLM time it can hide."""
+its straggler's), a chained launch pays with its chain's probability within the LLM time it can hide, and a
+predictor's probabilities are scaled by how often its guesses were right."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from bunshin_async._tools import Effect, bash_tool
@@ -73,3 +75,27 @@ def test_a_chained_launch_pays_with_its_chain_probability_within_the_llm_time_it
     assert policy.select([unlikely], running=0, forks=0) == []  # 0.03: below min_probability
     too_deep = _launch("r", 0, p=1.0, seconds=5.0, depth=3)
     assert policy.select([too_deep], running=0, forks=0) == []
+
+
+def test_a_predictor_that_never_matches_stops_launching_and_a_calibrated_one_keeps_its_odds() -> None:
+    policy = CostAwarePolicy(contention=None, llm_seconds=3.0, prior_weight=2.0)
+    guess = _launch("r", 0, p=0.9, seconds=2.0)  # source "": one predictor's guesses
+    assert policy.probability(guess) == pytest.approx(0.9)  # nothing observed yet: taken at its word
+    assert len(policy.select([guess], running=0, forks=0)) == 1
+    for _ in range(20):  # twenty decided calls, none of them what it guessed
+        policy.observe_prediction("", 0.9, False)
+    assert policy.calibration("") == pytest.approx(2 / 20)
+    assert policy.select([guess], running=0, forks=0) == []  # 0.09 x 2 s no longer pays for the fork
+    # another predictor, right as often as it says (half of its 0.5 guesses hit): its odds are unchanged
+    for i in range(40):
+        policy.observe_prediction("fair", 0.5, i % 2 == 0)
+    fair = Launch(
+        candidate=msgspec.structs.replace(guess.candidate, probability=0.5, source="fair"), key=guess.key,
+        effect=guess.effect, rollout="r",
+    )  # fmt: skip
+    assert policy.probability(fair) == pytest.approx(0.5)
+    # an underconfident one is raised, never above 1; a chain's prior still multiplies it
+    for _ in range(20):
+        policy.observe_prediction("shy", 0.3, True)
+    shy = msgspec.structs.replace(fair, candidate=msgspec.structs.replace(fair.candidate, source="shy"), prior=0.5)
+    assert policy.calibration("shy") == pytest.approx(22 / 8) and policy.probability(shy) == pytest.approx(0.5)

@@ -11,7 +11,16 @@ import pytest
 from bunshin_async import Workspace
 from bunshin_async._llm._openai import tap_openai_stream
 from bunshin_async.llm import FixedTiming, MessageFinished
-from bunshin_async.speculation import CallResult, Speculation, SpeculativeTurn, WorkspaceHandle, run_turn
+from bunshin_async.speculation import (
+    CallKey,
+    CallResult,
+    Candidate,
+    PredictionContext,
+    Speculation,
+    SpeculativeTurn,
+    WorkspaceHandle,
+    run_turn,
+)
 from bunshin_async.tools import bash_tool, read_file_tool
 from speculator import CostAwarePolicy, Rule, RulePredictor
 
@@ -68,6 +77,38 @@ async def test_wrong_prediction_leaves_no_trace(serve: Any) -> None:
     # it cost no more than the fork: the turn ended when the call itself was done
     assert turn.tool_seconds < 0.5, turn.timeline
     assert abs(on.wall_seconds - off.wall_seconds) < 0.4
+
+
+class _AlwaysWrong:
+    """Guesses, before every call, a slow write the model never asks for."""
+
+    name = "always-wrong"
+
+    def predict(self, ctx: PredictionContext) -> list[Candidate]:
+        command = "sleep 2; touch /workspace/never"
+        return [Candidate(name="bash", arguments={"command": command}, probability=0.9, source=self.name,
+                          expected_seconds=2.0)]  # fmt: skip
+
+    def observe(self, ctx: PredictionContext, call: CallKey) -> None:
+        pass
+
+
+async def test_a_predictor_that_is_never_right_stops_being_launched(serve: Any) -> None:
+    steps = [bash(f"echo {i} > f{i}", llm=0.1) for i in range(24)] + [final()]
+    policy = CostAwarePolicy(contention=None)
+    spec = Speculation(predictors=[_AlwaysWrong()], policy=policy)
+    async with serve([trajectory("never", steps)]) as client:
+        async with Workspace() as ws0:
+            off = await agent_rollout(client, "replay:never", ws0, TOOLS, None)
+        async with Workspace() as ws1:
+            on = await agent_rollout(client, "replay:never", ws1, TOOLS, spec)
+    assert on.calls == off.calls and on.final_state == off.final_state
+    launched = [len(t.branches) for t in on.turns]
+    assert launched[0] == 1 and on.metrics.committed == 0, launched
+    # every decided call scored the guess (launched or not); its odds fell until the fork no longer paid: the
+    # later turns launched nothing (at 0.9 and the runtime's default costs they would all have launched)
+    assert policy.calibration("always-wrong") < 0.2
+    assert sum(launched[-5:]) == 0, (launched, policy.calibration("always-wrong"))
 
 
 async def test_cancelling_the_turn_cancels_every_branch(serve: Any) -> None:
