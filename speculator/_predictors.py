@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import msgspec
+import xxhash
 
 from bunshin_async.speculation import CallKey, Candidate, PredictionContext, chain_root, extend_chain
 
@@ -29,21 +30,35 @@ __all__ = [
 ]
 
 
+# What differs between two runs of one command that saw the same thing: numbers (times, sizes, pids, addresses).
+_VOLATILE = re.compile(rb"\d+")
+
+
+def _output_digest(output: str) -> bytes:
+    """A digest of what a call printed, numbers masked: two runs that printed the same thing but for timings (``Ran
+    5 tests in 0.003s``), sizes or pids have the same digest."""
+    return xxhash.xxh3_64(_VOLATILE.sub(b"0", output.encode(errors="replace"))).digest()
+
+
 class SiblingTable:
     """What rollouts of one group did next, in memory, shared by every rollout of the group (pass one table to each
     rollout's ``SiblingPredictor`` and ``ObservationPredictor``): from each whole history (``next``: chain key ->
     calls), after each call whatever came before it (``after``: previous call -> calls; rollouts that diverged
-    still repeat pairs such as a build then its benchmark), and the argument templates the observation predictor
-    learned (``templates``)."""
+    still repeat pairs such as a build then its benchmark), after each call that printed the same thing (``seen``:
+    previous call and ``_output_digest`` of its output -> calls: the same test run, passing, was followed by
+    the build), and the argument templates the observation predictor learned (``templates``)."""
 
     def __init__(self) -> None:
         self.next: dict[bytes, Counter[CallKey]] = defaultdict(Counter)
         self.after: dict[CallKey | None, Counter[CallKey]] = defaultdict(Counter)
+        self.seen: dict[tuple[CallKey | None, bytes], Counter[CallKey]] = defaultdict(Counter)
         self.templates: dict[str, Counter[tuple[str, str]]] = defaultdict(Counter)
 
-    def add(self, chain: bytes, call: CallKey, previous: CallKey | None = None) -> None:
+    def add(self, chain: bytes, call: CallKey, previous: CallKey | None = None, output: str | None = None) -> None:
         self.next[chain][call] += 1
         self.after[previous][call] += 1
+        if output is not None:
+            self.seen[previous, _output_digest(output)][call] += 1
 
     def __len__(self) -> int:
         return len(self.next)
@@ -52,7 +67,10 @@ class SiblingTable:
 class SiblingPredictor:
     """The calls sibling rollouts made next from the same history (same chain key), with their frequencies as
     probabilities (``confidence`` scales them: siblings diverge even from equal prefixes); for a history no sibling
-    had, what siblings did after the same previous call (scaled by ``after_confidence``)."""
+    had, what siblings did after the same previous call when it printed the same thing (``seen_confidence``: agents
+    answer equal observations alike), else after the same previous call whatever it printed (``after_confidence``).
+    The observation is the context's ``last_output``, used for a message's first call (then it is surely the
+    previous call's)."""
 
     name = "siblings"
 
@@ -61,18 +79,25 @@ class SiblingPredictor:
         table: SiblingTable | None = None,
         *,
         confidence: float = 0.9,
+        seen_confidence: float = 0.8,
         after_confidence: float = 0.6,
         top: int = 3,
     ) -> None:
         self.table = table if table is not None else SiblingTable()
         self.confidence = confidence
+        self.seen_confidence = seen_confidence
         self.after_confidence = after_confidence
         self.top = top
 
     def predict(self, ctx: PredictionContext) -> Sequence[Candidate]:
         seen, confidence = self.table.next.get(ctx.chain), self.confidence
         if not seen and ctx.history:
-            seen, confidence = self.table.after.get(ctx.history[-1]), self.after_confidence
+            previous = ctx.history[-1]
+            output = _observation(ctx)
+            if output is not None:
+                seen, confidence = self.table.seen.get((previous, _output_digest(output))), self.seen_confidence
+            if not seen:
+                seen, confidence = self.table.after.get(previous), self.after_confidence
         if not seen:
             return []
         total = sum(seen.values())
@@ -82,7 +107,13 @@ class SiblingPredictor:
         ]
 
     def observe(self, ctx: PredictionContext, call: CallKey) -> None:
-        self.table.add(ctx.chain, call, ctx.history[-1] if ctx.history else None)
+        self.table.add(ctx.chain, call, ctx.history[-1] if ctx.history else None, _observation(ctx))
+
+
+def _observation(ctx: PredictionContext) -> str | None:
+    """What the previous call printed, when ``ctx.last_output`` is surely that: for a message's first call (the
+    previous turn's calls have all finished; later calls of a message may be predicted while earlier ones run)."""
+    return ctx.last_output if ctx.history and ctx.position == 0 else None
 
 
 # What an observation names that the next call is likely to take as an argument: the module of an import error,

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from typing import Any
 
+import msgspec
 import pytest
 
 from bunshin_async import Workspace
@@ -144,10 +145,33 @@ def test_recent_runs_after_an_edit_and_siblings_after_the_same_call() -> None:
     assert [c.arguments["command"] for c in cands] == ["python -m unittest -q"]
     assert recent.predict(_ctx("python -m unittest -q", "cat a.py")) == []  # no edit, no re-run
     table = SiblingTable()
-    SiblingPredictor(table).observe(_ctx("ls", "python build.py"), CallKey.of(BASH, {"command": "python bench.py"}))
-    # another history, same previous call: what the sibling did after it
-    [cand] = SiblingPredictor(table).predict(_ctx("cat README", "python build.py"))
+    built = _ctx("ls", "python build.py", last_output="built\n")
+    SiblingPredictor(table).observe(built, CallKey.of(BASH, {"command": "python bench.py"}))
+    # another history, same previous call (which printed something else): what the sibling did after it
+    [cand] = SiblingPredictor(table).predict(_ctx("cat README", "python build.py", last_output="built, 1 warning\n"))
     assert cand.arguments["command"] == "python bench.py" and cand.probability == pytest.approx(0.6)
+
+
+def test_siblings_after_the_same_call_that_printed_the_same_thing() -> None:
+    table = SiblingTable()
+    sibling, mine = SiblingPredictor(table), SiblingPredictor(table)
+    tests, build, install = (CallKey.of(BASH, {"command": c}) for c in ("make test", "make build", "pip install x"))
+    passed = "Ran 5 tests in 0.003s\n\nOK\n"
+    failed = "ModuleNotFoundError: No module named 'x'\nRan 5 tests in 0.001s\n\nFAILED (errors=1)\n"
+    sibling.observe(_ctx("ls", "make test", last_output=failed), install)
+    sibling.observe(_ctx("ls", "make test", "pip install x", "make test", last_output=passed), build)
+    # another history: after the same test run, what the sibling did when it printed the same (timings aside)
+    [cand] = mine.predict(_ctx("cat README", "make test", last_output=passed.replace("0.003", "0.417")))
+    assert cand.arguments["command"] == "make build" and cand.probability == pytest.approx(0.8)
+    [cand] = mine.predict(_ctx("cat README", "make test", last_output=failed))
+    assert cand.arguments["command"] == "pip install x"
+    # an output no sibling saw: what followed the call whatever it printed, less sure
+    cands = mine.predict(_ctx("cat README", "make test", last_output="Segmentation fault\n"))
+    assert {c.arguments["command"] for c in cands} == {"make build", "pip install x"}
+    assert all(c.probability == pytest.approx(0.3) for c in cands)
+    # a later call of a message (the one before it may still run): its output is not the observation
+    later = msgspec.structs.replace(_ctx("cat README", "make test", last_output=passed), position=1, decided=(tests,))
+    assert [c.probability for c in mine.predict(later)] == pytest.approx([0.3, 0.3])
 
 
 def test_under_a_full_cpu_the_policy_backs_off() -> None:
