@@ -192,11 +192,19 @@ class ObservationPredictor:
 # Programs whose runs a rollout repeats after changing something (tests, scripts, builds).
 _RUNS = re.compile(r"^bash:(python( -m \S+| script)?|pytest|make|npm|yarn|cargo|go|node|mvn|gradle|ctest|tox)$")
 _EDITS = re.compile(r"^bash:(sed|cat >|tee|echo >|printf >|patch|git apply|python -c >)$|^(write_file|str_replace)")
+# Package managers: ``<one of these> ... install|add ...`` changes the environment a run failed in.
+_MANAGERS = re.compile(r"^bash:(pip\d*|python -m pip|uv|apt|apt-get|npm|yarn|pnpm|conda|mamba|gem|cargo|go|poetry)$")
+_INSTALL = re.compile(r"(?<![\w-])(install|add)(?![\w-])")
+
+
+def _installs(call: CallKey, sig: str) -> bool:
+    return bool(_MANAGERS.match(sig)) and bool(_INSTALL.search(call.args.decode(errors="replace")))
 
 
 class RecentPredictor:
-    """The rollout's own recent runs: after an edit (``sed -i``, a heredoc, ``write_file``), the runs it made
-    before (the last test command first), which agents repeat to check the edit."""
+    """The rollout's own recent runs: after an edit (``sed -i``, a heredoc, ``write_file``) or an install (``pip
+    install``, ``npm add``), the runs it made before (the last test command first), which agents repeat to check
+    the change. Installs are never the runs repeated."""
 
     name = "recent"
 
@@ -208,12 +216,14 @@ class RecentPredictor:
         if not ctx.history:
             return []
         last = ctx.history[-1]
-        if not _EDITS.match(signature(last.name, last.arguments())):
+        sig = signature(last.name, last.arguments())
+        if not _EDITS.match(sig) and not _installs(last, sig):
             return []
         out: list[Candidate] = []
         seen: set[CallKey] = set()
         for call in reversed(ctx.history[:-1]):
-            if call in seen or not _RUNS.match(signature(call.name, call.arguments())):
+            sig = signature(call.name, call.arguments())
+            if call in seen or not _RUNS.match(sig) or _installs(call, sig):
                 continue
             seen.add(call)
             p = self.confidence * (0.4 ** len(out))

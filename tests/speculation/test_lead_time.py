@@ -144,6 +144,12 @@ def test_recent_runs_after_an_edit_and_siblings_after_the_same_call() -> None:
     cands = recent.predict(_ctx("python -m unittest -q", "cat a.py", "sed -i s/a/b/ a.py"))
     assert [c.arguments["command"] for c in cands] == ["python -m unittest -q"]
     assert recent.predict(_ctx("python -m unittest -q", "cat a.py")) == []  # no edit, no re-run
+    # an install changes what the last run failed on: re-run it (installs themselves are never the run repeated)
+    after_install = recent.predict(_ctx("python -m unittest -q", "python -m pip install a", "pip install -q ./b"))
+    assert [c.arguments["command"] for c in after_install] == ["python -m unittest -q"]
+    assert [c.arguments["command"] for c in recent.predict(_ctx("npm test", "npm add left-pad"))] == ["npm test"]
+    assert recent.predict(_ctx("npm install", "sed -i s/a/b/ x.js")) == []
+    assert recent.predict(_ctx("python -m unittest -q", "pip list")) == []  # not an install
     table = SiblingTable()
     built = _ctx("ls", "python build.py", last_output="built\n")
     SiblingPredictor(table).observe(built, CallKey.of(BASH, {"command": "python bench.py"}))
