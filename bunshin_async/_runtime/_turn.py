@@ -32,7 +32,7 @@ from typing import Any, Literal
 import anyio
 import msgspec
 from anyio.abc import TaskGroup
-from anyio.streams.memory import MemoryObjectSendStream
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from .._accounting import tree_bytes
 from .._exceptions import BunshinError, InvalidArgument, ToolError, unwrap_group
@@ -356,6 +356,7 @@ class SpeculativeTurn:
         self._clock = clock
         self._tg: TaskGroup | None = None
         self._out: MemoryObjectSendStream[TapEvent | CallResult] | None = None
+        self._in: MemoryObjectReceiveStream[TapEvent | CallResult] | None = None
         self._decided: list[_Decided] = []
         self._results: dict[int, CallResult] = {}
         self._branches: list[_Branch] = []
@@ -424,6 +425,9 @@ class SpeculativeTurn:
             async with unwrap_group():
                 await tg.__aexit__(exc_type, exc, tb)
         finally:
+            for stream in (self._out, self._in):  # the pump or the relay may never have started to close them
+                if stream is not None:
+                    stream.close()
             with anyio.CancelScope(shield=True):
                 if failed:  # branches running in the handle's task group close their own forks: wait for them
                     for b in self._all_branches:
@@ -450,12 +454,12 @@ class SpeculativeTurn:
             raise RuntimeError("a turn is fed once")
         self._fed = True
         send, receive = anyio.create_memory_object_stream[TapEvent | CallResult](math.inf)
-        self._out = send
+        self._out, self._in = send, receive
         self._tg.start_soon(self._pump, events, send)
         return self._relay(receive)
 
     @staticmethod
-    async def _relay(receive: Any) -> AsyncIterator[TapEvent | CallResult]:
+    async def _relay(receive: MemoryObjectReceiveStream[TapEvent | CallResult]) -> AsyncIterator[TapEvent | CallResult]:
         async with receive:
             async for item in receive:
                 yield item

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import time
+import warnings
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -10,7 +13,7 @@ import pytest
 
 from bunshin_async import Workspace
 from bunshin_async._llm._openai import tap_openai_stream
-from bunshin_async.llm import FixedTiming, MessageFinished
+from bunshin_async.llm import FixedTiming, MessageFinished, TapEvent
 from bunshin_async.speculation import (
     CallKey,
     CallResult,
@@ -145,6 +148,24 @@ async def test_cancelling_the_turn_cancels_every_branch(serve: Any) -> None:
             assert "sleep" not in probe.stdout  # the in-place read branch was killed with its process group
             assert (await ws.exec("ls /workspace")).stdout == "start\n"  # the write branch's fork is gone
     # the leak fixtures check that no fork, snapshot or process is left
+
+
+async def test_a_turn_cancelled_before_its_stream_is_read_closes_its_streams() -> None:
+    async def never() -> AsyncIterator[TapEvent]:
+        await anyio.sleep_forever()
+        yield MessageFinished(content="", tool_calls=[], finish_reason="stop", t=0.0)  # pragma: no cover
+
+    async with Workspace() as ws, WorkspaceHandle(ws) as handle:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ResourceWarning)
+            with anyio.CancelScope() as scope:
+                async with SpeculativeTurn(handle, TOOLS, rules()) as turn:
+                    relay = turn.feed(never())  # neither the pump nor the relay has started
+                    scope.cancel()
+                    await anyio.sleep(1)
+            del relay, turn
+            gc.collect()
+    assert not [w for w in caught if issubclass(w.category, ResourceWarning)], [str(w.message) for w in caught]
 
 
 async def test_two_parallel_calls_in_one_message(serve: Any) -> None:
