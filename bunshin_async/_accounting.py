@@ -167,10 +167,13 @@ class ResourceMonitor:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         assert self._tg is not None
-        self._samples.append(await anyio.to_thread.run_sync(self._sample))
-        self._tg.cancel_scope.cancel()
-        await self._tg.__aexit__(exc_type, exc, tb)
-        self._t1 = time.monotonic()
+        try:
+            with anyio.CancelScope(shield=True):  # the last sample, also when the body was cancelled
+                self._samples.append(await anyio.to_thread.run_sync(self._sample))
+        finally:  # always leave the task group (a scope left entered breaks every scope around it)
+            self._tg.cancel_scope.cancel()
+            await self._tg.__aexit__(exc_type, exc, tb)
+            self._t1 = time.monotonic()
 
     def report(self) -> MemoryReport:
         samples = sorted(self._samples, key=lambda s: s.t)

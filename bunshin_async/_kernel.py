@@ -142,7 +142,7 @@ class Cgroup:
         for d in self.dirs:
             try:
                 out.update(int(x) for x in (d / "cgroup.procs").read_text().split())
-            except FileNotFoundError:
+            except OSError:  # removed meanwhile (ENOENT, or ENODEV while the read races the removal): no processes
                 pass
         return sorted(out)
 
@@ -153,7 +153,7 @@ class Cgroup:
         name = "memory.peak" if self.version == 2 else "memory.max_usage_in_bytes"
         try:
             return int((d / name).read_text())
-        except (FileNotFoundError, ValueError):
+        except (OSError, ValueError):  # removed meanwhile (ENOENT, ENODEV)
             return None
 
     @classmethod

@@ -1,5 +1,6 @@
 """Memory accounting (``bunshin_async._accounting``): page images mapped copy-on-write are counted in full, once,
-wherever the kernel placed the mapping (``/proc/PID/maps`` pads low addresses with zeros, ``map_files`` does not)."""
+wherever the kernel placed the mapping (``/proc/PID/maps`` pads low addresses with zeros, ``map_files`` does not);
+the background monitor leaves cleanly when cancelled."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+import anyio
 import pytest
 
-from bunshin_async._accounting import mapped_image_bytes, tree_bytes
+from bunshin_async._accounting import ResourceMonitor, mapped_image_bytes, tree_bytes
 
 MAPPER = r"""
 import ctypes, mmap, os, sys
@@ -50,3 +52,15 @@ def test_mapped_image_counted_once_at_low_and_high_addresses(image: Path) -> Non
             assert tree_bytes(image.parent) >= 3 << 20
         finally:
             proc.kill()
+
+
+async def test_a_monitor_whose_body_is_cancelled_leaves_its_scopes_in_order() -> None:
+    # Its exit used to await the last sample first: cancelled there, it never left its task group, and every
+    # enclosing scope then failed with "Attempted to exit a cancel scope that isn't the current task's".
+    with anyio.CancelScope() as outer:
+        async with ResourceMonitor(interval=0.01) as monitor:
+            await anyio.sleep(0.05)
+            outer.cancel()
+            await anyio.sleep(1)
+    assert outer.cancelled_caught
+    assert monitor.report().samples  # the last sample was still taken

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import subprocess
 import threading
 from pathlib import Path
 
-from bunshin_async._kernel import mount_options, prime_cgroup_attach
+import pytest
+
+from bunshin_async._kernel import Cgroup, mount_options, prime_cgroup_attach
 from bunshin_async._native import mount
 
 
@@ -45,3 +49,23 @@ def test_mount_options_reports_the_deepest_mount(tmp_path: Path) -> None:
     finally:
         subprocess.run(["umount", str(point)], check=True)
     assert mount_options(point) == outer
+
+
+def test_a_cgroup_removed_while_read_has_no_processes(tmp_path: Path) -> None:
+    # Reading cgroup.procs of a v1 cgroup removed after the open fails with ENODEV, not ENOENT: a removed cgroup,
+    # whichever way the read races its removal, has no processes (the experiment's monitor samples forks that go).
+    probe = Path("/sys/fs/cgroup/pids") if Path("/sys/fs/cgroup/pids").is_dir() else Path("/sys/fs/cgroup")
+    d = probe / f"bunshin-enodev-{os.getpid()}"
+    d.mkdir()
+    f = (d / "cgroup.procs").open()
+    d.rmdir()
+    with pytest.raises(OSError) as err:
+        f.read()
+    f.close()
+    assert err.value.errno == errno.ENODEV  # what the kernel does: the case pids() must take
+
+    class Racing(type(tmp_path)):  # type: ignore[misc]
+        def read_text(self, *args: object, **kwargs: object) -> str:
+            raise OSError(errno.ENODEV, "No such device")
+
+    assert Cgroup(1, [Racing(d)]).pids() == [] and Cgroup(1, [d]).pids() == []
