@@ -351,15 +351,18 @@ class ReplayServer:
         self._tg = tg
         return self
 
-    async def __aexit__(self, *exc_info: Any) -> None:
-        await self.aclose()
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
+        # The body ran inside the server's task group: hand its exception to the group (which then raises it, with
+        # a failure of the server's own tasks beside it), not None, which would hide both.
+        tg, self._tg = self._tg, None
+        if tg is None:
+            return None
+        tg.cancel_scope.cancel()
+        return await tg.__aexit__(*exc_info)
 
     async def aclose(self) -> None:
         """Stop serving; open streams are cut. Idempotent."""
-        tg, self._tg = self._tg, None
-        if tg is not None:
-            tg.cancel_scope.cancel()
-            await tg.__aexit__(None, None, None)
+        await self.__aexit__(None, None, None)
 
     # ------------------------------------------------------------------------------------------------ routes
 
