@@ -86,3 +86,14 @@ async def agent_rollout(
         metrics=speculation.metrics if speculation is not None else RolloutMetrics(),
         turns=list(speculation.turns) if speculation is not None else [],
     )
+
+
+async def off_and_on(client: Any, model: str, tools: Sequence[Tool], speculation: Speculation) -> tuple[Run, Run]:
+    """The same replay with speculation off (the plain loop) and on, each in a fresh workspace: both must make the
+    same calls with the same results and leave the same final state."""
+    async with Workspace() as ws0:
+        off = await agent_rollout(client, model, ws0, tools, None)
+    async with Workspace() as ws1:
+        on = await agent_rollout(client, model, ws1, tools, speculation)
+    assert on.calls == off.calls and on.final_state == off.final_state
+    return off, on

@@ -9,12 +9,11 @@ from typing import Any
 
 import pytest
 
-from bunshin_async import Workspace
 from bunshin_async._tools import builtin_tools
 from bunshin_async.speculation import BranchRecord, Speculation
 from speculator import CostAwarePolicy, Rule, RulePredictor
 
-from .agent_loop import Run, agent_rollout
+from .agent_loop import Run, off_and_on
 from .conftest import bash, final, trajectory
 
 TOOLS = builtin_tools()
@@ -40,12 +39,7 @@ def _speculation(rules: list[Rule], *, keep: int = 2) -> Speculation:
 
 async def _both(serve: Any, steps: list[Any], spec: Speculation) -> tuple[Run, Run]:
     async with serve([trajectory("chain", steps)]) as client:
-        async with Workspace() as ws0:
-            off = await agent_rollout(client, "replay:chain", ws0, TOOLS, None)
-        async with Workspace() as ws1:
-            on = await agent_rollout(client, "replay:chain", ws1, TOOLS, spec)
-    assert on.calls == off.calls and on.final_state == off.final_state
-    return off, on
+        return await off_and_on(client, "replay:chain", TOOLS, spec)
 
 
 def _branches(run: Run) -> dict[str, BranchRecord]:

@@ -27,7 +27,7 @@ from bunshin_async.speculation import (
 from bunshin_async.tools import bash_tool, read_file_tool
 from speculator import CostAwarePolicy, Rule, RulePredictor
 
-from .agent_loop import agent_rollout, workspace_state
+from .agent_loop import agent_rollout, off_and_on, workspace_state
 from .conftest import bash, final, trajectory
 
 TOOLS = [bash_tool(), read_file_tool()]
@@ -101,11 +101,7 @@ async def test_a_predictor_that_is_never_right_stops_being_launched(serve: Any) 
     policy = CostAwarePolicy(contention=None)
     spec = Speculation(predictors=[_AlwaysWrong()], policy=policy)
     async with serve([trajectory("never", steps)]) as client:
-        async with Workspace() as ws0:
-            off = await agent_rollout(client, "replay:never", ws0, TOOLS, None)
-        async with Workspace() as ws1:
-            on = await agent_rollout(client, "replay:never", ws1, TOOLS, spec)
-    assert on.calls == off.calls and on.final_state == off.final_state
+        off, on = await off_and_on(client, "replay:never", TOOLS, spec)
     launched = [len(t.branches) for t in on.turns]
     assert launched[0] == 1 and on.metrics.committed == 0, launched
     # every decided call scored the guess (launched or not); its odds fell until the fork no longer paid: the
@@ -180,11 +176,7 @@ async def test_two_parallel_calls_in_one_message(serve: Any) -> None:
     rule = Rule(at_start=True, then_tool="bash", then_args={"command": "sleep 0.4; echo a > a"}, probability=0.9,
                 expected_seconds=0.4)  # fmt: skip
     async with serve([trajectory("par", steps)]) as client:
-        async with Workspace() as ws0:
-            off = await agent_rollout(client, "replay:par", ws0, TOOLS, None)
-        async with Workspace() as ws1:
-            on = await agent_rollout(client, "replay:par", ws1, TOOLS, rules(rule))
-    assert on.calls == off.calls and on.final_state == off.final_state
+        off, on = await off_and_on(client, "replay:par", TOOLS, rules(rule))
     assert [c.outcome for c in on.calls[:3]] == ["exit code 0\n", "exit code 0\na\n", "exit code 0\na\nb\n"]
     assert on.turns[0].committed == 1 and on.turns[0].calls == 2
     # the two reads of turn 1 ran concurrently: the turn took about one of them, not two
