@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 
 from bunshin_async.speculation import CallKey, Launch
 
-from ._signature import signature
+from ._signature import key_signature
 
 __all__ = ["CostAwarePolicy", "cpu_contention"]
 
@@ -121,7 +121,7 @@ class CostAwarePolicy:
         exact = self._exact.get(option.key)
         if exact is not None:
             return exact.value
-        sig = self._sig.get(signature(option.key.name, option.key.arguments()))
+        sig = self._sig.get(key_signature(option.key))
         if sig is not None:
             return sig.value
         if option.candidate.expected_seconds is not None:
@@ -208,7 +208,7 @@ class CostAwarePolicy:
 
     def observe_tool(self, key: CallKey, seconds: float) -> None:
         self._exact.setdefault(key, _Ewma(seconds)).add(seconds, self.alpha)
-        sig = signature(key.name, key.arguments())
+        sig = key_signature(key)
         self._sig.setdefault(sig, _Ewma(seconds)).add(seconds, self.alpha)
 
     @property

@@ -15,7 +15,7 @@ import xxhash
 
 from bunshin_async.speculation import CallKey, Candidate, PredictionContext, chain_root, extend_chain
 
-from ._signature import signature
+from ._signature import key_signature, signature
 
 __all__ = [
     "HistoryPredictor",
@@ -216,13 +216,13 @@ class RecentPredictor:
         if not ctx.history:
             return []
         last = ctx.history[-1]
-        sig = signature(last.name, last.arguments())
+        sig = key_signature(last)
         if not _EDITS.match(sig) and not _installs(last, sig):
             return []
         out: list[Candidate] = []
         seen: set[CallKey] = set()
         for call in reversed(ctx.history[:-1]):
-            sig = signature(call.name, call.arguments())
+            sig = key_signature(call)
             if call in seen or not _RUNS.match(sig) or _installs(call, sig):
                 continue
             seen.add(call)
@@ -350,7 +350,7 @@ class HistoryPredictor:
 
     def predict(self, ctx: PredictionContext) -> Sequence[Candidate]:
         calls = [*ctx.history]
-        sigs = [signature(c.name, c.arguments()) for c in calls]
+        sigs = [key_signature(c) for c in calls]
         latest: dict[str, CallKey] = {}
         for sig, call in zip(sigs, calls, strict=True):
             latest[sig] = call
@@ -368,8 +368,8 @@ class HistoryPredictor:
     def observe(self, ctx: PredictionContext, call: CallKey) -> None:
         if not self.learn:
             return
-        sig = signature(call.name, call.arguments())
-        history = [signature(c.name, c.arguments()) for c in ctx.history]
+        sig = key_signature(call)
+        history = [key_signature(c) for c in ctx.history[len(ctx.history) - (self.model.order - 1) :]]
         for n in range(self.model.order):
             if n <= len(history):
                 key = tuple(history[len(history) - n :]) if n else ()

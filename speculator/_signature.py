@@ -5,9 +5,12 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Mapping
+from functools import lru_cache
 from typing import Any
 
-__all__ = ["command_program", "signature"]
+from bunshin_async.speculation import CallKey
+
+__all__ = ["command_program", "key_signature", "signature"]
 
 _SPLIT = re.compile(r"&&|\|\||;|\n|\|")
 _ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
@@ -49,3 +52,10 @@ def signature(name: str, args: Mapping[str, Any]) -> str:
     if isinstance(command, str):
         return f"{name}:{command_program(command)}"
     return name
+
+
+@lru_cache(maxsize=1 << 16)
+def key_signature(key: CallKey) -> str:
+    """``signature`` of a canonical call, memoized: predictors ask it of every call of a rollout's history at every
+    decision point, and parsing a command line is the costly part (milliseconds for a long history)."""
+    return signature(key.name, key.arguments())
