@@ -54,8 +54,9 @@ def signature(name: str, args: Mapping[str, Any]) -> str:
     return name
 
 
-@lru_cache(maxsize=1 << 16)
+@lru_cache(maxsize=8192)
 def key_signature(key: CallKey) -> str:
     """``signature`` of a canonical call, memoized: predictors ask it of every call of a rollout's history at every
-    decision point, and parsing a command line is the costly part (milliseconds for a long history)."""
+    decision point, and parsing a command line is the costly part (milliseconds for a long history). Bounded: the
+    cache holds its keys' arguments (heredocs can be large), and the live histories of a few dozen rollouts fit."""
     return signature(key.name, key.arguments())
