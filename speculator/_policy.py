@@ -47,12 +47,16 @@ class CostAwarePolicy:
     time (but at least a quarter of it: LLM times are heavy-tailed, a long turn tends to go on); all learned
     online. Cost: a fork's measured seconds (running average, ``fork_seconds`` before the first)
     times ``fork_weight`` (the fork also holds the workspace for that long), or ``read_cost`` for an in-place read;
-    plus, when the CPUs are busy (``contention()``, 0..1, by default ``cpu_contention``), the CPU a wrong guess
-    takes from the rollouts that share them: ``(1 - probability) x expected run time x contention x cpu_weight``.
+    plus the memory a wrong guess holds: its fork's measured memory (``observe_fork``) over the rollout's own
+    (``observe_rollout_memory``) times the seconds it runs before it is discarded, times ``memory_weight`` (costs
+    are in rollout-seconds: a second saved frees the rollout's memory a second earlier, so a hit pays for its memory
+    by finishing sooner, and a miss is charged what its command held); plus, when the CPUs are busy
+    (``contention()``, 0..1, by default ``cpu_contention``), the CPU a wrong guess takes from the rollouts that share
+    them: ``(1 - probability) x expected run time x contention x cpu_weight``.
     On a saturated machine only likely guesses run (a coin flip never does), so speculation backs off instead of
     slowing the rollouts it serves. Budgets: at most ``max_branches`` running, ``max_forks`` forks, and forks'
     estimated memory within ``memory_budget`` bytes. One policy may serve many rollouts (share it to share what it
-    learned).
+    learned); the per-call run times it keeps are those of the ``max_calls`` calls run last.
 
     Precision: the probability used is the candidate's times its predictor's observed calibration, ``(hits +
     prior_weight) / (expected hits + prior_weight)`` over every guess it made (launched or not: the runtime scores
@@ -79,6 +83,7 @@ class CostAwarePolicy:
         fork_seconds: float = 0.2,
         fork_bytes: int = 32 << 20,
         fork_weight: float = 1.0,
+        memory_weight: float = 1.0,
         read_cost: float = 0.002,
         min_probability: float = 0.05,
         prior_weight: float = 2.0,
@@ -90,12 +95,14 @@ class CostAwarePolicy:
         group_forks: int = 4,
         straggler_weight: float = 1.0,
         straggler_reserve: int = 1,
+        max_calls: int = 8192,
     ) -> None:
         self.max_branches = max_branches
         self.max_forks = max_forks
         self.memory_budget = memory_budget
         self.default_seconds = default_seconds
         self.fork_weight = fork_weight
+        self.memory_weight = memory_weight
         self.read_cost = read_cost
         self.min_probability = min_probability
         self.prior_weight = prior_weight
@@ -103,7 +110,9 @@ class CostAwarePolicy:
         self.alpha = alpha
         self.fork_seconds = _Ewma(fork_seconds)
         self.fork_bytes = _Ewma(float(fork_bytes))
-        self._exact: dict[CallKey, _Ewma] = {}
+        self.rollout_bytes = _Ewma(float(fork_bytes))  # until measured, a fork is as big as its rollout
+        self.max_calls = max_calls
+        self._exact: dict[CallKey, _Ewma] = {}  # insertion-ordered: the least recently run first
         self._sig: dict[str, _Ewma] = {}
         self._llm_prior = llm_seconds
         self._llm_sum, self._llm_n = 0.0, 0
@@ -159,7 +168,12 @@ class CostAwarePolicy:
         llm = self.llm_seconds
         hideable = max(0.25 * llm, llm - option.turn_elapsed) + option.depth * llm
         gain = p * min(run, hideable) * (1 + self.straggler_weight * self.lag(option.rollout))
-        cost = self.fork_seconds.value * self.fork_weight if option.needs_fork else self.read_cost
+        if option.needs_fork:
+            cost = self.fork_seconds.value * self.fork_weight
+            held = self.fork_bytes.value / max(self.rollout_bytes.value, 1.0)
+            cost += (1 - p) * min(run, hideable) * held * self.memory_weight
+        else:
+            cost = self.read_cost
         cost += (1 - p) * run * self._load * self.cpu_weight
         return gain - cost
 
@@ -207,7 +221,11 @@ class CostAwarePolicy:
         self._live.pop(rollout, None)
 
     def observe_tool(self, key: CallKey, seconds: float) -> None:
-        self._exact.setdefault(key, _Ewma(seconds)).add(seconds, self.alpha)
+        exact = self._exact.pop(key, None) or _Ewma(seconds)
+        exact.add(seconds, self.alpha)
+        self._exact[key] = exact
+        if len(self._exact) > self.max_calls:
+            del self._exact[next(iter(self._exact))]
         sig = key_signature(key)
         self._sig.setdefault(sig, _Ewma(seconds)).add(seconds, self.alpha)
 
@@ -228,3 +246,8 @@ class CostAwarePolicy:
             self.fork_seconds.add(seconds, self.alpha)
         if memory_bytes > 0:
             self.fork_bytes.add(float(memory_bytes), self.alpha)
+
+    def observe_rollout_memory(self, memory_bytes: int) -> None:
+        """A rollout's workspace memory, measured as a fork's is (``observe_fork``), to weigh forks' against."""
+        if memory_bytes > 0:
+            self.rollout_bytes.add(float(memory_bytes), self.alpha)

@@ -143,7 +143,9 @@ class Policy(Protocol):
     each turn's LLM time (from the request to the message's end); ``release(launch)``: told when a branch it
     selected ends (committed or not), to track what is in flight; ``rollout_done(rollout)``: that rollout ended;
     ``observe_prediction(source, probability, hit)``: when a call is decided, for each predictor (``source``) that
-    guessed it, the guesses' summed probability and whether one of them was the call (to learn its precision)."""
+    guessed it, the guesses' summed probability and whether one of them was the call (to learn its precision);
+    ``observe_rollout_memory(bytes)``: after a fork's cost, the rollout workspace's memory measured the same way
+    (to weigh what a fork holds against what the rollout does)."""
 
     def select(self, options: Sequence[Launch], *, running: int, forks: int) -> list[Launch]: ...
 

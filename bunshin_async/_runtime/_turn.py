@@ -939,6 +939,11 @@ class SpeculativeTurn:
         if spec is not None:
             if b.forked:
                 spec.policy.observe_fork(b.fork_seconds, b.memory_bytes)
+                observe_rollout = getattr(spec.policy, "observe_rollout_memory", None)
+                if observe_rollout is not None and b.memory_bytes:
+                    with anyio.move_on_after(CLOSE_DEADLINE):
+                        _, rollout_bytes = await anyio.to_thread.run_sync(_fork_cost, self.handle.workspace)
+                        observe_rollout(rollout_bytes)
             release = getattr(spec.policy, "release", None)
             if release is not None:
                 release(b.launch)

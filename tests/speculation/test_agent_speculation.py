@@ -68,7 +68,9 @@ async def test_speculation_with_a_cached_session_agrees_with_the_plain_loop(serv
             async with Workspace() as ws:
                 plain = await run_agent(client, "replay:agree:0", "t", ws, tools=TOOLS, task_id="agree")
                 plain_files = await _files(ws)
-            table, policy = SiblingTable(), CostAwarePolicy(default_seconds=1.0, fork_weight=0.2, contention=None)
+            # memory not weighed: the coin-flip write must launch (to be rolled back), whatever its fork holds
+            policy = CostAwarePolicy(default_seconds=1.0, fork_weight=0.2, memory_weight=0.0, contention=None)
+            table = SiblingTable()
             async with ToolCache(provider=ForkStateProvider()) as cache:
                 runs = []
                 for i in range(2):  # rollout 1 is served from the cache (its writes restored into forks)

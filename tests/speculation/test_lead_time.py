@@ -188,7 +188,7 @@ def test_under_a_full_cpu_the_policy_backs_off() -> None:
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 * (os.cpu_count() or 1))]
     try:
         busy = cpu_contention()
-        loaded = CostAwarePolicy()  # reads the real run queue
+        loaded = CostAwarePolicy(memory_weight=0.0)  # reads the real run queue; the CPU term alone
         coin, likely = launch(0.5), launch(0.95)
         assert busy == 1.0
         assert loaded.select([coin], running=0, forks=0) == []  # a wrong guess would take CPU from the rollouts
@@ -197,7 +197,7 @@ def test_under_a_full_cpu_the_policy_backs_off() -> None:
         for h in hogs:
             h.kill()
             h.wait()
-    idle = CostAwarePolicy(contention=lambda: 0.0)
+    idle = CostAwarePolicy(contention=lambda: 0.0, memory_weight=0.0)
     assert idle.select([coin], running=0, forks=0) == [coin]
     # the saving is capped by the LLM time a launch can still hide
     idle.observe_llm(0.1)

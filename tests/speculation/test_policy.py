@@ -1,6 +1,7 @@
 """The cost-aware policy's decisions on constructed states: a group's straggler is preferred (group latency is
 its straggler's), a chained launch pays with its chain's probability within the LLM time it can hide, and a
-predictor's probabilities are scaled by how often its guesses were right."""
+predictor's probabilities are scaled by how often its guesses were right, a wrong guess is charged the memory its fork
+holds, and the per-call run times kept are bounded."""
 
 from __future__ import annotations
 
@@ -61,7 +62,8 @@ def test_a_lone_rollout_is_nobodys_straggler() -> None:
     policy = CostAwarePolicy(contention=None)
     _group(policy, {"solo": 3})
     assert policy.lag("solo") == 0.0
-    assert policy.saving(_launch("solo", 3)) == pytest.approx(0.6 * 2.0 - 0.2)
+    # the gain, less the fork's time and the memory a wrong guess holds (a fork as big as its rollout until measured)
+    assert policy.saving(_launch("solo", 3)) == pytest.approx(0.6 * 2.0 - 0.2 - 0.4 * 2.0)
 
 
 def test_a_chained_launch_pays_with_its_chain_probability_within_the_llm_time_it_can_hide() -> None:
@@ -69,8 +71,9 @@ def test_a_chained_launch_pays_with_its_chain_probability_within_the_llm_time_it
     one = _launch("r", 0, p=0.9, seconds=5.0)
     two = _launch("r", 0, p=0.9, seconds=5.0, depth=1, prior=0.9)
     assert two.probability == pytest.approx(0.81)
-    assert policy.saving(one) == pytest.approx(0.9 * 1.0 - 0.2)  # at most this turn's LLM time
-    assert policy.saving(two) == pytest.approx(0.81 * 2.0 - 0.2)  # this turn's and the next one's
+    # at most this turn's LLM time (a wrong guess is discarded by then: it holds its fork that long)
+    assert policy.saving(one) == pytest.approx(0.9 * 1.0 - 0.2 - 0.1 * 1.0)
+    assert policy.saving(two) == pytest.approx(0.81 * 2.0 - 0.2 - 0.19 * 2.0)  # this turn's and the next one's
     unlikely = _launch("r", 0, p=0.3, seconds=5.0, depth=1, prior=0.1)
     assert policy.select([unlikely], running=0, forks=0) == []  # 0.03: below min_probability
     too_deep = _launch("r", 0, p=1.0, seconds=5.0, depth=3)
@@ -99,3 +102,34 @@ def test_a_predictor_that_never_matches_stops_launching_and_a_calibrated_one_kee
         policy.observe_prediction("shy", 0.3, True)
     shy = msgspec.structs.replace(fair, candidate=msgspec.structs.replace(fair.candidate, source="shy"), prior=0.5)
     assert policy.calibration("shy") == pytest.approx(22 / 8) and policy.probability(shy) == pytest.approx(0.5)
+
+
+def test_a_wrong_guess_is_charged_the_memory_its_fork_holds_against_the_rollouts() -> None:
+    policy = CostAwarePolicy(contention=None, llm_seconds=3.0, fork_seconds=0.2)
+    guess = _launch("r", 0, p=0.6, seconds=2.0)
+    policy.observe_rollout_memory(64 << 20)
+    for _ in range(10):  # its forks run commands that hold four times the rollout's memory
+        policy.observe_fork(0.2, 256 << 20)
+    assert policy.saving(guess) == pytest.approx(0.6 * 2.0 - 0.2 - 0.4 * 2.0 * 4, rel=1e-3)
+    assert policy.select([guess], running=0, forks=0) == []  # a 40% chance of holding 4x for 2 s: not worth it
+    sure = _launch("r", 0, p=1.0, seconds=2.0)
+    assert len(policy.select([sure], running=0, forks=0)) == 1  # a sure guess holds nothing it would not have
+    for _ in range(10):  # small forks: the same guess pays
+        policy.observe_fork(0.2, 4 << 20)
+    assert len(policy.select([guess], running=0, forks=0)) == 1
+    in_place = msgspec.structs.replace(guess, effect=Effect.READ)
+    assert policy.saving(in_place) == pytest.approx(0.6 * 2.0 - policy.read_cost)  # a read holds no fork
+
+
+def test_the_run_times_kept_are_the_last_calls_run() -> None:
+    policy = CostAwarePolicy(contention=None, max_calls=3, default_seconds=0.3)
+    launches = [_launch(f"r{i}", 0) for i in range(4)]
+    for i, launch in enumerate(launches):
+        policy.observe_tool(launch.key, 10.0 + i)
+    policy.observe_tool(launches[1].key, 11.0)  # run again: the most recent now
+    policy.observe_tool(launches[0].key, 10.0)  # back in: the oldest of the others goes
+    # r2, the least recently run, is forgotten: it falls back to its signature's ("bash:make") running average
+    sig = 10.0
+    for x in (11.0, 12.0, 13.0, 11.0, 10.0):
+        sig = 0.7 * sig + 0.3 * x
+    assert [policy.expected_seconds(launch) for launch in launches] == pytest.approx([10.0, 11.0, sig, 13.0])

@@ -108,6 +108,9 @@ async def test_a_predictor_that_is_never_right_stops_being_launched(serve: Any) 
     # later turns launched nothing (at 0.9 and the runtime's default costs they would all have launched)
     assert policy.calibration("always-wrong") < 0.2
     assert sum(launched[-5:]) == 0, (launched, policy.calibration("always-wrong"))
+    # each discarded fork's memory was measured on its cgroup, and the rollout's the same way, to charge misses with
+    assert policy.fork_bytes.n == policy.rollout_bytes.n == sum(launched) > 0
+    assert policy.fork_bytes.value > 0 and policy.rollout_bytes.value > 0
 
 
 async def test_cancelling_the_turn_cancels_every_branch(serve: Any) -> None:
