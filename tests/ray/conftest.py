@@ -42,6 +42,9 @@ class RayEnv:
             raise
 
     def _start(self) -> None:
+        # Cluster.add_node records the head's address in Ray's default temp dir whatever temp_dir says, and only a
+        # node started there creates it: on a machine that never ran Ray it is missing
+        Path(tempfile.gettempdir(), "ray").mkdir(exist_ok=True)
         self.cluster = Cluster(
             initialize_head=True,
             head_node_args={**NODE_ARGS, "include_dashboard": False, "temp_dir": self.temp},

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from typing import Any
 
 import msgspec
@@ -187,7 +188,9 @@ def test_under_a_full_cpu_the_policy_backs_off() -> None:
 
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 * (os.cpu_count() or 1))]
     try:
-        busy = cpu_contention()
+        deadline = time.monotonic() + 20  # until the hogs' interpreters have started and run
+        while (busy := cpu_contention()) < 1.0 and time.monotonic() < deadline:
+            time.sleep(0.1)
         loaded = CostAwarePolicy(memory_weight=0.0)  # reads the real run queue; the CPU term alone
         coin, likely = launch(0.5), launch(0.95)
         assert busy == 1.0
