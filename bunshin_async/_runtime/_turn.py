@@ -931,19 +931,23 @@ class SpeculativeTurn:
         if spec is not None:
             if b.ok:
                 spec.policy.observe_tool(b.key, b.run_end - b.run_start)
+        observe_rollout = getattr(spec.policy, "observe_rollout_memory", None) if spec is not None else None
+        rollout_bytes = 0
         if b.forked and b.ws is not None and not b.committed:
+            fork, rollout = b.ws, (self.handle.workspace if observe_rollout is not None else None)
+
+            def measure() -> tuple[tuple[float, int], int]:  # the rollout at the same moment, the same way
+                return _fork_cost(fork), (_fork_cost(rollout)[1] if rollout is not None else 0)
+
             with anyio.move_on_after(CLOSE_DEADLINE):
-                b.cpu_seconds, b.memory_bytes = await anyio.to_thread.run_sync(_fork_cost, b.ws)
+                (b.cpu_seconds, b.memory_bytes), rollout_bytes = await anyio.to_thread.run_sync(measure)
             with anyio.move_on_after(CLOSE_DEADLINE):
                 await b.ws.aclose()
         if spec is not None:
             if b.forked:
                 spec.policy.observe_fork(b.fork_seconds, b.memory_bytes)
-                observe_rollout = getattr(spec.policy, "observe_rollout_memory", None)
-                if observe_rollout is not None and b.memory_bytes:
-                    with anyio.move_on_after(CLOSE_DEADLINE):
-                        _, rollout_bytes = await anyio.to_thread.run_sync(_fork_cost, self.handle.workspace)
-                        observe_rollout(rollout_bytes)
+                if observe_rollout is not None and b.memory_bytes and rollout_bytes:
+                    observe_rollout(rollout_bytes)
             release = getattr(spec.policy, "release", None)
             if release is not None:
                 release(b.launch)

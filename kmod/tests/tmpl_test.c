@@ -355,7 +355,6 @@ static double median(double *v, int n)
 	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-/* Median time (ms) of a copy's mmap of a template of `mib` MiB over `reps` maps, each unmapped again. */
 /* VmPTE (kB of page tables) of this process; read without stdio so that reading it allocates nothing. */
 static long pte_kb(void)
 {
@@ -374,9 +373,9 @@ static long pte_kb(void)
 }
 
 /*
- * A copy's map cost for a template of mib: the median mmap time (reported, not checked: tens of microseconds in a
- * guest are noise), and the page tables the mmap built (*pte_grown_kb, checked): a lazy map builds none, whatever the size;
- * a prefilled one builds one PTE page per 2 MiB.
+ * A copy's map of a template of `mib` MiB (`flags` as TMPL_CREATE's), `reps` times, each unmapped again: the median
+ * mmap time (ms; reported, not checked: tens of microseconds in a guest are noise) and the page tables the first
+ * mmap built (*pte_grown_kb, checked): a lazy map builds none whatever the size, a prefilled one a PTE page per 2 MiB.
  */
 static double map_time(int dev, size_t mib, int reps, unsigned flags, long *pte_grown_kb)
 {
