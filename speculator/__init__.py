@@ -2,8 +2,9 @@
 
 ``default_speculation(group=task_id, table=shared_table)`` gives a ``Speculation`` with the stream tap (calls
 start as soon as their arguments are complete), siblings (what other rollouts of the group did next from the same
-history), history (an n-gram model over call signatures, optionally trained on traces) and user rules, under a
-cost-aware policy.
+history), observations (the module an import error names, filled into the calls that followed such errors, and
+into the commands a README quoted), the rollout's own recent runs, history (an n-gram model over call signatures,
+optionally trained on traces) and user rules, under a cost-aware policy.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from bunshin_async.speculation import Policy, Predictor, Speculation
 
 from ._policy import CostAwarePolicy, cpu_contention
 from ._predictors import (
+    DocsPredictor,
     HistoryPredictor,
     NgramModel,
     ObservationPredictor,
@@ -32,6 +34,7 @@ from ._signature import command_program, signature
 __all__ = [
     "NGRAM_TABLE",
     "CostAwarePolicy",
+    "DocsPredictor",
     "HistoryPredictor",
     "NgramModel",
     "ObservationPredictor",
@@ -82,7 +85,12 @@ def default_speculation(
     """A ``Speculation`` for one rollout of ``group``: share ``table`` (and ``policy``, to share what it learns)
     among the rollouts of the group. ``tap=False`` waits for the message to end before running calls."""
     table = table if table is not None else SiblingTable()
-    predictors: list[Predictor] = [SiblingPredictor(table), ObservationPredictor(table), RecentPredictor()]
+    predictors: list[Predictor] = [
+        SiblingPredictor(table),
+        ObservationPredictor(table),
+        DocsPredictor(),
+        RecentPredictor(),
+    ]
     if model is not None:
         predictors.append(HistoryPredictor(model))
     rule_list = list(rules)

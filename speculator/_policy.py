@@ -248,6 +248,6 @@ class CostAwarePolicy:
             self.fork_bytes.add(float(memory_bytes), self.alpha)
 
     def observe_rollout_memory(self, memory_bytes: int) -> None:
-        """A rollout's workspace memory, measured as a fork's is (``observe_fork``), to weigh forks' against."""
+        """A rollout's footprint (its PSS, the page images it maps, its upper dir), to weigh forks' against."""
         if memory_bytes > 0:
             self.rollout_bytes.add(float(memory_bytes), self.alpha)

@@ -18,6 +18,7 @@ from bunshin_async.speculation import CallKey, Candidate, PredictionContext, cha
 from ._signature import key_signature, signature
 
 __all__ = [
+    "DocsPredictor",
     "HistoryPredictor",
     "NgramModel",
     "ObservationPredictor",
@@ -187,6 +188,89 @@ class ObservationPredictor:
                 continue
             self.own[kind].append(template)
             self.table.templates[kind][template] += 1
+
+
+# Shell commands an observation quotes (a README's `make test`, a hint's `pip install x`): inline code spans and
+# the lines of fenced shell blocks, ``$ `` prompts stripped, whose first word is a path or a known program.
+_SPAN = re.compile(r"`([^`\n]{3,300})`")
+_FENCE = re.compile(r"```(?:bash|sh|shell|console|text)?[ \t]*\n(.*?)```", re.S)
+_COMMAND = re.compile(
+    r"^(?:[\w.-]*/[\w./-]+|python3?|pip3?|pytest|make|npm|npx|yarn|pnpm|cargo|go|uv|poetry|tox|node|bash|sh|"
+    r"apt-get|apt|conda|gem|mvn|gradle|ctest|cmake|git)(?:\s|$)"
+)
+# A placeholder in a quoted command: ``<pkg>``, ``{module}``, or a capitalised word such as ``NAME`` (not part of
+# a word, an option or an assignment).
+_PLACEHOLDER = re.compile(r"<[A-Za-z][\w-]*>|\{[A-Za-z][\w-]*\}|(?<![\w.=-])[A-Z][A-Z0-9_]{2,}(?![\w=])")
+_SCAN_LIMIT = 256 << 10  # characters of one observation scanned for commands
+
+
+def quoted_commands(text: str) -> list[str]:
+    """The shell commands ``text`` quotes (``_SPAN``, ``_FENCE``, ``_COMMAND``), in order."""
+    text = text[:_SCAN_LIMIT]
+    found = [m.strip() for m in _SPAN.findall(text)]
+    for block in _FENCE.findall(text):
+        found += [line.strip().removeprefix("$ ").strip() for line in block.splitlines()]
+    return [c for c in found if _COMMAND.match(c)]
+
+
+class DocsPredictor:
+    """Commands the rollout's observations quoted (a README's install line, an error's ``try: pip install x``),
+    which agents copy: when the latest observation names an entity (the module an import failed on, a program the
+    shell did not find), each quoted command with a placeholder (``NAME``, ``<pkg>``, ``{module}``) filled with
+    it, or that names it already, the latest read first. The call is made with the tool (taking a ``command``)
+    the rollout used last. One per rollout: it keeps the commands its rollout read (the latest ``keep``)."""
+
+    name = "docs"
+
+    def __init__(self, *, confidence: float = 0.5, top: int = 2, keep: int = 64) -> None:
+        self.confidence = confidence
+        self.top = top
+        self.keep = keep
+        self.commands: dict[str, None] = {}  # an ordered set, the latest read last
+        self._read: set[bytes] = set()
+
+    def _scan(self, output: str) -> None:
+        digest = xxhash.xxh3_64(output[:_SCAN_LIMIT].encode(errors="replace")).digest()
+        if digest in self._read:
+            return
+        self._read.add(digest)
+        for command in quoted_commands(output):
+            self.commands.pop(command, None)
+            self.commands[command] = None
+        while len(self.commands) > self.keep:
+            del self.commands[next(iter(self.commands))]
+
+    def predict(self, ctx: PredictionContext) -> Sequence[Candidate]:
+        if not ctx.last_output or ctx.position != len(ctx.decided):
+            return []
+        self._scan(ctx.last_output)
+        tool = next((c.name for c in reversed(ctx.history) if isinstance(c.arguments().get("command"), str)), None)
+        entities = [e for e in _entities(ctx.last_output).values() if len(e) >= 2]
+        if tool is None or not entities:
+            return []
+        out: list[Candidate] = []
+        seen: set[str] = set()
+        for command in reversed(self.commands):
+            for entity in entities:
+                hole = _PLACEHOLDER.search(command)
+                if hole is not None:
+                    filled = command[: hole.start()] + entity + command[hole.end() :]
+                elif re.search(rf"(?<![\w-]){re.escape(entity)}(?![\w-])", command):
+                    filled = command
+                else:
+                    continue
+                if filled in seen or _PLACEHOLDER.search(filled):
+                    continue
+                seen.add(filled)
+                p = self.confidence * 0.5 ** len(out)
+                out.append(Candidate(name=tool, arguments={"command": filled}, probability=p, source=self.name))
+                if len(out) >= self.top:
+                    return out
+        return out
+
+    def observe(self, ctx: PredictionContext, call: CallKey) -> None:
+        if ctx.last_output:
+            self._scan(ctx.last_output)
 
 
 # Programs whose runs a rollout repeats after changing something (tests, scripts, builds).

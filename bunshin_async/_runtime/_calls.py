@@ -144,8 +144,8 @@ class Policy(Protocol):
     selected ends (committed or not), to track what is in flight; ``rollout_done(rollout)``: that rollout ended;
     ``observe_prediction(source, probability, hit)``: when a call is decided, for each predictor (``source``) that
     guessed it, the guesses' summed probability and whether one of them was the call (to learn its precision);
-    ``observe_rollout_memory(bytes)``: after a fork's cost, the rollout workspace's memory measured the same way
-    (to weigh what a fork holds against what the rollout does)."""
+    ``observe_rollout_memory(bytes)``: after a fork's cost, the rollout workspace's footprint at that moment (PSS,
+    the page images it maps, its upper dir), to weigh what a fork holds against what the rollout does."""
 
     def select(self, options: Sequence[Launch], *, running: int, forks: int) -> list[Launch]: ...
 

@@ -34,7 +34,7 @@ import msgspec
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from .._accounting import tree_bytes
+from .._accounting import mapped_image_bytes, pss_bytes, tree_bytes
 from .._exceptions import BunshinError, InvalidArgument, ToolError, unwrap_group
 from .._llm._events import (
     ArgumentsComplete,
@@ -252,6 +252,18 @@ def _fork_cost(ws: Workspace) -> tuple[float, int]:
     peak = (cg.memory_peak() or 0) if cg is not None else 0
     upper = ws.directory / "upper"
     return _cgroup_cpu_seconds(ws), peak + (tree_bytes(upper) if Path(upper).exists() else 0)
+
+
+def _footprint(ws: Workspace) -> int:
+    """The memory a running rollout holds, as the experiment's accounting sees it: its processes' PSS, the page
+    images they map copy-on-write (in full: they stay resident while any copy maps them, and its cgroup is not
+    charged for them, so a restored copy's cgroup peak can be a tenth of what it holds) and its private upper dir.
+    What a fork costs is weighed against this. Blocking."""
+    cg = ws.cgroup
+    pids = cg.pids() if cg is not None else []
+    upper = ws.directory / "upper"
+    images, _ = mapped_image_bytes(pids)
+    return pss_bytes(pids) + images + (tree_bytes(upper) if Path(upper).exists() else 0)
 
 
 async def _fork_shielded(ws: Workspace) -> Workspace:
@@ -936,8 +948,8 @@ class SpeculativeTurn:
         if b.forked and b.ws is not None and not b.committed:
             fork, rollout = b.ws, (self.handle.workspace if observe_rollout is not None else None)
 
-            def measure() -> tuple[tuple[float, int], int]:  # the rollout at the same moment, the same way
-                return _fork_cost(fork), (_fork_cost(rollout)[1] if rollout is not None else 0)
+            def measure() -> tuple[tuple[float, int], int]:  # the rollout at the same moment
+                return _fork_cost(fork), (_footprint(rollout) if rollout is not None else 0)
 
             with anyio.move_on_after(CLOSE_DEADLINE):
                 (b.cpu_seconds, b.memory_bytes), rollout_bytes = await anyio.to_thread.run_sync(measure)

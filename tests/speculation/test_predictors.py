@@ -9,6 +9,7 @@ from bunshin_async.speculation import canonical_args as canon
 from bunshin_async.tools import Effect, bash_tool
 from speculator import (
     CostAwarePolicy,
+    DocsPredictor,
     HistoryPredictor,
     NgramModel,
     Rule,
@@ -49,6 +50,49 @@ def test_siblings_predict_what_the_group_did_from_the_same_history() -> None:
     assert (top.arguments["command"], round(top.probability, 2)) == ("cat README", 0.67)
     assert second.arguments["command"] == "pytest"
     assert SiblingPredictor(table).predict(ctx("pwd")) == []
+
+
+def seen(output: str, *cmds: str) -> PredictionContext:
+    """``ctx(*cmds)`` whose latest call printed ``output``."""
+    history = tuple(key(c) for c in cmds)
+    return PredictionContext(history=history, chain=chain(history), turn=len(cmds), position=0, last_output=output)
+
+
+README = """# tool
+Install a dependency with `python3 -m pip install --no-index ./vendor/NAME` (or all with `make deps`).
+Use it as `from tool import run`.
+```console
+$ pytest -q tests/
+```
+"""
+ERROR = "E   ModuleNotFoundError: No module named 'fastcsv'\n1 failed\n"
+
+
+def test_docs_fill_a_quoted_command_with_what_the_error_names() -> None:
+    docs = DocsPredictor()
+    docs.observe(seen(README, "ls", "cat README.md"), key("pytest -q tests/"))
+    # only the command with a hole for it: the others (``make deps``, the test run) do not name the module
+    [first] = docs.predict(seen(ERROR, "ls", "cat README.md", "pytest -q tests/"))
+    assert first.arguments == {"command": "python3 -m pip install --no-index ./vendor/fastcsv"}
+    assert first.name == "bash" and first.source == "docs" and first.probability == docs.confidence
+    # the quoted commands, and nothing else: prose in backticks that is not a command is not one
+    assert list(docs.commands) == [
+        "python3 -m pip install --no-index ./vendor/NAME",
+        "make deps",
+        "pytest -q tests/",
+    ]
+    # a command quoted with the entity already in it, from the error itself, comes first (the latest read)
+    hint = "bash: jq: command not found\nhint: install it with `apt-get install -y jq`\n"
+    [top, *_] = docs.predict(seen(hint, "ls", "jq . data.json"))
+    assert top.arguments == {"command": "apt-get install -y jq"}
+
+
+def test_docs_predict_nothing_without_an_entity_or_a_shell_tool() -> None:
+    docs = DocsPredictor()
+    docs.observe(seen(README, "ls", "cat README.md"), key("pytest -q tests/"))
+    assert docs.predict(seen("2 passed\n", "ls", "cat README.md", "pytest -q tests/")) == []
+    no_shell = PredictionContext(history=(), chain=chain(()), turn=0, position=0, last_output=ERROR)
+    assert docs.predict(no_shell) == []
 
 
 def test_history_predicts_a_rerun_after_an_edit() -> None:

@@ -13,6 +13,7 @@ import pytest
 
 from bunshin_async import Workspace
 from bunshin_async._llm._openai import tap_openai_stream
+from bunshin_async._runtime._turn import _footprint
 from bunshin_async.llm import FixedTiming, MessageFinished, TapEvent
 from bunshin_async.speculation import (
     CallKey,
@@ -109,9 +110,30 @@ async def test_a_predictor_that_is_never_right_stops_being_launched(serve: Any) 
     # later turns launched nothing (at 0.9 and the runtime's default costs they would all have launched)
     assert policy.calibration("always-wrong") < 0.2
     assert sum(launched[-5:]) == 0, (launched, policy.calibration("always-wrong"))
-    # each discarded fork's memory was measured on its cgroup, and the rollout's the same way, to charge misses with
+    # each discarded fork's memory was measured on its cgroup, and the rollout's footprint, to charge misses with
     assert policy.fork_bytes.n == policy.rollout_bytes.n == sum(launched) > 0
     assert policy.fork_bytes.value > 0 and policy.rollout_bytes.value > 0
+
+
+async def test_a_restored_copys_footprint_counts_the_page_image_it_maps() -> None:
+    """A rollout that is a copy-on-write copy maps its snapshot's page image, which its cgroup is not charged for: its
+    footprint (what a fork's memory is weighed against) counts it, so a fork is not judged many times its size."""
+    hold = "import os, time; x = os.urandom(48 << 20); open('/workspace/ready', 'w').close(); time.sleep(1e6)"
+    async with Workspace() as ws:
+        await ws.spawn(["python3", "-c", hold])
+        with anyio.fail_after(60):
+            while (await ws.exec("test -e /workspace/ready")).exit_code:  # noqa: ASYNC110 - polls the guest
+                await anyio.sleep(0.05)
+        [copy] = await ws.fork(1)
+        try:
+            footprint = await anyio.to_thread.run_sync(_footprint, copy)
+            assert footprint >= 48 << 20, footprint
+            assert copy.cgroup is not None
+            peak = copy.cgroup.memory_peak() or 0
+            if copy.fork_mode == "criu-cow":  # the image is charged to no copy: the cgroup alone would say ~nothing
+                assert peak < footprint / 2, (peak, footprint)
+        finally:
+            await copy.aclose()
 
 
 async def test_cancelling_the_turn_cancels_every_branch(serve: Any) -> None:
