@@ -244,15 +244,17 @@ class DocsPredictor:
         if not ctx.last_output or ctx.position != len(ctx.decided):
             return []
         self._scan(ctx.last_output)
-        tool = next((c.name for c in reversed(ctx.history) if isinstance(c.arguments().get("command"), str)), None)
         entities = [e for e in _entities(ctx.last_output).values() if len(e) >= 2]
-        if tool is None or not entities:
+        if not entities:
+            return []
+        tool = next((c.name for c in reversed(ctx.history) if isinstance(c.arguments().get("command"), str)), None)
+        if tool is None:
             return []
         out: list[Candidate] = []
         seen: set[str] = set()
         for command in reversed(self.commands):
+            hole = _PLACEHOLDER.search(command)
             for entity in entities:
-                hole = _PLACEHOLDER.search(command)
                 if hole is not None:
                     filled = command[: hole.start()] + entity + command[hole.end() :]
                 elif re.search(rf"(?<![\w-]){re.escape(entity)}(?![\w-])", command):

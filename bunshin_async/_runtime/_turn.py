@@ -250,8 +250,13 @@ def _fork_cost(ws: Workspace) -> tuple[float, int]:
     """(CPU seconds, memory bytes: peak of the cgroup plus the private upper dir) of a fork. Blocking."""
     cg = ws.cgroup
     peak = (cg.memory_peak() or 0) if cg is not None else 0
-    upper = ws.directory / "upper"
-    return _cgroup_cpu_seconds(ws), peak + (tree_bytes(upper) if Path(upper).exists() else 0)
+    return _cgroup_cpu_seconds(ws), peak + _upper_bytes(ws)
+
+
+def _upper_bytes(ws: Workspace) -> int:
+    """The bytes of ``ws``'s private upper dir (what it wrote). Blocking."""
+    upper = Path(ws.directory / "upper")
+    return tree_bytes(upper) if upper.exists() else 0
 
 
 def _footprint(ws: Workspace) -> int:
@@ -259,11 +264,9 @@ def _footprint(ws: Workspace) -> int:
     images they map copy-on-write (in full: they stay resident while any copy maps them, and its cgroup is not
     charged for them, so a restored copy's cgroup peak can be a tenth of what it holds) and its private upper dir.
     What a fork costs is weighed against this. Blocking."""
-    cg = ws.cgroup
-    pids = cg.pids() if cg is not None else []
-    upper = ws.directory / "upper"
+    pids = ws.cgroup.pids() if ws.cgroup is not None else []
     images, _ = mapped_image_bytes(pids)
-    return pss_bytes(pids) + images + (tree_bytes(upper) if Path(upper).exists() else 0)
+    return pss_bytes(pids) + images + _upper_bytes(ws)
 
 
 async def _fork_shielded(ws: Workspace) -> Workspace:
