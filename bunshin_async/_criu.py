@@ -174,6 +174,24 @@ def log_tail(path: Path, limit: int = LOG_TAIL) -> str:
     return "\n".join(lines)[-limit:]
 
 
+def _ended(returncode: int | None) -> str:
+    """How a CRIU process ended, for an error message."""
+    if returncode is None:
+        return "still running"
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exit status {returncode}"
+
+
+def _last_error(log: Path) -> str:
+    """The last error line of a CRIU log (``Error (file:line): ...``), so that a one-line report says why."""
+    lines = [ln for ln in log_tail(log).splitlines() if "Error" in ln or "unexpectedly" in ln]
+    return lines[-1].strip() if lines else ""
+
+
 class HookFailed(Exception):
     """A notification handler raised; CRIU was told and rolls back."""
 
@@ -261,14 +279,19 @@ class SwrkCriu:
             raise self._error(f"criu {what}: {exc}", work_dir / log_name, workspace_id) from exc
         except (OSError, anyio.EndOfStream) as exc:
             stderr = b""
-            if proc is not None and proc.stderr is not None:
+            if proc is not None:
                 with anyio.move_on_after(1, shield=True):
-                    try:
-                        stderr = await proc.stderr.receive(4096)
-                    except (anyio.EndOfStream, anyio.ClosedResourceError, OSError):
-                        pass
+                    if proc.stderr is not None:
+                        try:
+                            stderr = await proc.stderr.receive(4096)
+                        except (anyio.EndOfStream, anyio.ClosedResourceError, OSError):
+                            pass
+                    await proc.wait()
+            how = _ended(proc.returncode if proc is not None else None)
+            last = _last_error(work_dir / log_name)
             err = self._error(
-                f"criu {what} died ({exc!r}) {stderr.decode(errors='replace').strip()}",
+                f"criu {what} died ({how}; {exc!r}){f': {last}' if last else ''} "
+                f"{stderr.decode(errors='replace').strip()}".rstrip(),
                 work_dir / log_name,
                 workspace_id,
             )

@@ -52,7 +52,9 @@ class CostAwarePolicy:
     are in rollout-seconds: a second saved frees the rollout's memory a second earlier, so a hit pays for its memory
     by finishing sooner, and a miss is charged what its command held); plus, when the CPUs are busy
     (``contention()``, 0..1, by default ``cpu_contention``), the CPU a wrong guess takes from the rollouts that share
-    them: ``(1 - probability) x expected run time x contention x cpu_weight``.
+    them: ``(1 - probability) x expected run time x its CPU share x contention x cpu_weight``, the CPU share being
+    the CPU seconds per second its signature took on the main line (``observe_cpu``; 1 until measured): an install
+    that mostly waits on the network, or a test that sleeps, takes little CPU however long it runs.
     On a saturated machine only likely guesses run (a coin flip never does), so speculation backs off instead of
     slowing the rollouts it serves. Budgets: at most ``max_branches`` running, ``max_forks`` forks, and forks'
     estimated memory within ``memory_budget`` bytes. One policy may serve many rollouts (share it to share what it
@@ -114,6 +116,7 @@ class CostAwarePolicy:
         self.max_calls = max_calls
         self._exact: dict[CallKey, _Ewma] = {}  # insertion-ordered: the least recently run first
         self._sig: dict[str, _Ewma] = {}
+        self._cpu_share: dict[str, _Ewma] = {}  # signature -> CPU seconds per second
         self._llm_prior = llm_seconds
         self._llm_sum, self._llm_n = 0.0, 0
         self.cpu_weight = cpu_weight
@@ -136,6 +139,12 @@ class CostAwarePolicy:
         if option.candidate.expected_seconds is not None:
             return option.candidate.expected_seconds
         return self.default_seconds
+
+    def cpu_share(self, option: Launch) -> float:
+        """CPU seconds per second of ``option``'s signature when it ran (1 until measured, at most 1: the contention
+        term charges one CPU's worth at most)."""
+        share = self._cpu_share.get(key_signature(option.key))
+        return 1.0 if share is None else min(1.0, share.value)
 
     def lag(self, rollout: str) -> float:
         """How far ``rollout`` is behind its group, 0 (the front, or alone) to 1 (the straggler)."""
@@ -174,7 +183,7 @@ class CostAwarePolicy:
             cost += (1 - p) * min(run, hideable) * held * self.memory_weight
         else:
             cost = self.read_cost
-        cost += (1 - p) * run * self._load * self.cpu_weight
+        cost += (1 - p) * run * self.cpu_share(option) * self._load * self.cpu_weight
         return gain - cost
 
     def select(self, options: Sequence[Launch], *, running: int, forks: int) -> list[Launch]:
@@ -228,6 +237,12 @@ class CostAwarePolicy:
             del self._exact[next(iter(self._exact))]
         sig = key_signature(key)
         self._sig.setdefault(sig, _Ewma(seconds)).add(seconds, self.alpha)
+
+    def observe_cpu(self, key: CallKey, cpu_seconds: float, seconds: float) -> None:
+        """A call run on the main line took ``cpu_seconds`` of CPU in ``seconds`` (calls under 50 ms say little)."""
+        if seconds >= 0.05 and cpu_seconds >= 0:
+            share = cpu_seconds / seconds
+            self._cpu_share.setdefault(key_signature(key), _Ewma(share)).add(share, self.alpha)
 
     @property
     def llm_seconds(self) -> float:

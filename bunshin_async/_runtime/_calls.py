@@ -145,7 +145,9 @@ class Policy(Protocol):
     ``observe_prediction(source, probability, hit)``: when a call is decided, for each predictor (``source``) that
     guessed it, the guesses' summed probability and whether one of them was the call (to learn its precision);
     ``observe_rollout_memory(bytes)``: after a fork's cost, the rollout workspace's footprint at that moment (PSS,
-    the page images it maps, its upper dir), to weigh what a fork holds against what the rollout does."""
+    the page images it maps, its upper dir), to weigh what a fork holds against what the rollout does;
+    ``observe_cpu(key, cpu_seconds, seconds)``: a call run on the main line took ``cpu_seconds`` of CPU (its
+    workspace's cgroup, where it has CPU accounting) in ``seconds``, to tell waiting from computing."""
 
     def select(self, options: Sequence[Launch], *, running: int, forks: int) -> list[Launch]: ...
 

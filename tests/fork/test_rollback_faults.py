@@ -77,6 +77,8 @@ async def test_criu_killed_mid_dump(ws: Workspace, point: str) -> None:
         await _dump.snapshot(ws._core, backend)
     assert backend.killed or point == "network-unlock"
     assert "criu dump" in str(info.value) and info.value.workspace_id == ws.id
+    if point == "post-dump":  # the first line says how CRIU ended
+        assert "criu dump died (killed by SIGKILL" in str(info.value).splitlines()[0]
     # The parent is thawed and keeps running.
     first = int(await ws.read_text("/workspace/tick"))
     with anyio.fail_after(5):

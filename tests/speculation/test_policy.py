@@ -133,3 +133,20 @@ def test_the_run_times_kept_are_the_last_calls_run() -> None:
     for x in (11.0, 12.0, 13.0, 11.0, 10.0):
         sig = 0.7 * sig + 0.3 * x
     assert [policy.expected_seconds(launch) for launch in launches] == pytest.approx([10.0, 11.0, sig, 13.0])
+
+
+def test_under_contention_a_call_that_waits_costs_less_than_one_that_computes() -> None:
+    """The CPU a wrong guess takes from the other rollouts is its run time times the CPU share its signature was
+    measured at on the main line: a coin-flip install that waits on the network pays, a coin-flip build does not."""
+    policy = CostAwarePolicy(contention=lambda: 1.0, memory_weight=0.0)
+    coin = _launch("a", 1, p=0.5, seconds=2.0)
+    assert policy.cpu_share(coin) == 1.0 and policy.select([coin], running=0, forks=0) == []  # unmeasured: a CPU
+    policy.observe_cpu(coin.key, 0.1, 2.0)
+    assert policy.cpu_share(coin) == pytest.approx(0.05)
+    assert policy.select([coin], running=0, forks=0) == [coin]
+    cand = Candidate(name="bash", arguments={"command": "cc -O2 x.c"}, probability=0.5, expected_seconds=2.0)
+    busy = Launch(candidate=cand, key=CallKey.of(BASH, {"command": "cc -O2 x.c"}), effect=Effect.WRITE)  # its own
+    policy.observe_cpu(busy.key, 1.9, 2.0)
+    assert policy.select([busy], running=0, forks=0) == []
+    policy.observe_cpu(busy.key, 5.0, 0.01)  # too short to say anything
+    assert policy.cpu_share(busy) == pytest.approx(0.95)

@@ -19,13 +19,14 @@ from bunshin_async.speculation import (
     CallKey,
     CallResult,
     Candidate,
+    Launch,
     PredictionContext,
     Speculation,
     SpeculativeTurn,
     WorkspaceHandle,
     run_turn,
 )
-from bunshin_async.tools import bash_tool, read_file_tool
+from bunshin_async.tools import Effect, bash_tool, read_file_tool
 from speculator import CostAwarePolicy, Rule, RulePredictor
 
 from .agent_loop import agent_rollout, off_and_on, workspace_state
@@ -113,6 +114,25 @@ async def test_a_predictor_that_is_never_right_stops_being_launched(serve: Any) 
     # each discarded fork's memory was measured on its cgroup, and the rollout's footprint, to charge misses with
     assert policy.fork_bytes.n == policy.rollout_bytes.n == sum(launched) > 0
     assert policy.fork_bytes.value > 0 and policy.rollout_bytes.value > 0
+
+
+async def test_the_policy_learns_which_calls_compute_and_which_wait(serve: Any) -> None:
+    """Each call run on the main line is timed on its workspace's cgroup CPU: a loop that computes takes about a
+    CPU second per second, a sleep almost none (what the contention term charges a wrong guess with)."""
+    spin = "python3 -c 'import time; t = time.process_time(); exec(\"while time.process_time() - t < 0.5: pass\")'"
+    steps = [bash(spin, llm=0.05), bash("sleep 0.5", llm=0.05), final()]
+    policy = CostAwarePolicy(contention=None)
+    spec = Speculation(predictors=[], policy=policy)
+    async with serve([trajectory("cpu", steps)]) as client, Workspace() as ws:
+        await agent_rollout(client, "replay:cpu", ws, TOOLS, spec)
+
+    def share(command: str) -> float:
+        key = CallKey.of(bash_tool(), {"command": command})
+        return policy.cpu_share(
+            Launch(candidate=Candidate(name="bash", arguments={}, probability=1.0), key=key, effect=Effect.WRITE)
+        )
+
+    assert share(spin) > 0.6 and share("sleep 0.5") < 0.2, (share(spin), share("sleep 0.5"))
 
 
 async def test_a_restored_copys_footprint_counts_the_page_image_it_maps() -> None:
