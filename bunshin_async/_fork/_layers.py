@@ -80,9 +80,13 @@ def layers_dir() -> Path:
 MAX_LAYERS = 40
 """Longest lower chain a restore stacks (the agent layer and image included); past it the top layer is copied."""
 
-MAX_MEM_CHAIN = 8
+MAX_MEM_CHAIN = 15
 """Longest chain of incremental memory images (criu/patches/0002): a dump of a copy whose chain is this long
-writes all its memory again, so restores open at most this many images (CRIU's limit is 16)."""
+writes all its memory again, so restores open at most this many images (the patch's limit, ``COW_MAX_SRC``, is
+16). As long as the patch allows: a cut copies every page the copy maps into a new image, which doubles its memory
+while older layers are held elsewhere (the cache's captures, siblings), and a rollout that commits a speculated
+write at every turn forks once per call (at 8, the terminal workload's stragglers cut their chains once or twice,
+each adding a full image of ~66 MiB for the rest of the run)."""
 
 lock = threading.RLock()
 """Held while reference files are written or layers deleted (``bunshin_async._transfer`` installs under it)."""
