@@ -157,6 +157,29 @@ async def test_cow_nested_fork_dumps_only_what_the_copy_wrote(ws: Workspace, for
 
 
 @pytest.mark.fork_modes("criu-cow")
+async def test_cow_chain_runs_to_its_limit(ws: Workspace, fork_mode: str) -> None:
+    """Copies forked from copies, a little written in each generation: each dump is incremental on the last until
+    the chain holds ``MAX_MEM_CHAIN`` images (a restore then maps pages from 14 parent images, within the patch's
+    ``COW_MAX_SRC``), every generation restores the exact memory, and the dump after that is a full one."""
+    await _start(ws, 8)
+    (current,) = await ws.fork()
+    depths: list[int] = []
+    try:
+        for gen in range(2, _layers.MAX_MEM_CHAIN + 2):
+            assert await _get(current, f"/dirty/{gen}/1") == "ok"
+            async with await current.snapshot() as snap:
+                expected = await _get(current, "/digest")
+                depths.append(_layers.mem_chain_depth(snap.path))
+                (after,) = await Workspace.from_snapshot(snap)
+            await current.aclose()
+            current = after
+            assert await _get(current, "/digest") == expected, f"generation {gen}, chain {depths[-1]}"
+    finally:
+        await current.aclose()
+    assert depths == [*range(2, _layers.MAX_MEM_CHAIN + 1), 1]
+
+
+@pytest.mark.fork_modes("criu-cow")
 async def test_cow_chain_is_bounded(ws: Workspace, fork_mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_dump, "MAX_MEM_CHAIN", 1)
     await _start(ws, 20)
