@@ -186,12 +186,6 @@ def _ended(returncode: int | None) -> str:
     return f"exit status {returncode}"
 
 
-def _last_error(log: Path) -> str:
-    """The last error line of a CRIU log (``Error (file:line): ...``), so that a one-line report says why."""
-    lines = [ln for ln in log_tail(log).splitlines() if "Error" in ln or "unexpectedly" in ln]
-    return lines[-1].strip() if lines else ""
-
-
 class HookFailed(Exception):
     """A notification handler raised; CRIU was told and rolls back."""
 
@@ -288,10 +282,8 @@ class SwrkCriu:
                             pass
                     await proc.wait()
             how = _ended(proc.returncode if proc is not None else None)
-            last = _last_error(work_dir / log_name)
             err = self._error(
-                f"criu {what} died ({how}; {exc!r}){f': {last}' if last else ''} "
-                f"{stderr.decode(errors='replace').strip()}".rstrip(),
+                f"criu {what} died ({how}; {exc!r}) {stderr.decode(errors='replace').strip()}".rstrip(),
                 work_dir / log_name,
                 workspace_id,
             )
@@ -354,6 +346,10 @@ class SwrkCriu:
     def _error(message: str, log: Path, workspace_id: str, cr_errno: int = 0, cr_errmsg: str = "") -> ForkError:
         tail = log_tail(log)
         detail = f"{message}" + (f" (errno {cr_errno}: {cr_errmsg or os.strerror(cr_errno)})" if cr_errno else "")
+        # The log's last error line (``Error (file:line): ...``) on the first line: a one-line report says why.
+        errors = [ln.strip() for ln in tail.splitlines() if "Error" in ln or "unexpectedly" in ln]
+        if errors:
+            detail += f": {errors[-1]}"
         return ForkError(
             f"{detail}; CRIU log {log}:\n{tail}" if tail else detail,
             workspace_id=workspace_id,

@@ -184,9 +184,9 @@ class Cgroup:
             seen: set[Path] = set()
             for ctrl in V1_CONTROLLERS:
                 base = CGROUP_ROOT / ctrl
-                if not (base / "cgroup.procs").exists() or base.resolve() in seen:
+                if not (base / "cgroup.procs").exists() or (real := base.resolve()) in seen:
                     continue
-                seen.add(base.resolve())
+                seen.add(real)
                 (base / parent_name()).mkdir(exist_ok=True)
                 d = base / parent_name() / name
                 d.mkdir()

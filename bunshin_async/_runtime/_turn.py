@@ -733,41 +733,40 @@ class SpeculativeTurn:
                     await self._quiesce()
                     ws = self.handle.workspace
                     self._mark("call_start", d.position, d.call.name)
-                    t = self._clock()
-                    result, error = await self._run_main(tool, ws, args, d.key)
-                    seconds = self._clock() - t
+                    result, error, seconds = await self._run_main(tool, ws, args, d.key)
                     self.handle.advance()
                 finally:
                     self._writing = False
         else:
             ws = self.handle.workspace
             self._mark("call_start", d.position, d.call.name)
-            t = self._clock()
-            result, error = await self._run_main(tool, ws, args, d.key)
-            seconds = self._clock() - t
-        if self.speculation is not None and d.key is not None:
-            self.speculation.policy.observe_tool(d.key, seconds)
+            result, error, seconds = await self._run_main(tool, ws, args, d.key)
         return CallResult(index=d.call.index, call=d.call, result=result, error=error, seconds=seconds, t=self._clock())
 
     async def _run_main(
         self, tool: Tool, ws: Workspace, args: dict[str, Any], key: CallKey | None
-    ) -> tuple[Any, ToolError | None]:
-        """Run a decided call on the main line; a policy with ``observe_cpu`` is told the CPU time it took (the
-        workspace's cgroup, read in place: a few bytes of sysfs, cheaper than a thread hop)."""
-        observe = getattr(self.speculation.policy, "observe_cpu", None) if self.speculation is not None else None
-        before = _cgroup_cpu_seconds(ws) if observe is not None and key is not None else -1.0
+    ) -> tuple[Any, ToolError | None, float]:
+        """Run a decided call on the main line: (result, error, seconds). The policy is told its run time and, with
+        ``observe_cpu``, the CPU it took (the workspace's cgroup, read in place: a few bytes of sysfs, cheaper than a
+        thread hop)."""
+        policy = self.speculation.policy if self.speculation is not None and key is not None else None
+        observe_cpu = getattr(policy, "observe_cpu", None)
+        before = _cgroup_cpu_seconds(ws) if observe_cpu is not None else -1.0
         t = self._clock()
-        try:
-            executor = self.handle.executor
-            if executor is None:
-                return await _run_tool(tool, ws, args)
+        executor = self.handle.executor
+        if executor is None:
+            result, error = await _run_tool(tool, ws, args)
+        else:
             try:
-                return await executor.call(tool.name, args), None
+                result, error = await executor.call(tool.name, args), None
             except ToolError as exc:
-                return None, exc
-        finally:
-            if observe is not None and key is not None and before >= 0 and (after := _cgroup_cpu_seconds(ws)) >= 0:
-                observe(key, after - before, self._clock() - t)
+                result, error = None, exc
+        seconds = self._clock() - t
+        if policy is not None and key is not None:
+            policy.observe_tool(key, seconds)
+            if observe_cpu is not None and before >= 0 and (after := _cgroup_cpu_seconds(ws)) >= 0:
+                observe_cpu(key, after - before, seconds)
+        return result, error, seconds
 
     def _deliver(self, d: _Decided, result: CallResult) -> None:
         self._results[d.call.index] = result
