@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 from pathlib import Path
+from typing import Literal
 
 import anyio
 import msgspec
@@ -83,6 +84,7 @@ class Cgroup:
     def __init__(self, version: int, dirs: list[Path]) -> None:
         self.version = version
         self.dirs = dirs
+        self._cpu_file: Path | Literal[False] | None = None  # where its CPU time is read; False: nowhere
 
     @property
     def procs_files(self) -> list[str]:
@@ -147,6 +149,24 @@ class Cgroup:
             except OSError:  # removed meanwhile (ENOENT, or ENODEV while the read races the removal): no processes
                 pass
         return sorted(out)
+
+    def cpu_seconds(self) -> float | None:
+        """CPU time charged to the cgroup (v1 ``cpuacct.usage``, v2 ``cpu.stat``'s ``usage_usec``), None without CPU
+        accounting or once removed. Blocking: one read of a small file (which one is found once)."""
+        path = self._cpu_file
+        if path is None:
+            name = "cpu.stat" if self.version == 2 else "cpuacct.usage"
+            found: Path | Literal[False] = next((d / name for d in self.dirs if (d / name).exists()), False)
+            path = self._cpu_file = found
+        if path is False:
+            return None
+        try:
+            text = path.read_text()
+            if self.version == 1:
+                return int(text) / 1e9
+            return next(int(line.split()[1]) / 1e6 for line in text.splitlines() if line.startswith("usage_usec "))
+        except (OSError, ValueError, IndexError, StopIteration):  # removed meanwhile (ENOENT, ENODEV)
+            return None
 
     def memory_peak(self) -> int | None:
         d = self.memory_dir

@@ -60,10 +60,13 @@ class CostAwarePolicy:
     estimated memory within ``memory_budget`` bytes. One policy may serve many rollouts (share it to share what it
     learned); the per-call run times it keeps are those of the ``max_calls`` calls run last.
 
-    Precision: the probability used is the candidate's times its predictor's observed calibration, ``(hits +
-    prior_weight) / (expected hits + prior_weight)`` over every guess it made (launched or not: the runtime scores
-    each decided call, ``observe_prediction``), capped at 1: a predictor whose guesses never match the workload
-    soon stops launching, a well calibrated one keeps its probabilities.
+    Precision: the probability used is the candidate's times its predictor's observed calibration, capped at 1.
+    Calibration is observed hits over expected hits, first over every guess the predictor made (launched or not:
+    the runtime scores each decided call, ``observe_prediction``) with ``prior_weight`` guesses' worth of a
+    calibrated prior, then over the guesses it launched (``release``'s ``used``) with ``prior_weight`` launches'
+    worth of the first as prior: the launched guesses are the confident ones and those the cache could not serve,
+    which may fare worse than the rest, and they are what a launch decision bets on. A predictor whose guesses
+    never match the workload soon stops launching, a well calibrated one keeps its probabilities.
 
     Chains: a launch ``depth`` calls deep pays with the chain's probability (``Launch.probability``) and can hide
     the rest of this turn's LLM time plus at most ``depth`` more turns' (it is asked for at least ``depth`` calls
@@ -86,7 +89,7 @@ class CostAwarePolicy:
         fork_bytes: int = 32 << 20,
         fork_weight: float = 1.0,
         memory_weight: float = 1.0,
-        read_cost: float = 0.002,
+        read_cost: float = 0.006,
         min_probability: float = 0.05,
         prior_weight: float = 2.0,
         alpha: float = 0.3,
@@ -108,7 +111,8 @@ class CostAwarePolicy:
         self.read_cost = read_cost
         self.min_probability = min_probability
         self.prior_weight = prior_weight
-        self._precision: dict[str, list[float]] = {}  # source -> [hits, expected hits]
+        self._precision: dict[str, list[float]] = {}  # source -> [hits, expected hits], every guess
+        self._launched: dict[str, list[float]] = {}  # source -> [used, expected used], launched guesses
         self.alpha = alpha
         self.fork_seconds = _Ewma(fork_seconds)
         self.fork_bytes = _Ewma(float(fork_bytes))
@@ -154,10 +158,12 @@ class CostAwarePolicy:
         return 1.0 if hi == lo else (hi - self._progress[rollout]) / (hi - lo)
 
     def calibration(self, source: str) -> float:
-        """Observed hits over expected hits of ``source``'s guesses, with ``prior_weight`` guesses' worth of a
-        calibrated prior."""
+        """Observed over expected hits of ``source``'s launched guesses, shrunk (``prior_weight`` launches' worth)
+        towards those of all its guesses, which are shrunk towards 1 the same way."""
         hits, expected = self._precision.get(source, (0.0, 0.0))
-        return (hits + self.prior_weight) / (expected + self.prior_weight)
+        every = (hits + self.prior_weight) / (expected + self.prior_weight)
+        used, launched = self._launched.get(source, (0.0, 0.0))
+        return (used + self.prior_weight * every) / (launched + self.prior_weight)
 
     def probability(self, option: Launch) -> float:
         """The chance ``option`` is used: its chain's prior times its candidate's calibrated probability."""
@@ -219,10 +225,13 @@ class CostAwarePolicy:
         limit = self.group_forks if self.lag(rollout) >= 1.0 else self.group_forks - self.straggler_reserve
         return live < limit
 
-    def release(self, launch: Launch) -> None:
-        """A branch this policy selected ended (committed, discarded or failed)."""
+    def release(self, launch: Launch, used: bool) -> None:
+        """A branch this policy selected ended; ``used``: the main line took its result."""
         if launch.needs_fork and self._live.get(launch.rollout, 0) > 0:
             self._live[launch.rollout] -= 1
+        acc = self._launched.setdefault(launch.candidate.source, [0.0, 0.0])
+        acc[0] += used
+        acc[1] += launch.probability  # as predicted: calibration multiplies it
 
     def rollout_done(self, rollout: str) -> None:
         """``rollout`` ended: it no longer counts in its group's progress."""

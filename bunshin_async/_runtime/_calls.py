@@ -139,15 +139,16 @@ class Launch(msgspec.Struct, frozen=True, kw_only=True):
 class Policy(Protocol):
     """Chooses which of ``options`` (best first, deduplicated, none already running) to launch now, given how many
     branches run (``running``) and how many of those hold a fork (``forks``). Told, to learn online, every tool
-    run time and every fork's cost. A policy may also have ``observe_llm(seconds)``: the runtime then tells it
-    each turn's LLM time (from the request to the message's end); ``release(launch)``: told when a branch it
-    selected ends (committed or not), to track what is in flight; ``rollout_done(rollout)``: that rollout ended;
-    ``observe_prediction(source, probability, hit)``: when a call is decided, for each predictor (``source``) that
-    guessed it, the guesses' summed probability and whether one of them was the call (to learn its precision);
-    ``observe_rollout_memory(bytes)``: after a fork's cost, the rollout workspace's footprint at that moment (PSS,
-    the page images it maps, its upper dir), to weigh what a fork holds against what the rollout does;
-    ``observe_cpu(key, cpu_seconds, seconds)``: a call run on the main line took ``cpu_seconds`` of CPU (its
-    workspace's cgroup, where it has CPU accounting) in ``seconds``, to tell waiting from computing."""
+    run time and every fork's cost. A policy may also have ``observe_llm(seconds)``: the runtime then tells it each
+    turn's LLM time (from the request to the message's end); ``release(launch, used)``: told when a branch it
+    selected ends, and whether the main line used it, to track what is in flight and how its launches fare;
+    ``rollout_done(rollout)``: that rollout ended; ``observe_prediction(source, probability, hit)``: when a call is
+    decided, for each predictor (``source``) that guessed it, the guesses' summed probability and whether one of
+    them was the call (to learn its precision); ``observe_rollout_memory(bytes)``: after a fork's cost, the rollout
+    workspace's footprint at that moment (PSS, the page images it maps, its upper dir), to weigh what a fork holds
+    against what the rollout does; ``observe_cpu(key, cpu_seconds, seconds)``: a call run on the main line took
+    ``cpu_seconds`` of CPU (its workspace's cgroup, where it has CPU accounting) in ``seconds``, to tell waiting
+    from computing."""
 
     def select(self, options: Sequence[Launch], *, running: int, forks: int) -> list[Launch]: ...
 

@@ -20,6 +20,7 @@ and their forks closed. Cleanup is shielded, with a deadline.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import time
@@ -227,23 +228,10 @@ class _Decided:
 
 
 def _cgroup_cpu_seconds(ws: Workspace) -> float:
-    """CPU time charged to the workspace's cgroup (v1 ``cpuacct.usage`` in ns, v2 ``cpu.stat`` in us), or -1 when
-    the cgroup has no CPU accounting (v1 hosts where workspaces do not join ``cpuacct``). Blocking."""
+    """CPU time charged to the workspace's cgroup, or -1 without CPU accounting. Blocking."""
     cg = ws.cgroup
-    if cg is None:
-        return -1.0
-    for d in cg.dirs:
-        try:
-            return int((d / "cpuacct.usage").read_text()) / 1e9
-        except (OSError, ValueError):
-            pass
-        try:
-            for line in (d / "cpu.stat").read_text().splitlines():
-                if line.startswith("usage_usec "):
-                    return int(line.split()[1]) / 1e6
-        except (OSError, ValueError):
-            pass
-    return -1.0
+    seconds = cg.cpu_seconds() if cg is not None else None
+    return -1.0 if seconds is None else seconds
 
 
 def _fork_cost(ws: Workspace) -> tuple[float, int]:
@@ -372,6 +360,7 @@ class SpeculativeTurn:
         self._tg: TaskGroup | None = None
         self._out: MemoryObjectSendStream[TapEvent | CallResult] | None = None
         self._in: MemoryObjectReceiveStream[TapEvent | CallResult] | None = None
+        self._on_result: Callable[[CallResult], object] | None = None
         self._decided: list[_Decided] = []
         self._results: dict[int, CallResult] = {}
         self._branches: list[_Branch] = []
@@ -462,16 +451,31 @@ class SpeculativeTurn:
 
     def feed(self, events: AsyncIterable[TapEvent]) -> AsyncIterator[TapEvent | CallResult]:
         """Consume the tap's events; yields them through, interleaved with each ``CallResult`` as soon as it is
-        ready. Call once per turn."""
+        ready. Call once per turn (or ``consume``)."""
+        self._start_feed()
+        send, receive = anyio.create_memory_object_stream[TapEvent | CallResult](math.inf)
+        self._out, self._in = send, receive
+        assert self._tg is not None
+        self._tg.start_soon(self._pump, events, send)
+        return self._relay(receive)
+
+    async def consume(
+        self, events: AsyncIterable[TapEvent], on_result: Callable[[CallResult], object] | None = None
+    ) -> TurnOutcome:
+        """Run the turn from the tap's ``events`` in this task to the last call's result, relaying nothing (``feed``
+        passes every event through a stream: a task switch per streamed chunk); ``on_result`` is called with each
+        result as soon as it is ready."""
+        self._start_feed()
+        self._on_result = on_result
+        await self._pump(events, None)
+        return await self.results()
+
+    def _start_feed(self) -> None:
         if self._tg is None:
             raise RuntimeError("use `async with SpeculativeTurn(...) as turn` before feeding it")
         if self._fed:
             raise RuntimeError("a turn is fed once")
         self._fed = True
-        send, receive = anyio.create_memory_object_stream[TapEvent | CallResult](math.inf)
-        self._out, self._in = send, receive
-        self._tg.start_soon(self._pump, events, send)
-        return self._relay(receive)
 
     @staticmethod
     async def _relay(receive: MemoryObjectReceiveStream[TapEvent | CallResult]) -> AsyncIterator[TapEvent | CallResult]:
@@ -492,8 +496,10 @@ class SpeculativeTurn:
 
     # ------------------------------------------------------------------------------------------ the stream
 
-    async def _pump(self, events: AsyncIterable[TapEvent], send: MemoryObjectSendStream[TapEvent | CallResult]) -> None:
-        async with send:
+    async def _pump(
+        self, events: AsyncIterable[TapEvent], send: MemoryObjectSendStream[TapEvent | CallResult] | None
+    ) -> None:
+        async with send if send is not None else contextlib.nullcontext():
             self._replan()
             first = True
             async for ev in events:
@@ -775,6 +781,8 @@ class SpeculativeTurn:
             self.handle.last_output = _output_text(result)
         self._t_last = max(self._t_last, result.t)
         self._mark("call_done", d.position, result.source)
+        if self._on_result is not None:
+            self._on_result(result)
         self._emit(result)
 
     async def _quiesce(self) -> None:
@@ -975,7 +983,7 @@ class SpeculativeTurn:
                     observe_rollout(rollout_bytes)
             release = getattr(spec.policy, "release", None)
             if release is not None:
-                release(b.launch)
+                release(b.launch, b.used)
         m = TurnMetrics(turn=owner.metrics.turn)
         if b.used:
             outcome: Literal["committed", "wasted", "failed"] = "committed"
@@ -1078,7 +1086,4 @@ async def run_turn(
     """Run one turn from the tap's ``events`` to the last call's result (see ``SpeculativeTurn``); ``on_result`` is
     called with each result as soon as it is ready."""
     async with SpeculativeTurn(handle, tools, speculation, start_early=start_early) as turn:
-        async for item in turn.feed(events):
-            if on_result is not None and isinstance(item, CallResult):
-                on_result(item)
-        return await turn.results()
+        return await turn.consume(events, on_result)

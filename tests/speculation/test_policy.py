@@ -47,11 +47,11 @@ def test_the_group_straggler_gets_the_last_forks() -> None:
     assert taken.rollout == "b"
     assert policy.select([_launch("b", 4)], running=0, forks=1) == []  # the group budget is spent
     # a's branch ends: its fork goes back to the group, where the reserve still keeps it for the straggler
-    policy.release(_launch("a", 9))
+    policy.release(_launch("a", 9), True)
     assert policy.select([_launch("c", 7)], running=0, forks=1) == []
     assert len(policy.select([_launch("b", 4)], running=0, forks=1)) == 1
-    policy.release(_launch("b", 4))
-    policy.release(_launch("b", 4))
+    policy.release(_launch("b", 4), True)
+    policy.release(_launch("b", 4), True)
     assert len(policy.select([_launch("c", 7)], running=0, forks=1)) == 1
     # the straggler finishes: it no longer counts; c is now the one behind
     policy.rollout_done("b")
@@ -102,6 +102,24 @@ def test_a_predictor_that_never_matches_stops_launching_and_a_calibrated_one_kee
         policy.observe_prediction("shy", 0.3, True)
     shy = msgspec.structs.replace(fair, candidate=msgspec.structs.replace(fair.candidate, source="shy"), prior=0.5)
     assert policy.calibration("shy") == pytest.approx(22 / 8) and policy.probability(shy) == pytest.approx(0.5)
+
+
+def test_a_predictor_whose_launched_guesses_are_never_used_stops_launching() -> None:
+    """Calibrated over all its guesses (the cheap, cache-served ones hit), but the ones it bets on never do."""
+    policy = CostAwarePolicy(contention=None, llm_seconds=3.0, prior_weight=2.0)
+    for i in range(100):
+        policy.observe_prediction("", 0.5, i % 2 == 0)
+    guess = msgspec.structs.replace(_launch("r", 0, p=0.5, seconds=2.0), effect=Effect.READ)
+    assert policy.calibration("") == pytest.approx(1.0)
+    assert policy.select([guess], running=0, forks=0) == [guess]
+    for _ in range(8):  # eight launches of its 50% guesses, none used: 4 expected
+        policy.release(guess, False)
+    assert policy.calibration("") == pytest.approx(2 / 6)  # (0 used + 2 x 1.0) / (4 expected + 2)
+    assert policy.probability(guess) == pytest.approx(0.5 / 3)
+    # the launched record only shrinks towards all guesses': as many used as expected restores the odds
+    for _ in range(8):
+        policy.release(guess, True)
+    assert policy.calibration("") == pytest.approx((8 + 2) / (8 + 2))
 
 
 def test_a_wrong_guess_is_charged_the_memory_its_fork_holds_against_the_rollouts() -> None:
