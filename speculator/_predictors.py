@@ -139,8 +139,8 @@ class ObservationPredictor:
     """Argument filling from the last observation: when the latest call's output names a module an import failed
     on (``ModuleNotFoundError: No module named 'x'``) or a program the shell did not find, predict the calls that
     followed such an observation before (in this rollout first, then in its siblings: the ``SiblingTable``'s
-    templates) with the new name filled in (``pip install ... ./vendor/x``). A template is a call whose arguments
-    contained the entity the observation before it named, with the entity cut out."""
+    templates) with the new name filled in (``pip install ... ./vendor/x``). A template is a one-line call whose
+    arguments contained the entity the observation before it named, with the entity cut out."""
 
     name = "observation"
 
@@ -180,6 +180,8 @@ class ObservationPredictor:
         if not ctx.last_output or ctx.position != len(ctx.decided):
             return
         text = call.args.decode()
+        if "\\n" in text:  # a script or a heredoc names the entity in passing: not an argument to fill in
+            return
         for kind, entity in _entities(ctx.last_output).items():
             if len(entity) < 2 or entity not in text:
                 continue

@@ -92,6 +92,7 @@ class ConfigResult(msgspec.Struct):
     total_memory_gib_s: float
     cpu_seconds: float
     rollouts: list[RolloutSummary]
+    sdk_cpu_seconds: float  # this process's CPU during the run: the SDK, its LLM client and the replay server
     memory_timeline: list[tuple[float, float]]  # (t, MiB)
     extra: dict[str, Any] = msgspec.field(default_factory=dict)
     final_states: dict[str, str] = msgspec.field(default_factory=dict)  # "task:rollout" -> workspace_state
@@ -111,6 +112,7 @@ class ConfigSummary(msgspec.Struct):
     peak_memory_mib: Spread
     total_memory_gib_s: Spread
     cpu_seconds: Spread
+    sdk_cpu_seconds: Spread
     spec: dict[str, float] = msgspec.field(default_factory=dict)
 
 
@@ -308,7 +310,7 @@ async def run_config(
             turns_for=lambda ctx: unfinished.get(f"{ctx.task.task_id}:{ctx.rollout}"),
         )
         agent.group_sizes = {task.task_id: len(ts) for task, ts in groups}
-        t0 = time.monotonic()
+        t0, cpu0 = time.monotonic(), time.process_time()
         try:
             async with ResourceMonitor(interval=0.1, extra_dirs=[snapshot_dir()]) as monitor:
 
@@ -326,7 +328,7 @@ async def run_config(
                 async with anyio.create_task_group() as tg:
                     for task, ts in groups:
                         tg.start_soon(one_group, task, len(ts))
-            latency = time.monotonic() - t0
+            latency, sdk_cpu = time.monotonic() - t0, time.process_time() - cpu0
         finally:
             await agent.aclose()
             for c in caches:
@@ -355,6 +357,7 @@ async def run_config(
         peak_memory_mib=round(report.peak_bytes / (1 << 20), 1),
         total_memory_gib_s=round(report.gib_seconds, 3),
         cpu_seconds=round(report.cpu_seconds, 2),
+        sdk_cpu_seconds=round(sdk_cpu, 2),
         rollouts=[_summary(r, _digest(agent.final_states.get((r.task_id, r.rollout), ""))) for r in results],
         final_states={f"{t}:{i}": text for (t, i), text in agent.final_states.items()},
         memory_timeline=[(round(s.t, 2), round((s.pss_bytes + s.extra_bytes) / (1 << 20), 1)) for s in report.samples],
@@ -434,6 +437,7 @@ def _summaries(runs: list[list[ConfigResult]]) -> list[ConfigSummary]:
                 peak_memory_mib=_spread([c.peak_memory_mib for c in cs]),
                 total_memory_gib_s=_spread([c.total_memory_gib_s for c in cs]),
                 cpu_seconds=_spread([c.cpu_seconds for c in cs]),
+                sdk_cpu_seconds=_spread([c.sdk_cpu_seconds for c in cs]),
                 spec=spec,
             )
         )
@@ -555,9 +559,9 @@ def markdown_table(result: ExperimentResult) -> str:
     """The configurations side by side: medians over the repeats with [min-max] when there are several."""
     n = result.repeats
     rows = [
-        "| configuration | group latency (s) | peak memory (MiB) | total memory (GiB·s) | CPU (s) "
+        "| configuration | group latency (s) | peak memory (MiB) | total memory (GiB·s) | CPU (s) | SDK CPU (s) "
         "| vs baseline: peak / total / latency | speculation: committed / launched, hit rate, saved s, wasted CPU s |",
-        "|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|",
     ]
     summary = result.summary or _summaries([result.configs])
     for c in summary:
@@ -579,7 +583,8 @@ def markdown_table(result: ExperimentResult) -> str:
         )
         rows.append(
             f"| {c.name} | {_fmt(c.group_latency_s, 1, n)} | {_fmt(c.peak_memory_mib, 0, n)} | "
-            f"{_fmt(c.total_memory_gib_s, 2, n)} | {_fmt(c.cpu_seconds, 0, n)} | {rel} | {spec} |"
+            f"{_fmt(c.total_memory_gib_s, 2, n)} | {_fmt(c.cpu_seconds, 0, n)} | {_fmt(c.sdk_cpu_seconds, 0, n)} | "
+            f"{rel} | {spec} |"
         )
     if n > 1:
         rows.append(f"\n{n} paired repeats: medians [min-max]; speculation counts summed over the repeats.")

@@ -138,6 +138,15 @@ def test_observation_templates_fill_in_the_module_of_an_import_error() -> None:
     top = mine.predict(_ctx(last_output="No module named 'colstats'"))[0]  # its own spelling first
     assert top.arguments["command"] == "pip install -q ./vendor/colstats" and top.probability > 0.8
     assert mine.predict(_ctx(last_output="all good")) == []
+    # a script that names the module in passing is no template: the next import error does not predict it
+    other = ObservationPredictor(SiblingTable())
+    script = "cat > repro.py <<'EOF'\nimport fastcsv\nprint(fastcsv.read('a.csv'))\nEOF"
+    other.observe(_ctx(last_output=error), CallKey.of(BASH, {"command": script}))
+    assert other.predict(_ctx(last_output="No module named 'colstats'")) == []
+    other.observe(_ctx(last_output=error), CallKey.of(BASH, {"command": "pip install fastcsv"}))
+    assert [c.arguments["command"] for c in other.predict(_ctx(last_output="No module named 'x1'"))] == [
+        "pip install x1"
+    ]
 
 
 def test_recent_runs_after_an_edit_and_siblings_after_the_same_call() -> None:
