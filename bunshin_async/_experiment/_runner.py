@@ -81,6 +81,8 @@ class RolloutSummary(msgspec.Struct):
     call_seconds: list[float]
     results_digest: str  # of every deterministic tool result (exit code and output), in order
     final_state: str = ""  # digest of the workspace the rollout ended in (workspace_state)
+    task_id: str = ""
+    step_digests: list[str] = msgspec.field(default_factory=list)  # each result's, to name the first that differs
 
 
 class ConfigResult(msgspec.Struct):
@@ -205,9 +207,11 @@ class ReplayAgent:
 
 # Parts of tool output that differ between runs of the same deterministic call, and only those: file times in
 # `ls -l` listings, the durations test runners print (unittest's `Ran 4 tests in 0.001s`, pytest's `passed in
-# 0.02s`) and `ls -l`'s block total (a file a fork's restore reopens for writing is copied up from its snapshot
-# layer, and overlayfs's origin xattr can take an extra block on ext4).
+# 0.02s`), `ls -l`'s block total (a file a fork's restore reopens for writing is copied up from its snapshot
+# layer, and overlayfs's origin xattr can take an extra block on ext4) and the addresses in Python's default reprs
+# (`<property object at 0x7f...>`: where the allocator put it, randomised per process).
 _VOLATILE = [
+    (re.compile(r"( at 0x)[0-9a-f]{6,16}>"), r"\1~>"),
     (re.compile(r"^([-dlcbps][-rwxsStT]{9}[.+@]? .*?)[A-Z][a-z]{2} +\d+ +(?:\d\d:\d\d|\d{4})", re.M), r"\1~"),
     (re.compile(r"^(Ran \d+ tests? in )\d+\.\d+s$", re.M), r"\1~"),
     (re.compile(r"( (?:passed|failed|error|errors|skipped)(?:, .*?)? in )\d+\.\d+s\b"), r"\1~"),
@@ -249,9 +253,14 @@ def scrub(text: str) -> str:
 def _summary(r: RolloutResult, final_state: str) -> RolloutSummary:
     steps = r.trajectory.steps if r.trajectory else []
     h = hashlib.sha256()
+    each = []
     for s in steps:
-        h.update(f"{s.tool}|{s.exit_code}|{scrub(s.observation or '')}\n".encode())
+        line = f"{s.tool}|{s.exit_code}|{scrub(s.observation or '')}\n".encode()
+        h.update(line)
+        each.append(hashlib.sha256(line).hexdigest()[:8])
     return RolloutSummary(
+        task_id=r.task_id,
+        step_digests=each,
         rollout=r.rollout,
         status=r.status,
         reason=r.reason,
@@ -529,11 +538,14 @@ def _differences(configs: list[ConfigResult]) -> list[str]:
     found: list[str] = []
     for c in configs[1:]:
         for a, b in zip(base.rollouts, c.rollouts, strict=False):
-            where = f"{c.name} {a.rollout}"
+            where = f"{c.name} {a.task_id}#{a.rollout}"
             if a.calls != b.calls:
                 found.append(f"{where}: calls differ")
             elif a.results_digest != b.results_digest:
-                found.append(f"{where}: results differ")
+                at = next(
+                    (i for i, (x, y) in enumerate(zip(a.step_digests, b.step_digests, strict=False)) if x != y), None
+                )
+                found.append(f"{where}: results differ" + (f" from step {at}" if at is not None else ""))
             elif a.final_state != b.final_state:
                 sa = next((v for k, v in base.final_states.items() if _digest(v) == a.final_state), "").splitlines()
                 sb = next((v for k, v in c.final_states.items() if _digest(v) == b.final_state), "").splitlines()

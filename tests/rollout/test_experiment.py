@@ -158,3 +158,19 @@ def test_the_terminal_workload_through_bunshin_bench_quick(tmp_path: Path) -> No
     assert calls[:3] == ["ls -la", "cat README.md", ".venv/bin/python -m unittest -q"]
     assert any("pip install" in c for c in calls) and calls[-2:] == [".venv/bin/python build.py",
                                                                        ".venv/bin/python bench.py"]  # fmt: skip
+
+
+def test_scrubbing_hides_repr_addresses_and_nothing_else() -> None:
+    """Two runs of the same call print different addresses in Python's default reprs (where the allocator put the
+    object); the equivalence check must not see that, and must still see every other difference."""
+    import subprocess
+    import sys
+
+    from bunshin_async._experiment._runner import scrub
+
+    code = "class A:\n    p = property(lambda s: 1)\nprint(A.p, object(), hex(3735928559))"
+    runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout for _ in range(2)]
+    assert runs[0] != runs[1]  # ASLR: a different heap each run
+    assert scrub(runs[0]) == scrub(runs[1])
+    assert "0xdeadbeef" in scrub(runs[0])  # a hex value that is output, not an address, is kept
+    assert scrub("<A object at 0x7f0123456789>") != scrub("<B object at 0x7f0123456789>")
