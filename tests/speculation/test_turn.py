@@ -192,6 +192,29 @@ async def test_cancelling_the_turn_cancels_every_branch(serve: Any) -> None:
     # the leak fixtures check that no fork, snapshot or process is left
 
 
+async def test_run_turn_reports_each_result_as_soon_as_it_is_ready(serve: Any) -> None:
+    """``run_turn(on_result=...)``, the agent loop's path (the turn consumes the stream in place, relaying no
+    event), still hands each result over when it is ready, not when the message's last call is done."""
+    steps = [bash("echo fast", turn=0), bash("sleep 1; echo slow", turn=0), final()]
+    seen: list[tuple[str, float]] = []
+
+    def on_result(r: CallResult) -> None:
+        seen.append((r.result.stdout, time.monotonic()))
+
+    async with serve([trajectory("each", steps)]) as client:
+        async with Workspace() as ws, WorkspaceHandle(ws) as handle:
+            specs = [t.spec() for t in TOOLS]
+            msgs: list[dict[str, Any]] = [{"role": "user", "content": "x"}]
+            stream = await client.chat.completions.create(model="replay:each", messages=msgs, tools=specs,
+                                                          stream=True)  # fmt: skip
+            async with tap_openai_stream(stream, specs) as tap:
+                outcome = await run_turn(tap, handle, TOOLS, None, on_result=on_result)
+            done = time.monotonic()
+    assert [out for out, _ in seen] == ["fast\n", "slow\n"]
+    assert done - seen[0][1] > 0.8  # the first result came while the second call still ran
+    assert [r.result.stdout for r in outcome.results] == ["fast\n", "slow\n"]
+
+
 async def test_a_turn_cancelled_before_its_stream_is_read_closes_its_streams() -> None:
     async def never() -> AsyncIterator[TapEvent]:
         await anyio.sleep_forever()
