@@ -156,6 +156,13 @@ async def test_a_restored_copys_footprint_counts_the_page_image_it_maps() -> Non
             await copy.aclose()
 
 
+async def _tap(client: Any, model: str, messages: list[dict[str, Any]]) -> Any:
+    """The tap (an async context manager) over a streamed completion of ``messages`` with ``TOOLS``."""
+    specs = [t.spec() for t in TOOLS]
+    stream = await client.chat.completions.create(model=model, messages=messages, tools=specs, stream=True)
+    return tap_openai_stream(stream, specs)
+
+
 async def test_cancelling_the_turn_cancels_every_branch(serve: Any) -> None:
     steps = [bash("echo a > start", llm=0.05), bash("echo never > n", llm=5.0), final()]
     rs = [
@@ -165,11 +172,8 @@ async def test_cancelling_the_turn_cancels_every_branch(serve: Any) -> None:
     spec = Speculation(predictors=[RulePredictor(rs)], policy=CostAwarePolicy(contention=None))
     async with serve([trajectory("cancel", steps)]) as client:
         async with Workspace() as ws, WorkspaceHandle(ws) as handle:
-            specs = [t.spec() for t in TOOLS]
             msgs: list[dict[str, Any]] = [{"role": "user", "content": "x"}]
-            stream = await client.chat.completions.create(model="replay:cancel", messages=msgs, tools=specs,
-                                                          stream=True)  # fmt: skip
-            async with tap_openai_stream(stream, specs) as tap:
+            async with await _tap(client, "replay:cancel", msgs) as tap:
                 first = await run_turn(tap, handle, TOOLS, spec)
             msgs += [
                 {"role": "assistant", "content": None, "tool_calls": [{"id": "c0", "type": "function",
@@ -178,9 +182,8 @@ async def test_cancelling_the_turn_cancels_every_branch(serve: Any) -> None:
             ]  # fmt: skip
             t0 = time.monotonic()
             with anyio.move_on_after(0.8):
-                stream = await client.chat.completions.create(model="replay:cancel", messages=msgs, tools=specs,
-                                                              stream=True)  # fmt: skip
-                async with tap_openai_stream(stream, specs) as tap, SpeculativeTurn(handle, TOOLS, spec) as turn:
+                tapped = await _tap(client, "replay:cancel", msgs)
+                async with tapped as tap, SpeculativeTurn(handle, TOOLS, spec) as turn:
                     async for _ in turn.feed(tap):
                         pass
             assert time.monotonic() - t0 < 2.0
@@ -203,11 +206,7 @@ async def test_run_turn_reports_each_result_as_soon_as_it_is_ready(serve: Any) -
 
     async with serve([trajectory("each", steps)]) as client:
         async with Workspace() as ws, WorkspaceHandle(ws) as handle:
-            specs = [t.spec() for t in TOOLS]
-            msgs: list[dict[str, Any]] = [{"role": "user", "content": "x"}]
-            stream = await client.chat.completions.create(model="replay:each", messages=msgs, tools=specs,
-                                                          stream=True)  # fmt: skip
-            async with tap_openai_stream(stream, specs) as tap:
+            async with await _tap(client, "replay:each", [{"role": "user", "content": "x"}]) as tap:
                 outcome = await run_turn(tap, handle, TOOLS, None, on_result=on_result)
             done = time.monotonic()
     assert [out for out, _ in seen] == ["fast\n", "slow\n"]
@@ -262,12 +261,9 @@ async def test_results_arrive_before_the_message_ends(serve: Any) -> None:
     traj = trajectory("early", steps)
     async with serve([traj], timing=FixedTiming(ttft=0.01, itl=0.05)) as client:
         async with Workspace() as ws, WorkspaceHandle(ws) as handle:
-            specs = [t.spec() for t in TOOLS]
-            stream = await client.chat.completions.create(
-                model="replay:early", messages=[{"role": "user", "content": "x"}], tools=specs, stream=True
-            )
+            tapped = await _tap(client, "replay:early", [{"role": "user", "content": "x"}])
             seen: list[str] = []
-            async with tap_openai_stream(stream, specs) as tap, SpeculativeTurn(handle, TOOLS, Speculation()) as turn:
+            async with tapped as tap, SpeculativeTurn(handle, TOOLS, Speculation()) as turn:
                 async for item in turn.feed(tap):
                     if isinstance(item, CallResult):
                         seen.append(f"result{item.index}")
