@@ -16,7 +16,7 @@ from importlib import resources
 from bunshin_async._public import publish as _publish  # the SDK's helper: exported names carry this module
 from bunshin_async.speculation import Policy, Predictor, Speculation
 
-from ._policy import CostAwarePolicy, cpu_contention
+from ._policy import CostAwarePolicy, cpu_contention, loop_load
 from ._predictors import (
     DocsPredictor,
     HistoryPredictor,
@@ -46,6 +46,7 @@ __all__ = [
     "SiblingTable",
     "command_program",
     "cpu_contention",
+    "loop_load",
     "default_ngram",
     "default_speculation",
     "signature",

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
+import threading
+import time
 from collections.abc import Callable, Sequence
 
 from bunshin_async.speculation import CallKey, Launch
 
 from ._signature import key_signature
 
-__all__ = ["CostAwarePolicy", "cpu_contention"]
+__all__ = ["CostAwarePolicy", "cpu_contention", "loop_load"]
 
 
 class _Ewma:
@@ -36,6 +38,27 @@ def cpu_contention() -> float:
     return min(1.0, max(0, runnable - 1) / cpus)
 
 
+class _LoopMeter(threading.local):
+    def __init__(self) -> None:
+        self.t, self.cpu, self.value = time.monotonic(), time.thread_time(), 0.0
+
+
+_METER = _LoopMeter()
+_LOOP_WINDOW = 1.0
+
+
+def loop_load() -> float:
+    """How busy the calling thread (the event loop's, where the policy runs) has been, 0 to 1: its CPU time over
+    wall time, per window of at least a second, averaged over the last few windows. Two clock reads."""
+    m, now = _METER, time.monotonic()
+    if now - m.t >= _LOOP_WINDOW:
+        cpu = time.thread_time()
+        share = min(1.0, (cpu - m.cpu) / (now - m.t))
+        m.value = 0.5 * (m.value + share)
+        m.t, m.cpu = now, cpu
+    return m.value
+
+
 class CostAwarePolicy:
     """Launch a candidate when its expected saving beats its expected cost, best saving first.
 
@@ -56,8 +79,11 @@ class CostAwarePolicy:
     the CPU seconds per second its signature took on the main line (``observe_cpu``; 1 until measured): an install
     that mostly waits on the network, or a test that sleeps, takes little CPU however long it runs.
     On a saturated machine only likely guesses run (a coin flip never does), so speculation backs off instead of
-    slowing the rollouts it serves. Budgets: at most ``max_branches`` running, ``max_forks`` forks, and forks'
-    estimated memory within ``memory_budget`` bytes. One policy may serve many rollouts (share it to share what it
+    slowing the rollouts it serves. When the event loop itself is saturated (``loop_load()`` at least
+    ``max_loop_load``: many rollouts, short tool calls) the policy is not ``active``: the runtime does not even ask
+    the predictors, since every rollout waits on that one thread and a hidden tool call only adds to its work.
+    Budgets: at most ``max_branches`` running, ``max_forks`` forks, and forks' estimated memory within
+    ``memory_budget`` bytes. One policy may serve many rollouts (share it to share what it
     learned); the per-call run times it keeps are those of the ``max_calls`` calls run last.
 
     Precision: the probability used is the candidate's times its predictor's observed calibration, capped at 1.
@@ -68,7 +94,7 @@ class CostAwarePolicy:
     which may fare worse than the rest, and they are what a launch decision bets on. A predictor whose guesses
     never match the workload soon stops launching, a well calibrated one keeps its probabilities.
 
-    Chains: a launch ``depth`` calls deep pays with the chain's probability (``Launch.probability``) and can hide
+    Chains: a launch ``depth`` calls deep pays with the chain's calibrated probability (``probability``) and can hide
     the rest of this turn's LLM time plus at most ``depth`` more turns' (it is asked for at least ``depth`` calls
     later); deeper than ``max_depth`` is never launched.
 
@@ -96,6 +122,8 @@ class CostAwarePolicy:
         llm_seconds: float = 3.0,
         cpu_weight: float = 1.0,
         contention: Callable[[], float] | None = cpu_contention,
+        loop_load: Callable[[], float] | None = loop_load,
+        max_loop_load: float = 0.8,
         max_depth: int = 2,
         group_forks: int = 4,
         straggler_weight: float = 1.0,
@@ -125,6 +153,8 @@ class CostAwarePolicy:
         self._llm_sum, self._llm_n = 0.0, 0
         self.cpu_weight = cpu_weight
         self.contention = contention
+        self.loop_load = loop_load
+        self.max_loop_load = max_loop_load
         self._load = 0.0
         self.max_depth = max_depth
         self.group_forks = group_forks
@@ -166,9 +196,11 @@ class CostAwarePolicy:
         return (used + self.prior_weight * every) / (launched + self.prior_weight)
 
     def probability(self, option: Launch) -> float:
-        """The chance ``option`` is used: its chain's prior times its candidate's calibrated probability."""
+        """The chance ``option`` is used: its candidate's calibrated probability times that of the launches it
+        chains after (its ``parent``'s, calibrated the same way; ``prior`` where it has no parent)."""
         cand = option.candidate
-        return option.prior * min(1.0, cand.probability * self.calibration(cand.source))
+        prior = self.probability(option.parent) if option.parent is not None else option.prior
+        return prior * min(1.0, cand.probability * self.calibration(cand.source))
 
     def observe_prediction(self, source: str, probability: float, hit: bool) -> None:
         """``source``'s guesses for one decided call summed to ``probability``; ``hit``: one was the call."""
@@ -191,6 +223,11 @@ class CostAwarePolicy:
             cost = self.read_cost
         cost += (1 - p) * run * self.cpu_share(option) * self._load * self.cpu_weight
         return gain - cost
+
+    def active(self) -> bool:
+        """Whether to consider launches now (the runtime asks before it asks the predictors): not while the event
+        loop is saturated (``loop_load``)."""
+        return self.loop_load is None or self.loop_load() < self.max_loop_load
 
     def select(self, options: Sequence[Launch], *, running: int, forks: int) -> list[Launch]:
         self._load = self.contention() if self.contention is not None else 0.0

@@ -6,7 +6,7 @@ from __future__ import annotations
 import gzip
 import os
 import re
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -140,15 +140,20 @@ class ObservationPredictor:
     on (``ModuleNotFoundError: No module named 'x'``) or a program the shell did not find, predict the calls that
     followed such an observation before (in this rollout first, then in its siblings: the ``SiblingTable``'s
     templates) with the new name filled in (``pip install ... ./vendor/x``). A template is a one-line call whose
-    arguments contained the entity the observation before it named, with the entity cut out."""
+    arguments contained an entity one of the ``recall`` observations before it named (agents often read a file
+    between an import error and the install), with the entity cut out."""
 
     name = "observation"
 
-    def __init__(self, table: SiblingTable | None = None, *, own: float = 0.85, siblings: float = 0.7) -> None:
+    def __init__(
+        self, table: SiblingTable | None = None, *, own: float = 0.85, siblings: float = 0.7, recall: int = 3
+    ) -> None:
         self.table = table if table is not None else SiblingTable()
         self.own_confidence = own
         self.sibling_confidence = siblings
         self.own: dict[str, list[tuple[str, str]]] = defaultdict(list)
+        self._recent: deque[dict[str, str]] = deque(maxlen=recall)  # the entities of the latest observations
+        self._last_output: str | None = None
 
     def predict(self, ctx: PredictionContext) -> Sequence[Candidate]:
         if ctx.position != len(ctx.decided) or not ctx.last_output:
@@ -179,10 +184,16 @@ class ObservationPredictor:
     def observe(self, ctx: PredictionContext, call: CallKey) -> None:
         if not ctx.last_output or ctx.position != len(ctx.decided):
             return
+        if ctx.last_output != self._last_output:  # several calls of one message follow the same observation
+            self._last_output = ctx.last_output
+            self._recent.append(_entities(ctx.last_output))
         text = call.args.decode()
         if "\\n" in text:  # a script or a heredoc names the entity in passing: not an argument to fill in
             return
-        for kind, entity in _entities(ctx.last_output).items():
+        named: dict[tuple[str, str], None] = {}  # (kind, entity), the latest observation's first
+        for entities in reversed(self._recent):
+            named.update(dict.fromkeys(entities.items()))
+        for kind, entity in named:
             if len(entity) < 2 or entity not in text:
                 continue
             template = (call.name, re.sub(rf"(?<![\w-]){re.escape(entity)}(?![\w-])", _HOLE.format(kind), text))

@@ -411,6 +411,7 @@ def _spec_counts(specs: Sequence[Any]) -> dict[str, float]:
     out: dict[str, float] = {
         "calls": sum(x.calls for x in m),
         "launched": sum(x.launched for x in m),
+        "paused": sum(x.paused for x in m),
         "committed": sum(x.committed for x in m),
         "wasted": sum(x.wasted for x in m),
         "failed": sum(x.failed for x in m),

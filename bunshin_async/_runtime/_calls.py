@@ -112,7 +112,9 @@ class Launch(msgspec.Struct, frozen=True, kw_only=True):
     ``turn_elapsed``, the seconds since the turn's model call started (what is left of the LLM's time bounds what
     a launch can hide). A chained launch (``depth`` > 0) would run after ``depth`` speculated calls not yet asked
     for, in a fork of the last one's branch: ``prior`` is the probability that those are right (the product of
-    their candidates' probabilities), so the launch pays only with probability ``prior x candidate.probability``.
+    their candidates' probabilities), so the launch pays only with probability ``prior x candidate.probability``;
+    ``parent`` is the launch of the branch it follows (a policy that calibrates its predictors recalibrates the
+    chain's odds through it).
     ``rollout`` names the rollout it is for (stable over its turns) and ``progress`` counts the calls that rollout
     has made: a policy shared by a group prefers its straggler."""
 
@@ -124,6 +126,7 @@ class Launch(msgspec.Struct, frozen=True, kw_only=True):
     prior: float = 1.0
     rollout: str = ""
     progress: int = 0
+    parent: Launch | None = None
 
     @property
     def probability(self) -> float:
@@ -148,7 +151,8 @@ class Policy(Protocol):
     workspace's footprint at that moment (PSS, the page images it maps, its upper dir), to weigh what a fork holds
     against what the rollout does; ``observe_cpu(key, cpu_seconds, seconds)``: a call run on the main line took
     ``cpu_seconds`` of CPU (its workspace's cgroup, where it has CPU accounting) in ``seconds``, to tell waiting
-    from computing."""
+    from computing; ``active()``: asked before the predictors are, False when no launch could pay now (the
+    predictors are then not asked at all)."""
 
     def select(self, options: Sequence[Launch], *, running: int, forks: int) -> list[Launch]: ...
 

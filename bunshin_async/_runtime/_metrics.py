@@ -64,6 +64,7 @@ class _Counts(msgspec.Struct, kw_only=True):
     calls: int = 0
     predicted: int = 0
     launched: int = 0
+    paused: int = 0
     committed: int = 0
     wasted: int = 0
     failed: int = 0
@@ -77,7 +78,8 @@ class _Counts(msgspec.Struct, kw_only=True):
 
 
 class TurnMetrics(_Counts, kw_only=True):
-    """One turn: ``predicted`` distinct candidates seen, ``launched`` branches, ``committed`` (hits), ``wasted``
+    """One turn: ``predicted`` distinct candidates seen, ``launched`` branches, ``paused`` decision points at which
+    the policy was not ``active`` (the predictors were not asked), ``committed`` (hits), ``wasted``
     ones with their cost, ``saved_seconds`` (tool time moved off the critical path, net of waiting for the branch),
     ``llm_seconds`` (turn start to message end), ``tool_seconds`` (critical tool time after the message ended) and
     ``turn_seconds`` (turn start to the last result)."""

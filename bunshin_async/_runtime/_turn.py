@@ -227,6 +227,12 @@ class _Decided:
         return self.effect in (Effect.WRITE, Effect.EXTERNAL)
 
 
+def _active(spec: Speculation) -> bool:
+    """The policy wants launches considered now (``Policy.active``, where it has one)."""
+    active = getattr(spec.policy, "active", None)
+    return active is None or bool(active())
+
+
 def _cgroup_cpu_seconds(ws: Workspace) -> float:
     """CPU time charged to the workspace's cgroup, or -1 without CPU accounting. Blocking."""
     cg = ws.cgroup
@@ -801,24 +807,28 @@ class SpeculativeTurn:
             return
         if self._writing or any(d.changes_state and not d.done.is_set() for d in self._decided):
             return
+        if not _active(spec):
+            self.metrics.paused += 1
+            return
         position = len(self._decided)
         ctx = self._context(position)
         epoch = self.handle.epoch
         running = {b.key for b in self._branches if b.parent is None and b.epoch == epoch}
         running |= {d.key for d in self._decided if d.key is not None and not d.done.is_set()}  # runs anyway
-        options = self._options(ctx, depth=0, prior=1.0, exclude=running)
+        options = self._options(ctx, exclude=running)
         if not options:
             return
         for launch in spec.policy.select(options, running=self._running(), forks=self._forks()):
             self._launch(_Branch(launch, position, epoch, self._clock(), turn=self, ctx=ctx))
 
-    def _options(self, ctx: PredictionContext, *, depth: int, prior: float, exclude: set[CallKey]) -> list[Launch]:
+    def _options(self, ctx: PredictionContext, *, exclude: set[CallKey], parent: Launch | None = None) -> list[Launch]:
         """The predictors' candidates for ``ctx`` as launches, deduplicated (highest probability kept), best first,
         without ``exclude``'s and (for the next call itself) what ``Speculation.skip`` vetoes."""
         spec = self.speculation
         assert spec is not None
         merged: dict[CallKey, Launch] = {}
         elapsed = self._clock() - self._t0
+        depth, prior = (0, 1.0) if parent is None else (parent.depth + 1, parent.probability)
         for predictor in spec.predictors:
             for cand in predictor.predict(ctx):
                 key, effect, deterministic = self._classify(cand.name, cand.arguments)
@@ -832,7 +842,7 @@ class SpeculativeTurn:
                 if prior_launch is None or cand.probability > prior_launch.candidate.probability:
                     merged[key] = Launch(
                         candidate=cand, key=key, effect=effect, turn_elapsed=elapsed, depth=depth, prior=prior,
-                        rollout=self.handle.name, progress=len(ctx.history),
+                        rollout=self.handle.name, progress=len(ctx.history), parent=parent,
                     )  # fmt: skip
         skip = spec.skip if depth == 0 else None  # a veto (the cache's) judges the current state, not a chain's
         return sorted(
@@ -868,6 +878,8 @@ class SpeculativeTurn:
         ctx = b.ctx
         if not self._keeping and self._finished is not None and ctx.position + 1 >= len(self._finished.tool_calls):
             return  # the message has no call after b's: without kept branches the child would be discarded
+        if not _active(spec):
+            return
         after = PredictionContext(
             history=(*ctx.history, b.key),
             chain=extend_chain(ctx.chain, b.key),
@@ -878,7 +890,7 @@ class SpeculativeTurn:
             last_output=_text(b.result, b.error),
         )
         exclude = {c.key for c in b.children}
-        options = self._options(after, depth=b.depth + 1, prior=b.launch.probability, exclude=exclude)
+        options = self._options(after, exclude=exclude, parent=b.launch)
         if not options:
             return
         for launch in spec.policy.select(options, running=self._running(), forks=self._forks()):

@@ -26,6 +26,7 @@ from speculator import (
     SiblingPredictor,
     SiblingTable,
     cpu_contention,
+    loop_load,
 )
 
 from .agent_loop import agent_rollout
@@ -143,6 +144,12 @@ def test_observation_templates_fill_in_the_module_of_an_import_error() -> None:
     script = "cat > repro.py <<'EOF'\nimport fastcsv\nprint(fastcsv.read('a.csv'))\nEOF"
     other.observe(_ctx(last_output=error), CallKey.of(BASH, {"command": script}))
     assert other.predict(_ctx(last_output="No module named 'colstats'")) == []
+    # a read between the error and the install: the install is still a template of the rollout's own spelling
+    reader = ObservationPredictor(SiblingTable())
+    reader.observe(_ctx(last_output=error), CallKey.of(BASH, {"command": "cat csvtool/core.py"}))
+    reader.observe(_ctx(last_output="import fastcsv\n"), CallKey.of(BASH, {"command": "pip3 install vendor/fastcsv"}))
+    [cand] = reader.predict(_ctx(last_output="No module named 'colstats'"))
+    assert cand.arguments["command"] == "pip3 install vendor/colstats" and cand.probability > 0.8
     other.observe(_ctx(last_output=error), CallKey.of(BASH, {"command": "pip install fastcsv"}))
     assert [c.arguments["command"] for c in other.predict(_ctx(last_output="No module named 'x1'"))] == [
         "pip install x1"
@@ -217,3 +224,18 @@ def test_under_a_full_cpu_the_policy_backs_off() -> None:
         idle.observe_llm(0.1)
     assert idle.llm_seconds < 0.5
     assert idle.saving(launch(0.9, 10.0)) == pytest.approx(0.9 * idle.llm_seconds - 0.2)  # not 0.9 x 10 s
+
+
+def test_loop_load_is_the_share_of_wall_time_the_calling_thread_computes() -> None:
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:  # this thread computes without a pause
+        busy = loop_load()
+    assert busy > 0.85
+    for _ in range(4):  # and then waits
+        time.sleep(1.05)
+        idle = loop_load()
+    assert idle < 0.1
+    policy = CostAwarePolicy(max_loop_load=0.8)  # the real meter
+    assert policy.active()
+    assert not CostAwarePolicy(loop_load=lambda: busy, max_loop_load=0.8).active()
+    assert CostAwarePolicy(loop_load=None).active()

@@ -102,6 +102,11 @@ def test_a_predictor_that_never_matches_stops_launching_and_a_calibrated_one_kee
         policy.observe_prediction("shy", 0.3, True)
     shy = msgspec.structs.replace(fair, candidate=msgspec.structs.replace(fair.candidate, source="shy"), prior=0.5)
     assert policy.calibration("shy") == pytest.approx(22 / 8) and policy.probability(shy) == pytest.approx(0.5)
+    # a chain through its parent: the parent's odds calibrated too (a shy predictor's write, then a fair guess)
+    parent = msgspec.structs.replace(shy, prior=1.0)
+    child = msgspec.structs.replace(fair, depth=1, prior=parent.probability, parent=parent)
+    assert child.probability == pytest.approx(0.5 * 0.5)  # as predicted
+    assert policy.probability(child) == pytest.approx(1.0 * 0.5)  # as calibrated: the shy parent is ~certain
 
 
 def test_a_predictor_whose_launched_guesses_are_never_used_stops_launching() -> None:

@@ -116,6 +116,37 @@ async def test_a_predictor_that_is_never_right_stops_being_launched(serve: Any) 
     assert policy.fork_bytes.value > 0 and policy.rollout_bytes.value > 0
 
 
+class _Counting(_AlwaysWrong):
+    """``_AlwaysWrong``, counting how often it is asked."""
+
+    name = "counting"
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    def predict(self, ctx: PredictionContext) -> list[Candidate]:
+        self.asked += 1
+        return super().predict(ctx)
+
+
+async def test_a_saturated_event_loop_pauses_speculation(serve: Any) -> None:
+    """While the event loop's thread is saturated (``loop_load`` at ``max_loop_load`` or more: every rollout waits on
+    it, so a hidden tool call only adds to its work) the policy is not active: no predictor is asked, nothing is
+    launched, each skipped decision point is counted; with room on the loop again the same policy speculates."""
+    steps = [bash(f"echo {i} > f{i}", llm=0.1) for i in range(4)] + [final()]
+    load = [1.0]
+    policy = CostAwarePolicy(contention=None, loop_load=lambda: load[0], max_loop_load=0.8)
+    busy, idle = _Counting(), _Counting()
+    async with serve([trajectory("busy", steps)]) as client:
+        off, on = await off_and_on(client, "replay:busy", TOOLS, Speculation(predictors=[busy], policy=policy))
+        load[0] = 0.5
+        _, later = await off_and_on(client, "replay:busy", TOOLS, Speculation(predictors=[idle], policy=policy))
+    assert on.calls == off.calls and on.final_state == off.final_state
+    assert busy.asked == 0 and on.metrics.launched == 0
+    assert on.metrics.paused >= len(steps) - 1  # at least once per turn with a call
+    assert idle.asked > 0 and later.metrics.launched > 0 and later.metrics.paused == 0
+
+
 async def test_the_policy_learns_which_calls_compute_and_which_wait(serve: Any) -> None:
     """Each call run on the main line is timed on its workspace's cgroup CPU: a loop that computes takes about a
     CPU second per second, a sleep almost none (what the contention term charges a wrong guess with)."""
