@@ -593,15 +593,20 @@ class SpeculativeTurn:
 
     # ------------------------------------------------------------------------------------------ main line
 
-    def _classify(self, name: str, args: Mapping[str, Any]) -> tuple[CallKey | None, Effect, bool]:
+    def _key(self, name: str, args: Mapping[str, Any]) -> CallKey | None:
         tool = self.tools.get(name)
         if tool is None:
-            return None, Effect.EXTERNAL, False
+            return None
         try:
-            key = CallKey.of(tool, args)
+            return CallKey.of(tool, args)
         except InvalidArgument:
+            return None
+
+    def _classify(self, name: str, args: Mapping[str, Any]) -> tuple[CallKey | None, Effect, bool]:
+        key = self._key(name, args)
+        if key is None:
             return None, Effect.EXTERNAL, False
-        cls = tool.classify_call(key.arguments())
+        cls = self.tools[name].classify_call(key.arguments())
         return key, cls.effect, cls.deterministic
 
     def _context(self, position: int) -> PredictionContext:
@@ -618,7 +623,12 @@ class SpeculativeTurn:
 
     def _decide(self, call: ToolCall) -> None:
         position = len(self._decided)
-        key, effect, _ = self._classify(call.name, call.arguments)
+        if self.speculation is not None and not _active(self.speculation):
+            # Paused: nothing will be speculated, so the call's effect class (a parse of its command) buys nothing;
+            # run it as a write, in the plain loop's order, making any branch still alive stale.
+            key, effect = self._key(call.name, call.arguments), Effect.WRITE
+        else:
+            key, effect, _ = self._classify(call.name, call.arguments)
         if key is not None:
             if self.speculation is not None:
                 ctx = self._context(position)
