@@ -125,7 +125,7 @@ class CostAwarePolicy:
         loop_load: Callable[[], float] | None = loop_load,
         max_loop_load: float = 0.8,
         max_depth: int = 2,
-        group_forks: int = 4,
+        group_forks: int = 6,
         straggler_weight: float = 1.0,
         straggler_reserve: int = 1,
         max_calls: int = 8192,
