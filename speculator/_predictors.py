@@ -190,9 +190,8 @@ class ObservationPredictor:
         text = call.args.decode()
         if "\\n" in text:  # a script or a heredoc names the entity in passing: not an argument to fill in
             return
-        named: dict[tuple[str, str], None] = {}  # (kind, entity), the latest observation's first
-        for entities in reversed(self._recent):
-            named.update(dict.fromkeys(entities.items()))
+        # (kind, entity) pairs, each once, the latest observation's first
+        named = dict.fromkeys(pair for entities in reversed(self._recent) for pair in entities.items())
         for kind, entity in named:
             if len(entity) < 2 or entity not in text:
                 continue
