@@ -14,15 +14,25 @@ The guest is emulated (TCG), so only ratios mean anything: ``ratio_*`` are the l
 (1.0 = cost independent of memory, ``ratio_sizes`` = proportional), and ``image_cow_over_kmod_*`` a criu-cow-like
 fork (dump + image map) over a module fork (pin + map) at the same size.
 
-A second guest run (kmod/run-vm.sh criu-bench, ``--criu-sizes``, default 32 and 128 MiB; empty to skip) times the
-project's CRIU on a two-task tree, medians of 5: a plain dump (``dump_full_ms``) beside a template dump without the
-anonymous pages (``dump_tmpl_ms``, CRIU_TMPL_DUMP, criu/patches/0012; ``*_pages_bytes``: what each wrote), then a
-copy's restore three ways, interleaved: through the module from the template dump (``tmpl``), CRIU's CoW restore of
-the plain dump's page image (``cow``, CRIU_COW_RESTORE=1) and a plain restore reading it (``plain``). The times
-are criu's own (its log's last time stamp: exec and dynamic linking, seconds under TCG, are left out; the
-``*_wall_ms`` keep them); ``tmpl_pin_ms`` is the part of a template restore spent in BUNSHIN_TMPL_CREATE (every
-restore pins again: caching the template fds per snapshot is not done), and ``tmpl_unpinned_vs_cow`` the ratio
-without it. Prints JSON; never fails because the machine is slow.
+A second guest run (kmod/run-vm.sh criu-bench, ``--criu-sizes``, default 32 and 128 MiB, issue #21's 200 and 800;
+empty to skip) times the project's CRIU on a two-task tree (kmod/tests/criu_test.c ``bench``), per size:
+
+- dumps, medians of 5: plain (``dump_full_ms``) beside a template dump without the anonymous pages
+  (``dump_tmpl_ms``, CRIU_TMPL_DUMP, criu/patches/0012; ``*_pages_bytes``: what each wrote);
+- a copy's restore four ways, interleaved, medians of 5: through the module pinning its own templates (``tmpl``;
+  ``tmpl_pin_ms`` the part spent pinning), through the module with templates made once for the snapshot
+  (``given``, CRIU_TMPL_FDS; ``given_made_ms`` what making them took, once), CRIU's CoW restore of the plain dump's
+  page image (``cow``) and a plain restore reading it (``plain``);
+- ``first_fork_*``: dump + restore, template dump + ``given`` against plain dump + ``cow``;
+- ``fan_*``: 8 copies alive at once, templates made once against CoW (the sum of criu's times; medians of 2);
+- ``nested_*``: a fork of a fork, medians of 3: a copy that wrote 8 MiB, forked by a template dump and a restore
+  through the module (``nested_tmpl_made_ms``: its templates, made once) against an incremental dump of a CoW copy
+  (criu/patches/0002) and its CoW restore;
+- ``largest_over_smallest``: each of those at the largest size over the smallest (1.0 = cost independent of
+  memory; ``sizes_ratio`` = proportional).
+
+The times are criu's own (its log's last time stamp: exec and dynamic linking, seconds under TCG, are left out; the
+``*_wall_ms`` keep them). Prints JSON; never fails because the machine is slow.
 
     .venv/bin/python bench/kmod_bench.py [--sizes 64,256] [--criu-sizes 32,128]   (issue #21's: --sizes 200,800)
 """
@@ -61,11 +71,11 @@ def _guest(job: str, sizes: list[str], timeout: int) -> dict[str, object]:
         errors="replace",
         timeout=timeout + 120,
         stdin=subprocess.DEVNULL,
-        # The guest holds the largest template, its page image on tmpfs and a restored copy at once.
+        # The guest holds the largest template, its page image on tmpfs and a restored copy (CoW copies too) at once.
         env={
             **os.environ,
             "BUNSHIN_KMOD_TIMEOUT": str(timeout),
-            "BUNSHIN_KMOD_MEM": str(max(2048, 4 * max(int(s) for s in sizes) + 512)),
+            "BUNSHIN_KMOD_MEM": str(max(2048, 5 * max(int(s) for s in sizes) + 1024)),
         },
     )
     console = res.stdout.replace("\r", "")

@@ -22,6 +22,9 @@
  *   stays the page at that address while the template does not write (the template must stay frozen).
  * - The pins keep the pages alive after the template process exits or unmaps them; a VMA holds a reference to
  *   the template file (vma->vm_file), so the pins outlive every mapping.
+ * - A copy's written pages are ordinary anonymous pages in its template mapping (present, not special PTEs), its
+ *   unwritten ones special PTEs or none: a template of a frozen copy's mapping (a fork of a fork) takes the
+ *   former from its page table and the latter from the copy's template, both by reference (tmpl_take()).
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
@@ -53,21 +56,43 @@ MODULE_PARM_DESC(max_pages, "largest template in pages (default 4194304: 16 GiB)
 
 struct tmpl {
 	struct page **pages;
+	unsigned long *byref; /* bit i: pages[i] is held by a page reference (a nested template), not a pin */
 	unsigned long npages;
+	unsigned long nbyref;
 	u32 flags;
 	atomic_t mapped; /* live VMAs (diagnostics: BUNSHIN_TMPL_INFO) */
 };
 
-static atomic_long_t pinned_total = ATOMIC_LONG_INIT(0);
+static atomic_long_t pinned_total = ATOMIC_LONG_INIT(0); /* pages held, pinned or by reference */
 
-static void tmpl_free(struct tmpl *t, unsigned long npinned)
+static void tmpl_free(struct tmpl *t, unsigned long nheld)
 {
-	if (npinned) {
-		unpin_user_pages(t->pages, npinned);
-		atomic_long_sub(npinned, &pinned_total);
+	unsigned long i;
+
+	if (nheld) {
+		if (!t->nbyref) {
+			unpin_user_pages(t->pages, nheld);
+		} else {
+			for (i = 0; i < nheld; i++) {
+				if (test_bit(i, t->byref))
+					put_page(t->pages[i]);
+				else
+					unpin_user_page(t->pages[i]);
+			}
+		}
+		atomic_long_sub(nheld, &pinned_total);
 	}
+	kvfree(t->byref);
 	kvfree(t->pages);
 	kfree(t);
+}
+
+static const struct vm_operations_struct tmpl_vm_ops;
+
+/* A copy's mapping of a template (this module's VMA): a nested template takes its pages from it. */
+static inline bool is_tmpl_vma(struct vm_area_struct *vma)
+{
+	return vma->vm_ops == &tmpl_vm_ops;
 }
 
 static inline void tmpl_vm_flags_set(struct vm_area_struct *vma, unsigned long flags)
@@ -90,7 +115,9 @@ static inline long tmpl_pin(struct mm_struct *mm, unsigned long start, unsigned 
 #endif
 }
 
-/* Every byte of [start, end) must be private anonymous memory (no file, no shared, no I/O or PFN mapping). */
+/* Every byte of [start, end) must be private anonymous memory (no file, no shared, no I/O or PFN mapping), or a
+ * copy's private mapping of a template (a nested template: the copy's memory is its written pages over its
+ * template's). */
 static int tmpl_check_range(struct mm_struct *mm, unsigned long start, unsigned long end)
 {
 	unsigned long addr = start;
@@ -100,14 +127,95 @@ static int tmpl_check_range(struct mm_struct *mm, unsigned long start, unsigned 
 
 		if (!vma || vma->vm_start > addr)
 			return -EFAULT; /* a hole */
-		if (!vma_is_anonymous(vma) || (vma->vm_flags & (VM_SHARED | VM_MAYSHARE | VM_IO | VM_PFNMAP |
-								   VM_MIXEDMAP | VM_HUGETLB)))
+		if (is_tmpl_vma(vma)) {
+			if (vma->vm_flags & (VM_SHARED | VM_MAYSHARE))
+				return -EINVAL;
+		} else if (!vma_is_anonymous(vma) || (vma->vm_flags & (VM_SHARED | VM_MAYSHARE | VM_IO | VM_PFNMAP |
+									  VM_MIXEDMAP | VM_HUGETLB))) {
 			return -EINVAL;
+		}
 		if (!(vma->vm_flags & VM_READ))
 			return -EACCES;
 		addr = vma->vm_end;
 	}
 	return 0;
+}
+
+/* apply_to_existing_page_range() callback, under the PTE lock, for one PTE of a copy's template mapping (it is
+ * not called for an empty one): a present, non-special PTE is a page the copy wrote (an ordinary anonymous page,
+ * see the top of this file), taken by reference; a special one is its template's page. A page the copy wrote that
+ * is swapped out or migrating gives -EAGAIN: the caller faults it in. */
+static int take_pte(pte_t *ptep, unsigned long addr, void *data)
+{
+	struct page **out = data;
+	pte_t pte = ptep_get(ptep);
+	struct page *page;
+
+	if (!pte_present(pte))
+		return -EAGAIN;
+	if (pte_special(pte))
+		return 0;
+	page = pte_page(pte);
+	if (!PageAnon(page))
+		return -EFAULT;
+	get_page(page); /* under the PTE lock: the page cannot be freed under us */
+	*out = page;
+	return 0;
+}
+
+static inline long tmpl_get_one(struct mm_struct *mm, unsigned long addr, struct page **page)
+{
+#if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 5, 0)
+	return get_user_pages_remote(mm, addr, 1, 0, page, NULL);
+#else
+	return get_user_pages_remote(mm, addr, 1, 0, page, NULL, NULL);
+#endif
+}
+
+/*
+ * A nested template: the pages of n pages at addr of a copy's template mapping vma, held by reference (bits set
+ * in t->byref): the copy's own written pages where it wrote, its template's pages elsewhere. The copy is frozen,
+ * so neither changes; its written pages are anonymous pages nobody maps writable any more (a copy of the copy
+ * writing one gets a page of its own). One page-table walk per page: apply_to_existing_page_range() walks a range
+ * correctly only on kernels with its 2025 fix (before it, an empty PTE ended the walk of its page table). Returns
+ * n, or a negative errno with nothing held.
+ */
+static long tmpl_take(struct mm_struct *mm, struct vm_area_struct *vma, unsigned long addr, unsigned long n,
+		      struct tmpl *t, unsigned long idx)
+{
+	struct tmpl *parent = vma->vm_file->private_data;
+	unsigned long pg = vma->vm_pgoff + ((addr - vma->vm_start) >> PAGE_SHIFT), i;
+	struct page **pages = t->pages + idx;
+	long ret = 0;
+
+	if (pg >= parent->npages || n > parent->npages - pg)
+		return -EFAULT;
+	for (i = 0; i < n && !ret; i++) {
+		unsigned long a = addr + (i << PAGE_SHIFT);
+
+		pages[i] = NULL;
+		ret = apply_to_existing_page_range(mm, a, PAGE_SIZE, take_pte, &pages[i]);
+		if (ret == -EAGAIN) { /* a written page not in memory: fault it in, by reference like the others */
+			ret = tmpl_get_one(mm, a, &pages[i]);
+			ret = ret == 1 ? 0 : ret < 0 ? ret : -EFAULT;
+			if (ret)
+				pages[i] = NULL;
+		}
+		if (!ret && !pages[i]) {
+			pages[i] = parent->pages[pg + i];
+			get_page(pages[i]); /* pinned by the parent template, which may go before this one */
+		}
+	}
+	if (ret) {
+		while (i--)
+			if (pages[i])
+				put_page(pages[i]);
+		return ret;
+	}
+	for (i = 0; i < n; i++)
+		set_bit(idx + i, t->byref);
+	t->nbyref += n;
+	return n;
 }
 
 static vm_fault_t tmpl_fault(struct vm_fault *vmf)
@@ -257,7 +365,8 @@ static long tmpl_create(struct bunshin_tmpl_create __user *uarg)
 	if (!t)
 		goto out_mm;
 	t->pages = kvmalloc_array(n, sizeof(*t->pages), GFP_KERNEL);
-	if (!t->pages)
+	t->byref = kvcalloc(BITS_TO_LONGS(n), sizeof(long), GFP_KERNEL);
+	if (!t->pages || !t->byref)
 		goto out_free;
 	t->npages = n;
 	t->flags = req.flags;
@@ -268,7 +377,11 @@ static long tmpl_create(struct bunshin_tmpl_create __user *uarg)
 		goto out_free;
 	ret = tmpl_check_range(mm, req.addr, req.addr + req.len);
 	while (!ret && done < n) {
-		long got = tmpl_pin(mm, req.addr + (done << PAGE_SHIFT), min(n - done, PIN_CHUNK), t->pages + done);
+		unsigned long addr = req.addr + (done << PAGE_SHIFT);
+		struct vm_area_struct *vma = find_vma(mm, addr); /* tmpl_check_range() saw it cover addr */
+		unsigned long chunk = min3(n - done, PIN_CHUNK, (vma->vm_end - addr) >> PAGE_SHIFT);
+		long got = is_tmpl_vma(vma) ? tmpl_take(mm, vma, addr, chunk, t, done)
+					    : tmpl_pin(mm, addr, chunk, t->pages + done);
 
 		if (got <= 0) {
 			ret = got ? got : -EFAULT;

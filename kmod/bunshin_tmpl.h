@@ -24,7 +24,7 @@ struct bunshin_tmpl_create {
 	__u32 flags;   /* in: BUNSHIN_TMPL_F_* */
 	__u64 addr;    /* in: start of the range in the template, page-aligned */
 	__u64 len;     /* in: length in bytes, page-aligned, > 0 */
-	__u64 npages;  /* out: pages pinned (len / page size) */
+	__u64 npages;  /* out: pages held (len / page size): pinned, or referenced for a copy's template mapping */
 };
 
 struct bunshin_tmpl_info {

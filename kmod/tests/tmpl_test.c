@@ -408,6 +408,71 @@ static double map_time(int dev, size_t mib, int reps, unsigned flags, long *pte_
 	return median(t, reps);
 }
 
+/*
+ * A fork of a fork: a child maps template src (its memory as expect[] holds it), reads every 4th page (special
+ * PTEs: the template's pages), writes a stamp into every 8th page starting at gen (its own pages), stops, and the
+ * stopped child is made a template itself. expect[] is updated to the child's memory; returns the new template's
+ * fd (-1 on failure, reported), the stopped child in *child (the caller reaps it).
+ */
+static int nested_template(int dev, int src, size_t len, int gen, uint64_t *expect, pid_t *child, double *create_ms)
+{
+	int pfd[2], st, fd;
+	uint64_t a = 0;
+	size_t npg = len / PAGE;
+
+	if (pipe(pfd))
+		return -1;
+	*child = fork();
+	if (*child == 0) {
+		volatile uint64_t *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE, src, 0);
+		uint64_t sum = 0;
+
+		if (m == MAP_FAILED)
+			_exit(3);
+		for (size_t i = 0; i < npg; i += 4)
+			sum += m[i * (PAGE / 8) + 2];
+		for (size_t i = gen; i < npg; i += 8)
+			m[i * (PAGE / 8) + 1] = stamp(gen, i);
+		a = (uint64_t)(uintptr_t)m + (sum & 0); /* the reads happen */
+		if (write(pfd[1], &a, sizeof(a)) != sizeof(a))
+			_exit(3);
+		raise(SIGSTOP);
+		pause();
+		_exit(0);
+	}
+	close(pfd[1]);
+	if (*child < 0 || read(pfd[0], &a, sizeof(a)) != sizeof(a) || waitpid(*child, &st, WUNTRACED) != *child ||
+	    !WIFSTOPPED(st)) {
+		close(pfd[0]);
+		fail("generation %d: the copy did not start", gen);
+		return -1;
+	}
+	close(pfd[0]);
+	for (size_t i = gen; i < npg; i += 8)
+		expect[i * (PAGE / 8) + 1] = stamp(gen, i);
+	double t0 = now_ms();
+	fd = tmpl_create(dev, *child, a, len, 0, NULL);
+	*create_ms = now_ms() - t0;
+	if (fd < 0)
+		fail("generation %d: a template of a copy's template mapping: %s", gen, strerror(errno));
+	return fd;
+}
+
+/* The digest of a fresh private mapping of template fd (what a new copy of it reads), written to once after. */
+static uint64_t mapped_digest(int fd, size_t len, int scribble)
+{
+	uint64_t *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+	uint64_t h;
+
+	if (m == MAP_FAILED)
+		return 0;
+	h = digest(m, len);
+	if (scribble)
+		memset(m, 0x5a, 2 * PAGE); /* a copy's write: its own pages, seen by nobody else */
+	munmap(m, len);
+	return h;
+}
+
 static int check(size_t mib)
 {
 	size_t len = mib << 20, stride = 8;
@@ -654,6 +719,62 @@ static int check(size_t mib)
 			close(pfd);
 	}
 
+	/* Forks of forks: a copy that read and wrote pages of its template is a template itself (its written pages
+	 * and its template's pages), twice over; each generation reads exactly its copy's memory, a copy of it writing
+	 * changes no other, and a generation outlives the copy it was made of and the templates before it. */
+	int nested_ok = 1, nfd[2] = { -1, -1 };
+	double nested_create_ms[2] = { 0, 0 };
+	uint64_t nested_digest[2] = { 0, 0 }, nested_expect[2] = { 0, 0 };
+	{
+		uint64_t *want = malloc(len);
+		pid_t kid[2] = { 0, 0 };
+
+		if (!want)
+			return 2;
+		fill(want, len);
+		for (int g = 0; g < 2; g++) {
+			nfd[g] = nested_template(dev, g ? nfd[0] : tfd, len, g + 1, want, &kid[g], &nested_create_ms[g]);
+			nested_expect[g] = digest(want, len);
+			if (nfd[g] < 0) {
+				nested_ok = 0;
+				break;
+			}
+			nested_digest[g] = mapped_digest(nfd[g], len, 1);
+			if (nested_digest[g] != nested_expect[g] || mapped_digest(nfd[g], len, 0) != nested_expect[g]) {
+				fail("generation %d reads %016llx, its copy held %016llx", g + 1,
+				     (unsigned long long)nested_digest[g], (unsigned long long)nested_expect[g]);
+				nested_ok = 0;
+			}
+		}
+		for (int g = 0; g < 2; g++)
+			if (kid[g] > 0)
+				reap(kid[g]);
+		/* the copies they were made of are gone: both generations still read what those copies held */
+		for (int g = 0; g < 2 && nested_ok; g++)
+			if (mapped_digest(nfd[g], len, 0) != nested_expect[g]) {
+				fail("generation %d changed after its copy exited", g + 1);
+				nested_ok = 0;
+			}
+		if (nested_ok && nested_expect[0] == expect) {
+			fail("the generations' copies wrote nothing");
+			nested_ok = 0;
+		}
+		if (mapped_digest(tfd, len, 0) != expect || digest_remote(tpl, addr, len) != expect) {
+			fail("a fork of a fork changed the first template");
+			nested_ok = 0;
+		}
+		/* the last generation alone: the first one's fd closed (its pages are held by reference) */
+		if (nfd[0] >= 0)
+			close(nfd[0]);
+		if (nfd[1] >= 0 && mapped_digest(nfd[1], len, 0) != nested_expect[1]) {
+			fail("generation 2 changed after generation 1 was closed");
+			nested_ok = 0;
+		}
+		if (nfd[1] >= 0)
+			close(nfd[1]);
+		free(want);
+	}
+
 	/* Lifetime: the template process dies; the pins keep its pages for later copies. */
 	reap(tpl);
 	int lifetime_ok = 1;
@@ -706,13 +827,17 @@ static int check(size_t mib)
 	       "\"map_pte_kb_256mib\": %ld, \"prefill_map_pte_kb_256mib\": %ld, \"mib\": %zu, \"copies\": %d, \"expect_digest\": \"%016llx\", "
 	       "\"copy_digests\": [\"%016llx\", \"%016llx\", \"%016llx\", \"%016llx\"], "
 	       "\"digests_ok\": %s, \"isolation_ok\": %s, \"accounting_ok\": %s, \"lifetime_ok\": %s, "
-	       "\"errors_ok\": %s, \"paths_ok\": %s, \"create_ms\": %.3f, \"copy_rss_before_kb\": %ld, \"copy_pss_before_kb\": %ld, "
+	       "\"errors_ok\": %s, \"paths_ok\": %s, \"nested_ok\": %s, \"nested_digests\": [\"%016llx\", \"%016llx\"], "
+	       "\"nested_expect\": [\"%016llx\", \"%016llx\"], \"nested_create_ms\": [%.3f, %.3f], \"create_ms\": %.3f, \"copy_rss_before_kb\": %ld, \"copy_pss_before_kb\": %ld, "
 	       "\"copy_written_kb\": %ld, \"copy_rss_after_kb\": %ld, \"copy_cgroup_charged_bytes\": %ld, "
 	       "\"failures\": [%s]}\n",
 	       map64, map256, pte64, pte256, prefill_pte256, mib, NCOPIES, (unsigned long long)expect, (unsigned long long)reps[0].digest_before,
 	       (unsigned long long)reps[1].digest_before, (unsigned long long)reps[2].digest_before,
 	       (unsigned long long)reps[3].digest_before, jbool(digests_ok), jbool(isolation_ok),
-	       jbool(accounting_ok), jbool(lifetime_ok), jbool(errors_ok), jbool(paths_ok), create_ms, reps[0].rss_before_kb,
+	       jbool(accounting_ok), jbool(lifetime_ok), jbool(errors_ok), jbool(paths_ok), jbool(nested_ok),
+	       (unsigned long long)nested_digest[0], (unsigned long long)nested_digest[1],
+	       (unsigned long long)nested_expect[0], (unsigned long long)nested_expect[1], nested_create_ms[0],
+	       nested_create_ms[1], create_ms, reps[0].rss_before_kb,
 	       reps[0].pss_before_kb, written_kb, reps[0].rss_after_kb, reps[0].cg_after - reps[0].cg_before,
 	       failures);
 	return nfail ? 1 : 0;

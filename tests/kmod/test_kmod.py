@@ -2,7 +2,7 @@
 copies mapping its memory through /dev/bunshin_tmpl, their digests, isolation and memory accounting, the
 template's lifetime, the interface's errors, the module's unload and a clean kernel log (kmod/run-vm.sh); and the
 project's CRIU in the guest restoring copies of a frozen template tree through the module
-(criu/patches/0012-template-restore.patch, kmod/tests/criu_test.c)."""
+(criu/patches/0012-template-restore.patch, kmod/tests/criu_test.c), forks of those copies too."""
 
 from __future__ import annotations
 
@@ -67,6 +67,12 @@ def test_copies_share_the_template_and_stay_isolated() -> None:
     assert test["errors_ok"]
     # A write before any read, MADV_DONTNEED of a written page, a prefilled template and mremap behave as documented.
     assert test["paths_ok"]
+    # A fork of a fork, twice: a frozen copy's template mapping is a template itself, holding the pages the copy
+    # wrote over its template's; each generation reads exactly its copy's memory (which differs from the template's
+    # and from the generation before), also after that copy exited and the generation before was closed.
+    assert test["nested_ok"]
+    assert test["nested_digests"] == test["nested_expect"]
+    assert len({test["expect_digest"], *test["nested_expect"]}) == 3, test["nested_expect"]
     # A copy's map does no per-page work: it builds no page tables, for 64 MiB as for 256 MiB, where a prefilled map
     # (the control: every PTE at mmap time) builds one 4 KiB PTE page per 2 MiB. Its time is the benchmark's to report.
     assert test["map_pte_kb_64mib"] == test["map_pte_kb_256mib"] == 0, test
@@ -113,6 +119,21 @@ def test_criu_restores_copies_through_the_module() -> None:
     assert test["others_after_write"] == [test["template_digests"][0]] * copies
     assert test["template_after"] == test["template_digests"][0]
     assert test["digests_ok"] and test["isolation_ok"] and test["plain_ok"]
+    # Templates made once for the snapshot (CRIU_TMPL_FDS): copy 1 mapped them instead of pinning its own (its
+    # digests are checked above with the others), and a listed fd of another length was refused.
+    assert test["given"]["used"] and test["given"]["wrong_length_refused"], test["given"]
+    # A fork of a fork: a plain dump of a template copy is refused clearly; a template dump of copy 0 (after its
+    # write) writes none of its anonymous memory, and both copies of it map the module and read copy 0's memory
+    # (its written pages over the first template's); a write in one changes neither the other nor copy 0.
+    nested = test["nested"]
+    assert nested["plain_dump_refused"]
+    assert 0 < nested["pages_bytes"] < 1 << 20
+    assert all(a >= 1 and b >= 1 for a, b in nested["tmpl_vmas"]), nested["tmpl_vmas"]
+    assert nested["expect"] == [test["written_digest"], test["template_digests"][1]]
+    assert nested["digests"] == [nested["expect"]] * nested["copies"] == [nested["expect"]] * 2
+    assert nested["written_digest"] not in (test["written_digest"], test["template_digests"][0])
+    assert nested["other_after_write"] == nested["template_after"] == test["written_digest"]
+    assert nested["ok"]
     # Every template fd was released (rmmod succeeds only then) and the kernel logged no BUG/WARNING/Oops/trace.
     assert result["module_gone"] is True
     assert result["kernel_bad_lines"] == 0
