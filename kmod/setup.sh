@@ -76,8 +76,10 @@ if [[ ! -s "$CACHE/$KVER/modules/order" ]]; then
     dpkg-deb --fsys-tarfile "$tmp"/linux-image-*.deb >"$tmp/image.tar"
     tar -tf "$tmp/image.tar" >"$tmp/list"
     mkdir -p "$tmp/out"
+    # trixie's kernel versions hold a '+' (6.12.117+deb13-amd64) and its modules live under ./usr/lib/modules
+    kver_re=$(sed 's/[.+]/\\&/g' <<<"$KVER")
     for m in $CRIU_MODS; do
-        path=$(grep -E "^\./lib/modules/$KVER/kernel/$m\.ko(\.xz|\.zst)?$" "$tmp/list" | head -n 1 || true)
+        path=$(grep -E "^\./(usr/)?lib/modules/$kver_re/kernel/$m\.ko(\.xz|\.zst)?$" "$tmp/list" | head -n 1 || true)
         [[ -n $path ]] || continue
         tar -C "$tmp" -xf "$tmp/image.tar" "$path"
         name=$(basename "$m")
