@@ -269,6 +269,19 @@ static int tmpl_fds(pid_t pid)
 	return n;
 }
 
+/* A copy's two tasks (pid 1 of its namespace and its child): their template mappings and digests; the module
+ * descriptors they hold add to *fds. */
+static void probe_copy(pid_t root, int vmas[2], uint64_t digests[2], int *fds)
+{
+	pid_t k = child_of(root);
+
+	vmas[0] = tmpl_vmas(root);
+	vmas[1] = tmpl_vmas(k);
+	*fds += tmpl_fds(root) + tmpl_fds(k);
+	digests[0] = ask_digest(root, 1, SIGUSR1);
+	digests[1] = ask_digest(k, 2, SIGUSR1);
+}
+
 /* Runs criu with args and extra environment (NULL-terminated); returns its exit status, or -1. */
 static int run_criu(char *const args[], char *const extra[], const char *log)
 {
@@ -690,7 +703,6 @@ static int check(size_t mib)
 	 */
 	for (int i = 0; i <= NCOPIES; i++) {
 		const char *dir = i < NCOPIES - 1 ? IMG_TMPL : IMG_FULL;
-		pid_t k;
 
 		copies[i] = restore(dir, i == 1 ? M_GIVEN : i < NCOPIES ? M_TMPL : M_PLAIN, tpl, i, &restore_ms[i],
 				    &restore_log_ms[i], &pin_ms[i]);
@@ -703,12 +715,7 @@ static int check(size_t mib)
 		}
 		if (copies[i] <= 0)
 			goto out;
-		k = child_of(copies[i]);
-		vmas[i][0] = tmpl_vmas(copies[i]);
-		vmas[i][1] = tmpl_vmas(k);
-		fds += tmpl_fds(copies[i]) + tmpl_fds(k);
-		c[i][0] = ask_digest(copies[i], 1, SIGUSR1);
-		c[i][1] = ask_digest(k, 2, SIGUSR1);
+		probe_copy(copies[i], vmas[i], c[i], &fds);
 		if (c[i][0] != t1 || c[i][1] != t2) {
 			digests_ok = 0;
 			fail("copy %d: digests %016llx %016llx, the template's %016llx %016llx", i,
@@ -761,20 +768,13 @@ static int check(size_t mib)
 	} else {
 		nested_bytes = pages_bytes(IMG_NESTED);
 		for (int i = 0; i < NNESTED && nested_ok; i++) {
-			pid_t k;
-
 			ncopies[i] = restore(IMG_NESTED, M_TMPL, copies[0], 20 + i, &nested_restore_ms[i], &nested_log_ms[i],
 					     &npin[i]);
 			if (ncopies[i] <= 0) {
 				nested_ok = 0;
 				break;
 			}
-			k = child_of(ncopies[i]);
-			nvmas[i][0] = tmpl_vmas(ncopies[i]);
-			nvmas[i][1] = tmpl_vmas(k);
-			fds += tmpl_fds(ncopies[i]) + tmpl_fds(k);
-			n[i][0] = ask_digest(ncopies[i], 1, SIGUSR1);
-			n[i][1] = ask_digest(k, 2, SIGUSR1);
+			probe_copy(ncopies[i], nvmas[i], n[i], &fds);
 			if (n[i][0] != after_write || n[i][1] != t2 || nvmas[i][0] < 1 || nvmas[i][1] < 1) {
 				nested_ok = 0;
 				fail("nested copy %d: digests %016llx %016llx (%d, %d template mappings), copy 0's %016llx "

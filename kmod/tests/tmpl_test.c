@@ -90,6 +90,16 @@ static long tmpl_mapped(int tfd)
 	return (long)info.mapped;
 }
 
+/* In a child: tells the parent where its memory is, then stops itself (frozen, as a template is) until killed. */
+static void __attribute__((noreturn)) report_and_stop(int fd, uint64_t addr)
+{
+	if (write(fd, &addr, sizeof(addr)) != sizeof(addr))
+		_exit(3);
+	raise(SIGSTOP);
+	pause();
+	_exit(0);
+}
+
 /* A template process: maps `len` of anonymous memory, fills it, reports the address and stops itself (frozen, as
  * a snapshot's template tree is). The caller reaps it. */
 static pid_t spawn_template(size_t len, uint64_t *addr)
@@ -109,11 +119,7 @@ static pid_t spawn_template(size_t len, uint64_t *addr)
 		if (p == MAP_FAILED)
 			_exit(3);
 		fill(p, len);
-		if (write(pfd[1], &a, sizeof(a)) != sizeof(a))
-			_exit(3);
-		raise(SIGSTOP);
-		pause();
-		_exit(0);
+		report_and_stop(pfd[1], a);
 	}
 	close(pfd[1]);
 	if (read(pfd[0], addr, sizeof(*addr)) != sizeof(*addr)) {
@@ -433,12 +439,7 @@ static int nested_template(int dev, int src, size_t len, int gen, uint64_t *expe
 			sum += m[i * (PAGE / 8) + 2];
 		for (size_t i = gen; i < npg; i += 8)
 			m[i * (PAGE / 8) + 1] = stamp(gen, i);
-		a = (uint64_t)(uintptr_t)m + (sum & 0); /* the reads happen */
-		if (write(pfd[1], &a, sizeof(a)) != sizeof(a))
-			_exit(3);
-		raise(SIGSTOP);
-		pause();
-		_exit(0);
+		report_and_stop(pfd[1], (uint64_t)(uintptr_t)m + (sum & 0)); /* the reads happen */
 	}
 	close(pfd[1]);
 	if (*child < 0 || read(pfd[0], &a, sizeof(a)) != sizeof(a) || waitpid(*child, &st, WUNTRACED) != *child ||
