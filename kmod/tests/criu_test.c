@@ -350,13 +350,12 @@ static double log_ms(const char *path, double *pin)
 #define IMG_BAD "/tmp/img-bad"
 #define NNESTED 2
 
-/* Dumps the tree of pid: into IMG_FULL with every page, leaving it running, or into IMG_TMPL with CRIU_TMPL_DUMP
- * (no pages of private anonymous memory), leaving it stopped (the template) unless running. *ms: criu's own time
- * (its log). */
 enum dump_kind { D_PLAIN, D_TMPL, D_COW_INCR };
 
-/* D_COW_INCR: a CoW copy of IMG_FULL dumped incrementally on it (criu/patches/0002, as BunshinFork's criu-cow
- * forks of forks are): pages the copy never wrote are referenced, not written. */
+/* Dumps the tree of pid into dir: every page (D_PLAIN), or with CRIU_TMPL_DUMP (D_TMPL: no pages of private
+ * anonymous memory), leaving it stopped (the template) unless running, or a CoW copy of IMG_FULL incrementally on
+ * it (D_COW_INCR, criu/patches/0002, as BunshinFork's criu-cow forks of forks are: pages the copy never wrote are
+ * referenced, not written). *ms: criu's own time (its log). quiet: a failure is the caller's to report. */
 static int dump_into(const char *dir, pid_t pid, enum dump_kind tmpl, int running, double *ms, int quiet)
 {
 	char spid[16], cmd[128], path[96], *d = (char *)dir;
@@ -382,6 +381,7 @@ static int dump_into(const char *dir, pid_t pid, enum dump_kind tmpl, int runnin
 	return rc;
 }
 
+/* The check's two dumps: into IMG_FULL with every page, or into IMG_TMPL as a template. */
 static int dump_as(pid_t pid, int tmpl, int running, double *ms)
 {
 	return dump_into(tmpl ? IMG_TMPL : IMG_FULL, pid, tmpl ? D_TMPL : D_PLAIN, running, ms, 0);
