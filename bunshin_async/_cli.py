@@ -36,6 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     mcp.add_argument("--display", action="store_true", help="give every workspace a virtual display and GUI tools")
     mcp.add_argument("--max-workspaces", type=int, default=32)
     mcp.add_argument("--cache", action="store_true", help="serve repeated calls from a tool prefix cache")
+    from ._e2b_cli import add_arguments as add_e2b_arguments
+
+    add_e2b_arguments(sub.add_parser("e2b", help="serve an E2B-compatible API on workspaces (needs bunshin[e2b])"))
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["replay-server"]:  # its options live with it (bunshin_async._llm._replay.main)
         from ._llm._replay import main as replay_main
@@ -87,6 +90,10 @@ def main(argv: list[str] | None = None) -> int:
         from ._mcp_cli import serve_main
 
         return serve_main(args)
+    if args.cmd == "e2b":
+        from ._e2b_cli import serve_main as e2b_serve
+
+        return e2b_serve(args)
     if args.cmd == "demo":
         import anyio
 

@@ -1,0 +1,468 @@
+"""The ASGI app: E2B's control plane and envd on one port (starlette).
+
+Every control-plane request must carry the server's API key (``X-API-KEY``, compared in constant time); every envd
+request names its sandbox (``E2b-Sandbox-Id``) and carries that sandbox's access token (``X-Access-Token``), which
+only the control plane hands out. Clients are untrusted like workspaces: ids are validated, request bodies are read
+up to a bound (``MAX_BODY``; uploads ``MAX_UPLOAD``), a stream's request is one bounded message.
+"""
+
+from __future__ import annotations
+
+import base64
+import hmac
+import urllib.parse
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import anyio
+import msgspec
+from anyio.abc import TaskGroup
+from anyio.streams.memory import MemoryObjectReceiveStream
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import Message, Receive, Scope, Send
+
+from .._exceptions import BunshinError
+from . import _envd
+from ._sandboxes import Process, Sandbox, Sandboxes, valid_id
+from ._wire import (
+    HTTP_STATUS,
+    KEEPALIVE_EVENT,
+    MAX_MESSAGE,
+    ApiError,
+    ConnectRequest,
+    ConnectSandbox,
+    ForkRequest,
+    MoveRequest,
+    NewSandbox,
+    PathRequest,
+    RpcError,
+    SelectRequest,
+    SendInputRequest,
+    SendSignalRequest,
+    SnapshotRequest,
+    StartRequest,
+    TimeoutRequest,
+    end_stream,
+    envelope,
+    error_body,
+    start_event,
+    unenvelope,
+)
+
+MAX_BODY = 1 << 20
+"""Largest control-plane or unary envd request body."""
+_json = msgspec.json.Encoder()
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def _api_error(status: int, message: str) -> Response:
+    return JSONResponse({"code": status, "message": message}, status_code=status)
+
+
+async def _body(request: Request, limit: int = MAX_BODY) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > limit):
+        raise _TooLarge
+    out = bytearray()
+    async for chunk in request.stream():
+        out += chunk
+        if len(out) > limit:
+            raise _TooLarge
+    return bytes(out)
+
+
+def _decode(data: bytes, kind: type[Any]) -> Any:
+    try:
+        return msgspec.json.decode(data or b"{}", type=kind)
+    except msgspec.ValidationError as exc:
+        raise ApiError(f"invalid request: {exc}", status=400) from exc
+    except msgspec.DecodeError as exc:
+        raise ApiError(f"invalid JSON: {exc}", status=400) from exc
+
+
+def _rpc_decode(data: bytes, kind: type[Any]) -> Any:
+    try:
+        return msgspec.json.decode(data or b"{}", type=kind)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise RpcError(f"invalid request message: {exc}", code="invalid_argument") from exc
+
+
+def _limited(receive: Receive, limit: int) -> Receive:
+    """``receive`` that fails once the body passes ``limit`` bytes (a multipart upload is parsed as it arrives)."""
+    seen = 0
+
+    async def wrapped() -> Message:
+        nonlocal seen
+        message = await receive()
+        if message["type"] == "http.request":
+            seen += len(message.get("body", b""))
+            if seen > limit:
+                raise _TooLarge
+        return message
+
+    return wrapped
+
+
+class E2BApp:
+    """The ASGI app over ``sandboxes``; pumps of command output run in ``tg`` (the server's task group)."""
+
+    def __init__(self, sandboxes: Sandboxes, api_key: str, tg: TaskGroup) -> None:
+        self.sandboxes = sandboxes
+        self.api_key = api_key
+        self.tg = tg
+        control: list[tuple[str, str, Callable[..., Awaitable[Response]]]] = [
+            ("/v2/sandboxes", "POST", self.create),
+            ("/sandboxes", "POST", self.create),
+            ("/v2/sandboxes", "GET", self.list_sandboxes),
+            ("/sandboxes", "GET", self.list_sandboxes),
+            ("/sandboxes/{sandbox_id}", "GET", self.info),
+            ("/sandboxes/{sandbox_id}", "DELETE", self.kill),
+            ("/sandboxes/{sandbox_id}/timeout", "POST", self.timeout),
+            ("/sandboxes/{sandbox_id}/refreshes", "POST", self.refresh),
+            ("/sandboxes/{sandbox_id}/pause", "POST", self.pause),
+            ("/v2/sandboxes/{sandbox_id}/connect", "POST", self.connect),
+            ("/sandboxes/{sandbox_id}/connect", "POST", self.connect),
+            ("/sandboxes/{sandbox_id}/resume", "POST", self.connect),
+            ("/sandboxes/{sandbox_id}/fork", "POST", self.fork),
+            ("/sandboxes/{sandbox_id}/snapshots", "POST", self.snapshot),
+            ("/snapshots", "GET", self.list_snapshots),
+            ("/templates/{template_id:path}", "DELETE", self.delete_snapshot),
+            ("/v3/templates", "POST", self.templates),
+            ("/v2/templates", "POST", self.templates),
+            ("/templates", "POST", self.templates),
+        ]
+        routes = [Route(path, self._api(handler), methods=[method]) for path, method, handler in control]
+        routes += [
+            Route("/health", self._envd_http(self.health), methods=["GET"]),
+            Route("/files", self._envd_http(self.read_file), methods=["GET"]),
+            Route("/files", self._envd_http(self.write_files), methods=["POST"]),
+            Route("/{service:str}/{method:str}", self.rpc, methods=["POST"]),
+        ]
+        self.app = Starlette(routes=routes)
+        self._unary: dict[str, Callable[[Sandbox, bytes, str | None], Awaitable[Any]]] = {
+            "process.Process/List": self.p_list,
+            "process.Process/SendInput": self.p_send_input,
+            "process.Process/SendSignal": self.p_send_signal,
+            "process.Process/CloseStdin": self.p_unimplemented,
+            "process.Process/Update": self.p_unimplemented,
+            "filesystem.Filesystem/Stat": self.f_stat,
+            "filesystem.Filesystem/MakeDir": self.f_make_dir,
+            "filesystem.Filesystem/Move": self.f_move,
+            "filesystem.Filesystem/ListDir": self.f_list_dir,
+            "filesystem.Filesystem/Remove": self.f_remove,
+        }
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.app(scope, receive, send)
+
+    # ------------------------------------------------------------------------------------------------ control plane
+
+    def _api(self, handler: Callable[..., Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            key = request.headers.get("x-api-key", "")
+            if not hmac.compare_digest(key.encode(), self.api_key.encode()):
+                return _api_error(401, "invalid API key")
+            for name in ("sandbox_id",):
+                value = request.path_params.get(name)
+                if value is not None and not valid_id(value):
+                    return _api_error(404, f"sandbox {value[:80]!r} not found")
+            try:
+                return await handler(request)
+            except _TooLarge:
+                return _api_error(413, "request body too large")
+            except ApiError as exc:
+                return _api_error(exc.status, exc.message)
+            except BunshinError as exc:
+                return _api_error(500, f"{type(exc).__name__}: {exc}")
+
+        return endpoint
+
+    async def create(self, request: Request) -> Response:
+        req = _decode(await _body(request), NewSandbox)
+        sb = await self.sandboxes.create(req)
+        return Response(_json.encode(sb.created()), 201, media_type="application/json")
+
+    async def list_sandboxes(self, request: Request) -> Response:
+        metadata: dict[str, str] = {}
+        raw = request.query_params.get("metadata")
+        if raw:
+            metadata = {urllib.parse.unquote(k): urllib.parse.unquote(v) for k, v in urllib.parse.parse_qsl(raw)}
+        state = request.query_params.get("state")
+        states = set(state.split(",")) if state else None
+        if request.url.path == "/sandboxes":
+            states = {"running"}
+        found = [sb.detail() for sb in self.sandboxes.matching(metadata, states)]
+        return Response(_json.encode(found), 200, media_type="application/json")
+
+    async def info(self, request: Request) -> Response:
+        sb = self.sandboxes.get(request.path_params["sandbox_id"])
+        return Response(_json.encode(sb.detail()), 200, media_type="application/json")
+
+    async def kill(self, request: Request) -> Response:
+        await self.sandboxes.kill(request.path_params["sandbox_id"])
+        return Response(status_code=204)
+
+    async def timeout(self, request: Request) -> Response:
+        req = _decode(await _body(request), TimeoutRequest)
+        self.sandboxes.get(request.path_params["sandbox_id"]).set_timeout(req.timeout)
+        return Response(status_code=204)
+
+    async def refresh(self, request: Request) -> Response:
+        self.sandboxes.get(request.path_params["sandbox_id"])
+        return Response(status_code=204)
+
+    async def pause(self, request: Request) -> Response:
+        if not await self.sandboxes.pause(request.path_params["sandbox_id"]):
+            return _api_error(409, "sandbox is already paused")
+        return Response(status_code=204)
+
+    async def connect(self, request: Request) -> Response:
+        req = _decode(await _body(request), ConnectSandbox)
+        sb = self.sandboxes.get(request.path_params["sandbox_id"])
+        resumed = sb.state == "paused"
+        sb = await self.sandboxes.connect(sb.id, req.timeout)
+        return Response(_json.encode(sb.created()), 201 if resumed else 200, media_type="application/json")
+
+    async def fork(self, request: Request) -> Response:
+        req = _decode(await _body(request), ForkRequest)
+        results = await self.sandboxes.fork(request.path_params["sandbox_id"], req.count, req.timeout)
+        body = [
+            {"sandbox": r.created()} if isinstance(r, Sandbox) else {"error": {"code": r.status, "message": r.message}}
+            for r in results
+        ]
+        return Response(_json.encode(body), 201, media_type="application/json")
+
+    async def snapshot(self, request: Request) -> Response:
+        req = _decode(await _body(request), SnapshotRequest)
+        out = await self.sandboxes.create_snapshot(request.path_params["sandbox_id"], req.name)
+        return Response(_json.encode(out), 201, media_type="application/json")
+
+    async def list_snapshots(self, request: Request) -> Response:
+        found = self.sandboxes.snapshots(request.query_params.get("sandboxID"))
+        return Response(_json.encode(found), 200, media_type="application/json")
+
+    async def delete_snapshot(self, request: Request) -> Response:
+        if not await self.sandboxes.delete_snapshot(request.path_params["template_id"]):
+            return _api_error(404, "snapshot not found")
+        return Response(status_code=204)
+
+    async def templates(self, request: Request) -> Response:
+        return _api_error(
+            501,
+            "template builds are not served by bunshin e2b: import the image with `bunshin image import REF "
+            "--name NAME` and create sandboxes with template=NAME",
+        )
+
+    # ------------------------------------------------------------------------------------------------ envd
+
+    def _sandbox(self, request: Request) -> Sandbox | Response:
+        """The sandbox an envd request is for, or the answer E2B's proxy gives (401, or 502 "not found")."""
+        sandbox_id = request.headers.get("e2b-sandbox-id", "")
+        try:
+            sb = self.sandboxes.get(sandbox_id)
+        except ApiError:
+            return _api_error(502, f"The sandbox {sandbox_id[:80]!r} was not found")
+        token = request.headers.get("x-access-token", "")
+        if not hmac.compare_digest(token.encode(), sb.token.encode()):
+            return _api_error(401, "invalid or missing X-Access-Token for this sandbox")
+        return sb
+
+    def _envd_http(
+        self, handler: Callable[[Request, Sandbox], Awaitable[Response]]
+    ) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            sb = self._sandbox(request)
+            if isinstance(sb, Response):
+                return sb
+            try:
+                return await handler(request, sb)
+            except _TooLarge:
+                return _api_error(413, "request body too large")
+            except RpcError as exc:
+                status = {"not_found": 404, "invalid_argument": 400, "resource_exhausted": 507}.get(exc.code, 500)
+                if exc.code == "unavailable":
+                    status = 502
+                return _api_error(status, exc.message)
+
+        return endpoint
+
+    async def health(self, request: Request, sb: Sandbox) -> Response:
+        if sb.ws is None:
+            return _api_error(502, f"sandbox {sb.id} is paused: its port is not open")
+        return Response(status_code=204)
+
+    async def read_file(self, request: Request, sb: Sandbox) -> Response:
+        user = _envd.user_from(_basic_or_param(request))
+        data = await _envd.read(sb.workspace(), request.query_params.get("path", ""), user)
+        return Response(data, 200, media_type="application/octet-stream")
+
+    async def write_files(self, request: Request, sb: Sandbox) -> Response:
+        user = _envd.user_from(_basic_or_param(request))
+        ws = sb.workspace()
+        written = []
+        if request.headers.get("content-type", "").startswith("application/octet-stream"):
+            if request.headers.get("content-encoding"):
+                raise RpcError("compressed uploads are not supported", code="invalid_argument")
+            data = await _body(request, _envd.MAX_UPLOAD)
+            written.append(await _envd.write(ws, request.query_params.get("path", ""), data, user))
+        else:
+            limited = Request(request.scope, _limited(request.receive, _envd.MAX_UPLOAD))
+            async with limited.form(max_files=1000, max_fields=1000) as form:
+                for key, value in form.multi_items():
+                    if key != "file" or isinstance(value, str):
+                        continue
+                    path = request.query_params.get("path") or value.filename or ""
+                    written.append(await _envd.write(ws, path, await value.read(), user))
+        return Response(_json.encode(written), 200, media_type="application/json")
+
+    async def rpc(self, request: Request) -> Response:
+        """A Connect call: unary (``application/json``) or a server stream (``application/connect+json``)."""
+        name = f"{request.path_params['service']}/{request.path_params['method']}"
+        streaming = request.headers.get("content-type", "").startswith("application/connect+")
+        sb = self._sandbox(request)
+        if isinstance(sb, Response):
+            return sb
+        try:
+            body = await _body(request, MAX_MESSAGE + 5)
+        except _TooLarge:
+            return self._rpc_error(RpcError("request message too large", code="resource_exhausted"), streaming)
+        try:
+            user = _envd.user_from(request.headers.get("authorization"))
+            if streaming:
+                return await self._stream(name, sb, unenvelope(body), user, request)
+            handler = self._unary.get(name)
+            if handler is None:
+                raise RpcError(f"{name} is not implemented by this server", code="unimplemented")
+            answer = await handler(sb, body, user)
+            return Response(_json.encode(answer), 200, media_type="application/json")
+        except RpcError as exc:
+            return self._rpc_error(exc, streaming)
+
+    @staticmethod
+    def _rpc_error(exc: RpcError, streaming: bool) -> Response:
+        if streaming:
+            return Response(end_stream(exc), 200, media_type="application/connect+json")
+        return Response(error_body(exc.code, exc.message), HTTP_STATUS[exc.code], media_type="application/json")
+
+    # unary process calls
+
+    async def p_list(self, sb: Sandbox, body: bytes, user: str | None) -> Any:
+        return await _envd.running(sb)
+
+    async def p_send_input(self, sb: Sandbox, body: bytes, user: str | None) -> Any:
+        req = _rpc_decode(body, SendInputRequest)
+        if req.input.stdin is None:
+            raise RpcError("only stdin input is supported (no PTY)", code="unimplemented")
+        await _envd.send_input(sb, _envd.find_process(sb, req.process), req.input.stdin)
+        return {}
+
+    async def p_send_signal(self, sb: Sandbox, body: bytes, user: str | None) -> Any:
+        req = _rpc_decode(body, SendSignalRequest)
+        await _envd.send_signal(sb, _envd.find_process(sb, req.process), req.signal)
+        return {}
+
+    async def p_unimplemented(self, sb: Sandbox, body: bytes, user: str | None) -> Any:
+        _envd.find_process(sb, _rpc_decode(body, SelectRequest).process)
+        raise RpcError("closing stdin and resizing a PTY are not supported by this server", code="unimplemented")
+
+    # unary filesystem calls
+
+    async def f_stat(self, sb: Sandbox, body: bytes, user: str | None) -> Any:
+        return {"entry": await _envd.stat(sb.workspace(), _rpc_decode(body, PathRequest).path, user)}
+
+    async def f_make_dir(self, sb: Sandbox, body: bytes, user: str | None) -> Any:
+        return {"entry": await _envd.make_dir(sb.workspace(), _rpc_decode(body, PathRequest).path, user)}
+
+    async def f_move(self, sb: Sandbox, body: bytes, user: str | None) -> Any:
+        req = _rpc_decode(body, MoveRequest)
+        return {"entry": await _envd.move(sb.workspace(), req.source, req.destination, user)}
+
+    async def f_list_dir(self, sb: Sandbox, body: bytes, user: str | None) -> Any:
+        req = _rpc_decode(body, PathRequest)
+        return {"entries": await _envd.list_dir(sb.workspace(), req.path, req.depth, user)}
+
+    async def f_remove(self, sb: Sandbox, body: bytes, user: str | None) -> Any:
+        await _envd.remove(sb.workspace(), _rpc_decode(body, PathRequest).path, user)
+        return {}
+
+    # streams
+
+    async def _stream(self, name: str, sb: Sandbox, message: bytes, user: str | None, request: Request) -> Response:
+        timeout_ms = request.headers.get("connect-timeout-ms", "")
+        deadline = int(timeout_ms) / 1000 if timeout_ms.isdigit() and len(timeout_ms) <= 10 else None
+        keepalive = request.headers.get("keepalive-ping-interval", "")
+        ping = max(1, min(int(keepalive), 300)) if keepalive.isdigit() and len(keepalive) <= 4 else 50
+        if name == "process.Process/Start":
+            proc = await _envd.start(sb, _rpc_decode(message, StartRequest), user)
+            kill_on_deadline = True
+        elif name == "process.Process/Connect":
+            proc = _envd.find_process(sb, _rpc_decode(message, ConnectRequest).process)
+            kill_on_deadline = False
+        else:
+            raise RpcError(f"{name} is not implemented by this server (no directory watch)", code="unimplemented")
+
+        async def frames() -> AsyncIterator[bytes]:
+            events = _envd.listen(self.tg, sb, proc)
+            try:
+                async for frame in self._frames(sb, proc, events, deadline, ping, kill_on_deadline):
+                    yield frame
+            finally:
+                events.close()
+
+        return StreamingResponse(frames(), 200, media_type="application/connect+json")
+
+    async def _frames(
+        self,
+        sb: Sandbox,
+        proc: Process,
+        events: MemoryObjectReceiveStream[dict[str, Any] | None],
+        deadline: float | None,
+        ping: float,
+        kill_on_deadline: bool,
+    ) -> AsyncIterator[bytes]:
+        yield envelope(_json.encode(start_event(proc.pid)))
+        # No yield inside a cancel scope (an async generator may be suspended there): each wait is scoped alone.
+        until = anyio.current_time() + deadline if deadline is not None else float("inf")
+        error: RpcError | None = None
+        ended = False
+        while not ended:
+            left = until - anyio.current_time()
+            if left <= 0:
+                error = RpcError("the command's timeout passed", code="deadline_exceeded")
+                if kill_on_deadline and proc.exit_code is None:
+                    with anyio.move_on_after(5, shield=True):
+                        try:
+                            await _envd.send_signal(sb, proc, "SIGNAL_SIGKILL")
+                        except RpcError:
+                            pass
+                break
+            event: dict[str, Any] | None = KEEPALIVE_EVENT
+            with anyio.move_on_after(min(ping, left)) as idle:
+                try:
+                    event = await events.receive()
+                except anyio.EndOfStream:
+                    event = None
+            if event is None:
+                error = RpcError(
+                    f"the stream of process {proc.pid} ended (sandbox paused or killed)", code="unavailable"
+                )
+                break
+            if idle.cancelled_caught and anyio.current_time() >= until:
+                continue
+            ended = "end" in event["event"]
+            yield envelope(_json.encode(event))
+        yield end_stream(error)
+
+
+def _basic_or_param(request: Request) -> str | None:
+    """/files names its user in ``username`` (older SDKs) or in Basic authorization."""
+    user = request.query_params.get("username")
+    if user:
+        return "Basic " + base64.b64encode(f"{user}:".encode()).decode()
+    return request.headers.get("authorization")

@@ -1,0 +1,367 @@
+"""envd's services on a workspace: commands (``process.Process``) and files (``filesystem.Filesystem``, ``/files``).
+
+Commands. ``Start`` spawns the command (``ws.spawn``) through a small ``sh`` wrapper that sends its stdout and stderr
+to two files in the command's control directory (``CONTROL_DIR/p/N``) and its stdin from a FIFO there, opened
+read-write so that the command never sees an end of file between two ``send_stdin`` calls. A pump task per command
+(while someone listens) polls the process (``BackgroundProcess.poll``) and reads what the files gained since the last
+look with the agent's file tool (``ws.read_file``; the control directory is the workspace's workdir, the file tools'
+confinement root), from every 5 ms while output flows up to 100 ms while it is quiet, and fans the chunks out to the
+streams listening (the ``Start`` stream and ``Connect`` streams). Output therefore arrives as it is produced, a
+poll interval late. ``SendInput`` writes to the FIFO from a command in the workspace (``ws.exec``), ``SendSignal``
+signals the process group (``BackgroundProcess.signal``). The start stream's deadline (the SDK's ``timeout``, 60 s by
+default) kills the command, as envd does.
+
+Files go through commands in the workspace too (``ws.exec`` of coreutils and findutils), whatever the path: the
+host never resolves a path inside the workspace, and E2B paths lie anywhere in the tree while the file tools are
+confined to one directory. Reads come back base64-encoded (the exec result is text) and are bounded by
+``MAX_READ``; uploads by ``MAX_UPLOAD``.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import posixpath
+import re
+import signal as _signal
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
+from anyio.streams.memory import MemoryObjectReceiveStream
+
+from .._exceptions import BunshinError, FileNotFound, InvalidArgument, PathOutsideWorkspace, ToolTimeout
+from .._protocol import ExecResult
+from .._workspace import BackgroundProcess, Workspace
+from ._sandboxes import CONTROL_DIR, HOME, MAX_OUTPUT, Process, Sandbox, end_subscribers
+from ._wire import (
+    EntryInfo,
+    ListResponse,
+    OutConfig,
+    ProcessInfo,
+    ProcessSelector,
+    RpcError,
+    StartRequest,
+    data_event,
+    end_event,
+)
+
+MAX_READ = (MAX_OUTPUT // 4) * 3 - 4096
+"""Largest file ``files.read`` returns (its base64 must fit a command's output cap)."""
+MAX_UPLOAD = 64 << 20
+"""Largest request body of an upload (all files of it)."""
+CHUNK = 1 << 20
+"""Most bytes of one stream a pump reads per look."""
+_TAIL_FROM = 4 << 20
+"""Past this offset a pump reads with ``tail`` (the file tool reads from the start)."""
+_USER = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}\$?|[0-9]{1,10}")
+_NOT_FOUND, _EXISTS, _TOO_BIG, _NOT_DIR, _IS_DIR = 44, 45, 46, 47, 48
+
+
+def user_from(authorization: str | None) -> str | None:
+    """The user of an envd request (``Authorization: Basic base64("user:")``), None for the workspace's default."""
+    if not authorization:
+        return None
+    scheme, _, value = authorization.partition(" ")
+    if scheme.lower() != "basic":
+        raise RpcError("Authorization must be Basic", code="invalid_argument")
+    try:
+        user = base64.b64decode(value.strip(), validate=True).decode().partition(":")[0]
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise RpcError("malformed Authorization header", code="invalid_argument") from exc
+    if not user:
+        return None
+    if not _USER.fullmatch(user):
+        raise RpcError(f"invalid user name {user!r}", code="invalid_argument")
+    return user
+
+
+def absolute(path: str) -> str:
+    """E2B resolves relative paths (and ``~``) against the user's home."""
+    if not path or "\0" in path or len(path) > 4096:
+        raise RpcError(f"invalid path {path[:100]!r}", code="invalid_argument")
+    if path == "~" or path.startswith("~/"):
+        path = HOME + path[1:]
+    if not path.startswith("/"):
+        path = f"{HOME}/{path}"
+    return posixpath.normpath(path).replace("//", "/")
+
+
+def _tool_error(exc: BunshinError) -> RpcError:
+    if isinstance(exc, FileNotFound):
+        return RpcError(str(exc), code="not_found")
+    if isinstance(exc, (InvalidArgument, PathOutsideWorkspace)):
+        return RpcError(str(exc), code="invalid_argument")
+    if isinstance(exc, ToolTimeout):
+        return RpcError(str(exc), code="deadline_exceeded")
+    return RpcError(str(exc), code="unavailable" if getattr(exc, "workspace_id", None) else "internal")
+
+
+async def _run(
+    ws: Workspace, script: str, *args: str, user: str | None, stdin: bytes | None = None, timeout: float = 60
+) -> ExecResult:
+    """Run ``sh -c script`` with ``args`` in the workspace; the exit codes of the helpers map onto Connect codes."""
+    try:
+        res = await ws.exec(["/bin/sh", "-c", script, "sh", *args], stdin=stdin, timeout=timeout, user=user, cwd="/")
+    except BunshinError as exc:
+        raise _tool_error(exc) from exc
+    message = res.stderr.strip()[-500:] or f"exit status {res.exit_code}"
+    codes = {
+        _NOT_FOUND: "not_found",
+        _EXISTS: "already_exists",
+        _TOO_BIG: "resource_exhausted",
+        _NOT_DIR: "invalid_argument",
+        _IS_DIR: "invalid_argument",
+    }
+    if res.exit_code in codes:
+        raise RpcError(message, code=codes[res.exit_code])
+    if res.exit_code != 0:
+        raise RpcError(message, code="internal" if res.exit_code != 1 else "permission_denied")
+    if res.truncated:
+        raise RpcError("the answer was larger than this server reads", code="resource_exhausted")
+    return res
+
+
+# ------------------------------------------------------------------------------------------------ files
+
+_EXISTS_CHECK = f'[ -e "$1" ] || [ -L "$1" ] || {{ echo "no such file or directory: $1" >&2; exit {_NOT_FOUND}; }}'
+# find -printf: type, type followed, size, octal mode, symbolic mode, user, group, mtime, link target, path.
+_PRINTF = r"%y\0%Y\0%s\0%m\0%M\0%u\0%g\0%T@\0%l\0%p\0\n"
+_KINDS = {"f": "FILE_TYPE_FILE", "d": "FILE_TYPE_DIRECTORY"}
+
+
+def _entries(out: str) -> list[EntryInfo]:
+    entries = []
+    for line in out.split("\0\n"):
+        fields = line.split("\0")
+        if len(fields) != 10:
+            continue
+        kind, target_kind, size, mode, perms, owner, group, mtime, target, path = fields
+        is_link = kind == "l"
+        ftype = _KINDS.get(target_kind if is_link else kind, "FILE_TYPE_UNSPECIFIED" if not is_link else "")
+        if not ftype:  # a dangling symlink: E2B's old envd said SYMLINK
+            ftype = "FILE_TYPE_SYMLINK"
+        try:
+            seconds = float(mtime)
+        except ValueError:
+            seconds = 0.0
+        stamp = datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc).isoformat().replace("+00:00", "Z")
+        entries.append(
+            EntryInfo(
+                name=posixpath.basename(path) or "/",
+                type=ftype,
+                path=path,
+                size=size if size.isdigit() else "0",
+                mode=int(mode, 8) if mode.isdigit() else 0,
+                permissions=perms,
+                owner=owner,
+                group=group,
+                modified_time=stamp,
+                symlink_target=target if is_link else None,
+                is_symlink=is_link,
+            )
+        )
+    return entries
+
+
+async def stat(ws: Workspace, path: str, user: str | None) -> EntryInfo:
+    path = absolute(path)
+    res = await _run(ws, f'{_EXISTS_CHECK}; find "$1" -maxdepth 0 -printf "$2"', path, _PRINTF, user=user)
+    entries = _entries(res.stdout)
+    if not entries:
+        raise RpcError(f"cannot stat {path}", code="internal")
+    return entries[0]
+
+
+async def list_dir(ws: Workspace, path: str, depth: int, user: str | None) -> list[EntryInfo]:
+    path = absolute(path)
+    depth = max(1, min(depth or 1, 64))
+    script = (
+        f'{_EXISTS_CHECK}; [ -d "$1" ] || {{ echo "$1 is not a directory" >&2; exit {_NOT_DIR}; }}; '
+        'find "$1" -mindepth 1 -maxdepth "$3" -printf "$2"'
+    )
+    res = await _run(ws, script, path, _PRINTF, str(depth), user=user)
+    return _entries(res.stdout)
+
+
+async def make_dir(ws: Workspace, path: str, user: str | None) -> EntryInfo:
+    path = absolute(path)
+    script = f'[ -e "$1" ] && {{ echo "$1 already exists" >&2; exit {_EXISTS}; }}; mkdir -p -- "$1"'
+    await _run(ws, script, path, user=user)
+    return await stat(ws, path, user)
+
+
+async def move(ws: Workspace, source: str, destination: str, user: str | None) -> EntryInfo:
+    source, destination = absolute(source), absolute(destination)
+    await _run(ws, f'{_EXISTS_CHECK}; mv -T -- "$1" "$2"', source, destination, user=user)
+    return await stat(ws, destination, user)
+
+
+async def remove(ws: Workspace, path: str, user: str | None) -> None:
+    await _run(ws, f'{_EXISTS_CHECK}; rm -rf -- "$1"', absolute(path), user=user)
+
+
+async def read(ws: Workspace, path: str, user: str | None) -> bytes:
+    script = (
+        f'{_EXISTS_CHECK}; [ -d "$1" ] && {{ echo "$1 is a directory" >&2; exit {_IS_DIR}; }}; '
+        f'[ "$(stat -L -c %s -- "$1")" -le "$2" ] || {{ echo "$1 is larger than $2 bytes" >&2; exit {_TOO_BIG}; }}; '
+        'base64 -w0 -- "$1"'
+    )
+    res = await _run(ws, script, absolute(path), str(MAX_READ), user=user)
+    return base64.b64decode(res.stdout)
+
+
+async def write(ws: Workspace, path: str, data: bytes, user: str | None) -> dict[str, str]:
+    """Write (create or replace) a file, making its parents; E2B's WriteInfo of it."""
+    path = absolute(path)
+    script = (
+        f'[ -d "$1" ] && {{ echo "$1 is a directory" >&2; exit {_IS_DIR}; }}; mkdir -p -- "${{1%/*}}/" && cat > "$1"'
+    )
+    await _run(ws, script, path, stdin=data, user=user, timeout=300)
+    return {"name": posixpath.basename(path), "type": "file", "path": path}
+
+
+# ------------------------------------------------------------------------------------------------ commands
+
+_WRAPPER = (
+    'd=$1 s=$2; shift 2; mkdir -p "$d" && : >"$d/out" && : >"$d/err" || exit 126; '
+    'if [ "$s" = 1 ]; then mkfifo "$d/in" && exec "$@" 0<>"$d/in" >"$d/out" 2>"$d/err"; exit 126; fi; '
+    'exec "$@" </dev/null >"$d/out" 2>"$d/err"'
+)
+
+
+def find_process(sb: Sandbox, selector: ProcessSelector) -> Process:
+    for proc in sb.processes.values():
+        if (selector.pid is not None and proc.pid == selector.pid) or (
+            selector.tag is not None and proc.tag == selector.tag
+        ):
+            return proc
+    raise RpcError(f"process {selector.pid if selector.pid is not None else selector.tag} not found", code="not_found")
+
+
+async def start(sb: Sandbox, req: StartRequest, user: str | None) -> Process:
+    if req.pty is not None:
+        raise RpcError("PTY sessions are not supported by this server", code="unimplemented")
+    ws = sb.workspace()
+    cfg = req.process
+    if not cfg.cmd:
+        raise RpcError("process.cmd is empty", code="invalid_argument")
+    n = sb.next_process
+    sb.next_process += 1
+    rel = f"p/{n}"
+    argv = ["/bin/sh", "-c", _WRAPPER, "sh", f"{CONTROL_DIR}/{rel}", "1" if req.stdin else "0", cfg.cmd, *cfg.args]
+    cwd = absolute(cfg.cwd) if cfg.cwd else HOME
+    try:
+        bg = await ws.spawn(argv, cwd=cwd, env=cfg.envs or None, user=user)
+    except BunshinError as exc:
+        raise _tool_error(exc) from exc
+    proc = Process(bg.pid, rel, cfg.cmd, list(cfg.args), dict(cfg.envs), cfg.cwd, req.tag, bool(req.stdin))
+    sb.processes[proc.pid] = proc
+    return proc
+
+
+async def running(sb: Sandbox) -> ListResponse:
+    ws = sb.workspace()
+    out = []
+    for proc in list(sb.processes.values()):
+        if proc.exit_code is None:
+            try:
+                proc.exit_code = await BackgroundProcess(ws, proc.pid).poll()
+            except BunshinError as exc:
+                raise _tool_error(exc) from exc
+        if proc.exit_code is None:
+            config = OutConfig(cmd=proc.cmd, args=proc.args, envs=proc.envs, cwd=proc.cwd)
+            out.append(ProcessInfo(config=config, pid=proc.pid, tag=proc.tag))
+    return ListResponse(processes=out)
+
+
+async def send_input(sb: Sandbox, proc: Process, data: bytes) -> None:
+    if not proc.stdin:
+        raise RpcError(f"process {proc.pid} was started without stdin", code="failed_precondition")
+    ws = sb.workspace()
+    # The wrapper may not have made the FIFO yet (Start answers once the process exists): wait for it, never create
+    # it. O_RDWR on a FIFO never blocks on open (fifo(7)); a write blocks only while the pipe is full.
+    script = (
+        'i=0; while [ ! -p "$1" ]; do i=$((i+1)); '
+        f'[ $i -gt 1000 ] && {{ echo "no stdin pipe for process $2" >&2; exit {_NOT_FOUND}; }}; sleep 0.01; done; '
+        'exec 3<>"$1" && cat >&3'
+    )
+    await _run(ws, script, f"{CONTROL_DIR}/{proc.dir}/in", str(proc.pid), stdin=data, user=None, timeout=30)
+
+
+async def send_signal(sb: Sandbox, proc: Process, signal: str | int) -> None:
+    names = {"SIGNAL_SIGKILL": _signal.SIGKILL, "SIGNAL_SIGTERM": _signal.SIGTERM, 9: 9, 15: 15}
+    sig = names.get(signal)
+    if sig is None:
+        raise RpcError(f"unsupported signal {signal!r}", code="invalid_argument")
+    if proc.exit_code is not None:
+        raise RpcError(f"process {proc.pid} has exited", code="not_found")
+    try:
+        await BackgroundProcess(sb.workspace(), proc.pid).signal(int(sig))
+    except BunshinError as exc:
+        raise _tool_error(exc) from exc
+
+
+async def _read_delta(ws: Workspace, path: str, offset: int) -> bytes:
+    try:
+        if offset < _TAIL_FROM:
+            return (await ws.read_file(path, max_bytes=offset + CHUNK))[offset:]
+        script = 'tail -c +"$2" -- "$1" | head -c "$3" | base64 -w0'
+        res = await ws.exec(["/bin/sh", "-c", script, "sh", f"{CONTROL_DIR}/{path}", str(offset + 1), str(CHUNK)])
+        return base64.b64decode(res.stdout)
+    except FileNotFound:  # the wrapper has not made it yet
+        return b""
+
+
+def broadcast(proc: Process, message: dict[str, Any]) -> None:
+    """Send to every listener; one that cannot keep up (a full buffer) is dropped, its stream ends in an error."""
+    for send in list(proc.subscribers):
+        try:
+            send.send_nowait(message)
+        except anyio.WouldBlock:
+            proc.subscribers.remove(send)
+            send.close()
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            proc.subscribers.remove(send)
+            send.close()
+
+
+async def pump(sb: Sandbox, proc: Process) -> None:
+    """Stream the process's output to its listeners until it exits, the last listener leaves or the workspace goes."""
+    proc.pumping = True
+    interval = 0.005
+    try:
+        ws = sb.workspace()
+        bg = BackgroundProcess(ws, proc.pid)
+        while proc.subscribers:
+            code = await bg.poll()
+            got = False
+            for stream, name in (("stdout", "out"), ("stderr", "err")):
+                data = await _read_delta(ws, f"{proc.dir}/{name}", proc.offsets[stream])
+                if data:
+                    proc.offsets[stream] += len(data)
+                    broadcast(proc, data_event(stream, data))
+                    got = True
+            if code is not None and not got:
+                proc.exit_code = code
+                end_subscribers(proc, end_event(code))
+                return
+            interval = 0.005 if got else min(interval * 2, 0.1)
+            await anyio.sleep(interval)
+    except BunshinError:
+        end_subscribers(proc, None)
+    finally:
+        proc.pumping = False
+
+
+def listen(tg: TaskGroup, sb: Sandbox, proc: Process) -> MemoryObjectReceiveStream[dict[str, Any] | None]:
+    """A stream of the process's events from now on (data, then end); starts the pump if none runs."""
+    send, receive = anyio.create_memory_object_stream[dict[str, Any] | None](1024)
+    if proc.exit_code is not None:
+        send.send_nowait(end_event(proc.exit_code))
+        send.close()
+        return receive
+    proc.subscribers.append(send)
+    if not proc.pumping:
+        tg.start_soon(pump, sb, proc)
+    return receive

@@ -1,0 +1,380 @@
+"""The sandboxes of an E2B server: one Bunshin workspace each, with E2B's lifecycle around it.
+
+A sandbox lives until its timeout (E2B's ``timeout``, reset by ``set_timeout`` and ``connect``), ``kill``, or the
+server's end; a reaper task closes expired ones, so a client that disappears leaves nothing behind once its timeout
+passes. ``pause`` keeps a snapshot (processes, memory and files) and closes the workspace; ``connect`` restores it.
+``fork(count)`` is a live ``Workspace.fork``; ``create_snapshot`` keeps a ``Snapshot`` that ``create`` accepts as
+a template id. Commands started through envd are tracked here (``Process``) because a fork or a resume carries them.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import re
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+from anyio.streams.memory import MemoryObjectSendStream
+
+from .._exceptions import BunshinError, ImageError
+from .._fork._snapshot import Snapshot
+from .._image import Image
+from .._workspace import Workspace
+from ._wire import ENVD_VERSION, ApiError, NewSandbox, RpcError, SandboxOut, SnapshotOut
+
+DEFAULT_TEMPLATE = "base"
+"""The SDK's default template id; it means Bunshin's default image."""
+IMAGE_METADATA_KEYS = ("bunshin.image", "image")
+"""Metadata keys that name the image when the template is the default one (gateways that pick images from metadata)."""
+CONTROL_DIR = "/run/e2b"
+"""Where each workspace keeps the files of envd's commands (the file tools' confinement root; see ``_envd``)."""
+HOME = "/home/user"
+"""E2B's home directory: where commands start unless the request or the image says otherwise."""
+MAX_TIMEOUT = 24 * 3600
+MAX_OUTPUT = 64 << 20
+"""Per call cap on a workspace's command output (the file helpers read files as base64 through it)."""
+_ID = re.compile(r"[a-z0-9]{1,64}")
+
+
+def valid_id(value: str) -> bool:
+    return _ID.fullmatch(value) is not None
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.timezone.utc)
+
+
+def _iso(t: datetime.datetime) -> str:
+    return t.isoformat().replace("+00:00", "Z")
+
+
+@dataclass
+class Process:
+    """A command started through envd: ``pid`` inside the workspace, its control directory (``in`` FIFO, ``out``
+    and ``err`` files, relative to ``CONTROL_DIR``) and how far its output was streamed."""
+
+    pid: int
+    dir: str
+    cmd: str
+    args: list[str]
+    envs: dict[str, str]
+    cwd: str | None
+    tag: str | None
+    stdin: bool
+    offsets: dict[str, int] = field(default_factory=lambda: {"stdout": 0, "stderr": 0})
+    exit_code: int | None = None
+    subscribers: list[MemoryObjectSendStream[dict[str, Any] | None]] = field(default_factory=list)
+    pumping: bool = False
+
+    def copy(self) -> Process:
+        """The record a fork or a resumed copy starts with: same process, no subscriber, no pump."""
+        return Process(
+            self.pid,
+            self.dir,
+            self.cmd,
+            list(self.args),
+            dict(self.envs),
+            self.cwd,
+            self.tag,
+            self.stdin,
+            dict(self.offsets),
+            self.exit_code,
+        )
+
+
+@dataclass
+class Kept:
+    """A snapshot kept by ``create_snapshot``: what ``create`` restores, with the commands it carries."""
+
+    snap: Snapshot
+    out: SnapshotOut
+    source: str
+    processes: dict[int, Process]
+    next_process: int
+
+
+class Sandbox:
+    """One E2B sandbox: its workspace (None while paused), the snapshot a pause keeps, metadata, deadline and the
+    envd access token its clients present."""
+
+    def __init__(self, template_id: str, metadata: Mapping[str, str], timeout: int) -> None:
+        self.id = secrets.token_hex(10)
+        self.token = secrets.token_urlsafe(24)
+        self.template_id = template_id
+        self.metadata = dict(metadata)
+        self.started_at = _now()
+        self.deadline = 0.0
+        self.end_at = self.started_at
+        self.set_timeout(timeout)
+        self.ws: Workspace | None = None
+        self.paused: Snapshot | None = None
+        self.processes: dict[int, Process] = {}
+        self.next_process = 0
+        self.lock = anyio.Lock()
+        """Held by lifecycle changes (pause, resume, kill, fork) so that they do not interleave."""
+
+    def set_timeout(self, seconds: int) -> None:
+        seconds = max(0, min(int(seconds), MAX_TIMEOUT))
+        self.deadline = anyio.current_time() + seconds
+        self.end_at = _now() + datetime.timedelta(seconds=seconds)
+
+    @property
+    def state(self) -> str:
+        return "paused" if self.ws is None else "running"
+
+    def workspace(self) -> Workspace:
+        """The live workspace, or ``unavailable`` for a paused sandbox (envd of a paused E2B sandbox is gone too)."""
+        if self.ws is None or self.ws.closed:
+            raise RpcError(f"sandbox {self.id} is not running (paused or killed)", code="unavailable")
+        return self.ws
+
+    def created(self) -> SandboxOut:
+        return SandboxOut(
+            template_id=self.template_id,
+            sandbox_id=self.id,
+            client_id="bunshin",
+            envd_version=ENVD_VERSION,
+            envd_access_token=self.token,
+        )
+
+    def detail(self) -> SandboxOut:
+        limits = self.ws.limits if self.ws is not None else None
+        return SandboxOut(
+            template_id=self.template_id,
+            sandbox_id=self.id,
+            client_id="bunshin",
+            envd_version=ENVD_VERSION,
+            envd_access_token=self.token,
+            started_at=_iso(self.started_at),
+            end_at=_iso(self.end_at),
+            cpu_count=max(1, math.ceil(limits.cpus)) if limits is not None and limits.cpus else 1,
+            memory_mb=(limits.memory >> 20) if limits is not None and limits.memory else 0,
+            disk_size_mb=(limits.disk >> 20) if limits is not None and limits.disk else 0,
+            state=self.state,
+            metadata=self.metadata,
+        )
+
+
+def _workspace(image: Image | None, env: Mapping[str, str]) -> Workspace:
+    return Workspace(image, workdir=CONTROL_DIR, env=env, max_output=MAX_OUTPUT)
+
+
+class Sandboxes:
+    """The registry (one per server). Every method is safe to call concurrently; ``aclose`` closes everything."""
+
+    def __init__(self, *, max_sandboxes: int = 256, default_image: Image | None = None) -> None:
+        self.max_sandboxes = max_sandboxes
+        self.default_image = default_image
+        self._sandboxes: dict[str, Sandbox] = {}
+        self._snapshots: dict[str, Kept] = {}
+        self._starting = 0
+        self.reaped = 0
+        """How many sandboxes the reaper closed because their timeout passed."""
+
+    # ------------------------------------------------------------------------------------------------ lookups
+
+    def get(self, sandbox_id: str) -> Sandbox:
+        sb = self._sandboxes.get(sandbox_id) if valid_id(sandbox_id) else None
+        if sb is None:
+            raise ApiError(f"sandbox {sandbox_id!r} not found", status=404)
+        return sb
+
+    def matching(self, metadata: Mapping[str, str], states: set[str] | None) -> list[Sandbox]:
+        return [
+            sb
+            for sb in self._sandboxes.values()
+            if all(sb.metadata.get(k) == v for k, v in metadata.items()) and (not states or sb.state in states)
+        ]
+
+    def snapshots(self, sandbox_id: str | None) -> list[SnapshotOut]:
+        unique = {id(k.snap): k for k in self._snapshots.values()}
+        return [k.out for k in unique.values() if sandbox_id in (None, k.source)]
+
+    # ------------------------------------------------------------------------------------------------ lifecycle
+
+    def _admit(self, n: int) -> None:
+        if len(self._sandboxes) + self._starting + n > self.max_sandboxes:
+            raise ApiError(f"this server runs at most {self.max_sandboxes} sandboxes", status=429)
+
+    async def _image(self, template_id: str, metadata: Mapping[str, str]) -> Image | None:
+        ref = template_id
+        if template_id == DEFAULT_TEMPLATE:
+            ref = next((metadata[k] for k in IMAGE_METADATA_KEYS if metadata.get(k)), "")
+            if not ref:
+                return self.default_image
+        try:
+            return await anyio.to_thread.run_sync(Image.load, ref)
+        except ImageError as exc:
+            raise ApiError(
+                f"template {ref!r} is neither a snapshot of this server nor an imported image: {exc} "
+                "(template builds are not served: import the image with `bunshin image import`)",
+                status=404,
+            ) from exc
+
+    async def create(self, req: NewSandbox) -> Sandbox:
+        metadata = req.metadata or {}
+        self._admit(1)
+        self._starting += 1
+        try:
+            sb = Sandbox(req.template_id, metadata, req.timeout)
+            kept = self._snapshots.get(req.template_id)
+            if kept is not None:
+                (sb.ws,) = await Workspace.from_snapshot(kept.snap, 1)
+                sb.processes = {pid: p.copy() for pid, p in kept.processes.items()}
+                sb.next_process = kept.next_process
+            else:
+                ws = _workspace(await self._image(req.template_id, metadata), req.env_vars or {})
+                await ws.start()
+                sb.ws = ws
+                try:
+                    await prepare(ws)
+                except BaseException:
+                    with anyio.CancelScope(shield=True):
+                        await ws.aclose()
+                    raise
+            self._sandboxes[sb.id] = sb
+            return sb
+        finally:
+            self._starting -= 1
+
+    async def kill(self, sandbox_id: str) -> None:
+        sb = self.get(sandbox_id)
+        del self._sandboxes[sb.id]
+        await self._close(sb)
+
+    async def _close(self, sb: Sandbox) -> None:
+        with anyio.CancelScope(shield=True):
+            async with sb.lock:
+                ws, snap, sb.ws, sb.paused = sb.ws, sb.paused, None, None
+                if ws is not None:
+                    await ws.aclose()
+                if snap is not None:
+                    await snap.aclose()
+                for proc in sb.processes.values():
+                    end_subscribers(proc, None)
+
+    async def pause(self, sandbox_id: str) -> bool:
+        """False if it was paused already (E2B answers 409)."""
+        sb = self.get(sandbox_id)
+        async with sb.lock:
+            if sb.ws is None:
+                return False
+            snap = await sb.ws.snapshot()
+            ws, sb.ws, sb.paused = sb.ws, None, snap
+            with anyio.CancelScope(shield=True):
+                await ws.aclose()
+            for proc in sb.processes.values():
+                end_subscribers(proc, None)
+            return True
+
+    async def connect(self, sandbox_id: str, timeout: int | None) -> Sandbox:
+        """The sandbox, resumed from its pause snapshot if paused; ``timeout`` extends its life."""
+        sb = self.get(sandbox_id)
+        async with sb.lock:
+            if sb.ws is None and sb.paused is not None:
+                (sb.ws,) = await Workspace.from_snapshot(sb.paused, 1)
+                snap, sb.paused = sb.paused, None
+                with anyio.CancelScope(shield=True):
+                    await snap.aclose()
+                sb.processes = {pid: p.copy() for pid, p in sb.processes.items()}
+        if timeout is not None:
+            sb.set_timeout(timeout)
+        return sb
+
+    async def fork(self, sandbox_id: str, count: int, timeout: int | None) -> list[Sandbox | ApiError]:
+        """``count`` live copies (all or nothing in Bunshin: on failure every entry carries the error)."""
+        if not 1 <= count <= 64:
+            raise ApiError(f"count must be between 1 and 64, not {count}", status=400)
+        sb = self.get(sandbox_id)
+        self._admit(count)
+        self._starting += count
+        try:
+            async with sb.lock:
+                ws = sb.workspace()
+                try:
+                    copies = await ws.fork(count)
+                except BunshinError as exc:
+                    return [ApiError(f"fork of {sandbox_id} failed: {exc}", status=500) for _ in range(count)]
+            remaining = max(1, math.ceil(sb.deadline - anyio.current_time()))
+            out: list[Sandbox | ApiError] = []
+            for ws_copy in copies:
+                child = Sandbox(sb.template_id, sb.metadata, timeout if timeout is not None else remaining)
+                child.ws = ws_copy
+                child.processes = {pid: p.copy() for pid, p in sb.processes.items()}
+                child.next_process = sb.next_process
+                self._sandboxes[child.id] = child
+                out.append(child)
+            return out
+        finally:
+            self._starting -= count
+
+    async def create_snapshot(self, sandbox_id: str, name: str | None) -> SnapshotOut:
+        sb = self.get(sandbox_id)
+        async with sb.lock:
+            snap = await sb.workspace().snapshot()
+            processes = {pid: p.copy() for pid, p in sb.processes.items()}
+        snap_id = f"snap{snap.id}"
+        kept = Kept(snap, SnapshotOut(snapshot_id=snap_id, names=[name] if name else []), sb.id, processes, 0)
+        kept.next_process = sb.next_process
+        self._snapshots[snap_id] = kept
+        if name:  # a name is another id of the same snapshot, as E2B's templates have aliases
+            self._snapshots.setdefault(name, kept)
+        return kept.out
+
+    async def delete_snapshot(self, snapshot_id: str) -> bool:
+        kept = self._snapshots.get(snapshot_id)
+        if kept is None:
+            return False
+        for key in [k for k, v in self._snapshots.items() if v is kept]:
+            del self._snapshots[key]
+        await kept.snap.aclose()
+        return True
+
+    # ------------------------------------------------------------------------------------------------ reaper
+
+    async def reap(self) -> None:
+        """Close sandboxes whose timeout passed, until cancelled (checks every half second)."""
+        while True:
+            now = anyio.current_time()
+            expired = [sb for sb in self._sandboxes.values() if sb.deadline <= now]
+            for sb in expired:
+                if self._sandboxes.pop(sb.id, None) is not None:
+                    self.reaped += 1
+                    await self._close(sb)
+            await anyio.sleep(0.5)
+
+    async def aclose(self) -> None:
+        """Close every sandbox and snapshot (shielded)."""
+        with anyio.CancelScope(shield=True):
+            sandboxes, self._sandboxes = list(self._sandboxes.values()), {}
+            snaps = {id(v.snap): v.snap for v in self._snapshots.values()}
+            self._snapshots = {}
+            async with anyio.create_task_group() as tg:
+                for sb in sandboxes:
+                    tg.start_soon(self._close, sb)
+                for snap in snaps.values():
+                    tg.start_soon(snap.aclose)
+
+
+async def prepare(ws: Workspace) -> None:
+    """E2B's home directory exists in every sandbox (commands start there)."""
+    await ws.exec(["mkdir", "-p", HOME])
+
+
+def end_subscribers(proc: Process, message: dict[str, Any] | None) -> None:
+    """Send ``message`` (None: the stream ends without an end event) to every subscriber and close them."""
+    subs, proc.subscribers = proc.subscribers, []
+    for send in subs:
+        if message is not None:
+            try:
+                send.send_nowait(message)
+            except (anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                pass
+        send.close()
+
+
+__all__ = ["Process", "Sandbox", "Sandboxes"]

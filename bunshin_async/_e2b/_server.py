@@ -1,0 +1,137 @@
+"""``E2BServer``: the app, the sandbox registry and its reaper, served by uvicorn on one port."""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import secrets
+import socket
+from collections.abc import Iterator
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+import anyio
+from anyio.abc import TaskGroup
+
+from .._exceptions import InvalidArgument
+from .._image import Image
+from ._app import E2BApp
+from ._sandboxes import Sandboxes
+
+if TYPE_CHECKING:
+    import uvicorn
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class E2BServer:
+    """An E2B-compatible endpoint on Bunshin workspaces: ``async with E2BServer() as srv:`` serves on
+    ``srv.url`` until the block ends, then closes every sandbox and snapshot it made.
+
+    Point the unmodified ``e2b`` SDK at it with ``srv.env`` (``E2B_API_URL`` and ``E2B_SANDBOX_URL`` are its URL,
+    ``E2B_API_KEY`` its key). ``api_key`` defaults to a random one (``srv.api_key``); a ``host`` other than a
+    loopback address needs an explicit key, since whoever reaches the port drives root-run workspaces. ``port=0``
+    takes a free port. ``image`` is what the default template ``"base"`` means (default: Bunshin's base image);
+    other template ids name imported images (``bunshin image import``) or this server's snapshots.
+    ``max_sandboxes`` bounds the sandboxes alive at once (creating more answers 429).
+    """
+
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        api_key: str | None = None,
+        image: Image | None = None,
+        max_sandboxes: int = 256,
+    ) -> None:
+        if not is_loopback(host) and not api_key:
+            raise InvalidArgument(
+                f"refusing to serve E2B on {host} without an API key: anyone reaching it runs root-run workspaces",
+                tool="e2b serve",
+            )
+        if api_key is not None and len(api_key) < 8:
+            raise InvalidArgument("the API key must be at least 8 characters", tool="e2b serve")
+        self.host = host
+        self.port = port
+        self.api_key = api_key or secrets.token_urlsafe(24)
+        self.sandboxes = Sandboxes(max_sandboxes=max_sandboxes, default_image=image)
+        self._tg: TaskGroup | None = None
+        self._http: uvicorn.Server | None = None
+        self._served = anyio.Event()
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment the ``e2b`` SDK reads to reach this server."""
+        return {"E2B_API_URL": self.url, "E2B_SANDBOX_URL": self.url, "E2B_API_KEY": self.api_key}
+
+    async def __aenter__(self) -> E2BServer:
+        import uvicorn
+
+        class Quiet(uvicorn.Server):
+            @contextlib.contextmanager
+            def capture_signals(self) -> Iterator[None]:
+                yield  # signals belong to whoever runs the server (the CLI stops it on SIGTERM/SIGINT)
+
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((self.host, self.port))
+            sock.listen(256)
+            sock.setblocking(False)
+        except OSError:
+            sock.close()
+            raise
+        self.port = sock.getsockname()[1]
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        app = E2BApp(self.sandboxes, self.api_key, self._tg)
+        http = Quiet(uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=5))
+        self._http = http
+
+        async def serve() -> None:
+            try:
+                await http.serve(sockets=[sock])
+            finally:
+                sock.close()
+                self._served.set()
+
+        self._tg.start_soon(serve)
+        self._tg.start_soon(self.sandboxes.reap)
+        while not http.started:  # noqa: ASYNC110 - uvicorn sets a flag, it has no event to wait on
+            if self._served.is_set():
+                raise OSError(f"the E2B server on {self.url} did not start")
+            await anyio.sleep(0.01)
+        return self
+
+    async def aclose(self) -> None:
+        """Stop serving, close every sandbox and snapshot. Idempotent."""
+        tg, self._tg = self._tg, None
+        if tg is None:
+            return
+        with anyio.CancelScope(shield=True):
+            if self._http is not None:
+                self._http.should_exit = True  # requests in flight get timeout_graceful_shutdown to finish
+                with anyio.move_on_after(10):
+                    await self._served.wait()
+            await self.sandboxes.aclose()
+        tg.cancel_scope.cancel()
+        await tg.__aexit__(None, None, None)
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
