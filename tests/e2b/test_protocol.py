@@ -1,0 +1,116 @@
+"""The server's protocol logic without workspaces (no root): framing, request parsing, authentication, bounds."""
+
+from __future__ import annotations
+
+import base64
+import struct
+
+import anyio
+import httpx
+import msgspec
+import pytest
+
+from bunshin_async import InvalidArgument
+from bunshin_async._e2b import _envd, _wire
+from bunshin_async._e2b._app import MAX_BODY, E2BApp
+from bunshin_async._e2b._sandboxes import Sandboxes
+from bunshin_async._e2b._server import is_loopback
+from bunshin_async.integrations.e2b import E2BServer
+
+
+def test_envelopes_round_trip_and_reject_malformed_bodies() -> None:
+    msg = b'{"process":{"cmd":"/bin/bash"}}'
+    assert _wire.unenvelope(_wire.envelope(msg)) == msg
+    for bad, code in [
+        (b"\x00\x00", "invalid_argument"),  # shorter than the prefix
+        (struct.pack(">BI", 0, 100) + msg, "invalid_argument"),  # the length lies
+        (struct.pack(">BI", 1, len(msg)) + msg, "unimplemented"),  # compressed
+    ]:
+        with pytest.raises(_wire.RpcError) as info:
+            _wire.unenvelope(bad)
+        assert info.value.code == code
+    end = _wire.end_stream(_wire.RpcError("gone", code="not_found"))
+    assert end[0] == _wire.FLAG_END_STREAM
+    assert msgspec.json.decode(end[5:]) == {"error": {"code": "not_found", "message": "gone"}}
+    assert msgspec.json.decode(_wire.end_stream()[5:]) == {}
+
+
+def test_process_events_are_proto3_json() -> None:
+    encode = msgspec.json.encode
+    assert msgspec.json.decode(encode(_wire.data_event("stdout", b"\xffhi"))) == {
+        "event": {"data": {"stdout": base64.b64encode(b"\xffhi").decode()}}
+    }
+    assert msgspec.json.decode(encode(_wire.end_event(0))) == {
+        "event": {"end": {"exited": True, "status": "exit status 0"}}
+    }
+    assert msgspec.json.decode(encode(_wire.end_event(3)))["event"]["end"]["exitCode"] == 3
+    req = msgspec.json.decode(
+        b'{"process":{"cmd":"/bin/bash","args":["-l","-c","ls"],"cwd":"/tmp","future":1},"stdin":true}',
+        type=_wire.StartRequest,
+    )
+    assert (req.process.cmd, req.process.args, req.process.cwd, req.stdin) == (
+        "/bin/bash",
+        ["-l", "-c", "ls"],
+        "/tmp",
+        True,
+    )
+
+
+def test_users_and_paths_are_validated() -> None:
+    basic = "Basic " + base64.b64encode(b"root:").decode()
+    assert _envd.user_from(basic) == "root"
+    assert _envd.user_from(None) is None
+    for bad in ["Bearer x", "Basic !!!", "Basic " + base64.b64encode(b"a b:").decode()]:
+        with pytest.raises(_wire.RpcError):
+            _envd.user_from(bad)
+    assert _envd.absolute("notes.txt") == "/home/user/notes.txt"
+    assert _envd.absolute("~/a/../b") == "/home/user/b"
+    assert _envd.absolute("/tmp//x/") == "/tmp/x"
+    for bad in ["", "a\0b", "x" * 5000]:
+        with pytest.raises(_wire.RpcError):
+            _envd.absolute(bad)
+
+
+def test_find_output_parses_into_entries() -> None:
+    rows = [
+        ["f", "f", "5", "644", "-rw-r--r--", "root", "root", "1700000000.5", "", "/tmp/a.txt"],
+        ["l", "d", "4", "777", "lrwxrwxrwx", "root", "root", "1700000000", "/etc", "/tmp/link"],
+    ]
+    out = "".join("\x00".join(r) + "\x00\n" for r in rows) + "garbage\n"
+    a, link = _envd._entries(out)
+    assert (a.name, a.type, a.size, a.mode, a.is_symlink) == ("a.txt", "FILE_TYPE_FILE", "5", 0o644, False)
+    assert (link.type, link.symlink_target, link.is_symlink) == ("FILE_TYPE_DIRECTORY", "/etc", True)
+
+
+def test_a_public_address_needs_a_key() -> None:
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("example.org")
+    with pytest.raises(InvalidArgument):
+        E2BServer(host="0.0.0.0")
+    with pytest.raises(InvalidArgument):
+        E2BServer(api_key="short")
+    assert E2BServer(host="0.0.0.0", api_key="a-long-enough-key").api_key == "a-long-enough-key"
+    assert len(E2BServer().api_key) >= 24  # a random key by default, never none
+
+
+async def test_the_app_checks_keys_tokens_ids_and_bounds() -> None:
+    async with anyio.create_task_group() as tg:
+        app = E2BApp(Sandboxes(), "the-key-123", tg)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://e2b") as client:
+            assert (await client.get("/v2/sandboxes")).status_code == 401
+            assert (await client.get("/v2/sandboxes", headers={"X-API-KEY": "wrong"})).status_code == 401
+            key = {"X-API-KEY": "the-key-123"}
+            assert (await client.get("/v2/sandboxes", headers=key)).json() == []
+            assert (await client.get("/sandboxes/..%2Fetc", headers=key)).status_code == 404
+            assert (await client.get("/sandboxes/abc123", headers=key)).status_code == 404
+            big = b"x" * (MAX_BODY + 1)
+            assert (await client.post("/v2/sandboxes", headers=key, content=big)).status_code == 413
+            bad = await client.post("/v2/sandboxes", headers=key, content=b'{"templateID": 5}')
+            assert bad.status_code == 400
+            build = await client.post("/v3/templates", headers=key, content=b"{}")
+            assert build.status_code == 501 and "bunshin image import" in build.json()["message"]
+            # envd: an unknown sandbox is what E2B's proxy says about a killed one
+            gone = await client.post("/process.Process/List", headers={"E2b-Sandbox-Id": "abc123"}, content=b"{}")
+            assert gone.status_code == 502 and "was not found" in gone.json()["message"]
+        tg.cancel_scope.cancel()

@@ -1,0 +1,276 @@
+"""The unmodified ``e2b`` SDK, synchronous and asynchronous, against ``E2BServer`` on Bunshin workspaces."""
+
+from __future__ import annotations
+
+import io
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import e2b
+import pytest
+from e2b import (
+    AsyncSandbox,
+    AuthenticationException,
+    CommandExitException,
+    FileNotFoundException,
+    NotFoundException,
+    Sandbox,
+    SandboxQuery,
+)
+
+from .conftest import Served
+
+pytestmark = pytest.mark.root
+
+HEAP_MIB = 48
+# A process whose memory is the evidence: a random token and a heap, both only in memory; a stdin line asks for the
+# token and a digest of the heap (reading every page of it).
+MEMORY_HOLDER = (
+    "import hashlib, os, sys\n"
+    f"heap = bytearray(os.urandom(1 << 20)) * {HEAP_MIB}\n"
+    "token = os.urandom(8).hex()\n"
+    "print('ready', flush=True)\n"
+    "for line in sys.stdin:\n"
+    "    print(token, hashlib.sha256(heap).hexdigest()[:16], flush=True)\n"
+)
+
+
+async def _ask(sbx: AsyncSandbox, pid: int) -> str:
+    """The memory holder's answer: send a line, read the next line of its output through a Connect stream."""
+    lines: list[str] = []
+    got = anyio.Event()
+
+    def on_stdout(chunk: str) -> None:
+        lines.append(chunk)
+        if "\n" in "".join(lines):
+            got.set()
+
+    handle = await sbx.commands.connect(pid, on_stdout=on_stdout, timeout=0)
+    try:
+        await sbx.commands.send_stdin(pid, "?\n")
+        with anyio.fail_after(30):
+            await got.wait()
+    finally:
+        await handle.disconnect()
+    return "".join(lines).splitlines()[0]
+
+
+async def _start_holder(sbx: AsyncSandbox) -> int:
+    await sbx.files.write("/home/user/holder.py", MEMORY_HOLDER)
+    ready = anyio.Event()
+    handle = await sbx.commands.run(
+        "exec python3 /home/user/holder.py",
+        background=True,
+        stdin=True,
+        timeout=0,
+        on_stdout=lambda chunk: ready.set() if "ready" in chunk else None,
+    )
+    with anyio.fail_after(30):
+        await ready.wait()
+    await handle.disconnect()
+    return handle.pid
+
+
+def test_sync_lifecycle_commands_and_exit_code(e2b_server: Served) -> None:
+    sbx = Sandbox.create(metadata={"suite": "sync"})
+    try:
+        assert sbx.commands.run("echo hi").stdout == "hi\n"
+        with pytest.raises(CommandExitException) as info:
+            sbx.commands.run("echo hi; echo err >&2; exit 3")
+        assert (info.value.exit_code, info.value.stdout, info.value.stderr) == (3, "hi\n", "err\n")
+        # cwd, env and the default working directory (E2B's home)
+        assert sbx.commands.run("pwd").stdout == "/home/user\n"
+        assert sbx.commands.run("pwd", cwd="/tmp").stdout == "/tmp\n"
+        assert sbx.commands.run("echo $GREETING", envs={"GREETING": "hello"}).stdout == "hello\n"
+        info_ = sbx.get_info()
+        assert (info_.sandbox_id, info_.metadata, info_.state.value) == (sbx.sandbox_id, {"suite": "sync"}, "running")
+        assert sbx.is_running()
+    finally:
+        sbx.kill()
+    with pytest.raises(NotFoundException):
+        Sandbox.get_info(sbx.sandbox_id)
+    assert not sbx.is_running()
+
+
+def test_sync_files_round_trip(e2b_server: Served) -> None:
+    with Sandbox.create() as sbx:
+        blob = bytes(range(256)) * 1000
+        sbx.files.write("/tmp/t/a.txt", "hello\n")
+        sbx.files.write("rel.bin", blob)  # relative: the home directory
+        sbx.files.write("/tmp/t/stream.bin", io.BytesIO(blob))
+        sbx.files.write_files([{"path": "/tmp/t/b.txt", "data": "b"}, {"path": "/tmp/t/c.txt", "data": b"c"}])
+        assert sbx.files.read("/tmp/t/a.txt") == "hello\n"
+        assert bytes(sbx.files.read("/home/user/rel.bin", format="bytes")) == blob
+        assert b"".join(sbx.files.read("/tmp/t/stream.bin", format="stream")) == blob
+        names = sorted(e.name for e in sbx.files.list("/tmp/t"))
+        assert names == ["a.txt", "b.txt", "c.txt", "stream.bin"]
+        info = sbx.files.get_info("/tmp/t/a.txt")
+        assert (info.type.value, info.size, info.path) == ("file", 6, "/tmp/t/a.txt")
+        assert sbx.files.make_dir("/tmp/t/sub") is True
+        assert sbx.files.make_dir("/tmp/t/sub") is False
+        sbx.files.rename("/tmp/t/a.txt", "/tmp/t/sub/a2.txt")
+        assert not sbx.files.exists("/tmp/t/a.txt")
+        assert sbx.files.read("/tmp/t/sub/a2.txt") == "hello\n"
+        sbx.files.remove("/tmp/t/sub")
+        assert not sbx.files.exists("/tmp/t/sub")
+        with pytest.raises(FileNotFoundException):
+            sbx.files.read("/tmp/t/missing")
+
+
+async def test_async_background_stream_stdin_kill(e2b_server: Served) -> None:
+    sbx = await AsyncSandbox.create()
+    try:
+        out: list[str] = []
+        echoed = anyio.Event()
+
+        def on_stdout(chunk: str) -> None:
+            out.append(chunk)
+            if "ping" in "".join(out):
+                echoed.set()
+
+        handle = await sbx.commands.run("cat", background=True, stdin=True, on_stdout=on_stdout, timeout=0)
+        await sbx.commands.send_stdin(handle.pid, "ping\n")
+        with anyio.fail_after(30):
+            await echoed.wait()
+        assert handle.pid in [p.pid for p in await sbx.commands.list()]
+        assert await handle.kill()
+        with pytest.raises(CommandExitException) as info:
+            await handle.wait()
+        assert info.value.exit_code == 128 + signal.SIGKILL
+        assert handle.pid not in [p.pid for p in await sbx.commands.list()]
+        # streamed as produced: the first line arrives while the command still runs
+        seen = anyio.Event()
+        slow = await sbx.commands.run(
+            "echo first; sleep 30", background=True, on_stdout=lambda c: seen.set(), timeout=0
+        )
+        with anyio.fail_after(20):
+            await seen.wait()
+        assert slow.exit_code is None
+        await slow.kill()
+        # the command's timeout kills it, as envd does
+        with pytest.raises(e2b.TimeoutException):
+            await sbx.commands.run("sleep 30", timeout=1)
+    finally:
+        await sbx.kill()
+
+
+async def test_async_fork_inherits_files_and_processes_and_shares_memory(e2b_server: Served) -> None:
+    sbx = await AsyncSandbox.create()
+    copies: list[AsyncSandbox] = []
+    try:
+        await sbx.files.write("/home/user/state.txt", "parent")
+        pid = await _start_holder(sbx)
+        before = await _ask(sbx, pid)
+        copies = [c for c in await sbx.fork(count=4) if isinstance(c, AsyncSandbox)]
+        assert len(copies) == 4
+        for i, copy in enumerate(copies):
+            assert await copy.files.read("/home/user/state.txt") == "parent"
+            assert pid in [p.pid for p in await copy.commands.list()]
+            assert await _ask(copy, pid) == before  # the same token and heap: the process with its memory
+            await copy.files.write("/home/user/state.txt", f"copy {i}")
+        for i, copy in enumerate(copies):
+            assert await copy.files.read("/home/user/state.txt") == f"copy {i}"
+        assert await sbx.files.read("/home/user/state.txt") == "parent"
+        # the copies' heaps are one set of pages: their proportional share is far below four private heaps
+        pss = sum(_pss_kib(e2b_server, c.sandbox_id) for c in copies)
+        assert pss < 2 * HEAP_MIB * 1024, pss
+    finally:
+        for copy in copies:
+            await copy.kill()
+        await sbx.kill()
+
+
+def _pss_kib(served: Served, sandbox_id: str) -> int:
+    ws = served.server.sandboxes.get(sandbox_id).ws
+    assert ws is not None and ws.cgroup is not None
+    total = 0
+    for pid in ws.cgroup.pids():
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                total += int(line.split()[1])
+    return total
+
+
+async def test_async_snapshot_and_pause_resume(e2b_server: Served) -> None:
+    sbx = await AsyncSandbox.create()
+    made: list[AsyncSandbox] = []
+    try:
+        await sbx.files.write("/home/user/state.txt", "snapped")
+        pid = await _start_holder(sbx)
+        answer = await _ask(sbx, pid)
+        snap = await sbx.create_snapshot()
+        assert snap.snapshot_id in [s.snapshot_id for s in await AsyncSandbox.list_snapshots().next_items()]
+        made.append(await AsyncSandbox.create(snap.snapshot_id))
+        assert await made[0].files.read("/home/user/state.txt") == "snapped"
+        assert await _ask(made[0], pid) == answer
+        assert await AsyncSandbox.delete_snapshot(snap.snapshot_id)
+        # pause keeps processes, memory and files; connect resumes
+        await sbx.pause()
+        assert (await AsyncSandbox.get_info(sbx.sandbox_id)).state.value == "paused"
+        resumed = await AsyncSandbox.connect(sbx.sandbox_id)
+        assert (await resumed.get_info()).state.value == "running"
+        assert await resumed.files.read("/home/user/state.txt") == "snapped"
+        assert await _ask(resumed, pid) == answer
+    finally:
+        for other in made:
+            await other.kill()
+        await sbx.kill()
+
+
+async def test_async_concurrent_creates_and_metadata_filter(e2b_server: Served) -> None:
+    async def create(i: int) -> None:
+        sandboxes.append(await AsyncSandbox.create(metadata={"batch": "b32", "i": str(i)}))
+
+    sandboxes: list[AsyncSandbox] = []
+    try:
+        async with anyio.create_task_group() as tg:
+            for i in range(32):
+                tg.start_soon(create, i)
+        listed = await AsyncSandbox.list(query=SandboxQuery(metadata={"batch": "b32"})).next_items()
+        assert len(listed) == 32
+        assert [s.sandbox_id for s in await AsyncSandbox.list(query=SandboxQuery(metadata={"i": "7"})).next_items()]
+        assert len({s.sandbox_id for s in sandboxes}) == 32
+    finally:
+        async with anyio.create_task_group() as tg:
+            for s in sandboxes:
+                tg.start_soon(s.kill)
+    assert await AsyncSandbox.list(query=SandboxQuery(metadata={"batch": "b32"})).next_items() == []
+
+
+async def test_a_dead_client_leaves_nothing_after_its_timeout(e2b_server: Served) -> None:
+    script = "import e2b, sys, time; s = e2b.Sandbox.create(timeout=2); print(s.sandbox_id, flush=True); time.sleep(60)"
+    with subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) as proc:
+        try:
+            assert proc.stdout is not None
+            sandbox_id = (await anyio.to_thread.run_sync(proc.stdout.readline)).strip()
+        finally:
+            proc.send_signal(signal.SIGKILL)
+    assert (await AsyncSandbox.get_info(sandbox_id)).state.value == "running"
+    with anyio.fail_after(30):
+        while e2b_server.server.sandboxes.reaped == 0:
+            await anyio.sleep(0.2)
+    with pytest.raises(NotFoundException):
+        await AsyncSandbox.get_info(sandbox_id)
+
+
+async def test_auth_and_errors(e2b_server: Served) -> None:
+    with pytest.raises(AuthenticationException):
+        await AsyncSandbox.create(api_key="not-the-key")
+    with pytest.raises(e2b.SandboxException, match="bunshin image import"):
+        await AsyncSandbox.create("no-such-template")
+    async with await AsyncSandbox.create() as sbx:
+        # envd refuses a client without the sandbox's access token
+        stranger = AsyncSandbox(
+            sandbox_id=sbx.sandbox_id,
+            sandbox_domain=None,
+            envd_version=sbx._envd_version,
+            envd_access_token="wrong",
+            connection_config=e2b.ConnectionConfig(
+                **e2b_server.opts, extra_sandbox_headers={"E2b-Sandbox-Id": sbx.sandbox_id, "X-Access-Token": "x"}
+            ),
+        )
+        with pytest.raises(AuthenticationException):
+            await stranger.commands.run("true")
