@@ -132,23 +132,20 @@ class Sandbox:
             raise RpcError(f"sandbox {self.id} is not running (paused or killed)", code="unavailable")
         return self.ws
 
-    def created(self) -> SandboxOut:
+    def created(self, **detail: Any) -> SandboxOut:
+        """E2B's ``Sandbox`` (create, connect, fork); with ``detail``, its ``SandboxDetail``."""
         return SandboxOut(
             template_id=self.template_id,
             sandbox_id=self.id,
             client_id="bunshin",
             envd_version=ENVD_VERSION,
             envd_access_token=self.token,
+            **detail,
         )
 
     def detail(self) -> SandboxOut:
         limits = self.ws.limits if self.ws is not None else None
-        return SandboxOut(
-            template_id=self.template_id,
-            sandbox_id=self.id,
-            client_id="bunshin",
-            envd_version=ENVD_VERSION,
-            envd_access_token=self.token,
+        return self.created(
             started_at=_iso(self.started_at),
             end_at=_iso(self.end_at),
             cpu_count=max(1, math.ceil(limits.cpus)) if limits is not None and limits.cpus else 1,
