@@ -5,7 +5,7 @@ to two files in the command's control directory (``CONTROL_DIR/p/N``) and its st
 read-write so that the command never sees an end of file between two ``send_stdin`` calls. A pump task per command
 (while someone listens) polls the process (``BackgroundProcess.poll``) and reads what the files gained since the last
 look with the agent's file tool (``ws.read_file``; the control directory is the workspace's workdir, the file tools'
-confinement root), from every 5 ms while output flows up to 100 ms while it is quiet, and fans the chunks out to the
+confinement root), every 1 ms while output flows, backing off to 50 ms while it is quiet, and fans the chunks out to the
 streams listening (the ``Start`` stream and ``Connect`` streams). Output therefore arrives as it is produced, a
 poll interval late. ``SendInput`` writes to the FIFO from a command in the workspace (``ws.exec``), ``SendSignal``
 signals the process group (``BackgroundProcess.signal``). The start stream's deadline (the SDK's ``timeout``, 60 s by
@@ -52,6 +52,9 @@ MAX_UPLOAD = 64 << 20
 """Largest request body of an upload (all files of it)."""
 CHUNK = 1 << 20
 """Most bytes of one stream a pump reads per look."""
+_FIRST_LOOK, _QUIET_LOOK = 0.001, 0.05
+"""A pump looks again after 1 ms while output flows, backing off by half each quiet look to 50 ms (a look is three
+agent calls of ~0.2 ms: poll and two reads)."""
 _TAIL_FROM = 4 << 20
 """Past this offset a pump reads with ``tail`` (the file tool reads from the start)."""
 _USER = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}\$?|[0-9]{1,10}")
@@ -280,13 +283,15 @@ async def send_input(sb: Sandbox, proc: Process, data: bytes) -> None:
         raise RpcError(f"process {proc.pid} was started without stdin", code="failed_precondition")
     ws = sb.workspace()
     # The wrapper may not have made the FIFO yet (Start answers once the process exists): wait for it, never create
-    # it. O_RDWR on a FIFO never blocks on open (fifo(7)); a write blocks only while the pipe is full.
+    # it. Open it write-only, which waits for the command to open its end (fifo(7)): written into a FIFO nobody
+    # reads, the data would go with the last descriptor. A command that has exited leaves the open waiting: the
+    # timeout ends it.
     script = (
         'i=0; while [ ! -p "$1" ]; do i=$((i+1)); '
         f'[ $i -gt 1000 ] && {{ echo "no stdin pipe for process $2" >&2; exit {_NOT_FOUND}; }}; sleep 0.01; done; '
-        'exec 3<>"$1" && cat >&3'
+        'cat > "$1"'
     )
-    await _run(ws, script, f"{CONTROL_DIR}/{proc.dir}/in", str(proc.pid), stdin=data, user=None, timeout=30)
+    await _run(ws, script, f"{CONTROL_DIR}/{proc.dir}/in", str(proc.pid), stdin=data, user=None, timeout=15)
 
 
 async def send_signal(sb: Sandbox, proc: Process, signal: str | int) -> None:
@@ -329,7 +334,7 @@ def broadcast(proc: Process, message: dict[str, Any]) -> None:
 async def pump(sb: Sandbox, proc: Process) -> None:
     """Stream the process's output to its listeners until it exits, the last listener leaves or the workspace goes."""
     proc.pumping = True
-    interval = 0.005
+    interval = _FIRST_LOOK
     try:
         ws = sb.workspace()
         bg = BackgroundProcess(ws, proc.pid)
@@ -346,7 +351,7 @@ async def pump(sb: Sandbox, proc: Process) -> None:
                 proc.exit_code = code
                 end_subscribers(proc, end_event(code))
                 return
-            interval = 0.005 if got else min(interval * 2, 0.1)
+            interval = _FIRST_LOOK if got else min(interval * 1.5, _QUIET_LOOK)
             await anyio.sleep(interval)
     except BunshinError:
         end_subscribers(proc, None)

@@ -89,6 +89,9 @@ class E2BServer:
         sock = socket.socket(family, socket.SOCK_STREAM)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            # Accepted sockets inherit it (Linux): a response's head and body, written apart, must not wait for
+            # the client's delayed ACK (40 ms a request otherwise).
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.bind((self.host, self.port))
             sock.listen(256)
             sock.setblocking(False)
