@@ -1,6 +1,6 @@
 # The two commands of the README: `make run` (the main job: the latency-hiding experiment) and `make test` (lint,
 # types and the whole suite). Both set up everything first (scripts/setup.sh is idempotent).
-.PHONY: setup run demo test lint bench bench-peers fresh-check
+.PHONY: setup run demo test lint docs bench bench-peers fresh-check
 
 setup:
 	@scripts/setup.sh
@@ -16,8 +16,13 @@ lint: setup
 	.venv/bin/ruff format --check .
 	.venv/bin/mypy
 
-test: setup lint fresh-check
+test: setup lint docs fresh-check
 	.venv/bin/python -m pytest -q
+
+# The documentation site (mkdocs.yml) into site/; --strict: a broken link, a missing reference or an undocumented
+# public name fails it. Benchmark pages come from bench/results/*.record.json: `.venv/bin/python bench/report.py`.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet
 
 # The clean-root set-up check: the set-up on a minimal Debian root that has never seen Bunshin (scripts/).
 # Debian 12, then Debian 13, whose Python 3.13 also runs the agent and workspace tests (a second host Python).
