@@ -2,7 +2,7 @@
 
 - The API reference has one page per public module (and a table of them on its index), made here from the
   package's layout (a module is public when no part of its dotted name starts with ``_``), so a new public module
-  gets a page without anyone writing one; mkdocs.yml's nav lists them and ``tests/docs`` checks that the two agree.
+  gets a page (and a place in the nav) without anyone writing one.
 - Every name in a public module's ``__all__`` must be rendered on its page: a missing one is a warning, which
   ``mkdocs build --strict`` turns into a failed build ("undocumented public names fail").
 - ``llms.txt`` (the plain-text index for coding agents) must name every page of the nav.
@@ -67,6 +67,15 @@ def reference_page(module: str) -> str:
 def reference_table(modules: dict[str, Path]) -> str:
     rows = "\n".join(f"| [`{m}`]({m}.md) | {first_line(p).replace('|', '/')} |" for m, p in modules.items())
     return "| module | what |\n|---|---|\n" + rows + "\n"
+
+
+def on_config(config: Any) -> Any:
+    """The nav's API reference section lists a page per public module, after its index (mkdocs.yml names only the
+    index), so a module added to the package appears without an edit here."""
+    for item in config["nav"] or []:
+        if isinstance(item, dict) and "API reference" in item:
+            item["API reference"] = [f"{REFERENCE}/index.md", *(f"{REFERENCE}/{m}.md" for m in public_modules())]
+    return config
 
 
 def on_files(files: Any, config: Any) -> Any:
