@@ -358,8 +358,9 @@ class Sandboxes:
 
 
 async def prepare(ws: Workspace) -> None:
-    """E2B's home directory exists in every sandbox (commands start there)."""
-    await ws.exec(["mkdir", "-p", HOME])
+    """E2B's home directory exists in every sandbox (commands start there); commands of any user can make their
+    control directories (sticky, as /tmp)."""
+    await ws.exec(["/bin/sh", "-c", 'mkdir -p "$1" "$2" && chmod 1777 "$2"', "sh", HOME, f"{CONTROL_DIR}/p"])
 
 
 def end_subscribers(proc: Process, message: dict[str, Any] | None) -> None:

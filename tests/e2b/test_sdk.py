@@ -85,6 +85,8 @@ def test_sync_lifecycle_commands_and_exit_code(e2b_server: Served) -> None:
         assert sbx.commands.run("pwd").stdout == "/home/user\n"
         assert sbx.commands.run("pwd", cwd="/tmp").stdout == "/tmp\n"
         assert sbx.commands.run("echo $GREETING", envs={"GREETING": "hello"}).stdout == "hello\n"
+        assert sbx.commands.run("id -un", user="nobody").stdout == "nobody\n"
+        assert sbx.commands.run("id -un", user="root").stdout == "root\n"
         info_ = sbx.get_info()
         assert (info_.sandbox_id, info_.metadata, info_.state.value) == (sbx.sandbox_id, {"suite": "sync"}, "running")
         assert sbx.is_running()
