@@ -45,6 +45,7 @@ from ._wire import (
     SnapshotRequest,
     StartRequest,
     TimeoutRequest,
+    WatchRequest,
     end_stream,
     envelope,
     error_body,
@@ -404,8 +405,14 @@ class E2BApp:
         elif name == "process.Process/Connect":
             proc = _envd.find_process(sb, _rpc_decode(message, ConnectRequest).process)
             kill_on_deadline = False
+        elif name == "filesystem.Filesystem/WatchDir":
+            req = _rpc_decode(message, WatchRequest)
+            path = _envd.absolute(req.path)
+            first = await _envd.watch_state(sb.workspace(), path, req.recursive, user)
+            watch = self._watch_frames(sb, path, req.recursive, user, first, deadline, ping)
+            return StreamingResponse(watch, 200, media_type="application/connect+json")
         else:
-            raise RpcError(f"{name} is not implemented by this server (no directory watch)", code="unimplemented")
+            raise RpcError(f"{name} is not implemented by this server", code="unimplemented")
 
         async def frames() -> AsyncIterator[bytes]:
             events = _envd.listen(self.tg, sb, proc)
@@ -457,6 +464,40 @@ class E2BApp:
                 continue
             ended = "end" in event["event"]
             yield envelope(_json.encode(event))
+        yield end_stream(error)
+
+    async def _watch_frames(
+        self,
+        sb: Sandbox,
+        path: str,
+        recursive: bool,
+        user: str | None,
+        state: dict[str, str],
+        deadline: float | None,
+        ping: float,
+    ) -> AsyncIterator[bytes]:
+        yield envelope(_json.encode({"start": {}}))
+        until = anyio.current_time() + deadline if deadline is not None else float("inf")
+        quiet_since = anyio.current_time()
+        error: RpcError | None = None
+        while anyio.current_time() < until:
+            await anyio.sleep(min(_envd.WATCH_INTERVAL, max(0.0, until - anyio.current_time())))
+            try:
+                now = await _envd.watch_state(sb.workspace(), path, recursive, user)
+            except RpcError as exc:
+                error = exc
+                break
+            events = _envd.watch_events(state, now)
+            state = now
+            for event in events:
+                yield envelope(_json.encode(event))
+            if events:
+                quiet_since = anyio.current_time()
+            elif anyio.current_time() - quiet_since >= ping:
+                quiet_since = anyio.current_time()
+                yield envelope(_json.encode({"keepalive": {}}))
+        else:
+            error = RpcError("the watch's timeout passed", code="deadline_exceeded")
         yield end_stream(error)
 
 

@@ -13,8 +13,9 @@ default) kills the command, as envd does.
 
 Files go through commands in the workspace too (``ws.exec`` of coreutils and findutils), whatever the path: the
 host never resolves a path inside the workspace, and E2B paths lie anywhere in the tree while the file tools are
-confined to one directory. Reads come back base64-encoded (the exec result is text) and are bounded by
-``MAX_READ``; uploads by ``MAX_UPLOAD``.
+confined to one directory. ``watch_dir`` compares the directory's listing every ``WATCH_INTERVAL`` (create,
+write, remove; a rename is a remove and a create). Reads come back base64-encoded (the exec result is text) and are
+bounded by ``MAX_READ``; uploads by ``MAX_UPLOAD``.
 """
 
 from __future__ import annotations
@@ -222,6 +223,37 @@ async def write(ws: Workspace, path: str, data: bytes, user: str | None) -> dict
     )
     await _run(ws, script, path, stdin=data, user=user, timeout=300)
     return {"name": posixpath.basename(path), "type": "file", "path": path}
+
+
+WATCH_INTERVAL = 0.2
+"""How often a directory watch looks at the directory (seconds)."""
+MAX_WATCHED = 100_000
+"""Most entries a watch follows; a larger tree ends the watch with ``resource_exhausted``."""
+
+
+async def watch_state(ws: Workspace, path: str, recursive: bool, user: str | None) -> dict[str, str]:
+    """Every entry below ``path`` (relative name -> type, size and mtime): what a watch compares between looks."""
+    script = (
+        f'{_EXISTS_CHECK}; [ -d "$1" ] || {{ echo "$1 is not a directory" >&2; exit {_NOT_DIR}; }}; '
+        'find "$1" -mindepth 1 $2 -printf "%P\\0%y %s %T@\\0"'
+    )
+    res = await _run(ws, script, path, "" if recursive else "-maxdepth 1", user=user)
+    fields = res.stdout.split("\0")
+    if len(fields) > 2 * MAX_WATCHED:
+        raise RpcError(f"{path} holds more than {MAX_WATCHED} entries to watch", code="resource_exhausted")
+    return dict(zip(fields[0::2], fields[1::2], strict=False))  # a trailing empty field
+
+
+def watch_events(before: dict[str, str], after: dict[str, str]) -> list[dict[str, Any]]:
+    """E2B's filesystem events between two looks: created, removed, written (size or mtime changed)."""
+    out = [{"filesystem": {"name": n, "type": "EVENT_TYPE_CREATE"}} for n in after if n not in before]
+    out += [{"filesystem": {"name": n, "type": "EVENT_TYPE_REMOVE"}} for n in before if n not in after]
+    out += [
+        {"filesystem": {"name": n, "type": "EVENT_TYPE_WRITE"}}
+        for n, v in after.items()
+        if n in before and before[n] != v and not v.startswith("d")
+    ]
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ commands

@@ -199,6 +199,11 @@ class PathRequest(_In):
     depth: int = 0
 
 
+class WatchRequest(_In):
+    path: str = ""
+    recursive: bool = False
+
+
 class MoveRequest(_In):
     source: str = ""
     destination: str = ""

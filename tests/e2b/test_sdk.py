@@ -276,3 +276,30 @@ async def test_auth_and_errors(e2b_server: Served) -> None:
         )
         with pytest.raises(AuthenticationException):
             await stranger.commands.run("true")
+
+
+async def test_async_watch_dir_sees_create_write_remove(e2b_server: Served) -> None:
+    async with await AsyncSandbox.create() as sbx:
+        await sbx.files.make_dir("/tmp/w")
+        seen: list[tuple[str, str]] = []
+
+        def on_event(event: e2b.FilesystemEvent) -> None:
+            seen.append((event.name, event.type.value))
+
+        async def expect(name: str, kind: str) -> None:
+            with anyio.fail_after(20):
+                while (name, kind) not in seen:
+                    await anyio.sleep(0.05)
+
+        handle = await sbx.files.watch_dir("/tmp/w", on_event=on_event, timeout=0)
+        try:
+            await sbx.files.write("/tmp/w/a.txt", "x")
+            await expect("a.txt", "create")
+            await sbx.files.write("/tmp/w/a.txt", "xyz")
+            await expect("a.txt", "write")
+            await sbx.files.remove("/tmp/w/a.txt")
+            await expect("a.txt", "remove")
+        finally:
+            await handle.stop()
+        with pytest.raises(e2b.SandboxException):
+            await sbx.files.watch_dir("/tmp/missing", on_event=on_event)
