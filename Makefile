@@ -1,6 +1,6 @@
 # The two commands of the README: `make run` (the main job: the latency-hiding experiment) and `make test` (lint,
 # types and the whole suite). Both set up everything first (scripts/setup.sh is idempotent).
-.PHONY: setup run demo test lint docs bench bench-peers fresh-check
+.PHONY: setup run demo test test-unit lint docs bench bench-peers fresh-check
 
 setup:
 	@scripts/setup.sh
@@ -23,6 +23,11 @@ test: setup lint docs fresh-check
 # public name fails it. Benchmark pages come from bench/results/*.record.json: `.venv/bin/python bench/report.py`.
 docs: setup
 	NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet
+
+# The unit tier alone: pure logic (tests marked `unit`), no set-up, root, CRIU or workspace; well under a minute.
+# No cache directory, so it also runs from a read-only checkout.
+test-unit:
+	.venv/bin/python -m pytest -q -m unit -p no:cacheprovider
 
 # The clean-root set-up check: the set-up on a minimal Debian root that has never seen Bunshin (scripts/).
 # Debian 12, then Debian 13, whose Python 3.13 also runs the agent and workspace tests (a second host Python).

@@ -17,18 +17,20 @@ def children() -> set[int]:
     return {p.pid for p in psutil.Process().children(recursive=True)}
 
 
-def _scan(ignore_children: set[int]) -> list[str]:
-    rundir = str(_paths.workspaces_dir())
+def _scan(ignore_children: set[int], host: bool) -> list[str]:
     found: list[str] = []
-    snaps = snapshot_dir()
-    if snaps.exists():
-        found += [f"snapshot {p}" for p in snaps.iterdir()]
     for child in psutil.Process().children(recursive=True):
         if child.pid not in ignore_children:
             try:
                 found.append(f"child {child.pid} {child.name()} {child.status()}")
             except psutil.NoSuchProcess:
                 pass
+    if not host:
+        return found
+    rundir = str(_paths.workspaces_dir())
+    snaps = snapshot_dir()
+    if snaps.exists():
+        found += [f"snapshot {p}" for p in snaps.iterdir()]
     base = Path(rundir)
     if base.exists():
         found += [f"dir {p}" for p in base.iterdir()]
@@ -51,9 +53,15 @@ def _scan(ignore_children: set[int]) -> list[str]:
     return found
 
 
-async def leftovers(grace: float = 3.0, ignore_children: set[int] = frozenset()) -> list[str]:  # type: ignore[assignment]
-    """Leftovers still there after ``grace`` seconds (processes take a moment to be reaped)."""
+async def leftovers(
+    grace: float = 3.0,
+    ignore_children: set[int] = frozenset(),  # type: ignore[assignment]
+    host: bool = True,
+) -> list[str]:
+    """Leftovers still there after ``grace`` seconds (processes take a moment to be reaped): child processes not in
+    ``ignore_children`` and, with ``host``, what this run's workspaces may leave (the run's directories, cgroup
+    parent and snapshot store)."""
     with anyio.move_on_after(grace):
-        while _scan(ignore_children):
+        while _scan(ignore_children, host):
             await anyio.sleep(0.02)
-    return _scan(ignore_children)
+    return _scan(ignore_children, host)

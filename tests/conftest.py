@@ -1,47 +1,91 @@
-"""Session-wide set-up: every test run gets its own workspace dir, snapshot dir and cgroup parent, so leak checks
-see only what this run made (other runs may share the machine)."""
+"""Test tiers and the run's isolation.
+
+- Unit tests (marked ``unit``): pure logic, run by ``make test-unit`` without root, CRIU or a workspace.
+- Host tests (every other test, marked ``root`` here at collection): real workspaces, CRIU, images. They run in this
+  run's own workspace dir, snapshot store and cgroup parent (``host_run``), so that the leak check after each test
+  (``no_leaks``) sees only what this run made: other runs may share the machine.
+
+Nothing happens at import: set-up lives in the fixtures below, so any test module can be collected anywhere.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import NamedTuple
 
-_RUNDIR = tempfile.mkdtemp(prefix="bunshin-test-")
-_SNAPDIR = tempfile.mkdtemp(prefix="bunshin-snap-test-", dir="/dev/shm")
-os.environ["BUNSHIN_RUNDIR"] = _RUNDIR
-os.environ["BUNSHIN_SNAPDIR"] = _SNAPDIR
-os.environ["BUNSHIN_CGROUP_PARENT"] = f"bunshin-test-{os.getpid()}"
+import pytest
 
-import pytest  # noqa: E402
+from tests._leaks import children, leftovers
 
-from bunshin_async._fork._layers import prepare_snapshot_store  # noqa: E402
-from tests._leaks import children, leftovers  # noqa: E402
 
-prepare_snapshot_store()  # as `bunshin snapstore` does for the default one: a tmpfs with large folios
+def is_unit(item: pytest.Item) -> bool:
+    return item.get_closest_marker("unit") is not None
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if not is_unit(item):
+            item.add_marker(pytest.mark.root)
+
+
+class HostRun(NamedTuple):
+    """Where this run's workspaces live (``BUNSHIN_RUNDIR``, ``BUNSHIN_SNAPDIR``, ``BUNSHIN_CGROUP_PARENT``)."""
+
+    rundir: Path
+    snapdir: Path
+    cgroup_parent: str
+
+
+@pytest.fixture(scope="session", autouse=True)
+def host_run(request: pytest.FixtureRequest) -> Iterator[HostRun | None]:
+    """This run's directories and cgroup parent, in the environment from the first test to the end of the run
+    (subprocesses a test starts, a server or a Ray node, inherit them). An autouse session fixture of the root
+    conftest, so it is set up before any other fixture. Not made when only unit tests were selected."""
+    if all(is_unit(item) for item in request.session.items):
+        yield None
+        return
+    assert os.geteuid() == 0, "host tests need root (`make test-unit` runs the tests that do not)"
+    with pytest.MonkeyPatch.context() as env:
+        run = HostRun(
+            Path(tempfile.mkdtemp(prefix="bunshin-test-")),
+            Path(tempfile.mkdtemp(prefix="bunshin-snap-test-", dir="/dev/shm")),
+            f"bunshin-test-{os.getpid()}",
+        )
+        env.setenv("BUNSHIN_RUNDIR", str(run.rundir))
+        env.setenv("BUNSHIN_SNAPDIR", str(run.snapdir))
+        env.setenv("BUNSHIN_CGROUP_PARENT", run.cgroup_parent)
+        try:
+            from bunshin_async._fork._layers import prepare_snapshot_store
+
+            prepare_snapshot_store()  # as `bunshin snapstore` does for the default one: a tmpfs with large folios
+            yield run
+        finally:
+            _remove(run)
+
+
+def _remove(run: HostRun) -> None:
+    from bunshin_async._kernel import CGROUP_ROOT
+
+    for ctrl_dir in [CGROUP_ROOT, *CGROUP_ROOT.iterdir()]:
+        with contextlib.suppress(OSError):
+            (ctrl_dir / run.cgroup_parent).rmdir()
+    shutil.rmtree(run.rundir, ignore_errors=True)
+    subprocess.run(["umount", "--lazy", str(run.snapdir)], check=False)
+    shutil.rmtree(run.snapdir, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
-async def no_leaks(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
-    """After every test: no workspace process, mount, cgroup, directory, snapshot or child process of this run
-    that the test started is left (session fixtures such as a Redis server started before it are fine)."""
+async def no_leaks(request: pytest.FixtureRequest) -> AsyncIterator[None]:
+    """After every host test: no workspace process, mount, cgroup, directory, snapshot or child process of this run
+    that the test started is left (session fixtures such as a Redis server started before it are fine). After a
+    unit test: no child process it started."""
     before = children()
     yield
-    left = await leftovers(ignore_children=before)
+    left = await leftovers(ignore_children=before, host=not is_unit(request.node))
     assert not left, f"left behind: {left}"
-
-
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    from bunshin_async._kernel import CGROUP_ROOT, parent_name
-
-    for ctrl_dir in [CGROUP_ROOT, *CGROUP_ROOT.iterdir()]:
-        parent = ctrl_dir / parent_name()
-        if parent.is_dir():
-            try:
-                parent.rmdir()
-            except OSError:
-                pass
-    shutil.rmtree(_RUNDIR, ignore_errors=True)
-    subprocess.run(["umount", "--lazy", _SNAPDIR], check=False)
-    shutil.rmtree(_SNAPDIR, ignore_errors=True)

@@ -54,6 +54,7 @@ def test_mapped_image_counted_once_at_low_and_high_addresses(image: Path) -> Non
             proc.kill()
 
 
+@pytest.mark.unit
 async def test_a_monitor_whose_body_is_cancelled_leaves_its_scopes_in_order() -> None:
     # Its exit used to await the last sample first: cancelled there, it never left its task group, and every
     # enclosing scope then failed with "Attempted to exit a cancel scope that isn't the current task's".

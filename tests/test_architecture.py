@@ -10,6 +10,10 @@ import ast
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("bunshin_async", "speculator")
 EXCLUDE = ("bunshin_async/_experiment/tasks/",)  # task fixtures copied into workspaces, not SDK modules

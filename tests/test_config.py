@@ -11,6 +11,8 @@ import pytest
 from bunshin_async import Config, _criu, _kernel, _paths
 from bunshin_async._fork import _layers, _modes
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture(autouse=True)
 def _reset() -> Iterator[None]:

@@ -59,11 +59,13 @@ def check_public_module(module: types.ModuleType) -> None:
                 assert exc.name in TYPE_CHECKING_ONLY, f"{module.__name__}.{name}: {exc}"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", public_modules())
 def test_public_module(name: str) -> None:
     check_public_module(importlib.import_module(name))
 
 
+@pytest.mark.unit
 def test_each_name_has_one_public_home() -> None:
     homes: dict[int, str] = {}
     for name in public_modules():
@@ -76,6 +78,7 @@ def test_each_name_has_one_public_home() -> None:
             homes[id(obj)] = name
 
 
+@pytest.mark.unit
 def test_public_classes_pickle_by_their_public_path() -> None:
     from bunshin_async.rollout import Budget, RolloutResult, Step, Trajectory
     from bunshin_async.tools import Effect
@@ -86,6 +89,7 @@ def test_public_classes_pickle_by_their_public_path() -> None:
     assert repr(Effect) == "<enum 'Effect'>" and Effect.__module__ == "bunshin_async.tools"
 
 
+@pytest.mark.unit
 def test_every_error_is_a_bunshin_error_and_pickles() -> None:
     samples = [
         _exceptions.CapabilityMissing("no criu", capability="criu", remedy="run make setup"),

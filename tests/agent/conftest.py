@@ -14,8 +14,6 @@ import pytest
 
 from bunshin_async import Image
 
-pytestmark = pytest.mark.root
-
 BUSYBOX = Path("/bin/busybox")  # Debian's busybox-static (scripts/setup.sh installs it)
 
 PASSWD = (

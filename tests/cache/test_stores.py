@@ -24,6 +24,7 @@ def k(i: int) -> bytes:
     return i.to_bytes(16, "big")
 
 
+@pytest.mark.unit
 async def test_memory_store_is_a_bounded_lru() -> None:
     store = MemoryStore(max_bytes=3 * (16 + 100))
     for i in range(3):
@@ -40,6 +41,7 @@ async def test_memory_store_is_a_bounded_lru() -> None:
     assert await store.get(k(0)) is None
 
 
+@pytest.mark.unit
 async def test_sqlite_store_roundtrip_eviction_and_reopen(tmp_path: Path) -> None:
     path = tmp_path / "c.db"
     store = SqliteStore(path, max_bytes=10 * 1016)
@@ -61,6 +63,7 @@ async def test_sqlite_store_roundtrip_eviction_and_reopen(tmp_path: Path) -> Non
     await again.aclose()
 
 
+@pytest.mark.unit
 async def test_sqlite_store_is_shared_between_processes(tmp_path: Path) -> None:
     path = tmp_path / "c.db"
     a, b = SqliteStore(path), SqliteStore(path)
@@ -110,6 +113,7 @@ def _write_until_killed(path: Path, at_least: int) -> int:
         return max([committed, *(int(x) for x in proc.stdout.read().split())])
 
 
+@pytest.mark.unit
 @pytest.mark.slow
 async def test_sqlite_store_survives_sigkill_mid_write(tmp_path: Path) -> None:
     path = tmp_path / "c.db"
@@ -132,6 +136,7 @@ async def test_sqlite_store_survives_sigkill_mid_write(tmp_path: Path) -> None:
     await store.aclose()
 
 
+@pytest.mark.unit
 async def test_layered_store_backfills_upper_layers(tmp_path: Path) -> None:
     mem, disk = MemoryStore(), SqliteStore(tmp_path / "c.db")
     store = LayeredStore(mem, disk)
@@ -191,6 +196,7 @@ async def test_redis_outage_degrades_with_one_warning_and_reconnects(own_redis: 
     await store.aclose()
 
 
+@pytest.mark.unit
 async def test_corrupt_records_are_detected() -> None:
     key = k(7)
     entry = Entry("bash", "read", None, 1.0, 0.0)

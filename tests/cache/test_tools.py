@@ -7,6 +7,8 @@ import pytest
 from bunshin_async import InvalidArgument
 from bunshin_async.tools import CallClass, Effect, Tool, bash_tool, builtin_tools, classify_command
 
+pytestmark = pytest.mark.unit
+
 R, W, X = Effect.READ, Effect.WRITE, Effect.EXTERNAL
 
 

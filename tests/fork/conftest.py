@@ -18,8 +18,6 @@ from bunshin_async._fork._modes import cow_available, ksm_restore
 
 HERE = Path(__file__).parent
 
-pytestmark = pytest.mark.root
-
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "fork_mode" in metafunc.fixturenames:

@@ -15,8 +15,6 @@ from bunshin_async import Workspace
 
 HERE = Path(__file__).parent
 
-pytestmark = pytest.mark.root
-
 
 async def wait_for(check: Callable[[], Awaitable[Any]], timeout: float = 15.0) -> Any:
     """Poll ``check`` until it returns something truthy (GUI programs draw asynchronously)."""

@@ -1,11 +1,11 @@
-"""Image tests: a private layer store per test run (``BUNSHIN_IMAGE_STORE``), and the test images built on the
-real Docker engine once (``_build``: cached in the engine by content) and imported into that store once per run."""
+"""Image tests: a private layer store while they run (``BUNSHIN_IMAGE_STORE``), and the test images built on the
+real Docker engine once (``_build``: cached in the engine by content) and imported into that store once."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -18,19 +18,18 @@ from . import _build
 
 collect_ignore = ["dockerfiles"]  # the task image's own project and tests, run inside its workspaces
 
-_STORE = tempfile.mkdtemp(prefix="bunshin-imgstore-test-")
-os.environ["BUNSHIN_IMAGE_STORE"] = _STORE
 
-pytestmark = pytest.mark.root
-
-
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    shutil.rmtree(_STORE, ignore_errors=True)
-
-
-@pytest.fixture(scope="session")
-def store() -> LayerStore:
-    return LayerStore(Path(_STORE))
+@pytest.fixture(scope="package", autouse=True)
+def store() -> Iterator[LayerStore]:
+    """The layer store of this directory's tests: ``Image.from_docker`` imports into it (``BUNSHIN_IMAGE_STORE``,
+    set while they run)."""
+    path = Path(tempfile.mkdtemp(prefix="bunshin-imgstore-test-"))
+    try:
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv("BUNSHIN_IMAGE_STORE", str(path))
+            yield LayerStore(path)
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture
@@ -43,31 +42,31 @@ def _imported(tag: str) -> Image:
     return anyio.run(Image.from_docker, tag)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def bookworm_tag() -> str:
     return _build.bookworm()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def layers_image(store: LayerStore, bookworm_tag: str) -> Image:
     return _imported(_build.build("layers", bookworm_tag))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def user_image(store: LayerStore, bookworm_tag: str) -> Image:
     return _imported(_build.build("user", bookworm_tag))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def swe_image(store: LayerStore, bookworm_tag: str) -> Image:
     return _imported(_build.build("swe", bookworm_tag))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def trixie_image(store: LayerStore) -> Image:
     return _imported(_build.build("trixie", _build.trixie()))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def nopython_image(store: LayerStore, bookworm_tag: str) -> Image:
     return _imported(_build.build("nopython", bookworm_tag))

@@ -12,6 +12,8 @@ import pytest
 from bunshin_async import CapabilityMissing
 from bunshin_async.integrations._require import require
 
+pytestmark = pytest.mark.unit
+
 
 def test_the_package_imports_no_framework() -> None:
     code = (

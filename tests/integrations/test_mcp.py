@@ -152,6 +152,7 @@ async def test_toolset_caches_read_only_tools_and_never_unannotated_ones() -> No
             assert cache.metrics().hits == 2
 
 
+@pytest.mark.unit
 async def test_annotations_from_effects() -> None:
     from bunshin_async.tools import bash_tool, read_file_tool
 

@@ -24,6 +24,8 @@ from bunshin_async.rollout import Step
 
 from .conftest import TOOLS, traj
 
+pytestmark = pytest.mark.unit
+
 FAST = RetryPolicy(max_retries=3, backoff=0.01, max_backoff=0.05)
 MSGS = [{"role": "user", "content": "go"}]
 

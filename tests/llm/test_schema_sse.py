@@ -7,6 +7,8 @@ from bunshin_async.tools import validate_schema
 
 from .conftest import BASH_SCHEMA, READ_SCHEMA
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize(
     ("schema", "value", "error"),

@@ -35,6 +35,8 @@ from bunshin_async.rollout import Step
 
 from .conftest import TOOLS, traj
 
+pytestmark = pytest.mark.unit
+
 TRICKY = {"command": 'printf "a}b{c\\n" | grep -E \'[{}]\' && echo "é ✓ \\"q\\"" # }'}
 TWO_CALLS = traj(
     "two",

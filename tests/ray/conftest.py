@@ -20,8 +20,6 @@ from tests._leaks import children, leftovers
 from tests.cache.conftest import RedisServer
 from tests.transfer._homes import Home
 
-pytestmark = pytest.mark.root
-
 ROOT = Path(__file__).resolve().parents[2]
 LEASE = 3.0
 LIMIT = 4

@@ -3,7 +3,3 @@ under ~10 minutes on an idle 2-core CI machine, ~4 of them the 2,000 fork cycles
 friends change them)."""
 
 from __future__ import annotations
-
-import pytest
-
-pytestmark = [pytest.mark.root, pytest.mark.slow]

@@ -107,6 +107,7 @@ async def test_a_padded_call_pads_by_its_command_not_by_call_order() -> None:
                 assert took >= 0.4, took
 
 
+@pytest.mark.unit
 def test_terminal_pads_follow_the_traces_kinds_and_agree_everywhere() -> None:
     """The padded terminal workload: installs, tests and long runs get durations around the traces' per-kind
     medians, the same for the same command wherever it runs; reads and edits are not padded."""
@@ -160,6 +161,7 @@ def test_the_terminal_workload_through_bunshin_bench_quick(tmp_path: Path) -> No
                                                                        ".venv/bin/python bench.py"]  # fmt: skip
 
 
+@pytest.mark.unit
 def test_scrubbing_hides_repr_addresses_and_nothing_else() -> None:
     """Two runs of the same call print different addresses in Python's default reprs (where the allocator put the
     object); the equivalence check must not see that, and must still see every other difference."""

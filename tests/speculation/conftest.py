@@ -1,61 +1,27 @@
 """Speculation tests: real workspaces and forks (CRIU), scripted turns served by the real replay server over
-loopback and consumed with the real ``openai`` SDK. After every test no snapshot or child process may be left."""
+loopback and consumed with the real ``openai`` SDK (the root conftest checks nothing is left after each test)."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import tempfile
 from collections.abc import AsyncIterator, Callable, Sequence
-from pathlib import Path
 from typing import Any
 
-import anyio
 import openai
-import psutil
 import pytest
 
-_SNAPDIR = tempfile.mkdtemp(prefix="bunshin-snap-spec-", dir="/dev/shm")
-os.environ["BUNSHIN_SNAPDIR"] = _SNAPDIR
-
-from bunshin_async._fork._layers import prepare_snapshot_store  # noqa: E402
-from bunshin_async._paths import criu_binary  # noqa: E402
-from bunshin_async.llm import RecordedTiming, ReplayServer  # noqa: E402
-from bunshin_async.rollout import Step, Trajectory  # noqa: E402
-
-pytestmark = pytest.mark.root
+from bunshin_async._paths import criu_binary
+from bunshin_async.llm import RecordedTiming, ReplayServer
+from bunshin_async.rollout import Step, Trajectory
+from tests.conftest import is_unit
 
 # Tests of the runtime's mechanics give CostAwarePolicy contention=None: how busy this shared machine's CPUs are is
 # not what they test (test_lead_time.py tests the back-off under a full CPU).
 
-assert os.geteuid() == 0 and criu_binary() is not None, "speculation tests need root and CRIU: run `make setup`"
-prepare_snapshot_store()
-
-
-def _children() -> list[str]:
-    return [f"{p.pid} {p.name()} {p.status()}" for p in psutil.Process().children(recursive=True)]
-
 
 @pytest.fixture(autouse=True)
-async def no_spec_leaks() -> AsyncIterator[None]:
-    # Children alive before the test (tests/cache's session redis-server, when run together) are not its leaks.
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
-
-    def left() -> list[str]:
-        return [c for c in _children() if int(c.split()[0]) not in before]
-
-    yield
-    with anyio.move_on_after(3):
-        while left() or any(Path(_SNAPDIR).iterdir()):
-            await anyio.sleep(0.02)
-    assert not left(), f"child processes left: {left()}"
-    assert not any(Path(_SNAPDIR).iterdir()), f"snapshots left: {list(Path(_SNAPDIR).iterdir())}"
-
-
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    subprocess.run(["umount", "--lazy", _SNAPDIR], check=False)
-    shutil.rmtree(_SNAPDIR, ignore_errors=True)
+def _needs_criu(request: pytest.FixtureRequest) -> None:
+    if not is_unit(request.node):
+        assert criu_binary() is not None, "speculation tests need CRIU: run `make setup`"
 
 
 def bash(command: str, *, llm: float = 0.03, turn: int | None = None, text: str = "") -> Step:

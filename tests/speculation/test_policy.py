@@ -12,6 +12,8 @@ from bunshin_async._tools import Effect, bash_tool
 from bunshin_async.speculation import CallKey, Candidate, Launch
 from speculator import CostAwarePolicy
 
+pytestmark = pytest.mark.unit
+
 BASH = bash_tool()
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from bunshin_async.speculation import CallKey, Candidate, Launch, PredictionContext
 from bunshin_async.speculation import canonical_args as canon
 from bunshin_async.tools import Effect, bash_tool
@@ -22,8 +24,12 @@ from speculator import (
 )
 from speculator._predictors import _chain_for_tests as chain
 
+pytestmark = pytest.mark.unit
+
 BASH = bash_tool()
-SHARED_TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "swebench-gemini-3-pro.jsonl.gz"
+_TRACE = "shared/traces/swebench-gemini-3-pro.jsonl.gz"
+SHARED_TRACE = next((d / _TRACE for d in Path(__file__).resolve().parents[2:] if (d / _TRACE).is_file()), Path(_TRACE))
+"""The public traces beside the checkout (``../shared/traces``; a worktree's checkout sits one level deeper)."""
 
 
 def key(cmd: str) -> CallKey:

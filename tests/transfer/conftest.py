@@ -8,8 +8,6 @@ import pytest
 
 from tests.transfer._homes import Home
 
-pytestmark = pytest.mark.root
-
 
 @pytest.fixture
 def other() -> Iterator[Home]:
