@@ -1,10 +1,8 @@
-"""Warm spares (``snap.keep_spares(k)``): ``from_snapshot`` hands out a frozen, pre-restored copy, thawed, in
-milliseconds; the copy is live and correct; the pool refills in the background; closing the pool or the snapshot
-closes the spares not handed out (the root conftest checks nothing is left)."""
+"""Warm spares (``snap.keep_spares(k)``): ``from_snapshot`` hands out a frozen, pre-restored copy, thawed; the
+copy is live and correct; the pool refills in the background; closing the pool or the snapshot closes the spares not
+handed out (the root conftest checks nothing is left)."""
 
 from __future__ import annotations
-
-import time
 
 import anyio
 import pytest
@@ -14,7 +12,7 @@ from bunshin_async import Workspace
 pytestmark = pytest.mark.fork_modes("criu-cow")  # the pool is the same for every restore mode
 
 
-async def test_spare_is_fast_live_and_refilled(ws: Workspace) -> None:
+async def test_a_ready_spare_is_handed_out_live_and_refilled(ws: Workspace) -> None:
     await ws.write_file("/workspace/f", "v1")
     await ws.spawn(["python3", "-c", "import time; time.sleep(10**6)"])
     async with await ws.snapshot() as snap, snap.keep_spares(2) as pool:
@@ -22,11 +20,12 @@ async def test_spare_is_fast_live_and_refilled(ws: Workspace) -> None:
             await pool.wait_ready()
         assert pool.ready == 2 and pool.error is None
         assert all(s.cgroup is not None and s.cgroup.frozen() for s in pool._ready)
-        t0 = time.monotonic()
+        spares = [s.id for s in pool._ready]
         [c] = await Workspace.from_snapshot(snap)
-        took = time.monotonic() - t0
         try:
-            assert took < 0.5, f"from_snapshot with a warm spare took {took * 1000:.0f} ms"
+            # a ready spare was handed out (a thaw, not a restore: bench/fork_bench.py measures what that saves)
+            left = [s.id for s in pool._ready]
+            assert c.id == spares[0] and c.id not in left and spares[1] in left
             assert c.cgroup is not None and not c.cgroup.frozen() and c.fork_mode == "criu-cow"
             assert await c.read_text("/workspace/f") == "v1"
             await c.write_file("/workspace/f", "copy")

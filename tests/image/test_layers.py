@@ -18,6 +18,7 @@ from bunshin_async._layers import ImportCancelled, LayerStore
 from bunshin_async._oci import import_archive
 
 from ._archives import d, gnu_sparse_tar, layer_tar, member, sha, tar_dir, write_oci
+from ._faults import HeldUnpack
 
 BASE = layer_tar(
     [
@@ -124,12 +125,17 @@ async def test_concurrent_imports_of_one_layer_unpack_it_once(tmp_path: Path, fr
     )
 
 
-async def test_cancelled_import_leaves_no_partial_layer(tmp_path: Path, fresh_store: LayerStore) -> None:
+async def test_cancelled_import_leaves_no_partial_layer(tmp_path: Path) -> None:
     big = layer_tar([member(f"f{i}", os.urandom(1 << 20)) for i in range(300)])
     write_oci(tmp_path / "oci", [big])
-    with anyio.move_on_after(0.3) as scope:
-        await Image.from_oci(tmp_path / "oci", store=fresh_store)
-    assert scope.cancelled_caught
+    fresh_store = HeldUnpack(tmp_path / "store", after=100 << 20)  # cancelled with ~100 files unpacked
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: Image.from_oci(tmp_path / "oci", store=fresh_store))
+        with anyio.fail_after(120):
+            while not fresh_store.unpacking.is_set():  # noqa: ASYNC110 - a thread's event
+                await anyio.sleep(0.01)
+        assert len(list(next(fresh_store.layers.glob(".tmp-*")).glob("root/f*"))) > 50
+        tg.cancel_scope.cancel()
     _no_partial(fresh_store)
     assert list(fresh_store.images.glob("*.json")) == []
     cancel = threading.Event()

