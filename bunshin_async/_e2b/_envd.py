@@ -301,9 +301,11 @@ async def running(sb: Sandbox) -> ListResponse:
     for proc in list(sb.processes.values()):
         if proc.exit_code is None:
             try:
-                proc.exit_code = await BackgroundProcess(ws, proc.pid).poll()
+                code = await BackgroundProcess(ws, proc.pid).poll()
             except BunshinError as exc:
                 raise _tool_error(exc) from exc
+            if code is not None and not proc.pumping:  # a pump finishes what it streams
+                await finished(sb, proc, code)
         if proc.exit_code is None:
             config = OutConfig(cmd=proc.cmd, args=proc.args, envs=proc.envs, cwd=proc.cwd)
             out.append(ProcessInfo(config=config, pid=proc.pid, tag=proc.tag))
@@ -380,8 +382,9 @@ async def pump(sb: Sandbox, proc: Process) -> None:
                     broadcast(proc, data_event(stream, data))
                     got = True
             if code is not None and not got:
-                proc.exit_code = code
                 end_subscribers(proc, end_event(code))
+                with anyio.CancelScope(shield=True):
+                    await finished(sb, proc, code)
                 return
             interval = _FIRST_LOOK if got else min(interval * 1.5, _QUIET_LOOK)
             await anyio.sleep(interval)
@@ -389,6 +392,23 @@ async def pump(sb: Sandbox, proc: Process) -> None:
         end_subscribers(proc, None)
     finally:
         proc.pumping = False
+
+
+KEEP_EXITED = 256
+"""Exited commands a sandbox remembers (for ``Connect`` to report their exit code); older records are dropped."""
+
+
+async def finished(sb: Sandbox, proc: Process, code: int) -> None:
+    """The command exited and its output was streamed (or nobody listened): record the code, remove its control
+    directory (a sandbox running thousands of commands must not keep their output) and old records."""
+    proc.exit_code = code
+    exited = [pid for pid, p in sb.processes.items() if p.exit_code is not None]
+    for pid in exited[:-KEEP_EXITED]:
+        del sb.processes[pid]
+    try:
+        await sb.workspace().exec(["rm", "-rf", "--", f"{CONTROL_DIR}/{proc.dir}"], timeout=30)
+    except BunshinError:
+        pass  # the sandbox is going away: so is the directory
 
 
 def listen(tg: TaskGroup, sb: Sandbox, proc: Process) -> MemoryObjectReceiveStream[dict[str, Any] | None]:

@@ -75,7 +75,7 @@ async def _start_holder(sbx: AsyncSandbox) -> int:
 
 
 def test_sync_lifecycle_commands_and_exit_code(e2b_server: Served) -> None:
-    sbx = Sandbox.create(metadata={"suite": "sync"})
+    sbx = Sandbox.create(metadata={"suite": "sync"}, envs={"FROM_CREATE": "yes"})
     try:
         assert sbx.commands.run("echo hi").stdout == "hi\n"
         with pytest.raises(CommandExitException) as info:
@@ -87,6 +87,9 @@ def test_sync_lifecycle_commands_and_exit_code(e2b_server: Served) -> None:
         assert sbx.commands.run("echo $GREETING", envs={"GREETING": "hello"}).stdout == "hello\n"
         assert sbx.commands.run("id -un", user="nobody").stdout == "nobody\n"
         assert sbx.commands.run("id -un", user="root").stdout == "root\n"
+        assert sbx.commands.run("echo $FROM_CREATE").stdout == "yes\n"
+        # a finished command leaves no control directory behind (only the one of the command asking)
+        assert sbx.commands.run("ls /run/e2b/p | wc -l").stdout == "1\n"
         info_ = sbx.get_info()
         assert (info_.sandbox_id, info_.metadata, info_.state.value) == (sbx.sandbox_id, {"suite": "sync"}, "running")
         assert sbx.is_running()
@@ -152,6 +155,14 @@ async def test_async_background_stream_stdin_kill(e2b_server: Served) -> None:
             await seen.wait()
         assert slow.exit_code is None
         await slow.kill()
+        # a sandbox killed under a running command: the SDK reports it gone
+        other = await AsyncSandbox.create()
+        waiting = await other.commands.run("sleep 60", background=True, timeout=0)
+        await AsyncSandbox.kill(other.sandbox_id)
+        with pytest.raises(e2b.SandboxNotRunningException):
+            await waiting.wait()
+        with pytest.raises(e2b.SandboxNotRunningException):
+            await other.files.read("/etc/hostname")
         # the command's timeout kills it, as envd does
         with pytest.raises(e2b.TimeoutException):
             await sbx.commands.run("sleep 30", timeout=1)
