@@ -51,8 +51,11 @@ MAX_READ = (MAX_OUTPUT // 4) * 3 - 4096
 """Largest file ``files.read`` returns (its base64 must fit a command's output cap)."""
 MAX_UPLOAD = 64 << 20
 """Largest request body of an upload (all files of it)."""
-CHUNK = 1 << 20
-"""Most bytes of one stream a pump reads per look."""
+CHUNK = 256 << 10
+"""Most bytes of one stream a pump reads per look (one event)."""
+BUFFERED = 16
+"""Events a listener may have waiting."""
+SLOW_LISTENER = 30.0
 _FIRST_LOOK, _QUIET_LOOK = 0.001, 0.05
 """A pump looks again after 1 ms while output flows, backing off by half each quiet look to 50 ms (a look is three
 agent calls of ~0.2 ms: poll and two reads)."""
@@ -352,16 +355,17 @@ async def _read_delta(ws: Workspace, path: str, offset: int) -> bytes:
         return b""
 
 
-def broadcast(proc: Process, message: dict[str, Any]) -> None:
-    """Send to every listener; one that cannot keep up (a full buffer) is dropped, its stream ends in an error."""
+async def broadcast(proc: Process, message: dict[str, Any]) -> None:
+    """Send to every listener, waiting while one's buffer is full (the pump, and so the reading of the command's
+    output, slows to the pace of its listeners: memory stays bounded by ``BUFFERED`` chunks each); a listener that
+    takes no message for ``SLOW_LISTENER`` seconds is dropped, its stream ends in an error."""
     for send in list(proc.subscribers):
         try:
-            send.send_nowait(message)
-        except anyio.WouldBlock:
-            proc.subscribers.remove(send)
-            send.close()
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            proc.subscribers.remove(send)
+            with anyio.fail_after(SLOW_LISTENER):
+                await send.send(message)
+        except (TimeoutError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            if send in proc.subscribers:
+                proc.subscribers.remove(send)
             send.close()
 
 
@@ -379,10 +383,11 @@ async def pump(sb: Sandbox, proc: Process) -> None:
                 data = await _read_delta(ws, f"{proc.dir}/{name}", proc.offsets[stream])
                 if data:
                     proc.offsets[stream] += len(data)
-                    broadcast(proc, data_event(stream, data))
+                    await broadcast(proc, data_event(stream, data))
                     got = True
             if code is not None and not got:
-                end_subscribers(proc, end_event(code))
+                await broadcast(proc, end_event(code))
+                end_subscribers(proc, None)
                 with anyio.CancelScope(shield=True):
                     await finished(sb, proc, code)
                 return
@@ -413,7 +418,7 @@ async def finished(sb: Sandbox, proc: Process, code: int) -> None:
 
 def listen(tg: TaskGroup, sb: Sandbox, proc: Process) -> MemoryObjectReceiveStream[dict[str, Any] | None]:
     """A stream of the process's events from now on (data, then end); starts the pump if none runs."""
-    send, receive = anyio.create_memory_object_stream[dict[str, Any] | None](1024)
+    send, receive = anyio.create_memory_object_stream[dict[str, Any] | None](BUFFERED)
     if proc.exit_code is not None:
         send.send_nowait(end_event(proc.exit_code))
         send.close()

@@ -88,6 +88,9 @@ def test_sync_lifecycle_commands_and_exit_code(e2b_server: Served) -> None:
         assert sbx.commands.run("id -un", user="nobody").stdout == "nobody\n"
         assert sbx.commands.run("id -un", user="root").stdout == "root\n"
         assert sbx.commands.run("echo $FROM_CREATE").stdout == "yes\n"
+        # output larger than what a pump reads at once, past the offset where it reads with tail, on both streams
+        big = sbx.commands.run("head -c 5000000 /dev/zero | tr '\\0' a; head -c 300000 /dev/zero | tr '\\0' b >&2")
+        assert (big.stdout, big.stderr) == ("a" * 5_000_000, "b" * 300_000)
         # a finished command leaves no control directory behind (only the one of the command asking)
         assert sbx.commands.run("ls /run/e2b/p | wc -l").stdout == "1\n"
         info_ = sbx.get_info()
