@@ -36,6 +36,7 @@ from ._exceptions import (
     ImageError,
     InvalidArgument,
     PathOutsideWorkspace,
+    PathTooLong,
     ToolError,
     ToolTimeout,
     WorkspaceClosed,
@@ -50,6 +51,8 @@ __all__ = ["SetupStep", "WorkspaceCore", "WorkspaceSpec"]
 
 START_TIMEOUT = 30.0
 CLOSE_TIMEOUT = 10.0
+PATH_MAX = 4096
+"""The kernel's limit on a path, its final NUL included (limits.h); the agent refuses a longer one (``PathTooLong``)."""
 MOUNT_OPTIONS_MAX = 3600
 """What the image's layers may take of the overlay's options: mount(2) copies one page of them (4096 bytes), which
 also hold the agent layer, upper and work dirs (and a fork's snapshot layers)."""
@@ -82,11 +85,22 @@ def _raise_failure(resp: P.Failure, tool: str, timeout: float | None, workspace_
         raise PathOutsideWorkspace(resp.message, tool=tool, path=resp.path or "")
     if resp.error == "not_found":
         raise FileNotFound(resp.message, tool=tool, path=resp.path or "")
+    if resp.error == "name_too_long":
+        path = resp.path or ""
+        length = len(path.encode(errors="surrogateescape"))
+        raise PathTooLong(
+            f"{tool}: the path ({length} bytes) is longer than the {PATH_MAX}-byte limit of a path in the "
+            f"workspace (with the workspace directory and its symlinks resolved): {resp.message}",
+            tool=tool,
+            path=path,
+            length=length,
+            limit=PATH_MAX,
+        )
     if resp.error == "invalid":
         raise InvalidArgument(resp.message, tool=tool)
     if resp.error == "os":
         raise ToolError(resp.message, tool=tool)
-    raise AgentError(f"{tool}: {resp.message}", workspace_id=workspace_id)
+    raise AgentError(f"{tool}: {resp.message}", workspace_id=workspace_id, reason=resp.error, request=tool)
 
 
 def _mknod_allowed(security: Security) -> bool:
@@ -270,13 +284,15 @@ class WorkspaceCore:
                 elif line.startswith("E "):
                     raise WorkspaceStartError(f"workspace {self.id}: {line[2:]}", workspace_id=self.id)
         await self.shim.stdout.aclose()
-        self.client = AgentClient(f"/proc/{self.pid}/root/run/bunshin/agent.sock", self.id)
+        if self.pid is None or self.pidfd is None:
+            raise WorkspaceStartError(f"workspace {self.id}: pid 1 exited while it started", workspace_id=self.id)
+        self.client = AgentClient(self.pid, self.pidfd, self.id)
 
     def adopt(self, pid: int) -> None:
         """Take a pid 1 that CRIU restored (our child through rst_sibling) as this workspace's."""
         self.pid = pid
         self.pidfd = os.pidfd_open(pid)
-        self.client = AgentClient(f"/proc/{pid}/root/run/bunshin/agent.sock", self.id)
+        self.client = AgentClient(pid, self.pidfd, self.id)
 
     async def stop_processes(self, *, kill_shim: bool = False) -> None:
         """Kill the tree and reap its pid 1 (or shim), leaving directory and cgroup in place. ``kill_shim``: a

@@ -19,6 +19,7 @@ failure, an httpx error) are translated once, where the foreign system is called
     │   ├── PathOutsideWorkspace a path escapes the workspace directory (``..`` or a symlink)
     │   ├── FileNotFound         a path does not exist in the workspace
     │   └── InvalidArgument      an argument is malformed
+    │       └── PathTooLong      a path is longer than the kernel takes (``length``, ``limit``): no file is named
     ├── TransferError            a snapshot could not be exported or imported (``snapshot_id``); nothing half-imported
     ├── HostError                a workspace host of a cluster failed or died (``host``); its rollouts fail, not others
     ├── LLMError                 talking to a model endpoint failed
@@ -62,6 +63,7 @@ __all__ = [
     "LLMHTTPError",
     "LLMStreamError",
     "PathOutsideWorkspace",
+    "PathTooLong",
     "SecurityError",
     "StoreFull",
     "StoreUnavailable",
@@ -156,7 +158,17 @@ class WorkspaceStartError(WorkspaceError):
 
 
 class AgentError(WorkspaceError):
-    """The agent inside the workspace failed or broke the protocol."""
+    """The agent inside the workspace failed or broke the protocol. ``reason`` says how: the agent's own
+    ``"protocol"`` or ``"internal"`` failure, or what the host refused of what answered on its socket to
+    ``request`` (``"protocol"``: not an answer it expects, ``"oversized"``: larger than it can be, ``"stalled"``:
+    stopped mid-frame, ``"truncated"``: cut off mid-frame, ``"socket"``: the socket was removed or replaced, which
+    the host does not follow). The connection that carried it is closed; the workspace's others are not."""
+
+    reason: str
+    request: str
+
+    def __init__(self, message: str, *, workspace_id: str, reason: str = "protocol", request: str = "") -> None:
+        super().__init__(message, workspace_id=workspace_id, reason=reason, request=request)
 
 
 class ForkError(WorkspaceError):
@@ -225,6 +237,20 @@ class FileNotFound(ToolError):
 
 class InvalidArgument(ToolError):
     """An argument of a tool call is malformed."""
+
+
+class PathTooLong(InvalidArgument):
+    """A path (``path``, ``length`` bytes as given) is longer than the kernel takes once it is joined to the
+    workspace directory and its symlinks are followed (``limit``: PATH_MAX, 4096 bytes with the final NUL). The
+    agent refuses it rather than cut it short, which would name another file. Use a shorter path, or ``exec`` with
+    a relative path from a working directory deeper in the tree."""
+
+    path: str
+    length: int
+    limit: int
+
+    def __init__(self, message: str, *, tool: str, path: str, length: int, limit: int = 4096) -> None:
+        super().__init__(message, tool=tool, path=path, length=length, limit=limit)
 
 
 class TransferError(BunshinError):

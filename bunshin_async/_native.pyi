@@ -1,3 +1,5 @@
+import os
+
 CLONE_NEWNS: int
 CLONE_NEWPID: int
 CLONE_NEWNET: int
@@ -9,6 +11,11 @@ MS_BIND: int
 MS_REC: int
 MS_PRIVATE: int
 MNT_DETACH: int
+RESOLVE_NO_XDEV: int
+RESOLVE_NO_MAGICLINKS: int
+RESOLVE_NO_SYMLINKS: int
+RESOLVE_BENEATH: int
+RESOLVE_IN_ROOT: int
 
 def unshare(flags: int, /) -> None: ...
 def setns(fd: int, nstype: int = 0, /) -> None: ...
@@ -17,3 +24,6 @@ def umount2(target: str, flags: int = 0, /) -> None: ...
 def pivot_root(new_root: str, put_old: str, /) -> None: ...
 def set_memory_merge(on: bool, /) -> None: ...
 def get_memory_merge() -> bool: ...
+def openat2(
+    dirfd: int, path: str | bytes | os.PathLike[str] | os.PathLike[bytes], flags: int, resolve: int, mode: int = 0, /
+) -> int: ...

@@ -178,7 +178,7 @@ class Failure(Response, tag="failure", frozen=True):
     stderr: str = ""
 
 
-ERROR_KINDS = ("timeout", "path_outside", "not_found", "invalid", "os", "protocol", "internal")
+ERROR_KINDS = ("timeout", "path_outside", "not_found", "invalid", "os", "protocol", "internal", "name_too_long")
 
 AnyResponse = Pong | Ok | ExecResult | FileData | DirListing | ShellOpened | Spawned | PollResult | Failure
 

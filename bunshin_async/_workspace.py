@@ -4,7 +4,8 @@ Each workspace is a process tree in its own mount, pid, ipc, uts and network nam
 an overlayfs (read-only image + agent layer + a private upper dir), with its own devpts, in a cgroup with memory,
 pids and CPU limits, behind the security boundary of ``Security`` (``_security``: reduced capabilities,
 no_new_privs, seccomp, masked /proc, a device allow-list). ``bunshin-init`` (native/init.c) builds all that and
-starts the agent, which serves tool calls on a Unix socket that the host reaches through ``/proc/<pid 1>/root``.
+starts the agent, which serves tool calls on a Unix socket that the host reaches below ``/proc/<pid 1>/root``
+without following any name the workspace controls (``_client``).
 """
 
 from __future__ import annotations

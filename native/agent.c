@@ -47,6 +47,7 @@
 #define SOCKET_PATH SOCKET_DIR "/agent.sock"
 #define MAX_REQUEST (256u << 20)   /* largest request frame (a write_file's data); larger ones are refused */
 #define MAX_FILE_DATA (512u << 20) /* largest read_file answer without max_bytes */
+#define MAX_LISTING (64u << 20)    /* largest list_dir answer (_client.LISTING_MAX): a larger directory is refused */
 #define STALL_SECONDS 10           /* a frame begun must go on arriving: a peer silent this long mid-frame is cut */
 #define CHUNK (256u << 10)
 #define THREAD_STACK (256u << 10)
@@ -288,9 +289,9 @@ static void mp_kv_str(struct buf *b, const char *key, const char *val)
 
 /* ------------------------------------------------------------------------------------------------ failures */
 
-enum { E_TIMEOUT, E_PATH_OUTSIDE, E_NOT_FOUND, E_INVALID, E_OS, E_PROTOCOL, E_INTERNAL };
+enum { E_TIMEOUT, E_PATH_OUTSIDE, E_NOT_FOUND, E_INVALID, E_OS, E_PROTOCOL, E_INTERNAL, E_NAME_TOO_LONG };
 static const char *const error_kinds[] = {"timeout", "path_outside", "not_found", "invalid",
-					  "os",      "protocol",     "internal"};
+					  "os",      "protocol",     "internal",  "name_too_long"};
 
 /* What a handler reports when it fails: a Failure message (_protocol.Failure). */
 struct fail {
@@ -317,6 +318,9 @@ static int fail_errno(struct fail *f, int err, const char *path)
 {
 	if (err == ENOENT)
 		return failf(f, E_NOT_FOUND, path, "no such file or directory: '%s'", path);
+	if (err == ENAMETOOLONG) /* the host's PathTooLong: never cut short, which would name another file */
+		return failf(f, E_NAME_TOO_LONG, path, "file name too long: a path of %zu bytes, over PATH_MAX (%d) "
+			     "with the workspace directory and symlinks resolved", path ? strlen(path) : 0, PATH_MAX);
 	if (err == EISDIR || err == ENOTDIR || err == EEXIST || err == ENOTEMPTY)
 		return failf(f, E_INVALID, path, "%s: '%s'", strerror(err), path);
 	return failf(f, E_OS, path, "%s: '%s'", strerror(err), path);
@@ -882,8 +886,19 @@ static int within(const char *path, const char *root, size_t root_len)
 	return path[root_len] == 0 || path[root_len] == '/' || (root_len == 1 && root[0] == '/');
 }
 
-/* Lexical normalisation of an absolute path (os.path.normpath): no ".", "..", or repeated slashes. */
-static void normpath(const char *in, char *out, size_t cap)
+/* snprintf that reports a cut: a path that does not fit is ENAMETOOLONG, never a shorter path naming another file. */
+__attribute__((format(printf, 3, 4))) static int path_fmt(char *out, size_t cap, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	int n = vsnprintf(out, cap, fmt, ap);
+	va_end(ap);
+	return n < 0 || (size_t)n >= cap ? ENAMETOOLONG : 0;
+}
+
+/* Lexical normalisation of an absolute path (os.path.normpath): no ".", "..", or repeated slashes. A result that
+ * does not fit in cap is ENAMETOOLONG (so is a path that only fits after a later ".."; the kernel refuses those). */
+static int normpath(const char *in, char *out, size_t cap)
 {
 	size_t len = 0;
 	out[len++] = '/';
@@ -904,24 +919,25 @@ static void normpath(const char *in, char *out, size_t cap)
 				len--;
 			continue;
 		}
-		if (len + n + 2 > cap)
-			break; /* longer than PATH_MAX: the caller's open fails with ENAMETOOLONG */
+		if (len + n + 2 > cap) {
+			out[0] = 0;
+			return ENAMETOOLONG;
+		}
 		if (len > 1)
 			out[len++] = '/';
 		memcpy(out + len, s, n);
 		len += n;
 	}
 	out[len] = 0;
+	return 0;
 }
 
-static void join_tool_path(const char *path, char *out, size_t cap)
+static int join_tool_path(const char *path, char *out, size_t cap)
 {
 	char joined[PATH_MAX * 2];
-	if (path[0] == '/')
-		snprintf(joined, sizeof(joined), "%s", path);
-	else
-		snprintf(joined, sizeof(joined), "%s/%s", workdir, path);
-	normpath(joined, out, cap);
+	int err = path[0] == '/' ? path_fmt(joined, sizeof(joined), "%s", path)
+				 : path_fmt(joined, sizeof(joined), "%s/%s", workdir, path);
+	return err ? err : normpath(joined, out, cap);
 }
 
 /* os.path.realpath (not strict): follow every symlink that exists, keep the missing rest as it is. */
@@ -930,7 +946,8 @@ static int realpath_lax(const char *path, char *out, size_t cap)
 	char rest[PATH_MAX * 2], link[PATH_MAX];
 	int links = 0;
 	size_t len = 1;
-	snprintf(rest, sizeof(rest), "%s", path);
+	if (path_fmt(rest, sizeof(rest), "%s", path))
+		return ENAMETOOLONG;
 	out[0] = '/';
 	out[1] = 0;
 	char *p = rest;
@@ -970,8 +987,8 @@ static int realpath_lax(const char *path, char *out, size_t cap)
 		link[m] = 0;
 		/* splice: rest = link + remaining */
 		char tail[PATH_MAX * 2];
-		snprintf(tail, sizeof(tail), "%s/%s", link, p);
-		snprintf(rest, sizeof(rest), "%s", tail);
+		if (path_fmt(tail, sizeof(tail), "%s/%s", link, p) || path_fmt(rest, sizeof(rest), "%s", tail))
+			return ENAMETOOLONG;
 		p = rest;
 		if (link[0] == '/')
 			len = 1;
@@ -988,11 +1005,13 @@ static int resolve(const struct str *path, char *out, size_t cap, struct fail *f
 	char norm[PATH_MAX];
 	if (!path->len || path->has_nul)
 		return failf(f, E_INVALID, path->s, "invalid path '%s'", path->s);
-	join_tool_path(path->s, norm, sizeof(norm));
+	int err = join_tool_path(path->s, norm, sizeof(norm));
+	if (err)
+		return fail_errno(f, err, path->s);
 	if (!within(norm, workdir, workdir_len))
 		return failf(f, E_PATH_OUTSIDE, path->s, "'%s' is outside the workspace directory %s", path->s,
 			     workdir);
-	int err = realpath_lax(norm, out, cap);
+	err = realpath_lax(norm, out, cap);
 	if (err)
 		return fail_errno(f, err, path->s);
 	if (!within(out, workdir, workdir_len))
@@ -1096,9 +1115,17 @@ static int resolve_user(const struct str *spec, struct cred *c, struct fail *f)
 		found = 1;
 		c->uid = (uid_t)uid;
 		c->gid = (gid_t)gid;
-		snprintf(name, sizeof(name), "%.*s", (int)lname, fname);
-		if (!line_field(line, 5, &fhome, &lhome) && lhome)
-			snprintf(c->home, sizeof(c->home), "%.*s", (int)lhome, fhome);
+		if (!line_field(line, 5, &fhome, &lhome) && lhome &&
+		    path_fmt(c->home, sizeof(c->home), "%.*s", (int)lhome, fhome)) {
+			free(db);
+			return failf(f, E_INVALID, NULL, "the home directory of user '%.*s' is longer than PATH_MAX",
+				     (int)(lname < 64 ? lname : 64), fname);
+		}
+		if (path_fmt(name, sizeof(name), "%.*s", (int)lname, fname)) {
+			free(db);
+			return failf(f, E_INVALID, NULL, "user name '%.64s...' is longer than %zu bytes", fname,
+				     sizeof(name) - 1);
+		}
 		break;
 	}
 	free(db);
@@ -1288,28 +1315,31 @@ static int find_exe(const char *name, const char *path, const char *cwd, char *o
 	char cand[PATH_MAX * 2];
 	const char *p = path;
 	for (;;) {
+		int err;
 		if (strchr(name, '/')) {
 			if (name[0] == '/')
-				snprintf(cand, sizeof(cand), "%s", name);
+				err = path_fmt(cand, sizeof(cand), "%s", name);
 			else
-				snprintf(cand, sizeof(cand), "%s/%s", cwd, name);
+				err = path_fmt(cand, sizeof(cand), "%s/%s", cwd, name);
+			if (err) /* a name of its own: say so; a PATH entry too long to hold it is only skipped */
+				return fail_errno(f, err, name);
 		} else {
 			const char *e = strchr(p, ':');
 			size_t n = e ? (size_t)(e - p) : strlen(p);
 			if (n && p[0] == '/')
-				snprintf(cand, sizeof(cand), "%.*s/%s", (int)n, p, name);
+				err = path_fmt(cand, sizeof(cand), "%.*s/%s", (int)n, p, name);
 			else if (n)
-				snprintf(cand, sizeof(cand), "%s/%.*s/%s", cwd, (int)n, p, name);
+				err = path_fmt(cand, sizeof(cand), "%s/%.*s/%s", cwd, (int)n, p, name);
 			else
-				snprintf(cand, sizeof(cand), "%s/%s", cwd, name);
+				err = path_fmt(cand, sizeof(cand), "%s/%s", cwd, name);
 			p = e ? e + 1 : NULL;
 		}
 		struct stat st;
-		if (stat(cand, &st) == 0 && S_ISREG(st.st_mode)) {
+		if (!err && stat(cand, &st) == 0 && S_ISREG(st.st_mode)) {
 			if (access(cand, X_OK) < 0)
 				return failf(f, E_INVALID, name, "cannot execute '%s': permission denied", name);
-			normpath(cand, out, PATH_MAX);
-			return 0;
+			err = normpath(cand, out, PATH_MAX);
+			return err ? fail_errno(f, err, name) : 0;
 		}
 		if (strchr(name, '/') || !p)
 			break;
@@ -1347,14 +1377,18 @@ static int prepare(const struct req *q, int want_argv, struct cmd *c, struct fai
 	if (HAS(q, F_CWD) && q->strs[F_CWD].has_nul)
 		return failf(f, E_INVALID, NULL, "invalid working directory");
 	struct stat st;
+	if (cwd[0] && stat(cwd, &st) < 0 && errno == ENAMETOOLONG)
+		return fail_errno(f, ENAMETOOLONG, cwd);
 	if (!cwd[0] || stat(cwd, &st) < 0 || !S_ISDIR(st.st_mode))
 		return failf(f, E_NOT_FOUND, cwd, "working directory '%s' does not exist", cwd);
 	char joined[PATH_MAX * 2];
-	if (cwd[0] == '/')
-		snprintf(joined, sizeof(joined), "%s", cwd);
-	else
-		snprintf(joined, sizeof(joined), "%s/%s", workdir, cwd);
-	if (realpath_lax(joined, c->cwd, sizeof(c->cwd)))
+	int err = cwd[0] == '/' ? path_fmt(joined, sizeof(joined), "%s", cwd)
+				: path_fmt(joined, sizeof(joined), "%s/%s", workdir, cwd);
+	if (!err)
+		err = realpath_lax(joined, c->cwd, sizeof(c->cwd));
+	if (err == ENAMETOOLONG)
+		return fail_errno(f, err, cwd);
+	if (err)
 		return failf(f, E_INVALID, cwd, "cannot resolve working directory '%s'", cwd);
 	if (q->env_bad)
 		return failf(f, E_INVALID, NULL, "invalid environment: a name is empty or holds '=' or NUL, or a value NUL");
@@ -1838,14 +1872,17 @@ static void sh_quote(struct buf *b, const char *s, size_t n)
 	buf_byte(b, '\'');
 }
 
+/* SIGKILL every descendant of pid, found through /proc/<p>/task/<t>/children (read whole: a cut list would miss
+ * children, or name a wrong pid by a cut number). */
 static void kill_descendants(pid_t pid)
 {
-	pid_t stack[4096];
-	int n = 0;
-	stack[n++] = pid;
+	struct buf stack = {0}; /* pids still to visit */
+	buf_put(&stack, &pid, sizeof(pid));
 	int first = 1;
-	while (n > 0) {
-		pid_t p = stack[--n];
+	while (stack.len) {
+		pid_t p;
+		stack.len -= sizeof(p);
+		memcpy(&p, stack.p + stack.len, sizeof(p));
 		if (!first)
 			kill(p, SIGKILL);
 		first = 0;
@@ -1858,21 +1895,31 @@ static void kill_descendants(pid_t pid)
 		while ((e = readdir(d))) {
 			if (e->d_name[0] == '.')
 				continue;
-			char cpath[320], data[4096];
-			snprintf(cpath, sizeof(cpath), "/proc/%d/task/%s/children", p, e->d_name);
+			char cpath[320];
+			snprintf(cpath, sizeof(cpath), "/proc/%d/task/%s/children", p, e->d_name); /* d_name < 256 */
 			int fd = open(cpath, O_RDONLY | O_CLOEXEC);
 			if (fd < 0)
 				continue;
-			ssize_t len = read(fd, data, sizeof(data) - 1);
+			struct buf data = {0};
+			ssize_t len;
+			do {
+				buf_reserve(&data, 4096);
+				len = read(fd, data.p + data.len, 4096);
+				if (len > 0)
+					data.len += (size_t)len;
+			} while (len > 0 || (len < 0 && errno == EINTR));
 			close(fd);
-			data[len > 0 ? len : 0] = 0;
+			buf_byte(&data, 0);
 			char *save = NULL;
-			for (char *tok = strtok_r(data, " \n", &save); tok; tok = strtok_r(NULL, " \n", &save))
-				if (n < (int)(sizeof(stack) / sizeof(stack[0])))
-					stack[n++] = (pid_t)atoi(tok);
+			for (char *tok = strtok_r((char *)data.p, " \n", &save); tok; tok = strtok_r(NULL, " \n", &save)) {
+				pid_t c = (pid_t)atoi(tok);
+				buf_put(&stack, &c, sizeof(c));
+			}
+			buf_free(&data);
 		}
 		closedir(d);
 	}
+	buf_free(&stack);
 }
 
 /* One stream of a shell command: its first cap bytes, and where the end marker appeared in it. */
@@ -2267,7 +2314,7 @@ static int do_write_file(const struct req *q, struct buf *resp, struct fail *f)
 		return failf(f, E_INVALID, name, "invalid mode %lld", (long long)mode);
 	if (q->bools[F_MAKE_PARENTS]) {
 		char dir[PATH_MAX];
-		snprintf(dir, sizeof(dir), "%s", path);
+		memcpy(dir, path, strlen(path) + 1); /* path came from resolve(): shorter than PATH_MAX */
 		*strrchr(dir, '/') = 0;
 		int e = dir[0] ? mkdirs(dir) : 0;
 		if (e)
@@ -2330,11 +2377,20 @@ static int do_list_dir(const struct req *q, struct buf *resp, struct fail *f)
 		return fail_errno(f, e, name);
 	}
 	struct entry *ents = NULL;
-	size_t n = 0, cap = 0;
+	size_t n = 0, cap = 0, total = 0;
 	struct dirent *e;
 	while ((e = readdir(d))) {
 		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
 			continue;
+		total += 3 * strlen(e->d_name) + 40; /* what its entry takes in the answer at most (U+FFFD: 3 bytes) */
+		if (total > MAX_LISTING) {
+			closedir(d);
+			for (size_t i = 0; i < n; i++)
+				free(ents[i].name);
+			free(ents);
+			return failf(f, E_INVALID, name, "'%s' holds more entries than one listing carries (%u MiB); "
+				     "list it with exec", name, MAX_LISTING >> 20);
+		}
 		struct stat st;
 		if (fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0)
 			continue; /* removed meanwhile */
@@ -2409,7 +2465,9 @@ static int do_remove(const struct req *q, struct buf *resp, struct fail *f)
 	if (!p->len || p->has_nul)
 		return failf(f, E_INVALID, p->s, "invalid path '%s'", p->s);
 	char norm[PATH_MAX], parent[PATH_MAX], path[PATH_MAX * 2];
-	join_tool_path(p->s, norm, sizeof(norm));
+	int jerr = join_tool_path(p->s, norm, sizeof(norm));
+	if (jerr)
+		return fail_errno(f, jerr, p->s);
 	if (!within(norm, workdir, workdir_len))
 		return failf(f, E_PATH_OUTSIDE, p->s, "'%s' is outside the workspace directory %s", p->s, workdir);
 	if (!strcmp(norm, workdir))
@@ -2422,9 +2480,13 @@ static int do_remove(const struct req *q, struct buf *resp, struct fail *f)
 		dir.s = "/";
 		dir.len = 1;
 	}
-	if (realpath_lax(dir.s, parent, sizeof(parent)) != 0 || !within(parent, workdir, workdir_len))
+	jerr = realpath_lax(dir.s, parent, sizeof(parent));
+	if (jerr == ENAMETOOLONG)
+		return fail_errno(f, jerr, p->s);
+	if (jerr || !within(parent, workdir, workdir_len))
 		return failf(f, E_PATH_OUTSIDE, p->s, "cannot remove '%s': it lies outside %s", p->s, workdir);
-	snprintf(path, sizeof(path), "%s/%s", parent, slash + 1);
+	if (path_fmt(path, sizeof(path), "%s/%s", parent, slash + 1))
+		return fail_errno(f, ENAMETOOLONG, p->s);
 	struct stat st;
 	if (lstat(path, &st) < 0)
 		return fail_errno(f, errno, p->s);
@@ -2603,12 +2665,15 @@ int main(void)
 	mallopt(M_MMAP_THRESHOLD, 128 << 10);
 	mallopt(M_TRIM_THRESHOLD, 128 << 10);
 	const char *wd = getenv("BUNSHIN_WORKDIR");
-	if (wd && wd[0] == '/' && strlen(wd) < PATH_MAX / 2)
+	if (wd && wd[0] == '/')
 		workdir = wd;
+	char wdbuf[PATH_MAX / 2];
+	if (path_fmt(wdbuf, sizeof(wdbuf), "%s", workdir)) { /* tool paths are joined to it: leave them room */
+		dprintf(3, "E workdir of %zu bytes is longer than %d\n", strlen(workdir), PATH_MAX / 2 - 1);
+		return 1;
+	}
 	workdir_len = strlen(workdir);
 	mkdir(SOCKET_DIR, 0700);
-	char wdbuf[PATH_MAX];
-	snprintf(wdbuf, sizeof(wdbuf), "%s", workdir);
 	mkdirs(wdbuf);
 	if (chdir(workdir) < 0) {
 		dprintf(3, "E chdir %s: %s\n", workdir, strerror(errno));

@@ -98,8 +98,10 @@ static void attach_tree(const int *procs_fds, int n, int proc_fd, pid_t pid1)
 	int fd = openat(proc_fd, path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
 		fail(path, errno);
-	ssize_t len = read(fd, buf, sizeof(buf) - 1);
+	ssize_t len = read(fd, buf, sizeof(buf) - 1); /* pid 1 has one child here, the agent, or none */
 	close(fd);
+	if (len == (ssize_t)sizeof(buf) - 1) /* a cut list could end in a cut pid: another process */
+		failf("%s: more children than expected", path);
 	buf[len > 0 ? len : 0] = 0;
 	for (char *tok = strtok(buf, " \n"); tok; tok = strtok(NULL, " \n"))
 		for (int i = 0; i < n; i++)
@@ -121,7 +123,8 @@ static void mount_or_fail(const char *src, const char *dst, const char *type, un
 static void mkdir_p(const char *path, mode_t mode)
 {
 	char buf[4096];
-	snprintf(buf, sizeof(buf), "%s", path);
+	if ((size_t)snprintf(buf, sizeof(buf), "%s", path) >= sizeof(buf))
+		fail(path, ENAMETOOLONG);
 	for (char *p = buf + 1; *p; p++) {
 		if (*p == '/') {
 			*p = 0;
@@ -139,8 +142,10 @@ static void mount_root(const struct config *c)
 	char opts[8192];
 	/* index=on,nfs_export=on: CRIU dumps inotify/fanotify watches by file handle, which overlayfs only
 	 * provides with both (Documentation/filesystems/overlayfs.rst, "NFS export"). */
-	snprintf(opts, sizeof(opts), "lowerdir=%s,upperdir=%s,workdir=%s,index=on,nfs_export=on", c->lower, c->upper,
-		 c->work);
+	int n = snprintf(opts, sizeof(opts), "lowerdir=%s,upperdir=%s,workdir=%s,index=on,nfs_export=on", c->lower,
+			 c->upper, c->work);
+	if (n < 0 || n >= 4096) /* mount(2) copies one page of options: a longer string would lose its end */
+		fail("overlay options longer than a page", E2BIG);
 	mount_or_fail("overlay", c->root, "overlay", 0, opts);
 }
 
@@ -481,6 +486,8 @@ static int restore_wrap(int argc, char **argv)
 		attach(fd, getpid());
 		close(fd);
 	}
+	if (strlen(overlay) >= 4096) /* mount(2) copies one page of options */
+		fail("overlay options longer than a page", E2BIG);
 	mount_or_fail("overlay", root, "overlay", 0, overlay);
 	if (net) {
 		loopback_up();
