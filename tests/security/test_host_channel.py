@@ -345,14 +345,3 @@ async def test_a_symlink_making_a_path_too_long_is_refused(box: Box) -> None:
         await ws.write_file("link/" + "/".join(["e" * 250] * 2), "x")
     assert (await ws.exec(f"ls -A {deep}")).stdout == ""
     await ws.exec(["rm", "-rf", "/workspace/link", "/workspace/" + "d" * 250])
-
-
-def test_answer_limits() -> None:
-    from bunshin_async import _protocol as P
-    from bunshin_async._client import CONTROL_FRAME, FILE_DATA_MAX, answer_limit
-
-    assert answer_limit(P.ReadFile(path="x", max_bytes=10), 20) == CONTROL_FRAME + 20 + 10
-    assert answer_limit(P.ReadFile(path="x"), 20) == CONTROL_FRAME + 20 + FILE_DATA_MAX
-    assert answer_limit(P.ReadFile(path="x", max_bytes=1 << 40), 20) == CONTROL_FRAME + 20 + FILE_DATA_MAX
-    assert answer_limit(P.Exec(argv=["x"], max_output=1000), 30) == CONTROL_FRAME + 30 + 6000
-    assert answer_limit(P.Ping(), 10) == CONTROL_FRAME + 10
