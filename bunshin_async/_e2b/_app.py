@@ -179,6 +179,8 @@ class E2BApp:
                 return _api_error(413, "request body too large")
             except ApiError as exc:
                 return _api_error(exc.status, exc.message)
+            except RpcError as exc:  # a sandbox's workspace is not there: paused (or being killed)
+                return _api_error(409, exc.message)
             except BunshinError as exc:
                 return _api_error(500, f"{type(exc).__name__}: {exc}")
 

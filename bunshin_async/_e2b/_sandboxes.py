@@ -35,6 +35,10 @@ CONTROL_DIR = "/run/e2b"
 HOME = "/home/user"
 """E2B's home directory: where commands start unless the request or the image says otherwise."""
 MAX_TIMEOUT = 24 * 3600
+PAUSED_TIMEOUT = MAX_TIMEOUT
+"""How long a paused sandbox (its snapshot) is kept without a connect."""
+DEFAULT_TIMEOUT = 300
+"""A resumed sandbox's timeout when the connect names none (the API's default for a new one)."""
 MAX_OUTPUT = 64 << 20
 """Per call cap on a workspace's command output (the file helpers read files as base64 through it)."""
 _ID = re.compile(r"[a-z0-9]{1,64}")
@@ -262,6 +266,7 @@ class Sandboxes:
                 return False
             snap = await sb.ws.snapshot()
             ws, sb.ws, sb.paused = sb.ws, None, snap
+            sb.set_timeout(PAUSED_TIMEOUT)  # E2B keeps paused sandboxes; this server for a day
             with anyio.CancelScope(shield=True):
                 await ws.aclose()
             for proc in sb.processes.values():
@@ -278,6 +283,7 @@ class Sandboxes:
                 with anyio.CancelScope(shield=True):
                     await snap.aclose()
                 sb.processes = {pid: p.copy() for pid, p in sb.processes.items()}
+                sb.set_timeout(DEFAULT_TIMEOUT)  # not the paused one's day
         if timeout is not None:
             sb.set_timeout(timeout)
         return sb

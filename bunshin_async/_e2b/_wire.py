@@ -228,7 +228,7 @@ class EntryInfo(_Out):
 
 class NewSandbox(msgspec.Struct, rename="camel"):
     template_id: str = msgspec.field(name="templateID")
-    timeout: int = 15
+    timeout: int = 300  # the API's default (NewSandboxV2)
     metadata: dict[str, str] | None = None
     env_vars: dict[str, str] | None = None
     auto_pause: bool = False

@@ -225,7 +225,11 @@ async def test_async_snapshot_and_pause_resume(e2b_server: Served) -> None:
         assert await AsyncSandbox.delete_snapshot(snap.snapshot_id)
         # pause keeps processes, memory and files; connect resumes
         await sbx.pause()
-        assert (await AsyncSandbox.get_info(sbx.sandbox_id)).state.value == "paused"
+        paused = await AsyncSandbox.get_info(sbx.sandbox_id)
+        assert paused.state.value == "paused"
+        assert (paused.end_at - paused.started_at).total_seconds() > 3600  # kept, not reaped with its timeout
+        with pytest.raises(e2b.SandboxException, match="not running"):
+            await sbx.fork(count=1)
         resumed = await AsyncSandbox.connect(sbx.sandbox_id)
         assert (await resumed.get_info()).state.value == "running"
         assert await resumed.files.read("/home/user/state.txt") == "snapped"
