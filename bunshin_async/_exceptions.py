@@ -87,6 +87,11 @@ class BunshinError(Exception):
         for key, value in fields.items():
             setattr(self, key, value)
 
+    @property
+    def fields(self) -> dict[str, Any]:
+        """The structured fields (the keyword arguments it was made with), e.g. to raise it again reworded."""
+        return dict(self._kwargs)
+
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild, (type(self), self.message, self._kwargs))
 

@@ -1,4 +1,5 @@
-"""GUI workspaces: a virtual X display inside the workspace and the tools that look at it and drive it.
+"""GUI workspaces: a virtual X display inside the workspace (started by ``Workspace.start``) and ``Gui``, what looks
+at it and drives it (``ws.gui``, over the workspace core; the agent's tools over it are in ``_gui_tools``).
 
 ``Workspace(display=True)`` starts Xvfb as a background process of the workspace (so it lives in the workspace's
 namespaces and cgroup, is dumped and restored with the rest of the tree by a fork, and dies with the workspace) and
@@ -15,22 +16,15 @@ from __future__ import annotations
 
 import base64
 import json
-import shlex
-import time
-from typing import TYPE_CHECKING, Any
 
-import anyio
 import msgspec
 
 from . import _protocol as P
-from ._exceptions import DisplayError, FileNotFound, InvalidArgument, ToolError, ToolTimeout
+from ._core import WorkspaceCore
+from ._exceptions import DisplayError, FileNotFound, InvalidArgument, ToolError
 from ._protocol import ExecResult
-from ._tools import Effect, Tool
 
-if TYPE_CHECKING:
-    from ._workspace import Workspace
-
-__all__ = ["DISPLAY", "Display", "Gui", "Screenshot", "Window", "gui_tools", "start_display"]
+__all__ = ["DISPLAY", "Display", "Gui", "Screenshot", "Window"]
 
 DISPLAY = ":0"
 XVFB_LOG = "/tmp/.bunshin-xvfb.log"
@@ -132,84 +126,44 @@ elif op == "windows":
 """
 
 
-async def start_display(ws: Workspace, spec: Display) -> None:
-    """Start Xvfb in the running workspace ``ws`` and wait until it serves clients. Raises ``DisplayError`` (with
-    the X server's log tail) if it exits or does not answer within ``START_TIMEOUT`` seconds."""
-    # -noreset: the server would otherwise reset (dropping its state) each time its last client disconnects, which
-    # every screenshot does. -nolisten tcp: only the Unix sockets, which are the workspace's own.
-    xvfb = shlex.join(
-        ["Xvfb", DISPLAY, "-screen", "0", f"{spec.width}x{spec.height}x{spec.depth}", "-nolisten", "tcp", "-noreset"]
-    )
-    missing = await ws.exec(["sh", "-c", "for p in Xvfb xdotool python3; do command -v $p >/dev/null || echo $p; done"])
-    if missing.stdout.strip():
-        raise DisplayError(
-            f"workspace {ws.id}: the image {ws.image.name!r} lacks {' and '.join(missing.stdout.split())}; "
-            "use the GUI image (`Image.gui()`, built by `bunshin image build --gui`)",
-            workspace_id=ws.id,
-            detail=missing.stdout,
-        )
-    proc = await ws.spawn(["/bin/sh", "-c", f"exec {xvfb} >{XVFB_LOG} 2>&1"])
-    deadline = time.monotonic() + START_TIMEOUT
-    delay = 0.01
-    while True:
-        try:
-            probe = await ws.exec(["xdotool", "getdisplaygeometry"], env={"DISPLAY": DISPLAY}, timeout=5)
-        except ToolTimeout as exc:  # a server that accepts but does not answer yet
-            probe = ExecResult(exit_code=-1, stdout="", stderr=exc.stderr, duration=5.0)
-        if probe.exit_code == 0:
-            return
-        code = await proc.poll()
-        if code is not None or time.monotonic() > deadline:
-            log = await ws.exec(["tail", "-c", "2000", XVFB_LOG])
-            detail = (log.stdout or probe.stderr).strip()
-            why = f"exited with status {code}" if code is not None else f"did not answer within {START_TIMEOUT} s"
-            raise DisplayError(
-                f"workspace {ws.id}: the X server (Xvfb {spec.width}x{spec.height}x{spec.depth}) {why}; "
-                f"is the GUI image in use (`Image.gui()`, `bunshin image build --gui`)? {detail[-500:]}",
-                workspace_id=ws.id,
-                detail=detail,
-            )
-        await anyio.sleep(delay)
-        delay = min(delay * 2, 0.1)
-
-
 class Gui:
     """The GUI tools of one workspace (``ws.gui``). Coordinates are screen pixels from the top-left corner;
     anything off screen raises ``InvalidArgument``. A workspace without a running display raises
     ``DisplayError``. Each call runs to completion inside the workspace before it returns, so input is delivered
     to the X server (not necessarily handled by the application yet) when the call returns."""
 
-    def __init__(self, workspace: Workspace) -> None:
-        self.workspace = workspace
+    def __init__(self, core: WorkspaceCore) -> None:
+        self._core = core
         self._size: tuple[int, int] | None = None
 
     # ------------------------------------------------------------------------------------------------ plumbing
 
     def _env(self, tool: str) -> dict[str, str]:
-        display = self.workspace.env.get("DISPLAY")
+        env = self._core.spec.env
+        display = env.get("DISPLAY")
         if display is None:
             raise DisplayError(
-                f"workspace {self.workspace.id} has no display ({tool}); create it with Workspace(display=True)",
-                workspace_id=self.workspace.id,
+                f"workspace {self._core.id} has no display ({tool}); create it with Workspace(display=True)",
+                workspace_id=self._core.id,
             )
-        return {**self.workspace.env, "DISPLAY": display}
+        return {**env, "DISPLAY": display}
 
     async def _run(self, argv: list[str], tool: str, max_output: int = P.DEFAULT_MAX_OUTPUT) -> ExecResult:
         req = P.Exec(argv=argv, env=self._env(tool), timeout=TOOL_TIMEOUT, max_output=max_output)
         try:
-            resp = await self.workspace._call(req, tool, TOOL_TIMEOUT)
+            resp = await self._core.call(req, tool, TOOL_TIMEOUT)
         except FileNotFound as exc:
             raise DisplayError(
-                f"workspace {self.workspace.id}: {exc} ({tool}); the GUI tools need the GUI image (`Image.gui()`)",
-                workspace_id=self.workspace.id,
+                f"workspace {self._core.id}: {exc} ({tool}); the GUI tools need the GUI image (`Image.gui()`)",
+                workspace_id=self._core.id,
             ) from exc
         assert isinstance(resp, ExecResult)
         return resp
 
     def _not_running(self, tool: str, stderr: str) -> DisplayError:
         return DisplayError(
-            f"workspace {self.workspace.id}: the display is not running ({tool}): {stderr.strip()[-300:]}",
-            workspace_id=self.workspace.id,
+            f"workspace {self._core.id}: the display is not running ({tool}): {stderr.strip()[-300:]}",
+            workspace_id=self._core.id,
             detail=stderr,
         )
 
@@ -295,95 +249,3 @@ class Gui:
         if not isinstance(combo, str) or not combo.strip() or "\0" in combo:
             raise InvalidArgument(f"key: expected a key name such as 'Return' or 'ctrl+a', not {combo!r}", tool="key")
         await self._xdotool("key", "key", "--", *combo.split())
-
-
-# ---------------------------------------------------------------------------------------------------- tool specs
-
-
-def _point_schema(**extra: Any) -> dict[str, Any]:
-    props: dict[str, Any] = {"x": {"type": "integer"}, "y": {"type": "integer"}, **extra}
-    return {"type": "object", "properties": props, "required": ["x", "y"], "additionalProperties": False}
-
-
-async def _screenshot(ws: Workspace, args: dict[str, Any]) -> Screenshot:
-    return await ws.gui.screenshot()
-
-
-async def _windows(ws: Workspace, args: dict[str, Any]) -> list[Window]:
-    return await ws.gui.windows()
-
-
-async def _click(ws: Workspace, args: dict[str, Any]) -> None:
-    await ws.gui.click(args["x"], args["y"], args.get("button", 1))
-
-
-async def _move(ws: Workspace, args: dict[str, Any]) -> None:
-    await ws.gui.move(args["x"], args["y"])
-
-
-async def _scroll(ws: Workspace, args: dict[str, Any]) -> None:
-    await ws.gui.scroll(args["x"], args["y"], args["dy"])
-
-
-async def _type_text(ws: Workspace, args: dict[str, Any]) -> None:
-    await ws.gui.type_text(args["text"])
-
-
-async def _key(ws: Workspace, args: dict[str, Any]) -> None:
-    await ws.gui.key(args["combo"])
-
-
-def _shot_fingerprint(result: Any) -> Any:
-    return result.digest if isinstance(result, Screenshot) else result
-
-
-def _tool(
-    name: str,
-    description: str,
-    schema: dict[str, Any],
-    handler: Any,
-    effect: Effect,
-    version: str,
-    **kw: Any,
-) -> Tool:
-    return Tool(
-        name=name, description=description, schema=schema, handler=handler, effect=effect, version=version, **kw
-    )
-
-
-def _object(**props: Any) -> dict[str, Any]:
-    return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
-
-
-def gui_tools(*, version: str = "1") -> list[Tool]:
-    """The GUI tools for an agent: ``screenshot`` and ``windows`` are ``read`` (a screenshot is nondeterministic:
-    animations and clocks change pixels without any call), the input tools are ``write``."""
-    r, w = Effect.READ, Effect.WRITE
-    return [
-        _tool(
-            "screenshot", "Capture the screen; returns a PNG and a digest of its pixels.", _object(), _screenshot,
-            r, version, deterministic=False, result_type=Screenshot, fingerprint=_shot_fingerprint,
-        ),
-        _tool(
-            "windows", "List the visible top-level windows: id, name, x, y, width, height.", _object(), _windows,
-            r, version, result_type=list[Window],
-        ),
-        _tool(
-            "click", "Click at screen pixel (x, y); button 1 left, 2 middle, 3 right.",
-            _point_schema(button={"type": "integer", "default": 1}), _click, w, version, result_type=None,
-        ),
-        _tool("move", "Move the pointer to (x, y).", _point_schema(), _move, w, version, result_type=None),
-        _tool(
-            "scroll", "Scroll the wheel dy notches at (x, y); positive scrolls down.",
-            {**_point_schema(dy={"type": "integer"}), "required": ["x", "y", "dy"]}, _scroll, w, version,
-            result_type=None,
-        ),
-        _tool(
-            "type_text", "Type text into the focused window (click it first).", _object(text={"type": "string"}),
-            _type_text, w, version, result_type=None,
-        ),
-        _tool(
-            "key", "Press a key or chord, e.g. 'Return', 'ctrl+a', 'shift+Tab'.", _object(combo={"type": "string"}),
-            _key, w, version, result_type=None,
-        ),
-    ]  # fmt: skip

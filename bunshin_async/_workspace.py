@@ -11,7 +11,9 @@ without following any name the workspace controls (``_client``).
 from __future__ import annotations
 
 import os
+import shlex
 import signal
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -23,7 +25,7 @@ import msgspec
 from . import _gui
 from . import _protocol as P
 from ._core import SetupStep, WorkspaceCore, WorkspaceSpec
-from ._exceptions import InvalidArgument, WorkspaceClosed
+from ._exceptions import DisplayError, InvalidArgument, ToolTimeout, WorkspaceClosed
 from ._fork import _dump, _restore
 from ._fork._snapshot import Snapshot
 from ._image import Image
@@ -169,7 +171,7 @@ class Workspace:
     def gui(self) -> _gui.Gui:
         """The GUI tools (screenshot, click, type_text, key, ...); they raise ``DisplayError`` without a display."""
         if self._gui is None:
-            self._gui = _gui.Gui(self)
+            self._gui = _gui.Gui(self._core)
         return self._gui
 
     @property
@@ -200,7 +202,7 @@ class Workspace:
         await self._core.start()
         if self.display is not None:
             async with self._core.failing_closes():
-                await _gui.start_display(self, self.display)
+                await _start_display(self, self.display)
 
     async def aclose(self) -> None:
         """Stop every process of the workspace and remove its mounts, cgroup and directories. Idempotent; safe
@@ -427,3 +429,54 @@ class Shell:
                     await self.workspace._call(P.ShellClose(shell_id=shell_id), "shell")
                 except WorkspaceClosed:
                     pass
+
+
+async def _start_display(ws: Workspace, spec: _gui.Display) -> None:
+    """Start Xvfb in the running workspace ``ws`` and wait until it serves clients. Raises ``DisplayError`` (with
+    the X server's log tail) if it exits or does not answer within ``_gui.START_TIMEOUT`` seconds. Part of
+    ``Workspace.start`` (on the facade: it runs commands and a background process like any caller)."""
+    # -noreset: the server would otherwise reset (dropping its state) each time its last client disconnects, which
+    # every screenshot does. -nolisten tcp: only the Unix sockets, which are the workspace's own.
+    xvfb = shlex.join(
+        [
+            "Xvfb",
+            _gui.DISPLAY,
+            "-screen",
+            "0",
+            f"{spec.width}x{spec.height}x{spec.depth}",
+            "-nolisten",
+            "tcp",
+            "-noreset",
+        ]
+    )
+    missing = await ws.exec(["sh", "-c", "for p in Xvfb xdotool python3; do command -v $p >/dev/null || echo $p; done"])
+    if missing.stdout.strip():
+        raise DisplayError(
+            f"workspace {ws.id}: the image {ws.image.name!r} lacks {' and '.join(missing.stdout.split())}; "
+            "use the GUI image (`Image.gui()`, built by `bunshin image build --gui`)",
+            workspace_id=ws.id,
+            detail=missing.stdout,
+        )
+    proc = await ws.spawn(["/bin/sh", "-c", f"exec {xvfb} >{_gui.XVFB_LOG} 2>&1"])
+    deadline = time.monotonic() + _gui.START_TIMEOUT
+    delay = 0.01
+    while True:
+        try:
+            probe = await ws.exec(["xdotool", "getdisplaygeometry"], env={"DISPLAY": _gui.DISPLAY}, timeout=5)
+        except ToolTimeout as exc:  # a server that accepts but does not answer yet
+            probe = ExecResult(exit_code=-1, stdout="", stderr=exc.stderr, duration=5.0)
+        if probe.exit_code == 0:
+            return
+        code = await proc.poll()
+        if code is not None or time.monotonic() > deadline:
+            log = await ws.exec(["tail", "-c", "2000", _gui.XVFB_LOG])
+            detail = (log.stdout or probe.stderr).strip()
+            why = f"exited with status {code}" if code is not None else f"did not answer within {_gui.START_TIMEOUT} s"
+            raise DisplayError(
+                f"workspace {ws.id}: the X server (Xvfb {spec.width}x{spec.height}x{spec.depth}) {why}; "
+                f"is the GUI image in use (`Image.gui()`, `bunshin image build --gui`)? {detail[-500:]}",
+                workspace_id=ws.id,
+                detail=detail,
+            )
+        await anyio.sleep(delay)
+        delay = min(delay * 2, 0.1)

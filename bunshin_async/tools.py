@@ -8,7 +8,7 @@ cache may serve it and the speculator run it ahead (see ``bunshin_async._tools``
 
 from __future__ import annotations
 
-from ._gui import gui_tools
+from ._gui_tools import gui_tools
 from ._public import publish as _publish
 from ._tools import (
     CallClass,

@@ -1,12 +1,14 @@
-"""Layers only point down (docs/architecture.md): the module graph of ``bunshin_async`` and ``speculator`` is
-acyclic, the runtime never imports ``speculator`` (``APPLICATIONS`` may), and no module reaches into another
-module's objects' private members. Built with the standard library only (``ast`` over the source files),
-function-level imports included: an import made late to dodge a circle is still an edge. Imports under
-``if TYPE_CHECKING:`` are not edges (annotations only, nothing runs)."""
+"""Layers only point down (docs/architecture.md): every module of ``bunshin_async`` and ``speculator`` belongs to
+one of ``LAYERS`` and imports only from its own layer or lower ones, the module graph is acyclic, the runtime never
+imports ``speculator`` (``APPLICATIONS`` may), and no module reaches into another module's objects' private members.
+Built with the standard library only (``ast`` over the source files). Every import is an edge: a function-level
+import made late to dodge a circle, and one under ``if TYPE_CHECKING:`` (an annotation naming a module above is a
+dependency on it too: the reader has to know that module to know the type)."""
 
 from __future__ import annotations
 
 import ast
+import functools
 import sys
 from pathlib import Path
 
@@ -19,12 +21,8 @@ PACKAGES = ("bunshin_async", "speculator")
 EXCLUDE = ("bunshin_async/_experiment/tasks/",)  # task fixtures copied into workspaces, not SDK modules
 
 PRIVATE_ALLOWED = {
-    # (module, ``x._name`` as written) allowed to reach into another module's object. None is in the workspace
-    # core or the fork layer: those work on ``WorkspaceCore``'s interface. Left for their owners' next change:
-    ("bunshin_async._fork._dump", "exc._kwargs"),  # a re-raised ForkError keeps its fields (_exceptions' pickling)
-    ("bunshin_async._gui", "self.workspace._call"),  # ws.gui is part of the Workspace facade
-    ("bunshin_async._cache._cache", "m._for"),  # the cache's per-tool metrics (_runtime._metrics)
-    ("bunshin_async._cache._cache", "layer._raw"),
+    # (module, ``x._name`` as written) allowed to reach into another object's private members: only into foreign
+    # libraries' objects, where they offer no public way. Within Bunshin, a module uses another's interface.
     ("bunshin_async._docker", "docker._query"),  # aiodocker's raw request (no public equivalent)
     ("bunshin_async.integrations._openai_agents", "session._inner"),  # the Agents SDK's session internals
     ("bunshin_async.integrations._openai_agents", "inner._set_start_state_preserved"),
@@ -32,6 +30,35 @@ PRIVATE_ALLOWED = {
 }
 
 
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    # (layer, its modules: a name stands for the module and its submodules; the longest match wins), lowest first
+    ("foundation", ("_compat", "_config", "_exceptions", "_protocol", "_public", "_paths", "_trajectory")),
+    ("host interface", ("_kernel", "_userns", "_security", "_criu", "_client", "_docker", "_layers", "_oci", "_gc",
+                        "_fork._layers", "_fork._modes")),
+    ("images", ("_image",)),
+    ("workspace core", ("_core",)),
+    ("fork", ("_fork", "_transfer")),
+    ("workspace facade", ("_workspace", "_gui")),
+    ("services", ("_tools", "_gui_tools", "_accounting", "_llm", "_runtime", "_cache", "_rollout")),
+    ("public modules", ("", "agent", "cache", "llm", "rollout", "speculation", "tools", "transfer")),
+    ("applications", ("integrations", "_e2b", "_experiment", "_cli", "_demo", "_doctor", "_image_cli", "_mcp_cli",
+                      "_e2b_cli", "speculator")),
+]  # fmt: skip
+
+
+def layer_of(mod: str) -> int | None:
+    """The index in ``LAYERS`` of ``mod`` (``bunshin_async.x.y`` or ``speculator...``), None if none names it."""
+    name = mod.removeprefix("bunshin_async").removeprefix(".")
+    best: tuple[int, int] | None = None
+    for i, (_, names) in enumerate(LAYERS):
+        for n in names:
+            if name == n or (n and name.startswith(n + ".")) or (n == "speculator" and mod.startswith("speculator")):
+                if best is None or len(n) > best[0]:
+                    best = (len(n), i)
+    return None if best is None else best[1]
+
+
+@functools.cache
 def modules() -> dict[str, Path]:
     found: dict[str, Path] = {}
     for pkg in PACKAGES:
@@ -53,13 +80,22 @@ def _resolve(name: str, mods: dict[str, Path]) -> str | None:
     return name or None
 
 
+@functools.cache
+def _graph() -> dict[str, frozenset[str]]:
+    return {m: frozenset(d) for m, d in _build_graph().items()}
+
+
 def graph() -> dict[str, set[str]]:
+    return {m: set(d) for m, d in _graph().items()}
+
+
+def _build_graph() -> dict[str, set[str]]:
     """Module -> the modules of the two packages it imports (anywhere in its body)."""
     mods = modules()
     edges: dict[str, set[str]] = {m: set() for m in mods}
     for mod, path in mods.items():
         package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
-        for node in _runtime_nodes(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(_parse(path)):
             targets: list[str] = []
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
@@ -78,20 +114,9 @@ def graph() -> dict[str, set[str]]:
     return edges
 
 
-def _runtime_nodes(tree: ast.Module) -> list[ast.AST]:
-    """Every node but those under ``if TYPE_CHECKING:``: an annotation-only import runs nothing, so it is no
-    dependency of the running code (the fork layer names ``Snapshot`` in annotations below it)."""
-    out: list[ast.AST] = []
-    todo: list[ast.AST] = [tree]
-    while todo:
-        node = todo.pop()
-        out.append(node)
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and ast.unparse(child.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
-                todo.extend(child.orelse)
-                continue
-            todo.append(child)
-    return out
+@functools.cache
+def _parse(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(), str(path))
 
 
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -133,7 +158,7 @@ def private_accesses(allowed: set[tuple[str, str]] = PRIVATE_ALLOWED) -> list[tu
     mods = modules()
     found = []
     for mod, path in mods.items():
-        tree = ast.parse(path.read_text(), str(path))
+        tree = _parse(path)
         own = _own_privates(tree)
         for node in ast.walk(tree):
             if not isinstance(node, ast.Attribute):
@@ -199,6 +224,23 @@ def test_module_graph_is_acyclic() -> None:
     assert cycles(graph()) == []
 
 
+def upward(edges: dict[str, set[str]]) -> list[str]:
+    """Imports of a module of a higher layer than the importer's: ``a (layer) -> b (layer)``."""
+    out = []
+    for mod, deps in sorted(edges.items()):
+        for dep in sorted(deps):
+            a, b = layer_of(mod), layer_of(dep)
+            if a is not None and b is not None and b > a:
+                out.append(f"{mod} ({LAYERS[a][0]}) -> {dep} ({LAYERS[b][0]})")
+    return out
+
+
+def test_every_module_has_a_layer_and_imports_only_down() -> None:
+    edges = graph()
+    assert [m for m in edges if layer_of(m) is None] == [], "a new module: put it in its layer in LAYERS"
+    assert upward(edges) == []
+
+
 APPLICATIONS = ("bunshin_async._experiment", "bunshin_async._cli")
 """Shipped inside the package but above both packages: the ``bunshin`` command and its latency-hiding experiment
 (``bunshin bench``), which compares speculator's predictors. They may import speculator; the runtime imports
@@ -227,6 +269,11 @@ def test_checks_see_what_they_must() -> None:
     edges = graph()
     assert "bunshin_async._kernel" in edges["bunshin_async._workspace"]
     assert cycles({"a": {"b"}, "b": {"a"}, "c": set()}) == [["a", "b"]]
+    assert "bunshin_async._workspace" in edges["bunshin_async._tools"]  # an import under TYPE_CHECKING
+    assert layer_of("bunshin_async._fork._layers") < layer_of("bunshin_async._core") < layer_of("bunshin_async._fork")
+    assert upward({"bunshin_async._core": {"bunshin_async._workspace"}}) == [
+        "bunshin_async._core (workspace core) -> bunshin_async._workspace (workspace facade)"
+    ]
 
 
 if __name__ == "__main__":  # measurement: python tests/test_architecture.py
@@ -234,6 +281,8 @@ if __name__ == "__main__":  # measurement: python tests/test_architecture.py
     print("modules", len(edges), "edges", sum(len(v) for v in edges.values()))
     for comp in cycles(edges):
         print("cycle", comp)
+    for line in upward(edges):
+        print("upward", line)
     acc = private_accesses()
     print("private accesses", len(acc))
     for m, line, text in acc:

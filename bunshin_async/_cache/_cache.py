@@ -194,7 +194,7 @@ class ToolCache:
         if self._flights.get(key) is not None:
             return True
         layers = self.store.layers if isinstance(self.store, LayeredStore) else (self.store,)
-        return any(isinstance(layer, MemoryStore) and key in layer._raw() for layer in layers)
+        return any(isinstance(layer, MemoryStore) and layer.holds(key) for layer in layers)
 
 
 class CachedSession:
@@ -364,7 +364,7 @@ class CachedSession:
 
     async def _dispatch(self, tool: Tool, args: dict[str, Any], cls: CallClass) -> CallRecord:
         m = self.cache._metrics
-        ts, es = m._for(tool.name, cls.effect.value)
+        ts, es = m.stats_for(tool.name, cls.effect.value)
         ts.calls += 1
         es.calls += 1
         call = encode_call(tool.name, tool.version, args)
@@ -425,7 +425,7 @@ class CachedSession:
         self, tool: Tool, effect: Effect, entry: Entry, source: Source, key: bytes, *, shared: bool = False
     ) -> CallRecord:
         m = self.cache._metrics
-        ts, es = m._for(tool.name, effect.value)
+        ts, es = m.stats_for(tool.name, effect.value)
         for s in (ts, es):
             s.hits += 1
             s.shared += shared or source == "shared"
@@ -439,7 +439,7 @@ class CachedSession:
 
     def _miss(self, tool: Tool, effect: Effect, entry: Entry | None, duration: float | None) -> None:
         m = self.cache._metrics
-        ts, es = m._for(tool.name, effect.value)
+        ts, es = m.stats_for(tool.name, effect.value)
         d = entry.duration if entry is not None else (duration or 0.0)
         for s in (ts, es):
             s.misses += 1
@@ -604,7 +604,7 @@ class CachedSession:
         self, tool: Tool, args: dict[str, Any], cls: CallClass, outcome: Any, duration: float
     ) -> CallRecord:
         m = self.cache._metrics
-        ts, es = m._for(tool.name, cls.effect.value)
+        ts, es = m.stats_for(tool.name, cls.effect.value)
         ts.calls += 1
         es.calls += 1
         result = None if isinstance(outcome, ToolError) else outcome

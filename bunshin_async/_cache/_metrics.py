@@ -55,7 +55,7 @@ class CacheMetrics(msgspec.Struct, kw_only=True):
     mismatches: list[AuditMismatch] = msgspec.field(default_factory=list)
     store: StoreStats | None = None
 
-    def _for(self, tool: str, effect: str) -> tuple[ToolStats, ToolStats]:
+    def stats_for(self, tool: str, effect: str) -> tuple[ToolStats, ToolStats]:
         t = self.by_tool.get(tool)
         if t is None:
             t = self.by_tool[tool] = ToolStats()

@@ -106,6 +106,10 @@ class MemoryStore:
         self._data.clear()
         self._stats.bytes = 0
 
+    def holds(self, key: bytes) -> bool:
+        """Whether ``key`` is stored, without counting a lookup or touching the LRU order."""
+        return key in self._data
+
     # Test hook: the raw value, to corrupt it in place.
     def _raw(self) -> OrderedDict[bytes, bytes]:
         return self._data

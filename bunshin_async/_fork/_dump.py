@@ -117,7 +117,7 @@ async def _snapshot(ws: WorkspaceCore, backend: CriuBackend | None) -> Snapshot:
                 await _dump(ws, snap, backend, parent, netns, env)
             except ForkError as exc:
                 if blocked := await anyio.to_thread.run_sync(_undumpable, ws, True):
-                    raise ForkError(f"workspace {ws.id}: {blocked}; {exc}", **exc._kwargs) from exc
+                    raise ForkError(f"workspace {ws.id}: {blocked}; {exc}", **exc.fields) from exc
                 raise
     except BaseException as exc:
         with anyio.CancelScope(shield=True):

@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import os
 import weakref
-from typing import TYPE_CHECKING
 
 import anyio
 
 from .._client import AgentClient
 from .._core import WorkspaceCore
 from .._exceptions import ForkError
-
-if TYPE_CHECKING:
-    from ._snapshot import Snapshot
+from ._record import SnapshotRecord
 
 DRAIN_TIMEOUT = 60.0
 
@@ -74,7 +71,7 @@ class Batch:
     def __init__(self) -> None:
         self.users = 0
         self.taken = anyio.Event()
-        self.snap: Snapshot | None = None
+        self.snap: SnapshotRecord | None = None
         self.error: BaseException | None = None
 
     async def leave(self) -> None:

@@ -8,7 +8,6 @@ import shutil
 import signal
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import anyio
 
@@ -22,9 +21,7 @@ from . import _layers
 from ._layers import MAX_LAYERS, chain_layers, hold_layers, release_layers, store_full
 from ._modes import ksm_enable, mode_wrapper, restore_mode
 from ._quiesce import coordinator
-
-if TYPE_CHECKING:
-    from ._snapshot import Snapshot
+from ._record import SnapshotRecord
 
 __all__ = ["copies", "restore_into", "rollback"]
 
@@ -95,7 +92,7 @@ async def _reap_strays(cgroup: Cgroup) -> None:
             pass
 
 
-async def restore_into(ws: WorkspaceCore, snap: Snapshot, backend: CriuBackend | None = None) -> None:
+async def restore_into(ws: WorkspaceCore, snap: SnapshotRecord, backend: CriuBackend | None = None) -> None:
     """Make ``ws`` (state "new", no directory yet) a live copy of ``snap`` (a filesystem-only one for an fs snapshot
     or mode). On failure everything made for it is removed and the error (``ForkError`` for CRIU failures and failed
     restarts) raised."""
@@ -118,7 +115,7 @@ async def restore_into(ws: WorkspaceCore, snap: Snapshot, backend: CriuBackend |
         raise
 
 
-async def rollback(ws: WorkspaceCore, snap: Snapshot, backend: CriuBackend | None = None) -> None:
+async def rollback(ws: WorkspaceCore, snap: SnapshotRecord, backend: CriuBackend | None = None) -> None:
     """Replace the processes and files of ``ws`` by the snapshot's; ``ws`` keeps its id, directory and cgroup. If
     the restore fails the workspace is closed (its old state is already gone) and ``ForkError`` raised. Waits for
     a snapshot of ``ws`` in progress (and the other way round)."""
@@ -126,7 +123,7 @@ async def rollback(ws: WorkspaceCore, snap: Snapshot, backend: CriuBackend | Non
         await _rollback(ws, snap, backend)
 
 
-async def _rollback(ws: WorkspaceCore, snap: Snapshot, backend: CriuBackend | None) -> None:
+async def _rollback(ws: WorkspaceCore, snap: SnapshotRecord, backend: CriuBackend | None) -> None:
     if ws.state != "running":
         raise ws.closed_error()
     if snap.closed:
@@ -146,7 +143,7 @@ async def _rollback(ws: WorkspaceCore, snap: Snapshot, backend: CriuBackend | No
         ws.state = "running"
 
 
-async def _upper_from(ws: WorkspaceCore, snap: Snapshot) -> None:
+async def _upper_from(ws: WorkspaceCore, snap: SnapshotRecord) -> None:
     """Give ``ws`` (no upper dir yet, processes stopped) the snapshot's files: an empty upper over the snapshot's
     layer chain, or, past ``MAX_LAYERS``, a copy of the top layer over the rest. ``ws`` takes its references on the
     new chain first, then lets go of its old one."""
@@ -183,7 +180,7 @@ async def _stop_processes(ws: WorkspaceCore) -> None:
             delay = min(delay * 2, 0.05)
 
 
-async def _restore(ws: WorkspaceCore, snap: Snapshot, backend: CriuBackend) -> None:
+async def _restore(ws: WorkspaceCore, snap: SnapshotRecord, backend: CriuBackend) -> None:
     assert ws.cgroup is not None
 
     def choose() -> str:  # the memory mode and the snapshot the copy maps, in one worker-thread call
@@ -237,7 +234,7 @@ async def _restore(ws: WorkspaceCore, snap: Snapshot, backend: CriuBackend) -> N
     ws.setup, ws.restarted = list(snap.setup), []  # carried, with their pids
 
 
-async def _restart(ws: WorkspaceCore, snap: Snapshot) -> None:
+async def _restart(ws: WorkspaceCore, snap: SnapshotRecord) -> None:
     """Filesystem-only restore into ``ws`` (directory, upper over the snapshot's chain and cgroup made, no process):
     a cold start of bunshin-init, then the snapshot's recorded spawns again, in their order. Failures are
     ``ForkError``; the caller tears down what was made."""
@@ -258,12 +255,12 @@ async def _restart(ws: WorkspaceCore, snap: Snapshot) -> None:
     ws.fork_mode = "fs"
 
 
-def new_core(snap: Snapshot) -> WorkspaceCore:
+def new_core(snap: SnapshotRecord) -> WorkspaceCore:
     """The factory of copies: a not-yet-started core with the configuration ``snap`` recorded."""
     return WorkspaceCore(snap.spec.detached())
 
 
-async def copies(snap: Snapshot, n: int) -> list[WorkspaceCore]:
+async def copies(snap: SnapshotRecord, n: int) -> list[WorkspaceCore]:
     """``n`` new live copies of ``snap`` (``Workspace.from_snapshot``): warm spares first, thawed, the rest
     restored now. All or nothing: if one fails the others are closed and the error (``ForkError``) raised."""
     if n < 1:
@@ -282,7 +279,7 @@ async def copies(snap: Snapshot, n: int) -> list[WorkspaceCore]:
         raise
 
 
-async def restore_many(snap: Snapshot, n: int) -> list[WorkspaceCore]:
+async def restore_many(snap: SnapshotRecord, n: int) -> list[WorkspaceCore]:
     """``n`` copies restored concurrently; all or nothing, the first ``ForkError`` raised out of the group."""
     made = [new_core(snap) for _ in range(n)]
     try:

@@ -14,6 +14,7 @@ from .._exceptions import ForkError
 from .._image import Image
 from . import _layers
 from ._layers import chain_layers, layers_dir, release_layers, snapshot_dir
+from ._record import Spares
 from ._spares import SparePool
 
 __all__ = ["Snapshot"]
@@ -51,7 +52,7 @@ class Snapshot:
         self.fresh_net = False
         """The net namespace was left out of the images (``plain_netns``): each copy gets a fresh loopback-only one."""
         self._closed = False
-        self.spares: SparePool | None = None
+        self.spares: Spares | None = None
         """The pool keeping warm spares of this snapshot (``keep_spares``), while one does."""
 
     @property

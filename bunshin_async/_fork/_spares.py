@@ -12,17 +12,13 @@ leaving the ``async with`` (or closing the snapshot) stops it and closes every s
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import anyio
 from anyio.abc import TaskGroup
 
 from .._core import WorkspaceCore
 from .._exceptions import ForkError
+from ._record import SnapshotRecord
 from ._restore import restore_many
-
-if TYPE_CHECKING:
-    from ._snapshot import Snapshot
 
 __all__ = ["SparePool"]
 
@@ -33,7 +29,7 @@ class SparePool:
     """Keeps ``k`` frozen copies of ``snap`` ready for ``Workspace.from_snapshot`` (see the module doc). Make it
     with ``snap.keep_spares(k)`` and use it as ``async with``; one pool per snapshot at a time."""
 
-    def __init__(self, snap: Snapshot, k: int) -> None:
+    def __init__(self, snap: SnapshotRecord, k: int) -> None:
         if k < 1:
             raise ValueError("k must be at least 1")
         self.snap = snap

@@ -36,7 +36,8 @@ import xxhash
 from .. import __version__
 from .._cache._cache import CachedSession, ToolCache
 from .._exceptions import BunshinError, InvalidArgument, ToolCallError, ToolError, ToolTimeout, WorkspaceClosed
-from .._gui import Display, Screenshot, gui_tools
+from .._gui import Display, Screenshot
+from .._gui_tools import gui_tools
 from .._image import Image
 from .._kernel import Limits
 from .._protocol import ExecResult
