@@ -185,10 +185,6 @@ def lower_for(lower: str, userns: bool, *, create: bool = True) -> str:
     return ":".join(str(shifted_path(Path(d))) for d in lower.split(":"))
 
 
-def is_shifted(path: str) -> bool:
-    return ".shift-" in os.path.basename(path)
-
-
 def chown_root(path: Path, idmap: IdMap = DEFAULT_IDMAP) -> None:
     """Make ``path`` owned by the mapped root (a fresh workspace's upper and work dirs)."""
     os.chown(path, idmap.uid(0), idmap.gid(0))

@@ -41,7 +41,6 @@ from ._llm._openai import (
     tee_openai_stream,
 )
 from ._llm._replay import ReplayServer, replay_server
-from ._llm._sse import ServerSentEvent, SSEDecoder
 from ._llm._tap import ToolCallTap, ToolsLike
 from ._llm._timing import (
     FixedTiming,
@@ -64,8 +63,6 @@ __all__ = [
     "RecordedTiming",
     "ReplayServer",
     "RetryPolicy",
-    "SSEDecoder",
-    "ServerSentEvent",
     "TapEvent",
     "TextDelta",
     "TimingModel",

@@ -28,8 +28,6 @@ from ._runtime._calls import (
     PredictionContext,
     Predictor,
     canonical_args,
-    chain_root,
-    extend_chain,
 )
 from ._runtime._handle import Executor, WorkspaceHandle
 from ._runtime._metrics import BranchRecord, RolloutMetrics, TimelineEvent, TurnMetrics
@@ -54,8 +52,6 @@ __all__ = [
     "TurnOutcome",
     "WorkspaceHandle",
     "canonical_args",
-    "chain_root",
-    "extend_chain",
     "run_turn",
 ]
 

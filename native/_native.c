@@ -1,7 +1,8 @@
 /*
- * bunshin_async._native: the Linux system calls Python 3.11's standard library lacks (no os.unshare, os.setns,
- * mount API or pivot_root before 3.12), plus the prctl flags the fork fallback needs.  Each function raises
- * OSError with errno set, like the os module; callers translate it into BunshinError where they call it.
+ * bunshin_async._native: the Linux system calls Python 3.11's standard library lacks (mount(2), umount2(2),
+ * openat2(2)), plus the prctl flags the fork fallback needs (namespaces and the root are set up by bunshin-init,
+ * native/init.c).  Each function raises OSError with errno set, like the os module; callers translate it into
+ * BunshinError where they call it.
  */
 #define PY_SSIZE_T_CLEAN
 #define _GNU_SOURCE 1 /* as Python 3.10's pyconfig.h defines it: an identical redefinition is no warning */
@@ -19,26 +20,6 @@
 #define PR_SET_MEMORY_MERGE 67
 #define PR_GET_MEMORY_MERGE 68
 #endif
-
-static PyObject *native_unshare(PyObject *self, PyObject *args)
-{
-	int flags;
-	if (!PyArg_ParseTuple(args, "i", &flags))
-		return NULL;
-	if (unshare(flags) < 0)
-		return PyErr_SetFromErrno(PyExc_OSError);
-	Py_RETURN_NONE;
-}
-
-static PyObject *native_setns(PyObject *self, PyObject *args)
-{
-	int fd, nstype = 0;
-	if (!PyArg_ParseTuple(args, "i|i", &fd, &nstype))
-		return NULL;
-	if (setns(fd, nstype) < 0)
-		return PyErr_SetFromErrno(PyExc_OSError);
-	Py_RETURN_NONE;
-}
 
 static PyObject *native_mount(PyObject *self, PyObject *args)
 {
@@ -61,16 +42,6 @@ static PyObject *native_umount2(PyObject *self, PyObject *args)
 	int rc;
 	Py_BEGIN_ALLOW_THREADS rc = umount2(target, flags);
 	Py_END_ALLOW_THREADS if (rc < 0) return PyErr_SetFromErrnoWithFilename(PyExc_OSError, target);
-	Py_RETURN_NONE;
-}
-
-static PyObject *native_pivot_root(PyObject *self, PyObject *args)
-{
-	const char *new_root, *put_old;
-	if (!PyArg_ParseTuple(args, "ss", &new_root, &put_old))
-		return NULL;
-	if (syscall(SYS_pivot_root, new_root, put_old) < 0)
-		return PyErr_SetFromErrno(PyExc_OSError);
 	Py_RETURN_NONE;
 }
 
@@ -116,11 +87,8 @@ static PyObject *native_openat2(PyObject *self, PyObject *args)
 }
 
 static PyMethodDef methods[] = {
-	{"unshare", native_unshare, METH_VARARGS, "unshare(flags): unshare(2)."},
-	{"setns", native_setns, METH_VARARGS, "setns(fd, nstype=0): setns(2)."},
 	{"mount", native_mount, METH_VARARGS, "mount(source, target, fstype, flags, data): mount(2)."},
 	{"umount2", native_umount2, METH_VARARGS, "umount2(target, flags=0): umount2(2)."},
-	{"pivot_root", native_pivot_root, METH_VARARGS, "pivot_root(new_root, put_old): pivot_root(2)."},
 	{"set_memory_merge", native_set_memory_merge, METH_VARARGS,
 	 "set_memory_merge(on): prctl(PR_SET_MEMORY_MERGE); inherited across fork and exec (Linux 6.4+)."},
 	{"get_memory_merge", native_get_memory_merge, METH_NOARGS, "get_memory_merge() -> bool."},

@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 import xxhash
 
-from bunshin_async.speculation import CallKey, Candidate, PredictionContext, chain_root, extend_chain
+from bunshin_async.speculation import CallKey, Candidate, PredictionContext
 
 from ._signature import key_signature, signature
 
@@ -531,14 +531,6 @@ class RulePredictor:
 
     def observe(self, ctx: PredictionContext, call: CallKey) -> None:
         pass
-
-
-def _chain_for_tests(history: Sequence[CallKey], salt: str = "") -> bytes:
-    """The chain key the runtime computes for ``history`` (``WorkspaceHandle.chain``)."""
-    key = chain_root(salt)
-    for call in history:
-        key = extend_chain(key, call)
-    return key
 
 
 class OraclePredictor:

@@ -262,10 +262,6 @@ class CachedSession:
         """Hex name of the current state (equal across rollouts that made the same writes from the same base)."""
         return self._state.hex()
 
-    def tool_specs(self) -> list[dict[str, Any]]:
-        """OpenAI-style function specs of this session's tools, for the prompt."""
-        return [t.spec() for t in self.tools.values()]
-
     async def call(
         self, tool: str, args: Mapping[str, Any] | None = None, *, effect: Effect | str | None = None
     ) -> Any:

@@ -160,11 +160,6 @@ class WorkspaceHandle:
         elif await self._slot.swap(workspace):
             self.swaps += 1
 
-    async def _swap(self, new: Workspace) -> None:
-        """Point at ``new`` (owned from now on) and close the previous workspace if owned. Caller holds ``lock``."""
-        if await self._slot.swap(new):
-            self.swaps += 1
-
     @asynccontextmanager
     async def background(self) -> AsyncIterator[WorkspaceHandle]:
         """Let speculative branches outlive their turn (see the class docstring). Leaving the block cancels what

@@ -56,8 +56,6 @@ from typing import Any, Literal
 
 import anyio
 import msgspec
-import ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .. import _gc
 from .._cache._records import SnapshotRef
@@ -79,6 +77,12 @@ from .._rollout import (
 )
 from .._transfer import TransferStats, export_snapshot, import_snapshot
 from .._workspace import Workspace
+from ._require import require
+
+require("ray", framework="Ray", extra="ray")  # a missing extra is CapabilityMissing naming it, not an ImportError
+
+import ray  # noqa: E402
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
 
 __all__ = [
     "ClusterGroupRollout",

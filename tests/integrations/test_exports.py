@@ -28,6 +28,15 @@ def test_a_missing_framework_names_its_extra() -> None:
     with pytest.raises(CapabilityMissing) as info:
         require("bunshin_no_such_framework", framework="Nothing", extra="nothing")
     assert "pip install 'bunshin[nothing]'" in str(info.value) and info.value.capability == "bunshin_no_such_framework"
+    # Ray is installed here: hidden from the import system, its module says which extra installs it.
+    code = (
+        "import sys; sys.modules['ray'] = None\n"
+        "from bunshin_async import CapabilityMissing\n"
+        "try:\n    import bunshin_async.integrations.ray\n"
+        "except CapabilityMissing as e:\n    print(e.remedy)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout == "pip install 'bunshin[ray]'\n", out.stderr
     # verl lives in its own environment, not this one: importing its module here says where to get it.
     with pytest.raises(CapabilityMissing, match=r"bunshin\[verl\]"):
         importlib.import_module("bunshin_async.integrations.verl")

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from bunshin_async.llm import SSEDecoder
+from bunshin_async._llm._sse import SSEDecoder
 from bunshin_async.tools import validate_schema
 
 from .conftest import BASH_SCHEMA, READ_SCHEMA

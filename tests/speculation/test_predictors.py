@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from bunshin_async._runtime._calls import chain_root, extend_chain
 from bunshin_async.speculation import CallKey, Candidate, Launch, PredictionContext
 from bunshin_async.speculation import canonical_args as canon
 from bunshin_async.tools import Effect, bash_tool
@@ -22,11 +23,20 @@ from speculator import (
     signature,
     train_ngram,
 )
-from speculator._predictors import _chain_for_tests as chain
 
 pytestmark = pytest.mark.unit
 
 BASH = bash_tool()
+
+
+def chain(history: list[CallKey], salt: str = "") -> bytes:
+    """The chain key the runtime computes for ``history`` (``WorkspaceHandle.chain``)."""
+    key = chain_root(salt)
+    for call in history:
+        key = extend_chain(key, call)
+    return key
+
+
 _TRACE = "shared/traces/swebench-gemini-3-pro.jsonl.gz"
 SHARED_TRACE = next((d / _TRACE for d in Path(__file__).resolve().parents[2:] if (d / _TRACE).is_file()), Path(_TRACE))
 """The public traces beside the checkout (``../shared/traces``; a worktree's checkout sits one level deeper)."""
