@@ -173,6 +173,7 @@ class Sandboxes:
         self._sandboxes: dict[str, Sandbox] = {}
         self._snapshots: dict[str, Kept] = {}
         self._starting = 0
+        self._imports: dict[str, anyio.Lock] = {}
         self.reaped = 0
         """How many sandboxes the reaper closed because their timeout passed."""
 
@@ -202,6 +203,8 @@ class Sandboxes:
             raise ApiError(f"this server runs at most {self.max_sandboxes} sandboxes", status=429)
 
     async def _image(self, template_id: str, metadata: Mapping[str, str]) -> Image | None:
+        """The image a template id names: an imported one (by reference or digest), else a reference the local
+        Docker engine has, imported once (concurrent creates of one reference share the import)."""
         ref = template_id
         if template_id == DEFAULT_TEMPLATE:
             ref = next((metadata[k] for k in IMAGE_METADATA_KEYS if metadata.get(k)), "")
@@ -209,12 +212,25 @@ class Sandboxes:
                 return self.default_image
         try:
             return await anyio.to_thread.run_sync(Image.load, ref)
-        except ImageError as exc:
+        except ImageError:
+            pass
+        lock = self._imports.setdefault(ref, anyio.Lock())
+        try:
+            async with lock:
+                try:
+                    return await anyio.to_thread.run_sync(Image.load, ref)  # imported while this one waited
+                except ImageError:
+                    return await Image.from_docker(ref)
+        except (BunshinError, OSError) as exc:
             raise ApiError(
-                f"template {ref!r} is neither a snapshot of this server nor an imported image: {exc} "
-                "(template builds are not served: import the image with `bunshin image import`)",
+                f"template {ref!r} is neither a snapshot of this server, an imported image nor an image of the local "
+                f"Docker engine ({exc}); template builds are not served: import the image with "
+                "`bunshin image import REF --name NAME`",
                 status=404,
             ) from exc
+        finally:
+            if not lock.locked() and self._imports.get(ref) is lock:
+                del self._imports[ref]
 
     async def create(self, req: NewSandbox) -> Sandbox:
         metadata = req.metadata or {}

@@ -39,7 +39,8 @@ class E2BServer:
     ``E2B_API_KEY`` its key). ``api_key`` defaults to a random one (``srv.api_key``); a ``host`` other than a
     loopback address needs an explicit key, since whoever reaches the port drives root-run workspaces. ``port=0``
     takes a free port. ``image`` is what the default template ``"base"`` means (default: Bunshin's base image);
-    other template ids name imported images (``bunshin image import``) or this server's snapshots.
+    other template ids name imported images (``bunshin image import``), images of the local Docker engine (imported
+    on first use) or this server's snapshots.
     ``max_sandboxes`` bounds the sandboxes alive at once (creating more answers 429).
     """
 

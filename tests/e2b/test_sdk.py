@@ -321,3 +321,25 @@ async def test_async_watch_dir_sees_create_write_remove(e2b_server: Served) -> N
             await handle.stop()
         with pytest.raises(e2b.SandboxException):
             await sbx.files.watch_dir("/tmp/missing", on_event=on_event)
+
+
+@pytest.mark.slow
+async def test_a_docker_reference_is_a_template(e2b_server: Served) -> None:
+    from tests.image._build import bookworm
+
+    tag = await anyio.to_thread.run_sync(bookworm)  # an image of the local Docker engine, not imported yet
+    sandboxes = []
+    try:
+        async with anyio.create_task_group() as tg:  # two creates of one reference share one import
+
+            async def create() -> None:
+                sandboxes.append(await AsyncSandbox.create(tag))
+
+            tg.start_soon(create)
+            tg.start_soon(create)
+        for sbx in sandboxes:
+            assert (await sbx.commands.run("cat /etc/debian_version")).stdout.startswith("12")
+            assert (await sbx.get_info()).template_id == tag
+    finally:
+        for sbx in sandboxes:
+            await sbx.kill()
