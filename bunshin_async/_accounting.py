@@ -10,6 +10,7 @@ snapshot bytes on tmpfs. It is sampled every ``interval`` seconds; the peak and 
 from __future__ import annotations
 
 import os
+import stat
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -18,6 +19,8 @@ from typing import TYPE_CHECKING
 
 import anyio
 import msgspec
+
+from . import _tree
 
 if TYPE_CHECKING:
     from ._workspace import Workspace
@@ -93,14 +96,13 @@ def mapped_image_bytes(pids: Iterable[int], marker: bytes = b"/pages-") -> tuple
 def tree_bytes(path: Path, skip: set[tuple[int, int]] = frozenset()) -> int:  # type: ignore[assignment]
     """Allocated bytes of the files under ``path`` (st_blocks, so sparse files count what they hold). Blocking."""
     total = 0
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            try:
-                st = os.lstat(os.path.join(root, name))
-            except OSError:
-                continue
-            if (st.st_dev, st.st_ino) not in skip:
+    try:
+        for e in _tree.walk(path):  # a workspace's tree: from descriptors, any depth, nothing followed
+            st = e.st
+            if not stat.S_ISDIR(st.st_mode) and (st.st_dev, st.st_ino) not in skip:
                 total += st.st_blocks * 512
+    except OSError:  # gone, or changing under a live workspace: what was counted
+        pass
     return total
 
 

@@ -14,7 +14,6 @@ import contextlib
 import os
 import secrets
 import shlex
-import shutil
 import signal
 import subprocess
 import threading
@@ -26,7 +25,7 @@ import msgspec
 from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from . import _kernel, _paths, _security, _userns
+from . import _kernel, _paths, _security, _tree, _userns
 from . import _protocol as P
 from ._client import AgentClient
 from ._exceptions import (
@@ -333,7 +332,7 @@ class WorkspaceCore:
                 await self.cgroup.destroy()
             if self.dir.exists():
                 await anyio.to_thread.run_sync(unmount_disk, self.dir)
-                await anyio.to_thread.run_sync(shutil.rmtree, self.dir, True)
+                await anyio.to_thread.run_sync(_tree.discard, self.dir)
         self.pid = pid  # a closed workspace still names the pid it had (``repr``)
         if self.lower is not None:  # after the overlay on them is gone (pid 1 reaped), even past the deadline
             await anyio.to_thread.run_sync(release_layers, chain_layers(self.lower), self.id)

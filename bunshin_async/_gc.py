@@ -17,10 +17,9 @@ some) are detached. The snapshot store's own tmpfs stays mounted by design (host
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
-from . import _paths
+from . import _paths, _tree
 from ._fork._layers import collect_layers, snapshot_dir
 from ._kernel import CGROUP_ROOT, Cgroup, alive, cgroup_version, parent_name
 from ._layers import LayerStore, mounted_lower_dirs
@@ -92,7 +91,7 @@ def collect() -> list[str]:
         cgroup.thaw()
         cgroup.destroy_sync()
         out += unmount_stale(keep | {str(p.resolve()) for p in base.iterdir() if p != ws_dir})
-        shutil.rmtree(ws_dir, ignore_errors=True)
+        _tree.discard(ws_dir)
         out.append(f"removed {ws_dir.name}" + (f" (cgroup left: {cgroup.dirs[0]})" if cgroup.dirs else ""))
     for name in _orphan_cgroups(base):  # a workspace killed between its cgroup and its directory
         orphan = _cgroup(name)

@@ -32,7 +32,6 @@ import json
 import os
 import re
 import secrets
-import shutil
 import stat
 import tarfile
 import threading
@@ -45,7 +44,7 @@ from typing import IO, Any, cast
 
 import msgspec
 
-from . import _kernel, _paths
+from . import _kernel, _paths, _tree
 from ._exceptions import ImageError
 
 __all__ = ["ImportLimits", "LayerStore", "store_dir"]
@@ -503,7 +502,7 @@ class LayerStore:
                 (tmp / "layer.json").write_bytes(msgspec.json.encode(LayerInfo(diff_id, size, entries)))
                 (tmp / "owner").unlink()
                 if final.exists():  # a dir without layer.json: a crashed import's rename cannot leave one
-                    shutil.rmtree(final)
+                    _tree.remove_tree(final)
                 tmp.rename(final)
             finally:
                 if tmp.exists():
@@ -573,15 +572,8 @@ class LayerStore:
 
 
 def _rmtree(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)
-    if path.exists():  # a read-only directory the layer made (mode 0555): make it writable and retry
-        for dirpath, dirnames, _files in os.walk(path):
-            for d in dirnames:
-                p = os.path.join(dirpath, d)
-                if not os.path.islink(p):
-                    os.chmod(p, 0o700)
-        os.chmod(path, 0o700)
-        shutil.rmtree(path, ignore_errors=True)
+    """Remove a layer directory (a hostile image's tree: any depth, read-only dirs, symlinks never followed)."""
+    _tree.discard(path)
 
 
 def mounted_lower_dirs() -> set[str]:

@@ -27,13 +27,12 @@ import fcntl
 import hashlib
 import os
 import secrets
-import shutil
 import stat
-import subprocess
 from pathlib import Path
 
 import msgspec
 
+from . import _tree
 from ._exceptions import ImageError
 from ._kernel import alive, owner_token
 
@@ -109,8 +108,8 @@ def shift_tree(root: Path, idmap: IdMap) -> None:
     bits and file capabilities, so both are put back (capabilities rooted at the mapped root)."""
     seen: set[tuple[int, int]] = set()
 
-    def one(path: str) -> None:
-        st = os.lstat(path)
+    def one(path: str, st: os.stat_result) -> None:
+        """``path``: the entry through its directory's descriptor (``/proc/self/fd/N/name``, not followed)."""
         if st.st_nlink > 1 and not stat.S_ISDIR(st.st_mode):
             if (st.st_dev, st.st_ino) in seen:
                 return
@@ -125,14 +124,13 @@ def shift_tree(root: Path, idmap: IdMap) -> None:
                     raise
         os.chown(path, idmap.uid(st.st_uid), idmap.gid(st.st_gid), follow_symlinks=False)
         if not link:
-            os.chmod(path, stat.S_IMODE(st.st_mode))
+            os.chmod(path, stat.S_IMODE(st.st_mode))  # not a symlink: nothing to follow
         if caps is not None:
             os.setxattr(path, _CAP_XATTR, _shift_caps(caps, idmap.uid(0)), follow_symlinks=False)
 
-    one(str(root))
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames + filenames:
-            one(os.path.join(dirpath, name))
+    one(str(root), os.lstat(root))
+    for e in _tree.walk(root):  # from descriptors: an image's tree may be deeper than PATH_MAX
+        one(f"/proc/self/fd/{e.dir_fd}/{e.name}", e.st)
 
 
 def shifted(src: Path, idmap: IdMap = DEFAULT_IDMAP) -> Path:
@@ -154,16 +152,15 @@ def shifted(src: Path, idmap: IdMap = DEFAULT_IDMAP) -> Path:
         owner = tmp.with_name(tmp.name + ".owner")
         owner.write_text(owner_token(os.getpid()))
         try:
-            # cp -a keeps hard links, sparse files, modes, times and xattrs (trusted.overlay.* included)
-            proc = subprocess.run(["cp", "-a", "--", str(src), str(tmp)], capture_output=True, text=True, check=False)
-            if proc.returncode != 0:
-                why = proc.stderr.strip()
-                raise ImageError(f"copying {src} for the user namespace failed: {why}", image=str(src))
+            # as cp -a: hard links, sparse files, modes, times and xattrs (trusted.overlay.* included)
+            try:
+                _tree.copy_tree(src, tmp)
+            except OSError as exc:
+                raise ImageError(f"copying {src} for the user namespace failed: {exc}", image=str(src)) from exc
             shift_tree(tmp, idmap)
             tmp.rename(dst)
         finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
+            _tree.discard(tmp)
             owner.unlink(missing_ok=True)
     finally:
         os.close(lock)
@@ -207,7 +204,7 @@ def collect(parents: list[Path], mounted: set[str]) -> list[str]:
                     token = owner.read_text().strip() if owner.exists() else ""
                     if token and alive(token):
                         continue
-                    shutil.rmtree(entry, ignore_errors=True)
+                    _tree.discard(entry)
                     owner.unlink(missing_ok=True)
                     out.append(f"removed partial shifted copy {entry}")
                 elif name.endswith(".lock") and not entry.with_name(name[1 : -len(".lock")]).exists():
@@ -224,7 +221,7 @@ def collect(parents: list[Path], mounted: set[str]) -> list[str]:
                 out.append(f"kept stale shifted copy {entry} (mounted by a live workspace)")
                 continue
             if entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry, ignore_errors=True)
+                _tree.discard(entry)
             else:  # a stray file of that name
                 entry.unlink(missing_ok=True)
             entry.with_name(f".{name}.lock").unlink(missing_ok=True)

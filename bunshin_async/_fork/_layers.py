@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
-import stat
-import subprocess
 import threading
 from pathlib import Path
 
 import anyio
 
-from .. import _kernel, _paths
+from .. import _kernel, _paths, _tree
 from .._config import Config
 from .._exceptions import CapabilityMissing, ForkError, StoreFull
 
@@ -132,7 +129,7 @@ def release_layers(layers: list[Path], user: str) -> None:
                 if users.exists():
                     continue
             parent = mem_parent_of(layer)
-            shutil.rmtree(layer, ignore_errors=True)
+            _tree.remove_tree(layer, ignore_errors=True)
             if parent is not None:
                 release_layers([parent], f"child-{layer.name}")
         try:
@@ -176,12 +173,12 @@ def _collect(base: Path, what: str) -> list[str]:
             if alive:
                 out.append(f"kept {what} {entry.name} ({len(alive)} live users)")
                 continue
-            shutil.rmtree(users, ignore_errors=True)
-            shutil.rmtree(entry, ignore_errors=True)
+            _tree.remove_tree(users, ignore_errors=True)
+            _tree.remove_tree(entry, ignore_errors=True)
             out.append(f"removed {what} {entry.name}")
         for users in sorted(base.glob("*.users")) if base.exists() else []:
             if not users.with_name(users.name[: -len(".users")]).exists():
-                shutil.rmtree(users, ignore_errors=True)
+                _tree.remove_tree(users, ignore_errors=True)
         try:
             base.rmdir()
         except OSError:
@@ -189,122 +186,15 @@ def _collect(base: Path, what: str) -> list[str]:
     return out
 
 
-COPY_IN_PROCESS_MAX = 512
-"""Trees of at most this many entries are copied in this process (``_copy_small``); larger ones by ``cp -a``. A
-workspace's upper dir is usually a handful of files, and a ``cp`` process costs 2-6 ms here, twice per fork (once
-while the tree is frozen); per file, ``cp`` is as fast as Python or faster."""
-
-
 async def copy_tree(src: Path, dst: Path, *, workspace_id: str = "") -> None:
-    """Copy the directory ``src`` to ``dst`` (which must not exist) as ``cp -a`` does: owners, modes, times, hard
-    links, sparse files, special files and every extended attribute (overlay's trusted.* whiteouts, opaque dirs and
-    origins, which shutil.copytree drops). A failed copy is a ``ForkError``: a snapshot or copy with missing files
-    must never be used."""
+    """Copy the directory ``src`` (a workspace's upper dir or a snapshot's layer: hostile content) to ``dst``
+    (which must not exist) as ``cp -a`` does, from descriptors (``bunshin_async._tree``: no symlink followed, no
+    PATH_MAX limit, holes kept, overlay's trusted.* xattrs kept). A failed copy is a ``ForkError`` and leaves no
+    ``dst``: a snapshot or copy with missing files must never be used."""
     try:
-        if await anyio.to_thread.run_sync(_copy_small, src, dst, COPY_IN_PROCESS_MAX):
-            return
+        await anyio.to_thread.run_sync(_tree.copy_tree, src, dst)
     except OSError as exc:
-        raise ForkError(f"copying {src} to {dst} failed: {exc}", workspace_id=workspace_id) from exc
-    # cp keeps overlay's trusted.* xattrs (whiteouts, opaque dirs, origin), which shutil.copytree does not.
-    try:
-        await anyio.run_process(["cp", "-a", "--reflink=auto", "--", str(src), str(dst)])
-    except (OSError, subprocess.CalledProcessError) as exc:
-        why = getattr(exc, "stderr", None) or str(exc)
-        why = why.decode(errors="replace") if isinstance(why, bytes) else why
-        raise ForkError(f"copying {src} to {dst} failed: {why.strip()}", workspace_id=workspace_id) from exc
-
-
-def _copy_small(src: Path, dst: Path, limit: int) -> bool:
-    """``cp -a src dst`` in this process when ``src`` holds at most ``limit`` entries; ``False`` (nothing done)
-    when it holds more (blocking). Raises ``OSError``; a ``dst`` it made is removed then."""
-    entries: list[tuple[str, os.stat_result]] = []
-    pending = [""]
-    while pending:
-        rel = pending.pop()
-        with os.scandir(os.path.join(src, rel)) as it:
-            for e in it:
-                entries.append((os.path.join(rel, e.name), e.stat(follow_symlinks=False)))
-                if len(entries) > limit:
-                    return False
-                if e.is_dir(follow_symlinks=False):
-                    pending.append(os.path.join(rel, e.name))
-    top = os.lstat(src)
-    os.mkdir(dst, 0o700)
-    try:
-        entries.sort()  # a directory before what it holds
-        links: dict[tuple[int, int], str] = {}
-        dirs: list[tuple[str, os.stat_result]] = [(str(dst), top)]
-        for rel, st in entries:
-            s, d = os.path.join(src, rel), os.path.join(dst, rel)
-            mode = st.st_mode
-            if stat.S_ISDIR(mode):
-                os.mkdir(d, 0o700)
-                dirs.append((d, st))
-                _copy_xattrs(s, d)
-                continue
-            if st.st_nlink > 1:
-                first = links.setdefault((st.st_dev, st.st_ino), d)
-                if first != d:
-                    os.link(first, d)
-                    continue
-            if stat.S_ISREG(mode):
-                _copy_file(s, d, st)
-            elif stat.S_ISLNK(mode):
-                os.symlink(os.readlink(s), d)
-            else:  # whiteouts (0:0 character devices), other devices, fifos, sockets
-                os.mknod(d, mode, st.st_rdev)
-            _copy_xattrs(s, d)
-            _copy_meta(d, st)
-        for d, st in reversed(dirs):  # contents first, then the directory's own times
-            if d == str(dst):
-                _copy_xattrs(str(src), d)
-            _copy_meta(d, st)
-    except BaseException:
-        shutil.rmtree(dst, ignore_errors=True)
-        raise
-    return True
-
-
-def _copy_file(s: str, d: str, st: os.stat_result) -> None:
-    """A regular file's data, holes kept holes (``SEEK_DATA``/``SEEK_HOLE``, as ``cp --sparse=auto``)."""
-    fi = os.open(s, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        fo = os.open(d, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        try:
-            pos = 0
-            while pos < st.st_size:
-                try:
-                    start = os.lseek(fi, pos, os.SEEK_DATA)
-                except OSError as exc:
-                    if exc.errno == errno.ENXIO:  # only a hole from here
-                        break
-                    raise
-                end = os.lseek(fi, start, os.SEEK_HOLE)
-                os.lseek(fo, start, os.SEEK_SET)
-                while start < end:  # sendfile(2): copy_file_range(2) refuses two filesystems (EXDEV)
-                    n = os.sendfile(fo, fi, start, end - start)
-                    if n == 0:
-                        break
-                    start += n
-                pos = end
-            os.ftruncate(fo, st.st_size)
-        finally:
-            os.close(fo)
-    finally:
-        os.close(fi)
-
-
-def _copy_xattrs(s: str, d: str) -> None:
-    for name in os.listxattr(s, follow_symlinks=False):
-        os.setxattr(d, name, os.getxattr(s, name, follow_symlinks=False), follow_symlinks=False)
-
-
-def _copy_meta(d: str, st: os.stat_result) -> None:
-    """Owner, then mode (a chown clears set-id bits), then times, as ``cp -a`` sets them."""
-    os.chown(d, st.st_uid, st.st_gid, follow_symlinks=False)
-    if not stat.S_ISLNK(st.st_mode):
-        os.chmod(d, stat.S_IMODE(st.st_mode))
-    os.utime(d, ns=(st.st_atime_ns, st.st_mtime_ns), follow_symlinks=False)
+        raise ForkError(f"copying {src} to {dst} failed: {exc.strerror or exc}", workspace_id=workspace_id) from exc
 
 
 def store_full(exc: BaseException, workspace_id: str, *, dump: bool = True) -> StoreFull | None:

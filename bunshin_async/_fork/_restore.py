@@ -4,14 +4,13 @@ a filesystem-only cold start, into a new core) and ``rollback`` (the same into a
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import time
 from pathlib import Path
 
 import anyio
 
-from .. import _criu, _paths, _userns
+from .. import _criu, _paths, _tree, _userns
 from .._compat import BaseExceptionGroup
 from .._core import WorkspaceCore, prime_attach
 from .._criu import CriuBackend, rpc
@@ -133,8 +132,8 @@ async def _rollback(ws: WorkspaceCore, snap: SnapshotRecord, backend: CriuBacken
         prime_attach()
         with anyio.CancelScope(shield=True):
             await _stop_processes(ws)
-        await anyio.to_thread.run_sync(shutil.rmtree, ws.dir / "upper")
-        await anyio.to_thread.run_sync(shutil.rmtree, ws.dir / "work")
+        await anyio.to_thread.run_sync(_tree.remove_tree, ws.dir / "upper")
+        await anyio.to_thread.run_sync(_tree.remove_tree, ws.dir / "work")
         (ws.dir / "work").mkdir()
         if ws.spec.security.userns:
             _userns.chown_root(ws.dir / "work")

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import secrets
-import shutil
 from pathlib import Path
 from typing import Any
 
 import anyio
 
+from .. import _tree
 from .._core import SetupStep, WorkspaceSpec
 from .._exceptions import ForkError
 from .._image import Image
@@ -89,8 +89,8 @@ class Snapshot:
             finally:
                 with anyio.CancelScope(shield=True):
                     if partial.exists():
-                        await anyio.to_thread.run_sync(shutil.rmtree, partial, True)
-            await anyio.to_thread.run_sync(shutil.rmtree, self.upper, True)
+                        await anyio.to_thread.run_sync(_tree.discard, partial)
+            await anyio.to_thread.run_sync(_tree.discard, self.upper)
 
     @property
     def closed(self) -> bool:
@@ -106,7 +106,7 @@ class Snapshot:
         with anyio.CancelScope(shield=True):
             if self.spares is not None:
                 await self.spares.aclose()
-            await anyio.to_thread.run_sync(shutil.rmtree, self.upper, True)
+            await anyio.to_thread.run_sync(_tree.discard, self.upper)
             # The directory itself goes with its last user: CoW copies map its pages image and incremental
             # images of their own memory refer to it (``release_layers``).
             await anyio.to_thread.run_sync(release_layers, [self.path, *chain_layers(self.lower)], self.holder)
