@@ -32,9 +32,10 @@ import hashlib
 import os
 import re
 import secrets
-import shutil
 import stat
 import struct
+import subprocess
+import threading
 import time
 from collections.abc import AsyncIterable, AsyncIterator
 from pathlib import Path
@@ -43,7 +44,7 @@ import anyio
 import anyio.abc
 import msgspec
 
-from . import _userns
+from . import _tree, _userns
 from ._core import SetupStep, WorkspaceSpec
 from ._exceptions import ImageError, TransferError
 from ._fork import _layers
@@ -197,7 +198,9 @@ async def export_snapshot(snap: Snapshot, *, chunk: int = CHUNK) -> AsyncIterato
         for kind, base, names, prefix in sections:
             # S: never the upper copy of a snapshot (a layer now, or a leftover of an unfinished materialisation)
             excludes = ["--anchored", *(f"--exclude={n}/upper" for n in names)] if kind == b"S" else []
-            cmd = [*TAR, "--create", "--file=-", f"--transform=s,^,{prefix}/,S", *excludes, "-C", str(base), *names]
+            # --sparse: a file's holes travel as a map, not as zeros (a workspace's 1 TiB sparse file is its data)
+            cmd = [*TAR, "--create", "--sparse", "--file=-", f"--transform=s,^,{prefix}/,S", *excludes, "-C", str(base),
+                   *names]  # fmt: skip
             async for data in _tar_out(cmd, chunk, snap.id):
                 digest.update(data)
                 total += len(data)
@@ -212,8 +215,13 @@ async def export_snapshot(snap: Snapshot, *, chunk: int = CHUNK) -> AsyncIterato
 
 
 async def _tar_out(cmd: list[str], chunk: int, snap_id: str) -> AsyncIterator[bytes]:
-    async with await anyio.open_process(cmd, stdout=-1, stderr=-1) as proc:
-        assert proc.stdout is not None and proc.stderr is not None
+    errors = _Drain()
+    try:
+        proc = await anyio.open_process(cmd, stdout=-1, stderr=errors.write_fd)
+    finally:
+        errors.started()
+    async with proc:
+        assert proc.stdout is not None
         buf = bytearray()
         try:
             async for data in proc.stdout:
@@ -221,28 +229,50 @@ async def _tar_out(cmd: list[str], chunk: int, snap_id: str) -> AsyncIterator[by
                 while len(buf) >= chunk:
                     yield bytes(buf[:chunk])
                     del buf[:chunk]
-            err = await _stderr(proc) if await proc.wait() else b""
+            await proc.wait()
         except BaseException:
             with anyio.CancelScope(shield=True):
                 with contextlib.suppress(ProcessLookupError):
                     proc.kill()
                 await proc.wait()
+                await errors.text()
             raise
+        err = await errors.text()
         if proc.returncode:
-            raise TransferError(
-                f"snapshot {snap_id}: tar failed ({proc.returncode}): {err.decode(errors='replace').strip()}",
-                snapshot_id=snap_id,
-            )
+            raise TransferError(f"snapshot {snap_id}: tar failed ({proc.returncode}): {err}", snapshot_id=snap_id)
         if buf:
             yield bytes(buf)
 
 
-async def _stderr(proc: anyio.abc.Process) -> bytes:
-    assert proc.stderr is not None
-    try:
-        return await proc.stderr.receive(65536)
-    except anyio.EndOfStream:
-        return b""
+class _Drain(threading.Thread):
+    """A child's stderr, read to its end in a thread, keeping the first ``keep`` bytes: a tar fed a hostile stream
+    may write an error line per member (each with its path, unbounded), and a pipe nobody reads would stall it
+    mid-extraction while we wait to send it more."""
+
+    def __init__(self, keep: int = 16384) -> None:
+        super().__init__(daemon=True)
+        self.keep = keep
+        self.data = bytearray()
+        self.read_fd, self.write_fd = os.pipe2(os.O_CLOEXEC)
+
+    def run(self) -> None:
+        try:
+            while chunk := os.read(self.read_fd, 65536):
+                if len(self.data) < self.keep:
+                    self.data += chunk[: self.keep - len(self.data)]
+        finally:
+            os.close(self.read_fd)
+
+    def started(self) -> None:
+        """The child has the pipe's write end (``write_fd``), or failed to start: close ours and read."""
+        os.close(self.write_fd)
+        self.write_fd = -1
+        self.start()
+
+    async def text(self) -> str:
+        """What the child wrote (its first ``keep`` bytes), once it closed its stderr."""
+        await anyio.to_thread.run_sync(self.join)
+        return self.data.decode(errors="replace").strip()
 
 
 # ---------------------------------------------------------------------------------------------------- import
@@ -338,28 +368,26 @@ def _check_tree(root: Path, names: list[str], snaps: bool, snap_id: str) -> None
     found = sorted(p.name for p in root.iterdir()) if root.is_dir() else []
     if found != sorted(names):
         raise bad(f"entries {found} instead of {sorted(names)}")
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames + filenames:
-            path = Path(dirpath) / name
-            st = os.lstat(path)
-            rel = path.relative_to(root)
-            if stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode):
-                if snaps and st.st_mode & (stat.S_ISUID | stat.S_ISGID):
-                    raise bad(f"{rel} is set-id")
-                continue
-            if snaps:
-                parts = rel.parts
-                if stat.S_ISLNK(st.st_mode) and len(parts) == 3 and parts[1:] == ("images", "parent"):
-                    target = os.readlink(path)
-                    m = re.fullmatch(r"\.\./\.\./([0-9a-f]+)/images", target)
-                    if m and m.group(1) in names and m.group(1) != parts[0]:
-                        continue
-                raise bad(f"{rel}: unexpected {stat.filemode(st.st_mode)} among snapshot images")
-            if stat.S_ISLNK(st.st_mode) or stat.S_ISFIFO(st.st_mode) or stat.S_ISSOCK(st.st_mode):
-                continue  # files of the workspace, as it had them (a symlink is never followed here)
-            if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
-                continue  # an overlay whiteout
-            raise bad(f"{rel}: device node {stat.filemode(st.st_mode)} in a layer")
+    for e in _tree.walk(root):  # from descriptors: no depth limit, nothing followed
+        st = e.st
+        if e.depth == 0 and not stat.S_ISDIR(st.st_mode):  # a layer or snapshot that is a symlink: a host path
+            raise bad(f"{e.name}: a {stat.filemode(st.st_mode)} instead of a directory")
+        if stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode):
+            if snaps and st.st_mode & (stat.S_ISUID | stat.S_ISGID):
+                raise bad(f"{e.shown()} is set-id")
+            continue
+        if snaps:
+            if stat.S_ISLNK(st.st_mode) and e.name == "parent" and e.depth == 2 and e.parents()[1] == "images":
+                target = os.readlink(e.name, dir_fd=e.dir_fd)
+                m = re.fullmatch(r"\.\./\.\./([0-9a-f]+)/images", target)
+                if m and m.group(1) in names and m.group(1) != e.parents()[0]:
+                    continue
+            raise bad(f"{e.shown()}: unexpected {stat.filemode(st.st_mode)} among snapshot images")
+        if stat.S_ISLNK(st.st_mode) or stat.S_ISFIFO(st.st_mode) or stat.S_ISSOCK(st.st_mode):
+            continue  # files of the workspace, as it had them (a symlink is never followed here)
+        if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
+            continue  # an overlay whiteout
+        raise bad(f"{e.shown()}: device node {stat.filemode(st.st_mode)} in a layer")
 
 
 class _Extract:
@@ -369,12 +397,19 @@ class _Extract:
         self.dest = dest
         self.snap_id = snap_id
         self.proc: anyio.abc.Process | None = None
+        self.errors: _Drain | None = None
 
     async def feed(self, data: bytes) -> None:
         if self.proc is None:
             self.dest.mkdir(parents=True)
             cmd = [*TAR, "--extract", "--file=-", "--same-permissions", "--same-owner", "--no-overwrite-dir"]
-            self.proc = await anyio.open_process([*cmd, "-C", str(self.dest)], stdout=-1, stderr=-1)
+            self.errors = _Drain()
+            try:
+                self.proc = await anyio.open_process(
+                    [*cmd, "-C", str(self.dest)], stdout=subprocess.DEVNULL, stderr=self.errors.write_fd
+                )
+            finally:
+                self.errors.started()
         assert self.proc.stdin is not None
         try:
             await self.proc.stdin.send(data)
@@ -384,17 +419,17 @@ class _Extract:
 
     async def finish(self) -> None:
         if self.proc is None:
-            self.dest.mkdir(parents=True)
+            self.dest.mkdir(parents=True, exist_ok=True)
             return
         proc, self.proc = self.proc, None
-        assert proc.stdin is not None and proc.stderr is not None
+        assert proc.stdin is not None
         await proc.stdin.aclose()
         rc = await proc.wait()
-        if rc:
-            err = (await _stderr(proc)).decode(errors="replace").strip()
-            await proc.aclose()
-            raise TransferError(f"snapshot {self.snap_id}: tar could not extract: {err}", snapshot_id=self.snap_id)
         await proc.aclose()
+        assert self.errors is not None
+        err = await self.errors.text()
+        if rc:
+            raise TransferError(f"snapshot {self.snap_id}: tar could not extract: {err}", snapshot_id=self.snap_id)
 
     async def kill(self) -> None:
         if self.proc is not None:
@@ -403,6 +438,8 @@ class _Extract:
                 proc.kill()
             await proc.wait()
             await proc.aclose()
+            assert self.errors is not None
+            await self.errors.text()
 
 
 async def import_snapshot(
@@ -471,7 +508,7 @@ async def import_snapshot(
     finally:
         with anyio.CancelScope(shield=True):
             for stage in stages:
-                await anyio.to_thread.run_sync(shutil.rmtree, stage, True)
+                await anyio.to_thread.run_sync(_tree.discard, stage)
             await anyio.to_thread.run_sync(_layers.release_layers, [s.with_suffix("") for s in stages], "import")
     return snap, TransferStats(snapshot_id=snap.id, source_id=record.id, bytes=total, seconds=time.monotonic() - t0)
 
@@ -521,6 +558,6 @@ def _install(record: SnapshotRecord, image: Image, agent: Path, snap_stage: Path
             _layers.hold_layers([snap.path, *_layers.chain_layers(snap.lower)], snap.holder)
         except BaseException:
             for path in placed:
-                shutil.rmtree(path, ignore_errors=True)
+                _tree.discard(path)
             raise
     return snap
