@@ -269,10 +269,15 @@ class _Drain(threading.Thread):
         self.write_fd = -1
         self.start()
 
-    async def text(self) -> str:
-        """What the child wrote (its first ``keep`` bytes), once it closed its stderr."""
+    async def text(self, lines: int = 4, width: int = 240) -> str:
+        """The start of what the child wrote, once it closed its stderr: its first ``lines`` lines, each cut to
+        ``width`` characters (a line may hold a path a workspace made, of any length)."""
         await anyio.to_thread.run_sync(self.join)
-        return self.data.decode(errors="replace").strip()
+        out = [
+            line if len(line) <= width else f"{line[: width // 2]}...{line[-width // 2 :]}"
+            for line in self.data.decode(errors="replace").strip().splitlines()[:lines]
+        ]
+        return "; ".join(out)
 
 
 # ---------------------------------------------------------------------------------------------------- import
