@@ -11,6 +11,7 @@ that CRIU restored (``adopt``), stops its processes and tears it all down. ``Wor
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import secrets
 import shlex
@@ -45,6 +46,8 @@ from ._fork._layers import chain_layers, hold_layers, release_layers
 from ._image import AGENT_DIR, Image, agent_layer
 from ._kernel import Cgroup, Limits, devices_controller, mount_disk, unmount_disk
 from ._security import Security
+
+log = logging.getLogger("bunshin_async.workspace")
 
 __all__ = ["SetupStep", "WorkspaceCore", "WorkspaceSpec"]
 
@@ -227,6 +230,8 @@ class WorkspaceCore:
         if self.spec.limits.disk is not None:  # the upper and work dirs on a tmpfs of that size (Limits.disk)
             self.dir.mkdir(parents=True)
             mount_disk(self.dir, self.spec.limits.disk)
+        else:
+            log.warning("workspace %s: Limits(disk=None): it writes to the host's filesystem without bound", self.id)
         for sub in ("upper", "work", "root") if upper else ("work", "root"):
             (self.dir / sub).mkdir(parents=True)
             if self.spec.security.userns and sub != "root":

@@ -151,7 +151,7 @@ def security_checks() -> list[Check]:
         Check(
             "disk limit",
             Path("/proc/filesystems").exists() and "tmpfs" in (_read("/proc/filesystems") or ""),
-            "Limits(disk=N): the upper layer on a tmpfs of N bytes (Bunshin uses no filesystem project quotas)",
+            "Limits.disk (1 GiB by default): the upper layer on a tmpfs of that size (no filesystem project quotas)",
             "Limits(disk=)",
         )
     )

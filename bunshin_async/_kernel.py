@@ -29,6 +29,10 @@ def parent_name() -> str:
     return Config.current().cgroup_parent
 
 
+DEFAULT_DISK = 1 << 30
+"""``Limits.disk`` by default: a quarter of the default memory limit, which its tmpfs pages count in."""
+
+
 class Limits(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Resource limits of one workspace. ``memory`` in bytes, ``cpus`` in cores (1.5 = one and a half), None for
     no limit. The memory limit kills the workspace's biggest process, never the host or a sibling."""
@@ -36,11 +40,12 @@ class Limits(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     memory: int | None = 4 << 30
     pids: int | None = 4096
     cpus: float | None = None
-    disk: int | None = None
-    """Bytes the workspace may add to its image (its overlay upper layer). Set, the upper layer lives on a tmpfs of
-    that size, charged to the memory limit and never written to the host's disk (this host's kernel has no
-    filesystem project quotas: ``bunshin doctor``); a full disk then fails inside with ENOSPC. None: on the host's
-    filesystem, unlimited."""
+    disk: int | None = DEFAULT_DISK
+    """Bytes the workspace may add to its image (its overlay upper layer): 1 GiB unless raised. The upper and work
+    dirs live on a tmpfs of that size, so a full disk fails inside with ENOSPC and nothing reaches the host's disk
+    (this host's kernel has no filesystem project quotas: ``bunshin doctor``). Its pages count in ``memory``: keep
+    ``disk`` below it (past the memory limit the writer is OOM-killed instead of getting ENOSPC). None lifts the
+    bound: the upper layer on the host's filesystem, unbounded (logged: the workspace can fill the host's disk)."""
     nofile: int | None = 1 << 16
     """RLIMIT_NOFILE (soft and hard) of every process in the workspace (at most the host's hard limit where the host
     cannot raise it: no CAP_SYS_RESOURCE); None keeps the host's."""

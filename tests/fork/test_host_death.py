@@ -16,7 +16,7 @@ import pytest
 
 from bunshin_async import _paths
 from bunshin_async._fork._layers import collect_layers
-from bunshin_async._kernel import CGROUP_ROOT, parent_name
+from bunshin_async._kernel import CGROUP_ROOT, parent_name, unmount_disk
 
 # A host killed outright cannot put KSM's settings back, so the KSM mode is not killed here.
 pytestmark = pytest.mark.fork_modes("criu-cow", "criu")
@@ -59,6 +59,7 @@ async def test_restored_workspaces_die_with_the_host(fork_mode: str) -> None:
                 await anyio.sleep(0.02)
     finally:  # the dead host could not clean up: do it here so the leak check passes
         for ws_id in ids:
+            unmount_disk(_paths.workspaces_dir() / ws_id)  # its Limits.disk tmpfs, which the host mounted
             shutil.rmtree(_paths.workspaces_dir() / ws_id, ignore_errors=True)
             for ctrl in CGROUP_ROOT.iterdir():
                 d = ctrl / parent_name() / f"ws-{ws_id}"
