@@ -33,7 +33,7 @@ from typing import Any
 
 import anyio
 
-from bunshin_async import Security, Workspace
+from bunshin_async import Limits, Security, Workspace
 
 GUEST = Path(__file__).resolve().parent.parent / "tests" / "fork" / "guest_state.py"
 
@@ -95,9 +95,11 @@ def _stats(xs: list[float]) -> dict[str, float]:
     return {"median": round(statistics.median(xs), 1), "p90": round(xs[min(len(xs) - 1, int(0.9 * len(xs)))], 1)}
 
 
-async def _with_state(mib: int, security: Security | None = None) -> tuple[Workspace, float]:
+async def _with_state(
+    mib: int, security: Security | None = None, limits: Limits | None = None
+) -> tuple[Workspace, float]:
     t0 = time.monotonic()
-    ws = Workspace(security=security)
+    ws = Workspace(security=security, limits=limits)
     await ws.start()
     await ws.write_file("/workspace/guest_state.py", GUEST.read_bytes())
     await ws.spawn(["python3", "/workspace/guest_state.py", "server", str(mib)])
@@ -334,6 +336,49 @@ async def security_compare(mib: int, repeat: int, ns: tuple[int, ...]) -> None:
     print(json.dumps({"benchmark": "fork-security", **out}, indent=1))
 
 
+async def disk_compare(mib: int, repeat: int, nested_mib: int, files: int) -> None:
+    """The default disk bound's cost (``--disk both``): forks (snapshot + restore of one copy, the default fork mode)
+    of a parent holding ``mib`` MiB of state and ``files`` small files in its upper dir, and nested forks, with the
+    bound on (``Limits()``: upper on a 1 GiB tmpfs) and off (``Limits(disk=None)``: upper on the host's disk),
+    alternated in one run."""
+    configs = {"on": Limits(), "off": Limits(disk=None)}
+    parents = {name: (await _with_state(mib, limits=lim))[0] for name, lim in configs.items()}
+    forks: dict[str, list[float]] = {name: [] for name in configs}
+    nested: dict[str, list[dict[str, object]]] = {name: [] for name in configs}
+    try:
+        for parent in parents.values():
+            await _http(parent, "/dirty/0")
+            if files:
+                r = await parent.exec(
+                    f"mkdir -p /workspace/many && cd /workspace/many && for d in $(seq {files // 100}); do "
+                    f"mkdir d$d && for f in $(seq 100); do echo $d-$f > d$d/f$f; done; done",
+                    timeout=600,
+                )
+                assert r.exit_code == 0, r
+        for rep in range(repeat):
+            for name in list(configs) if rep % 2 == 0 else list(configs)[::-1]:
+                copy, t = await _fork_one(parents[name])
+                await copy.aclose()
+                forks[name].append(t["total"])
+        for rep in range(2):
+            for name in list(configs) if rep % 2 == 0 else list(configs)[::-1]:
+                nested[name].append(await _nested(parents[name], nested_mib, repeat))
+    finally:
+        for parent in parents.values():
+            await parent.aclose()
+    out: dict[str, Any] = {"benchmark": "fork-disk", "mib": mib, "files": files, "repeat": repeat}
+    for name in configs:
+        totals = [float(n["fork_total_ms"]["median"]) for n in nested[name]]  # type: ignore[index]
+        out[name] = {
+            "fork_total_ms": _stats(forks[name]),
+            "nested_fork_total_ms": _stats(totals),
+            "nested_digest_ok": all(n["digest_ok"] for n in nested[name]),
+        }
+    for key in ("fork_total_ms", "nested_fork_total_ms"):
+        out[f"{key}_on_over_off"] = round(out["on"][key]["median"] / out["off"][key]["median"], 3)
+    print(json.dumps(out, indent=1))
+
+
 async def main(
     mib: int,
     repeat: int,
@@ -403,10 +448,14 @@ if __name__ == "__main__":
     ap.add_argument(
         "--security", choices=("on", "both"), default="on", help="both: only the boundary on vs off comparison"
     )
+    ap.add_argument("--disk", choices=("on", "both"), default="on", help="both: only the disk bound on vs off")
+    ap.add_argument("--files", type=int, default=0, help="--disk both: small files in the parent's upper dir")
     args = ap.parse_args()
     ns = tuple(int(x) for x in args.ns.split(","))
     try:
-        if args.security == "both":
+        if args.disk == "both":
+            anyio.run(disk_compare, args.mib, args.repeat, args.nested_mib, args.files)
+        elif args.security == "both":
             anyio.run(security_compare, args.mib, args.repeat, ns)
         else:
             anyio.run(

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _old_agent import OldAgent, OldAgentWorkspace, old_revision  # noqa: E402
 from _stats import pss_kib, summary  # noqa: E402
 
-from bunshin_async import Security, Workspace  # noqa: E402
+from bunshin_async import Limits, Security, Workspace  # noqa: E402
 
 Factory = Callable[[], Workspace]
 
@@ -153,6 +153,32 @@ async def security_compare(reps: int) -> None:
     print(json.dumps(out, indent=2))
 
 
+async def disk_compare(reps: int) -> None:
+    """The default disk bound's cost (``--disk both``): create-to-first-exec and an exec round trip with the bound
+    on (``Limits()``: the upper dir on a 1 GiB tmpfs) and off (``Limits(disk=None)``), alternated in one run."""
+    configs = {"on": Limits(), "off": Limits(disk=None)}
+    first: dict[str, list[float]] = {name: [] for name in configs}
+    execs: dict[str, list[float]] = {name: [] for name in configs}
+    for rep in range(reps):
+        for name in list(configs) if rep % 2 == 0 else list(configs)[::-1]:
+            t = time.perf_counter()
+            ws = Workspace(limits=configs[name])
+            await ws.start()
+            await ws.exec(["true"])
+            first[name].append(time.perf_counter() - t)
+            for _ in range(10):
+                t = time.perf_counter()
+                await ws.exec(["true"])
+                execs[name].append(time.perf_counter() - t)
+            await ws.aclose()
+    out: dict[str, object] = {"benchmark": "workspace-disk", "date": time.strftime("%Y-%m-%d"), "reps": reps}
+    for name in configs:
+        out[name] = {"create_to_first_exec_ms": summary(first[name]), "exec_true_round_trip_ms": summary(execs[name])}
+    out["create_to_first_exec_on_over_off"] = round(statistics.median(first["on"]) / statistics.median(first["off"]), 3)
+    out["exec_round_trip_on_over_off"] = round(statistics.median(execs["on"]) / statistics.median(execs["off"]), 3)
+    print(json.dumps(out, indent=2))
+
+
 async def measure(make: Factory, reps: int, first: list[float]) -> dict[str, object]:
     execs, shells, pings = await round_trips(make, reps * 10)
     return {
@@ -214,7 +240,11 @@ async def main() -> None:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--security", choices=("on", "both"), default="on", help="both: the boundary on vs off only")
-    if ap.parse_args().security == "both":
+    ap.add_argument("--disk", choices=("on", "both"), default="on", help="both: the default disk bound on vs off only")
+    args = ap.parse_args()
+    if args.disk == "both":
+        anyio.run(disk_compare, int(os.environ.get("BENCH_REPS", "30")))
+    elif args.security == "both":
         anyio.run(security_compare, int(os.environ.get("BENCH_REPS", "30")))
     else:
         anyio.run(main)
