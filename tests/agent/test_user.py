@@ -59,3 +59,20 @@ async def test_user_on_the_debian_image() -> None:
         async with ws.shell(user="nobody") as sh:
             assert sh.path == "/bin/bash"
             assert (await sh.run("whoami")).stdout == "nobody\n"
+
+
+async def test_a_user_name_or_home_too_long_is_refused_not_cut() -> None:
+    """/etc/passwd is the workspace's: a name longer than the agent's buffer would, cut, match another user's
+    groups, and a home longer than PATH_MAX would become another directory. Both are refused."""
+    long_name, short = "u" * 300, "u" * 255
+    home = "/" + "/".join(["h" * 200] * 25)
+    async with Workspace() as ws:
+        append = "import sys; open(sys.argv[1], 'a').write(sys.argv[2])"
+        passwd = f"{long_name}:x:1600:1600::/:/bin/sh\nfar:x:1601:1601::{home}:/bin/sh\n"
+        assert (await ws.exec(["python3", "-c", append, "/etc/passwd", passwd])).ok
+        assert (await ws.exec(["python3", "-c", append, "/etc/group", f"g1:x:4242:{short}\n"])).ok
+        with pytest.raises(InvalidArgument, match="longer than"):
+            await ws.exec(["id", "-G"], user=long_name)
+        with pytest.raises(InvalidArgument, match="longer than PATH_MAX"):
+            await ws.exec(["true"], user="far")
+        assert (await ws.exec(["id", "-G"], user="1777")).stdout == "0\n"  # an unknown uid still runs

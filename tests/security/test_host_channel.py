@@ -74,7 +74,6 @@ async def fresh_connections(ws: Workspace) -> AsyncIterator[None]:
     reach the real agent, are set aside and put back afterwards; those made inside are closed."""
     client = _client(ws)
     held, client._idle = client._idle, []
-    assert held, "a pooled connection to the real agent, to undo the attempt with"
     try:
         yield
     finally:
@@ -90,6 +89,16 @@ async def _still_usable(ws: Workspace) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ case 1
+
+
+async def _own_answer_or_refused(ws: Workspace) -> None:
+    """A copy restored with its socket replaced: CRIU binds the agent's listening socket at its name again (then
+    the copy answers as itself) or the host refuses the replaced one; it never reaches the host's listener."""
+    try:
+        with anyio.fail_after(20):
+            assert await ws.read_file("/workspace/who") == b"parent"
+    except AgentError as exc:
+        assert exc.reason == "socket"
 
 
 REPLACEMENTS = {
@@ -150,26 +159,39 @@ async def test_another_workspaces_agent_is_not_reachable(box: Box) -> None:
         assert await other.read_file("/workspace/marker") == b"other"
 
 
-async def test_every_fork_rollback_and_spare_has_its_own_channel(box: Box) -> None:
-    """Copies restored from one snapshot, and a rollback, each reach their own agent (no name is shared)."""
+async def test_every_copy_rollback_and_spare_has_its_own_channel(box: Box, listener: Listener) -> None:
+    """Copies restored from one snapshot, warm spares and a rollback each reach their own agent; a snapshot taken
+    with the socket replaced gives copies whose socket is replaced too, and they still reach no host socket."""
     ws = box.ws
     await ws.write_file("/workspace/who", "parent")
-    snap = await ws.snapshot()
-    try:
-        copies = await Workspace.from_snapshot(snap, 2)
-        try:
-            for i, c in enumerate(copies):
-                await c.write_file("/workspace/who", f"copy{i}")
-            for i, c in enumerate(copies):
-                assert await c.read_file("/workspace/who") == f"copy{i}".encode()
-        finally:
-            for c in copies:
-                await c.aclose()
-        await ws.write_file("/workspace/who", "changed")
-        await ws.rollback(snap)
-        assert await ws.read_file("/workspace/who") == b"parent"
-    finally:
-        await snap.aclose()
+    async with await ws.snapshot() as snap:
+        async with snap.keep_spares(2) as pool:
+            await pool.wait_ready()
+            copies = await Workspace.from_snapshot(snap, 3)  # two thawed spares and one restored
+            try:
+                for i, c in enumerate(copies):
+                    await c.write_file("/workspace/who", f"copy{i}")
+                for i, c in enumerate(copies):
+                    assert await c.read_file("/workspace/who") == f"copy{i}".encode()
+            finally:
+                for c in copies:
+                    await c.aclose()
+        await ws.exec(f"cd /run/bunshin && mv agent.sock real.sock && ln -s {listener.path} agent.sock")
+        async with await ws.snapshot() as bad:
+            (copy,) = await Workspace.from_snapshot(bad)  # restored: it has no pooled connection
+            try:
+                await _own_answer_or_refused(copy)
+            finally:
+                await copy.aclose()
+            async with fresh_connections(ws):
+                with anyio.fail_after(20), pytest.raises(AgentError):
+                    await ws.exec("echo reached")
+            await ws.rollback(snap)  # the socket as it was at the first snapshot
+            assert await ws.read_file("/workspace/who") == b"parent"
+            await ws.rollback(bad)
+            await _own_answer_or_refused(ws)
+            await ws.rollback(snap)
+            await _still_usable(ws)
 
 
 # ------------------------------------------------------------------------------------------------ case 5
