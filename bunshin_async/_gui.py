@@ -15,7 +15,8 @@ be compared exactly without decoding the PNG.
 from __future__ import annotations
 
 import base64
-import json
+import contextlib
+from collections.abc import Iterator
 
 import msgspec
 
@@ -58,6 +59,22 @@ class Screenshot(msgspec.Struct, frozen=True):
     width: int
     height: int
     digest: str
+
+
+class _ShotHeader(msgspec.Struct, frozen=True):
+    width: int
+    height: int
+    digest: str
+
+
+@contextlib.contextmanager
+def _unreadable(tool: str, out: str) -> Iterator[None]:
+    """What the helpers print comes from inside the workspace (whatever runs there as ``python3`` or ``xdotool``):
+    output of the wrong shape is a ``ToolError``, not a ``KeyError`` or ``ValueError`` of the host."""
+    try:
+        yield
+    except (ValueError, msgspec.DecodeError) as exc:  # binascii.Error and JSON errors are ValueErrors
+        raise ToolError(f"{tool}: unreadable output from the workspace ({exc}): {out[:200]!r}", tool=tool) from exc
 
 
 class Window(msgspec.Struct, frozen=True):
@@ -188,8 +205,10 @@ class Gui:
     async def size(self) -> tuple[int, int]:
         """The screen's width and height in pixels (asked once, then remembered: a screen does not resize)."""
         if self._size is None:
-            out = (await self._xdotool("size", "getdisplaygeometry")).split()
-            self._size = (int(out[0]), int(out[1]))
+            out = await self._xdotool("size", "getdisplaygeometry")
+            with _unreadable("size", out):
+                width, height = map(int, out.split())
+                self._size = (width, height)
         return self._size
 
     async def _point(self, x: int, y: int, tool: str) -> tuple[str, str]:
@@ -207,13 +226,17 @@ class Gui:
         """The whole screen as a PNG, with a digest of its raw pixels."""
         out = await self._helper("shot", "screenshot", SCREENSHOT_MAX_OUTPUT)
         header, _, b64 = out.partition("\n")
-        meta = json.loads(header)
-        self._size = (meta["width"], meta["height"])
-        return Screenshot(png=base64.b64decode(b64), width=meta["width"], height=meta["height"], digest=meta["digest"])
+        with _unreadable("screenshot", out):
+            meta = msgspec.json.decode(header.encode(), type=_ShotHeader)
+            png = base64.b64decode(b64, validate=True)
+        self._size = (meta.width, meta.height)
+        return Screenshot(png=png, width=meta.width, height=meta.height, digest=meta.digest)
 
     async def windows(self) -> list[Window]:
         """The mapped top-level windows, bottom to top in stacking order."""
-        return msgspec.json.decode((await self._helper("windows", "windows")).encode(), type=list[Window])
+        out = await self._helper("windows", "windows")
+        with _unreadable("windows", out):
+            return msgspec.json.decode(out.encode(), type=list[Window])
 
     async def move(self, x: int, y: int) -> None:
         """Move the pointer to (x, y)."""

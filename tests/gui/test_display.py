@@ -11,7 +11,7 @@ import zlib
 import anyio
 import pytest
 
-from bunshin_async import Display, DisplayError, Image, InvalidArgument, Limits, Screenshot, Workspace
+from bunshin_async import Display, DisplayError, Image, InvalidArgument, Limits, Screenshot, ToolError, Workspace
 from bunshin_async.tools import Effect, gui_tools
 
 from .conftest import settled, wait_for
@@ -123,6 +123,41 @@ async def test_dead_x_server_is_display_error(gui_ws: Workspace) -> None:
         await ws.gui.key("Return")
     with pytest.raises(DisplayError):
         await ws.gui.windows()
+
+
+FAKES = {
+    # what a workspace's own python3 (the screenshot and window helpers) or xdotool (the screen size) may print
+    "python3": [
+        '{"width": "wide", "height": 1, "digest": "x"}\nAAAA',
+        '{"width": 1}\nAAAA',
+        "not json",
+        '[{"id": "x"}]',
+    ],
+    "xdotool": ["wide tall", "640", ""],
+}
+
+
+async def test_hostile_helper_output_is_a_tool_error(gui_ws: Workspace) -> None:
+    """The GUI tools parse what programs inside the workspace print: a shape the host does not expect is a
+    ``ToolError``, never a ``KeyError``/``ValueError`` of the host, and the tools work again once they are back."""
+    ws = gui_ws
+    for program, outputs in FAKES.items():
+        for out in outputs:
+            fake = f"#!/bin/sh\nprintf '%s' '{out}'\n"
+            assert (
+                await ws.exec(
+                    ["sh", "-c", f"cat > /usr/local/bin/{program}; chmod 755 /usr/local/bin/{program}"],
+                    stdin=fake.encode(),
+                )
+            ).ok
+            calls = [ws.gui.screenshot, ws.gui.windows] if program == "python3" else [ws.gui.size]
+            for call in calls:
+                with pytest.raises(ToolError, match="unreadable output|helper failed"):
+                    await call()
+        await ws.exec(["rm", f"/usr/local/bin/{program}"])
+    shot = await ws.gui.screenshot()
+    assert (shot.width, shot.height) == await ws.gui.size()
+    assert isinstance(await ws.gui.windows(), list)
 
 
 async def _gone(ws: Workspace) -> bool:
