@@ -6,6 +6,7 @@ failure, an httpx error) are translated once, where the foreign system is called
     BunshinError
     ├── CapabilityMissing        the host lacks a kernel feature, a binary or a privilege (``remedy`` says what to do)
     ├── ImageError               a workspace image is missing or unusable
+    ├── InvalidValue             an argument or setting given to the SDK is out of range (``argument``); a ValueError
     ├── SecurityError            a ``Security`` setting is invalid (``field``)
     ├── WorkspaceError           something went wrong with one workspace (``workspace_id``)
     │   ├── WorkspaceClosed      the workspace was used after ``aclose()`` or its init died
@@ -58,6 +59,7 @@ __all__ = [
     "HostError",
     "ImageError",
     "InvalidArgument",
+    "InvalidValue",
     "LLMConnectionError",
     "LLMError",
     "LLMHTTPError",
@@ -134,6 +136,16 @@ class ImageError(BunshinError):
 
     def __init__(self, message: str, *, image: str) -> None:
         super().__init__(message, image=image)
+
+
+class InvalidValue(BunshinError, ValueError):
+    """An argument or setting given to the SDK is out of range or malformed (``argument`` names it): a limit below
+    its minimum, ``n < 1`` copies, a malformed mode. Also a ``ValueError``, which these were before."""
+
+    argument: str
+
+    def __init__(self, message: str, *, argument: str) -> None:
+        super().__init__(message, argument=argument)
 
 
 class SecurityError(BunshinError):

@@ -22,7 +22,7 @@ import msgspec
 
 from . import _protocol as P
 from ._core import WorkspaceCore
-from ._exceptions import DisplayError, FileNotFound, InvalidArgument, ToolError
+from ._exceptions import DisplayError, FileNotFound, InvalidArgument, InvalidValue, ToolError
 from ._protocol import ExecResult
 
 __all__ = ["DISPLAY", "Display", "Gui", "Screenshot", "Window"]
@@ -46,9 +46,11 @@ class Display(msgspec.Struct, frozen=True):
     def __post_init__(self) -> None:
         for side in (self.width, self.height):
             if isinstance(side, bool) or not isinstance(side, int) or not 16 <= side <= MAX_SIDE:
-                raise ValueError(f"display width and height must be integers in 16..{MAX_SIDE}, not {side!r}")
+                raise InvalidValue(
+                    f"display width and height must be integers in 16..{MAX_SIDE}, not {side!r}", argument="width"
+                )
         if self.depth not in DEPTHS:
-            raise ValueError(f"display depth must be one of {DEPTHS}, not {self.depth!r}")
+            raise InvalidValue(f"display depth must be one of {DEPTHS}, not {self.depth!r}", argument="depth")
 
 
 class Screenshot(msgspec.Struct, frozen=True):

@@ -15,7 +15,7 @@ import anyio
 import msgspec
 
 from ._config import Config
-from ._exceptions import CapabilityMissing
+from ._exceptions import CapabilityMissing, InvalidValue
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 V1_CONTROLLERS = ("memory", "pids", "cpu", "cpuacct", "freezer", "devices")
@@ -52,15 +52,15 @@ class Limits(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     def __post_init__(self) -> None:
         if self.memory is not None and self.memory < (16 << 20):
-            raise ValueError("memory limit must be at least 16 MiB")
+            raise InvalidValue("memory limit must be at least 16 MiB", argument="memory")
         if self.pids is not None and self.pids < 8:
-            raise ValueError("pids limit must be at least 8")
+            raise InvalidValue("pids limit must be at least 8", argument="pids")
         if self.cpus is not None and self.cpus <= 0:
-            raise ValueError("cpus must be positive")
+            raise InvalidValue("cpus must be positive", argument="cpus")
         if self.disk is not None and self.disk < (1 << 20):
-            raise ValueError("disk limit must be at least 1 MiB")
+            raise InvalidValue("disk limit must be at least 1 MiB", argument="disk")
         if self.nofile is not None and not 64 <= self.nofile <= 1 << 20:
-            raise ValueError("nofile must be between 64 and 1048576")
+            raise InvalidValue("nofile must be between 64 and 1048576", argument="nofile")
 
 
 def cgroup_version() -> int | None:

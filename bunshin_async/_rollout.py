@@ -17,7 +17,7 @@ import msgspec
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from ._accounting import ResourceMonitor
-from ._exceptions import BunshinError
+from ._exceptions import BunshinError, InvalidValue
 from ._image import Image
 from ._kernel import Limits
 from ._security import Security
@@ -104,7 +104,7 @@ class WorkspaceLimiter:
 
     def __init__(self, max_workspaces: int) -> None:
         if max_workspaces < 1:
-            raise ValueError("max_workspaces must be at least 1")
+            raise InvalidValue("max_workspaces must be at least 1", argument="max_workspaces")
         self.max_workspaces = max_workspaces
         self.in_use = 0
         self.peak = 0
@@ -112,7 +112,7 @@ class WorkspaceLimiter:
 
     async def acquire(self, k: int = 1) -> None:
         if k > self.max_workspaces:
-            raise ValueError(f"cannot reserve {k} workspaces under a limit of {self.max_workspaces}")
+            raise InvalidValue(f"cannot reserve {k} workspaces under a limit of {self.max_workspaces}", argument="k")
         async with self._changed:
             while self.in_use + k > self.max_workspaces:
                 await self._changed.wait()
@@ -171,7 +171,7 @@ class GroupRollout:
         reward: Callable[[Workspace, Task], Awaitable[tuple[float, str]]] | None = None,
     ) -> None:
         if n < 1:
-            raise ValueError("n must be at least 1")
+            raise InvalidValue("n must be at least 1", argument="n")
         self.task = task
         self.n = n
         self.agent = agent

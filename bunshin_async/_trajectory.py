@@ -19,6 +19,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from ._exceptions import InvalidValue
+
 __all__ = [
     "Fault",
     "Step",
@@ -93,7 +95,7 @@ def iter_trajectories(path: str | os.PathLike[str]) -> Iterator[Trajectory]:
             try:
                 yield _decoder.decode(line)
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                raise ValueError(f"{path}:{lineno}: not a trajectory: {exc}") from None
+                raise InvalidValue(f"{path}:{lineno}: not a trajectory: {exc}", argument="path") from None
 
 
 def load_trajectories(path: str | os.PathLike[str]) -> list[Trajectory]:

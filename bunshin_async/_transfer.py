@@ -46,7 +46,7 @@ import msgspec
 
 from . import _tree, _userns
 from ._core import SetupStep, WorkspaceSpec
-from ._exceptions import ImageError, TransferError
+from ._exceptions import ImageError, InvalidValue, TransferError
 from ._fork import _layers
 from ._fork._snapshot import Snapshot
 from ._image import Image, agent_layer
@@ -181,7 +181,7 @@ async def export_snapshot(snap: Snapshot, *, chunk: int = CHUNK) -> AsyncIterato
     if snap.closed:
         raise TransferError(f"snapshot {snap.id} is closed", snapshot_id=snap.id)
     if not 1 <= chunk <= MAX_FRAME:
-        raise ValueError(f"chunk must be 1..{MAX_FRAME} bytes")
+        raise InvalidValue(f"chunk must be 1..{MAX_FRAME} bytes", argument="chunk")
     await snap.materialize()  # its upper copy becomes its layer, which is what a copy mounts
     record = await anyio.to_thread.run_sync(snapshot_record, snap)
     user = f"export-{secrets.token_hex(4)}"

@@ -33,7 +33,7 @@ from pathlib import Path
 import msgspec
 
 from . import _tree
-from ._exceptions import ImageError
+from ._exceptions import ImageError, InvalidValue
 from ._kernel import alive, owner_token
 
 __all__ = ["DEFAULT_IDMAP", "IdMap", "shifted", "shifted_lower"]
@@ -56,9 +56,11 @@ class IdMap(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     def __post_init__(self) -> None:
         if not (0 < self.host_uid and 0 < self.host_gid and OVERFLOW_ID < self.count):
-            raise ValueError(f"bad id map {self}: the host ids must not be 0 and count must exceed {OVERFLOW_ID}")
+            raise InvalidValue(
+                f"bad id map {self}: the host ids must not be 0 and count must exceed {OVERFLOW_ID}", argument="idmap"
+            )
         if max(self.host_uid, self.host_gid) + self.count > 1 << 32:
-            raise ValueError(f"bad id map {self}: the range passes 2^32")
+            raise InvalidValue(f"bad id map {self}: the range passes 2^32", argument="idmap")
 
     @property
     def suffix(self) -> str:

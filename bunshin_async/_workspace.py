@@ -25,7 +25,7 @@ import msgspec
 from . import _gui
 from . import _protocol as P
 from ._core import SetupStep, WorkspaceCore, WorkspaceSpec
-from ._exceptions import DisplayError, InvalidArgument, ToolTimeout, WorkspaceClosed
+from ._exceptions import DisplayError, InvalidArgument, InvalidValue, ToolTimeout, WorkspaceClosed
 from ._fork import _dump, _restore
 from ._fork._snapshot import Snapshot
 from ._image import Image
@@ -122,7 +122,9 @@ class Workspace:
         if workdir is None:
             workdir = _default_workdir(config.working_dir if config else None)
         if not workdir.startswith("/") or os.path.normpath(workdir) != workdir or workdir == "/":
-            raise ValueError(f"workdir must be a normalized absolute path below /, not {workdir!r}")
+            raise InvalidValue(
+                f"workdir must be a normalized absolute path below /, not {workdir!r}", argument="workdir"
+            )
         spec = WorkspaceSpec(
             image,
             limits=limits or Limits(),

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import anyio
 import msgspec
 
-from ._exceptions import BunshinError, ToolError, ToolTimeout, unwrap_group
+from ._exceptions import BunshinError, InvalidValue, ToolError, ToolTimeout, unwrap_group
 from ._llm._events import ArgumentsComplete, MessageFinished, ToolCall, UsageReported
 from ._llm._openai import tap_openai_stream
 from ._protocol import ExecResult
@@ -181,13 +181,16 @@ async def run_agent(
     """
     if isinstance(workspace, Workspace):
         if speculation is not None:
-            raise ValueError(
+            raise InvalidValue(
                 "with speculation the rollout may move into a fork: pass WorkspaceExecutor(ws, tools) (or a "
-                "CachedSession) and read its .workspace (detach()) afterwards, not the workspace itself"
+                "CachedSession) and read its .workspace (detach()) afterwards, not the workspace itself",
+                argument="workspace",
             )
         executor: ToolExecutor = WorkspaceExecutor(workspace, tools if tools is not None else [bash_tool()])
     elif tools is not None:
-        raise ValueError("an executor brings its own tools: give them to it (cache.session(ws, tools)), not here")
+        raise InvalidValue(
+            "an executor brings its own tools: give them to it (cache.session(ws, tools)), not here", argument="tools"
+        )
     else:
         executor = workspace
     handle: WorkspaceHandle | None = None

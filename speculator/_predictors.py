@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 import xxhash
 
+from bunshin_async import InvalidValue
 from bunshin_async.speculation import CallKey, Candidate, PredictionContext
 
 from ._signature import key_signature, signature
@@ -394,7 +395,7 @@ class NgramModel:
         try:
             table = _table_decoder.decode(gzip.decompress(data))
         except (OSError, EOFError, msgspec.DecodeError, msgspec.ValidationError) as exc:
-            raise ValueError(f"not an n-gram table: {exc}") from None
+            raise InvalidValue(f"not an n-gram table: {exc}", argument="path") from None
         model = cls(table.order)
         for ctx, nexts in table.contexts:
             model.counts[tuple(ctx)].update(nexts)

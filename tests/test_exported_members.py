@@ -104,6 +104,7 @@ def test_every_error_is_a_bunshin_error_and_pickles() -> None:
         _exceptions.StoreFull("full", workspace_id="abc", store="/dev/shm/bunshin-snap", free_bytes=0),
         _exceptions.TransferError("truncated", snapshot_id="0123456789ab"),
         _exceptions.HostError("died", host="n1"),
+        _exceptions.InvalidValue("n must be at least 1", argument="n"),
     ]
     for exc in samples:
         assert isinstance(exc, bunshin_async.BunshinError)
@@ -113,6 +114,28 @@ def test_every_error_is_a_bunshin_error_and_pickles() -> None:
     assert isinstance(timeout, _exceptions.ToolTimeout)
     assert (timeout.stdout, timeout.timeout) == ("partial", 1.5)
     assert "run make setup" in str(samples[0])
+    assert copy.fields == exc.fields == {"argument": "n"}
+
+
+@pytest.mark.unit
+def test_out_of_range_arguments_are_invalid_values() -> None:
+    """What a caller passes wrongly is a BunshinError naming the argument, and still the ValueError it was."""
+    from bunshin_async._cache._store import LayeredStore, MemoryStore
+    from bunshin_async._rollout import WorkspaceLimiter
+
+    cases: list[tuple[Any, str]] = [
+        (lambda: bunshin_async.Limits(memory=1), "memory"),
+        (lambda: bunshin_async.Limits(pids=1), "pids"),
+        (lambda: bunshin_async.Display(depth=3), "depth"),
+        (lambda: bunshin_async.Workspace(workdir="relative"), "workdir"),
+        (lambda: MemoryStore(max_bytes=0), "max_bytes"),
+        (lambda: LayeredStore(), "layers"),
+        (lambda: WorkspaceLimiter(0), "max_workspaces"),
+    ]
+    for make, argument in cases:
+        with pytest.raises(bunshin_async.InvalidValue) as info:
+            make()
+        assert isinstance(info.value, ValueError) and info.value.argument == argument, info.value
 
 
 def test_doctor_reports_this_host(capsys) -> None:  # type: ignore[no-untyped-def]

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import anyio
 import msgspec
 
-from .._exceptions import BunshinError, StoreUnavailable, ToolCallError, ToolError
+from .._exceptions import BunshinError, InvalidValue, StoreUnavailable, ToolCallError, ToolError
 from .._runtime._handle import WorkspaceSlot
 from .._tools import CallClass, Effect, Tool, builtin_tools, lookup
 from ._flight import SingleFlight
@@ -87,7 +87,9 @@ class ToolCache:
         capture_min_duration: float = 0.0,
     ) -> None:
         if not 0.0 <= audit_fraction <= 1.0:
-            raise ValueError(f"audit_fraction must be within [0, 1], not {audit_fraction!r}")
+            raise InvalidValue(
+                f"audit_fraction must be within [0, 1], not {audit_fraction!r}", argument="audit_fraction"
+            )
         self.store: Store = store if store is not None else MemoryStore()
         self.provider = provider
         self.audit_fraction = audit_fraction

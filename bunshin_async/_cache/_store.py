@@ -14,7 +14,7 @@ from typing import Protocol
 
 import msgspec
 
-from .._exceptions import StoreUnavailable
+from .._exceptions import InvalidValue, StoreUnavailable
 
 
 class CacheWarning(UserWarning):
@@ -59,7 +59,7 @@ class MemoryStore:
 
     def __init__(self, max_bytes: int = 64 << 20, *, name: str = "memory") -> None:
         if max_bytes <= 0:
-            raise ValueError("max_bytes must be positive")
+            raise InvalidValue("max_bytes must be positive", argument="max_bytes")
         self.name = name
         self.max_bytes = max_bytes
         self._data: OrderedDict[bytes, bytes] = OrderedDict()
@@ -122,7 +122,7 @@ class LayeredStore:
 
     def __init__(self, *layers: Store, name: str = "layered") -> None:
         if not layers:
-            raise ValueError("a layered store needs at least one layer")
+            raise InvalidValue("a layered store needs at least one layer", argument="layers")
         self.name = name
         self.layers: Sequence[Store] = layers
         self._stats = StoreStats(name=name)

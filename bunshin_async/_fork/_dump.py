@@ -15,7 +15,7 @@ from .. import _criu
 from .._client import AgentClient
 from .._core import WorkspaceCore
 from .._criu import CriuBackend, rpc
-from .._exceptions import ForkError
+from .._exceptions import ForkError, InvalidValue
 from .._image import agent_layer
 from .._kernel import task_status
 from . import _layers, _quiesce, _restore
@@ -39,7 +39,7 @@ async def fork(ws: WorkspaceCore, n: int) -> list[WorkspaceCore]:
     first had started already), and each restores its own copies from it, so one caller's failed or cancelled
     restore does not touch the others. A call that joined a batch whose taker was cancelled joins the next one."""
     if n < 1:
-        raise ValueError("n must be at least 1")
+        raise InvalidValue("n must be at least 1", argument="n")
     coord = coordinator(ws)
     while True:
         batch = coord.open

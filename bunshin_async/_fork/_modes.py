@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .._config import Config
 from .._criu import COW_RESTORE, criu_features, criu_unavailable
-from .._exceptions import CapabilityMissing
+from .._exceptions import CapabilityMissing, InvalidValue
 from ._layers import snapshot_dir
 
 ForkMode = str
@@ -59,7 +59,7 @@ def restore_mode() -> ForkMode:
                 "BUNSHIN_FORK_MODE=ksm but the kernel has no KSM", capability="ksm", remedy="CONFIG_KSM=y"
             )
         return "criu-ksm"
-    raise ValueError(f"BUNSHIN_FORK_MODE={want!r}: expected auto, cow, criu, ksm or fs")
+    raise InvalidValue(f"BUNSHIN_FORK_MODE={want!r}: expected auto, cow, criu, ksm or fs", argument="fork_mode")
 
 
 def _wanted_mode() -> str:

@@ -14,7 +14,7 @@ from .. import _criu, _paths, _tree, _userns
 from .._compat import BaseExceptionGroup
 from .._core import WorkspaceCore, prime_attach
 from .._criu import CriuBackend, rpc
-from .._exceptions import BunshinError, ForkError
+from .._exceptions import BunshinError, ForkError, InvalidValue
 from .._kernel import Cgroup, task_status
 from . import _layers
 from ._layers import MAX_LAYERS, chain_layers, hold_layers, release_layers, store_full
@@ -263,7 +263,7 @@ async def copies(snap: SnapshotRecord, n: int) -> list[WorkspaceCore]:
     """``n`` new live copies of ``snap`` (``Workspace.from_snapshot``): warm spares first, thawed, the rest
     restored now. All or nothing: if one fails the others are closed and the error (``ForkError``) raised."""
     if n < 1:
-        raise ValueError("n must be at least 1")
+        raise InvalidValue("n must be at least 1", argument="n")
     if snap.closed:
         raise ForkError(f"snapshot {snap.id} is closed", workspace_id=snap.workspace_id)
     spares = snap.spares.take(n) if snap.spares is not None else []

@@ -16,7 +16,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from .._core import WorkspaceCore
-from .._exceptions import ForkError
+from .._exceptions import ForkError, InvalidValue
 from ._record import SnapshotRecord
 from ._restore import restore_many
 
@@ -31,7 +31,7 @@ class SparePool:
 
     def __init__(self, snap: SnapshotRecord, k: int) -> None:
         if k < 1:
-            raise ValueError("k must be at least 1")
+            raise InvalidValue("k must be at least 1", argument="k")
         self.snap = snap
         self.k = k
         self.error: BaseException | None = None
@@ -50,7 +50,7 @@ class SparePool:
         if self.snap.closed:
             raise ForkError(f"snapshot {self.snap.id} is closed", workspace_id=self.snap.workspace_id)
         if self.snap.spares is not None:
-            raise ValueError(f"snapshot {self.snap.id} already keeps spares")
+            raise InvalidValue(f"snapshot {self.snap.id} already keeps spares", argument="snap")
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         self.snap.spares = self

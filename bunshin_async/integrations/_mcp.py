@@ -35,7 +35,15 @@ import xxhash
 
 from .. import __version__
 from .._cache._cache import CachedSession, ToolCache
-from .._exceptions import BunshinError, InvalidArgument, ToolCallError, ToolError, ToolTimeout, WorkspaceClosed
+from .._exceptions import (
+    BunshinError,
+    InvalidArgument,
+    InvalidValue,
+    ToolCallError,
+    ToolError,
+    ToolTimeout,
+    WorkspaceClosed,
+)
 from .._gui import Display, Screenshot
 from .._gui_tools import gui_tools
 from .._image import Image
@@ -149,13 +157,13 @@ class WorkspaceServer:
         name: str = "bunshin",
     ) -> None:
         if max_workspaces < 1:
-            raise ValueError("max_workspaces must be at least 1")
+            raise InvalidValue("max_workspaces must be at least 1", argument="max_workspaces")
         if tools is None:
             tools = [*builtin_tools(), *(gui_tools() if display else [])]
         self.tools: dict[str, Tool] = {t.name: t for t in tools}
         for reserved in (_CLOSE, _FORK):
             if reserved in self.tools:
-                raise ValueError(f"{reserved} is a tool name of the server itself")
+                raise InvalidValue(f"{reserved} is a tool name of the server itself", argument="tools")
         self.image = image
         self.limits = limits
         self.display = display

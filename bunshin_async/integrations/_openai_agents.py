@@ -26,7 +26,7 @@ from typing import Literal
 
 import anyio
 
-from .._exceptions import BunshinError, FileNotFound, ToolTimeout
+from .._exceptions import BunshinError, FileNotFound, InvalidValue, ToolTimeout
 from .._image import Image
 from .._kernel import Limits
 from .._workspace import Workspace
@@ -293,7 +293,7 @@ class BunshinSandboxClient(BaseSandboxClient[BunshinSandboxClientOptions | None]
         if not isinstance(inner, BunshinSandboxSession):
             raise TypeError("BunshinSandboxClient.fork expects a BunshinSandboxSession")
         if n < 1:
-            raise ValueError("n must be at least 1")
+            raise InvalidValue("n must be at least 1", argument="n")
         copies = await inner.workspace.fork(n)
         for ws in copies:
             self._live[ws.id] = ws

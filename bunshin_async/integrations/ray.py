@@ -59,7 +59,7 @@ import msgspec
 
 from .. import _gc
 from .._cache._records import SnapshotRef
-from .._exceptions import BunshinError, ForkError, HostError, WorkspaceClosed
+from .._exceptions import BunshinError, ForkError, HostError, InvalidValue, WorkspaceClosed
 from .._fork import _layers
 from .._fork._snapshot import Snapshot
 from .._image import Image
@@ -658,7 +658,7 @@ class RayCluster:
 
     def __init__(self, hosts: Sequence[HostRef], *, lease_seconds: float = 30.0) -> None:
         if not hosts:
-            raise ValueError("a cluster needs at least one host")
+            raise InvalidValue("a cluster needs at least one host", argument="hosts")
         self.hosts = list(hosts)
         self.owner = _owner_token()
         self.lease_seconds = lease_seconds
