@@ -33,8 +33,8 @@ PRIVATE_ALLOWED = {
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # (layer, its modules: a name stands for the module and its submodules; the longest match wins), lowest first
     ("foundation", ("_compat", "_config", "_exceptions", "_protocol", "_public", "_paths", "_trajectory")),
-    ("host interface", ("_kernel", "_userns", "_security", "_criu", "_client", "_docker", "_layers", "_oci", "_gc",
-                        "_fork._layers", "_fork._modes")),
+    ("host interface", ("_tree", "_kernel", "_userns", "_security", "_criu", "_client", "_docker", "_layers", "_oci",
+                        "_gc", "_fork._layers", "_fork._modes")),
     ("images", ("_image",)),
     ("workspace core", ("_core",)),
     ("fork", ("_fork", "_transfer")),
