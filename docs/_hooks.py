@@ -54,13 +54,16 @@ def first_line(path: Path) -> str:
     return doc.split("\n\n")[0].replace("\n", " ").strip()
 
 
-def reference_page(module: str) -> str:
+def reference_page(module: str, names: list[str]) -> str:
+    """The page of one module: its docstring, then exactly the names of its ``__all__``, in that order."""
+    members = "".join(f"        - {n}\n" for n in names)
     return (
         f"# `{module}`\n\n"
         f"::: {module}\n"
         "    options:\n"
         "      show_root_heading: false\n"
         "      show_root_toc_entry: false\n"
+        "      members_order: source\n" + ("      members:\n" + members if names else "      members: false\n")
     )
 
 
@@ -81,8 +84,9 @@ def on_config(config: Any) -> Any:
 def on_files(files: Any, config: Any) -> Any:
     from mkdocs.structure.files import File
 
-    for module in public_modules():
-        files.append(File.generated(config, f"{REFERENCE}/{module}.md", content=reference_page(module)))
+    for module, path in public_modules().items():
+        page = reference_page(module, exported_names(path))
+        files.append(File.generated(config, f"{REFERENCE}/{module}.md", content=page))
     return files
 
 
