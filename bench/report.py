@@ -108,12 +108,14 @@ BENCHES: dict[str, Bench] = {
         "Importing a container image from the local Docker engine, cold and warm, against GNU tar on the same "
         "layers, and create-to-first-exec on an imported image against the built-in base image.",
         (PY, "bench/image_bench.py"),
+        quick_env={"BENCH_REPS": "1"},
     ),
     "integrations": Bench(
         "Integrations",
         "The overhead of driving a workspace through MCP (in process, stdio and streamable HTTP) against a direct "
         "exec.",
         (PY, "bench/integrations_bench.py"),
+        ("--quick",),
     ),
     "peers": Bench(
         "Compared with Docker, Podman and bubblewrap",
