@@ -8,7 +8,8 @@ handed out by the control plane).
 
 Modules, top to bottom: ``_app`` (the ASGI app: routing, authentication, bounded bodies), ``_envd`` (the envd
 services on a workspace), ``_sandboxes`` (the registry: lifecycle, timeouts and the reaper, fork, snapshots, pause),
-``_wire`` (the JSON shapes of both protocols and Connect's framing). Everything reaches a workspace through the
+``_templates`` (template builds as snapshots of a built workspace), ``_wire`` (the JSON shapes of both protocols and
+Connect's framing). Everything reaches a workspace through the
 public ``Workspace`` API (exec, spawn, read_file, write_file, fork, snapshot): the host never looks a path up inside
 a workspace.
 """

@@ -27,6 +27,7 @@ from starlette.types import Message, Receive, Scope, Send
 from .._exceptions import BunshinError
 from . import _envd
 from ._sandboxes import Process, Sandbox, Sandboxes, valid_id
+from ._templates import BuildStart, TemplateRequest, run_build
 from ._wire import (
     HTTP_STATUS,
     KEEPALIVE_EVENT,
@@ -134,7 +135,11 @@ class E2BApp:
             ("/sandboxes/{sandbox_id}/snapshots", "POST", self.snapshot),
             ("/snapshots", "GET", self.list_snapshots),
             ("/templates/{template_id:path}", "DELETE", self.delete_snapshot),
-            ("/v3/templates", "POST", self.templates),
+            ("/v3/templates", "POST", self.request_build),
+            ("/v2/templates/{template_id}/builds/{build_id}", "POST", self.start_build),
+            ("/templates/{template_id}/builds/{build_id}/status", "GET", self.build_status),
+            ("/templates/{template_id}/files/{files_hash}", "GET", self.template_files),
+            ("/templates/aliases/{alias:path}", "GET", self.template_alias),
             ("/v2/templates", "POST", self.templates),
             ("/templates", "POST", self.templates),
         ]
@@ -254,6 +259,48 @@ class E2BApp:
         if not await self.sandboxes.delete_snapshot(request.path_params["template_id"]):
             return _api_error(404, "snapshot not found")
         return Response(status_code=204)
+
+    async def request_build(self, request: Request) -> Response:
+        req = _decode(await _body(request), TemplateRequest)
+        build = self.sandboxes.request_build(req.name, req.tags or [])
+        body = {
+            "templateID": build.template_id,
+            "buildID": build.build_id,
+            "public": False,
+            "names": [build.name],
+            "tags": [a.partition(":")[2] for a in build.aliases if ":" in a],
+            "aliases": [build.name],
+        }
+        return Response(_json.encode(body), 202, media_type="application/json")
+
+    async def start_build(self, request: Request) -> Response:
+        build = self.sandboxes.builds(request.path_params["template_id"])
+        if build.build_id != request.path_params["build_id"] or build.status != "waiting":
+            return _api_error(400, "no such build waiting to start")
+        start = _decode(await _body(request), BuildStart)
+        self.tg.start_soon(run_build, self.sandboxes, build, start)
+        return Response(status_code=202)
+
+    async def build_status(self, request: Request) -> Response:
+        build = self.sandboxes.builds(request.path_params["template_id"])
+        if build.build_id != request.path_params["build_id"]:
+            return _api_error(404, "no such build")
+        offset = request.query_params.get("logsOffset", "0")
+        body = build.status_body(int(offset) if offset.isdigit() and len(offset) < 10 else 0)
+        return Response(_json.encode(body), 200, media_type="application/json")
+
+    async def template_files(self, request: Request) -> Response:
+        return _api_error(
+            400,
+            "COPY steps are not served by bunshin e2b: write files in a RUN step, or bake them into the image you "
+            "import with `bunshin image import`",
+        )
+
+    async def template_alias(self, request: Request) -> Response:
+        out = self.sandboxes.template(request.path_params["alias"])
+        if out is None:
+            return _api_error(404, "template alias not found")
+        return Response(_json.encode({"templateID": out, "public": False}), 200, media_type="application/json")
 
     async def templates(self, request: Request) -> Response:
         return _api_error(

@@ -288,7 +288,7 @@ async def start(sb: Sandbox, req: StartRequest, user: str | None) -> Process:
     sb.next_process += 1
     rel = f"p/{n}"
     argv = ["/bin/sh", "-c", _WRAPPER, "sh", f"{CONTROL_DIR}/{rel}", "1" if req.stdin else "0", cfg.cmd, *cfg.args]
-    cwd = absolute(cfg.cwd) if cfg.cwd else HOME
+    cwd = absolute(cfg.cwd) if cfg.cwd else sb.cwd
     try:
         bg = await ws.spawn(argv, cwd=cwd, env=cfg.envs or None, user=user)
     except BunshinError as exc:

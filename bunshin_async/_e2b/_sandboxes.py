@@ -24,6 +24,7 @@ from .._exceptions import BunshinError, ImageError
 from .._fork._snapshot import Snapshot
 from .._image import Image
 from .._workspace import Workspace
+from ._templates import Build
 from ._wire import ENVD_VERSION, ApiError, NewSandbox, RpcError, SandboxOut, SnapshotOut
 
 DEFAULT_TEMPLATE = "base"
@@ -99,6 +100,8 @@ class Kept:
     source: str
     processes: dict[int, Process]
     next_process: int
+    cwd: str = HOME
+    """Where commands start (a built template's WORKDIR)."""
 
 
 class Sandbox:
@@ -118,6 +121,8 @@ class Sandbox:
         self.paused: Snapshot | None = None
         self.processes: dict[int, Process] = {}
         self.next_process = 0
+        self.cwd = HOME
+        """Where commands start unless they name a directory."""
         self.lock = anyio.Lock()
         """Held by lifecycle changes (pause, resume, kill, fork) so that they do not interleave."""
 
@@ -174,6 +179,7 @@ class Sandboxes:
         self._snapshots: dict[str, Kept] = {}
         self._starting = 0
         self._imports: dict[str, anyio.Lock] = {}
+        self._builds: dict[str, Build] = {}
         self.reaped = 0
         """How many sandboxes the reaper closed because their timeout passed."""
 
@@ -194,7 +200,7 @@ class Sandboxes:
 
     def snapshots(self, sandbox_id: str | None) -> list[SnapshotOut]:
         unique = {id(k.snap): k for k in self._snapshots.values()}
-        return [k.out for k in unique.values() if sandbox_id in (None, k.source)]
+        return [k.out for k in unique.values() if k.source and sandbox_id in (None, k.source)]
 
     # ------------------------------------------------------------------------------------------------ lifecycle
 
@@ -232,6 +238,28 @@ class Sandboxes:
             if not lock.locked() and self._imports.get(ref) is lock:
                 del self._imports[ref]
 
+    async def fresh(
+        self, template_id: str, metadata: Mapping[str, str], env: Mapping[str, str] | None = None
+    ) -> Workspace:
+        """A new, prepared workspace of the image ``template_id`` names (the caller closes it)."""
+        ws = _workspace(await self._image(template_id, metadata), env or {})
+        await ws.start()
+        try:
+            await prepare(ws)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await ws.aclose()
+            raise
+        return ws
+
+    async def restore(self, template_id: str) -> Workspace:
+        """A copy of the snapshot or built template ``template_id`` names (the caller closes it)."""
+        kept = self._snapshots.get(template_id)
+        if kept is None:
+            raise ApiError(f"no template or snapshot {template_id!r} on this server", status=404)
+        (ws,) = await Workspace.from_snapshot(kept.snap, 1)
+        return ws
+
     async def create(self, req: NewSandbox) -> Sandbox:
         metadata = req.metadata or {}
         self._admit(1)
@@ -240,23 +268,52 @@ class Sandboxes:
             sb = Sandbox(req.template_id, metadata, req.timeout)
             kept = self._snapshots.get(req.template_id)
             if kept is not None:
-                (sb.ws,) = await Workspace.from_snapshot(kept.snap, 1)
+                sb.ws = await self.restore(req.template_id)
+                if req.env_vars:
+                    sb.ws.env = {**sb.ws.env, **req.env_vars}
                 sb.processes = {pid: p.copy() for pid, p in kept.processes.items()}
                 sb.next_process = kept.next_process
+                sb.cwd = kept.cwd
             else:
-                ws = _workspace(await self._image(req.template_id, metadata), req.env_vars or {})
-                await ws.start()
-                sb.ws = ws
-                try:
-                    await prepare(ws)
-                except BaseException:
-                    with anyio.CancelScope(shield=True):
-                        await ws.aclose()
-                    raise
+                sb.ws = await self.fresh(req.template_id, metadata, req.env_vars)
             self._sandboxes[sb.id] = sb
             return sb
         finally:
             self._starting -= 1
+
+    # ------------------------------------------------------------------------------------------------ templates
+
+    def template(self, alias: str) -> str | None:
+        """The id of the built template or snapshot ``alias`` names, if any."""
+        kept = self._snapshots.get(alias)
+        return kept.out.snapshot_id if kept is not None else None
+
+    def builds(self, template_id: str) -> Build:
+        build = self._builds.get(template_id)
+        if build is None:
+            raise ApiError(f"template {template_id!r} not found", status=404)
+        return build
+
+    def request_build(self, name: str, tags: list[str]) -> Build:
+        if not name or len(name) > 200:
+            raise ApiError("a template needs a name (at most 200 characters)", status=400)
+        build = Build(name, [name, *(f"{name}:{t}" for t in tags or ["default"])])
+        self._builds[build.template_id] = build
+        finished = [k for k, b in self._builds.items() if b.status in ("ready", "error")]
+        for key in finished[: max(0, len(self._builds) - 256)]:  # forget the oldest finished builds
+            del self._builds[key]
+        return build
+
+    async def keep_template(self, ws: Workspace, build: Build, workdir: str) -> None:
+        """Snapshot a built workspace under the template's id and names (replacing an older build of them)."""
+        snap = await ws.snapshot()
+        kept = Kept(snap, SnapshotOut(snapshot_id=build.template_id, names=list(build.aliases)), "", {}, 0, workdir)
+        replaced = {id(self._snapshots[k].snap): self._snapshots[k] for k in build.aliases if k in self._snapshots}
+        for key in [build.template_id, *build.aliases]:
+            self._snapshots[key] = kept
+        for old in replaced.values():
+            if not any(v is old for v in self._snapshots.values()):
+                await old.snap.aclose()
 
     async def kill(self, sandbox_id: str) -> None:
         sb = self.get(sandbox_id)
@@ -325,6 +382,7 @@ class Sandboxes:
                 child.ws = ws_copy
                 child.processes = {pid: p.copy() for pid, p in sb.processes.items()}
                 child.next_process = sb.next_process
+                child.cwd = sb.cwd
                 self._sandboxes[child.id] = child
                 out.append(child)
             return out
@@ -337,7 +395,7 @@ class Sandboxes:
             snap = await sb.workspace().snapshot()
             processes = {pid: p.copy() for pid, p in sb.processes.items()}
         snap_id = f"snap{snap.id}"
-        kept = Kept(snap, SnapshotOut(snapshot_id=snap_id, names=[name] if name else []), sb.id, processes, 0)
+        kept = Kept(snap, SnapshotOut(snapshot_id=snap_id, names=[name] if name else []), sb.id, processes, 0, sb.cwd)
         kept.next_process = sb.next_process
         self._snapshots[snap_id] = kept
         if name:  # a name is another id of the same snapshot, as E2B's templates have aliases

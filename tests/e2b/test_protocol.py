@@ -108,8 +108,11 @@ async def test_the_app_checks_keys_tokens_ids_and_bounds() -> None:
             assert (await client.post("/v2/sandboxes", headers=key, content=big)).status_code == 413
             bad = await client.post("/v2/sandboxes", headers=key, content=b'{"templateID": 5}')
             assert bad.status_code == 400
-            build = await client.post("/v3/templates", headers=key, content=b"{}")
-            assert build.status_code == 501 and "bunshin image import" in build.json()["message"]
+            legacy = await client.post("/v2/templates", headers=key, content=b"{}")  # the SDK's older build API
+            assert legacy.status_code == 501 and "bunshin image import" in legacy.json()["message"]
+            assert (await client.post("/v3/templates", headers=key, content=b"{}")).status_code == 400  # no name
+            status = await client.get("/templates/tpl00/builds/bld00/status", headers=key)
+            assert status.status_code == 404
             # envd: an unknown sandbox is what E2B's proxy says about a killed one
             gone = await client.post("/process.Process/List", headers={"E2b-Sandbox-Id": "abc123"}, content=b"{}")
             assert gone.status_code == 502 and "was not found" in gone.json()["message"]

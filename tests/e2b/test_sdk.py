@@ -6,6 +6,7 @@ import io
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import anyio
@@ -91,8 +92,14 @@ def test_sync_lifecycle_commands_and_exit_code(e2b_server: Served) -> None:
         # output larger than what a pump reads at once, past the offset where it reads with tail, on both streams
         big = sbx.commands.run("head -c 5000000 /dev/zero | tr '\\0' a; head -c 300000 /dev/zero | tr '\\0' b >&2")
         assert (big.stdout, big.stderr) == ("a" * 5_000_000, "b" * 300_000)
-        # a finished command leaves no control directory behind (only the one of the command asking)
-        assert sbx.commands.run("ls /run/e2b/p | wc -l").stdout == "1\n"
+        # a finished command leaves no control directory behind (it goes just after the command's end is sent: only
+        # the one of the command asking is left once the one before has gone)
+        for _ in range(50):
+            if sbx.commands.run("ls /run/e2b/p | wc -l").stdout == "1\n":
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError(sbx.commands.run("ls /run/e2b/p").stdout)
         info_ = sbx.get_info()
         assert (info_.sandbox_id, info_.metadata, info_.state.value) == (sbx.sandbox_id, {"suite": "sync"}, "running")
         assert sbx.is_running()
@@ -343,3 +350,30 @@ async def test_a_docker_reference_is_a_template(e2b_server: Served) -> None:
     finally:
         for sbx in sandboxes:
             await sbx.kill()
+
+
+async def test_async_template_build_is_a_snapshot_of_the_built_workspace(e2b_server: Served) -> None:
+    template = (
+        e2b.Template()
+        .from_template("base")
+        .set_envs({"GREETING": "built"})
+        .run_cmd("mkdir -p /srv/app && echo marker > /srv/app/marker")
+        .set_workdir("/srv/app")
+        .set_start_cmd(
+            'python3 -c \'import time; open("/tmp/ready", "w").close(); time.sleep(3600)\'', "test -e /tmp/ready"
+        )
+    )
+    logs: list[str] = []
+    await e2b.AsyncTemplate.build(template, "bunshin-tpl", on_build_logs=lambda e: logs.append(e.message))
+    assert any("build ready" in line for line in logs)
+    assert await e2b.AsyncTemplate.exists("bunshin-tpl")
+    assert not await e2b.AsyncTemplate.exists("no-such-tpl")
+    async with await AsyncSandbox.create("bunshin-tpl") as sbx:
+        assert (await sbx.commands.run("cat marker; pwd; echo $GREETING")).stdout == "marker\n/srv/app\nbuilt\n"
+        assert (await sbx.commands.run("pgrep -f time.sleep")).exit_code == 0  # the start command still runs
+    failing = e2b.Template().from_template("base").run_cmd("exit 7")
+    with pytest.raises(e2b.BuildException, match="exited with 7"):
+        await e2b.AsyncTemplate.build(failing, "bunshin-bad")
+    copying = e2b.Template().from_template("base").copy("conftest.py", "/tmp/x.py")
+    with pytest.raises(e2b.exceptions.FileUploadException, match="COPY"):
+        await e2b.AsyncTemplate.build(copying, "bunshin-copy")
