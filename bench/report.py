@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import io
 import json
 import os
 import platform
@@ -142,6 +143,7 @@ BENCHES: dict[str, Bench] = {
         "The template kernel module (`kmod/`) inside a qemu guest: pinning a template, a copy's map, and CRIU "
         "forks through the module against criu-cow. Emulated (TCG), so ratios only.",
         (PY, "bench/kmod_bench.py"),
+        ("--sizes", "32,128", "--criu-sizes", "32"),
     ),
     "soak": Bench(
         "Reliability soak",
@@ -393,6 +395,8 @@ def page(name: str) -> str:
         ]
         return "\n".join(out)
     out += [provenance(rec), ""]
+    if name in PLOTS:
+        out += [f"![{bench.title.replace('`', '')}](img/{name}.png)", ""]
     # what the record says already (when, where) is not repeated from the benchmark's own output
     result = {k: v for k, v in rec["result"].items() if k not in ("benchmark", "date", "machine")}
     shown: tuple[str, ...] = ()
@@ -407,6 +411,71 @@ def page(name: str) -> str:
         "",
     ]
     return "\n".join(out).replace("\n\n\n", "\n\n")
+
+
+def _fork_plot(rec: dict[str, Any], ax: Any) -> bool:
+    modes = {"criu": "stock CRIU", "cow": "copy-on-write (criu-cow)"}
+    drawn = False
+    for mode, name in modes.items():
+        per = dig(rec, mode)
+        if not isinstance(per, dict):
+            continue
+        points = sorted(
+            (int(k[1:]), v["fork_total_ms"]["median"], v.get("total_pss_mib_resident"))
+            for k, v in per.items()
+            if re.fullmatch(r"n\d+", k) and isinstance(v, dict) and "fork_total_ms" in v
+        )
+        if points:
+            ax[0].plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
+            ax[1].plot([p[0] for p in points], [p[2] for p in points], marker="o", label=name)
+            drawn = True
+    ax[0].set(xlabel="copies", ylabel="whole fork (ms, median)", title="fork time")
+    ax[1].set(xlabel="copies", ylabel="total PSS of the copies (MiB)", title="memory of the copies")
+    return drawn
+
+
+def _experiment_plot(rec: dict[str, Any], ax: Any) -> bool:
+    configs = [c for c in dig(rec, "configs") or [] if isinstance(c, dict) and "name" in c]
+    if not configs:
+        return False
+    names = [c["name"] for c in configs]
+    ax[0].bar(names, [c.get("group_latency_s", 0) for c in configs])
+    ax[0].set(ylabel="group latency (s)", title="latency")
+    ax[1].bar(names, [c.get("total_memory_gib_s", 0) for c in configs])
+    ax[1].set(ylabel="total memory (GiB·s)", title="memory over the run")
+    for a in ax:
+        a.tick_params(axis="x", labelrotation=30)
+    return True
+
+
+PLOTS: dict[str, Callable[[dict[str, Any], Any], bool]] = {"fork": _fork_plot, "experiment": _experiment_plot}
+
+
+def plot(name: str, rec: dict[str, Any] | None) -> bytes | None:
+    """A PNG of the benchmark's main figures (matplotlib, if installed), or None."""
+    draw = PLOTS.get(name)
+    if draw is None or rec is None:
+        return None
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(1, 2, figsize=(10, 3.6))
+    try:
+        if not draw(rec, ax):
+            return None
+        if ax[0].get_legend_handles_labels()[0]:
+            ax[0].legend()
+        fig.suptitle(f"{BENCHES[name].title.replace('`', '')}: {rec['started']}, load up to {rec['load']['max']}")
+        fig.tight_layout()
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=90, metadata={"Software": None})
+        return buf.getvalue()
+    finally:
+        plt.close(fig)
 
 
 def dig(rec: dict[str, Any] | None, *keys: str) -> Any:
@@ -528,11 +597,14 @@ def index() -> str:
     )
 
 
-def rendered() -> dict[Path, str]:
+def rendered() -> dict[Path, str | bytes]:
     """Every generated file with its content."""
-    files = {PAGES / "index.md": index()}
+    files: dict[Path, str | bytes] = {PAGES / "index.md": index()}
     for name in BENCHES:
         files[PAGES / f"{name}.md"] = page(name)
+        png = plot(name, load(name))
+        if png is not None:
+            files[PAGES / "img" / f"{name}.png"] = png
     block = headline()
     for path in HEADLINE_FILES:
         text = path.read_text()
@@ -545,6 +617,14 @@ def rendered() -> dict[Path, str]:
 def render(check: bool) -> int:
     stale = []
     for path, content in rendered().items():
+        if isinstance(content, bytes):  # a plot: its pixels may differ between matplotlib builds; it must exist
+            if check:
+                if not path.exists():
+                    stale.append(str(path.relative_to(ROOT)))
+            else:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(content)
+            continue
         if path.exists() and path.read_text() == content:
             continue
         if check:

@@ -74,6 +74,17 @@ def test_a_missing_public_name_fails_the_strict_build(caplog: pytest.LogCaptureF
     assert "import_snapshot" in caplog.text and "export_snapshot" not in caplog.text.split(":")[-1]
 
 
+def test_troubleshooting_names_every_error() -> None:
+    import bunshin_async
+
+    text = (ROOT / "docs" / "troubleshooting.md").read_text()
+    errors = [n for n in bunshin_async.__all__ if isinstance(getattr(bunshin_async, n), type)
+              and issubclass(getattr(bunshin_async, n), bunshin_async.BunshinError)]  # fmt: skip
+    assert len(errors) > 20
+    missing = [n for n in errors if n != "BunshinError" and f"`{n}" not in text]
+    assert not missing, f"docs/troubleshooting.md does not say when these are raised: {missing}"
+
+
 def test_llms_txt_links_every_page_of_the_nav(site: Path) -> None:
     text = (site / "llms.txt").read_text()
     for page in nav():
