@@ -379,6 +379,41 @@ async def disk_compare(mib: int, repeat: int, nested_mib: int, files: int) -> No
     print(json.dumps(out, indent=1))
 
 
+async def copier_compare(files: int, repeat: int) -> None:
+    """Fork latency (snapshot + restore of one copy) of a workspace holding ``files`` small files in its upper dir,
+    the tree copied by ``_tree`` (descriptors, any depth) and by ``cp -a`` (what copied trees of more than 512
+    entries before it; it fails past PATH_MAX), alternated in one run (``--copier both``)."""
+    from bunshin_async._fork import _layers
+
+    ours = _layers.copy_tree
+
+    async def cp_a(src: Path, dst: Path, *, workspace_id: str = "") -> None:
+        await anyio.run_process(["cp", "-a", "--reflink=auto", "--", str(src), str(dst)])
+
+    copiers = {"tree": ours, "cp": cp_a}
+    times: dict[str, list[float]] = {name: [] for name in copiers}
+    async with Workspace() as ws:
+        r = await ws.exec(
+            f"mkdir -p /workspace/many && cd /workspace/many && for d in $(seq {max(files // 100, 1)}); do "
+            f"mkdir d$d && for f in $(seq 100); do echo $d-$f > d$d/f$f; done; done",
+            timeout=900,
+        )
+        assert r.exit_code == 0, r
+        try:
+            for rep in range(repeat):
+                for name in list(copiers) if rep % 2 == 0 else list(copiers)[::-1]:
+                    _layers.copy_tree = copiers[name]  # type: ignore[assignment]
+                    copy, t = await _fork_one(ws)
+                    await copy.aclose()
+                    times[name].append(t["total"])
+        finally:
+            _layers.copy_tree = ours  # type: ignore[assignment]
+    out: dict[str, Any] = {"benchmark": "fork-copier", "files": files, "repeat": repeat}
+    out.update({name: {"fork_total_ms": _stats(times[name])} for name in copiers})
+    out["tree_over_cp"] = round(statistics.median(times["tree"]) / statistics.median(times["cp"]), 3)
+    print(json.dumps(out, indent=1))
+
+
 async def main(
     mib: int,
     repeat: int,
@@ -449,11 +484,14 @@ if __name__ == "__main__":
         "--security", choices=("on", "both"), default="on", help="both: only the boundary on vs off comparison"
     )
     ap.add_argument("--disk", choices=("on", "both"), default="on", help="both: only the disk bound on vs off")
-    ap.add_argument("--files", type=int, default=0, help="--disk both: small files in the parent's upper dir")
+    ap.add_argument("--files", type=int, default=0, help="--disk/--copier both: small files in the upper dir")
+    ap.add_argument("--copier", choices=("tree", "both"), default="tree", help="both: _tree vs cp -a, --files N")
     args = ap.parse_args()
     ns = tuple(int(x) for x in args.ns.split(","))
     try:
-        if args.disk == "both":
+        if args.copier == "both":
+            anyio.run(copier_compare, args.files, args.repeat)
+        elif args.disk == "both":
             anyio.run(disk_compare, args.mib, args.repeat, args.nested_mib, args.files)
         elif args.security == "both":
             anyio.run(security_compare, args.mib, args.repeat, ns)

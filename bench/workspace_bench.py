@@ -15,12 +15,12 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _old_agent import OldAgent, OldAgentWorkspace, old_revision  # noqa: E402
 from _stats import pss_kib, summary  # noqa: E402
 
 from bunshin_async import Limits, Security, Workspace  # noqa: E402
@@ -108,16 +108,15 @@ async def concurrent_creations(make: Factory, n: int) -> dict[str, object]:
     return {"n": n, "wall_ms": round(wall * 1000, 1), "per_workspace": summary(latencies)}
 
 
-async def security_compare(reps: int) -> None:
-    """The boundary's cost (``--security both``): the same measurements with the boundary on (the default) and with
-    ``Security.off()``, alternated in one run."""
-    configs = {"on": Security(), "off": Security.off()}
-    first: dict[str, list[float]] = {name: [] for name in configs}
-    execs: dict[str, list[float]] = {name: [] for name in configs}
+async def _alternated(makers: dict[str, Factory], reps: int) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Create-to-first-exec and 10 exec round trips per workspace, for each maker in turn (order alternated per rep,
+    so both see the same machine load)."""
+    first: dict[str, list[float]] = {name: [] for name in makers}
+    execs: dict[str, list[float]] = {name: [] for name in makers}
     for rep in range(reps):
-        for name in list(configs) if rep % 2 == 0 else list(configs)[::-1]:
+        for name in list(makers) if rep % 2 == 0 else list(makers)[::-1]:
             t = time.perf_counter()
-            ws = Workspace(security=configs[name])
+            ws = makers[name]()
             await ws.start()
             await ws.exec(["true"])
             first[name].append(time.perf_counter() - t)
@@ -126,6 +125,14 @@ async def security_compare(reps: int) -> None:
                 await ws.exec(["true"])
                 execs[name].append(time.perf_counter() - t)
             await ws.aclose()
+    return first, execs
+
+
+async def security_compare(reps: int) -> None:
+    """The boundary's cost (``--security both``): the same measurements with the boundary on (the default) and with
+    ``Security.off()``, alternated in one run."""
+    configs = {"on": Security(), "off": Security.off()}
+    first, execs = await _alternated({name: partial(Workspace, security=sec) for name, sec in configs.items()}, reps)
     pss: dict[str, float] = {}
     for name, sec in configs.items():
         workspaces = [Workspace(security=sec) for _ in range(8)]
@@ -157,20 +164,7 @@ async def disk_compare(reps: int) -> None:
     """The default disk bound's cost (``--disk both``): create-to-first-exec and an exec round trip with the bound
     on (``Limits()``: the upper dir on a 1 GiB tmpfs) and off (``Limits(disk=None)``), alternated in one run."""
     configs = {"on": Limits(), "off": Limits(disk=None)}
-    first: dict[str, list[float]] = {name: [] for name in configs}
-    execs: dict[str, list[float]] = {name: [] for name in configs}
-    for rep in range(reps):
-        for name in list(configs) if rep % 2 == 0 else list(configs)[::-1]:
-            t = time.perf_counter()
-            ws = Workspace(limits=configs[name])
-            await ws.start()
-            await ws.exec(["true"])
-            first[name].append(time.perf_counter() - t)
-            for _ in range(10):
-                t = time.perf_counter()
-                await ws.exec(["true"])
-                execs[name].append(time.perf_counter() - t)
-            await ws.aclose()
+    first, execs = await _alternated({name: partial(Workspace, limits=lim) for name, lim in configs.items()}, reps)
     out: dict[str, object] = {"benchmark": "workspace-disk", "date": time.strftime("%Y-%m-%d"), "reps": reps}
     for name in configs:
         out[name] = {"create_to_first_exec_ms": summary(first[name]), "exec_true_round_trip_ms": summary(execs[name])}
@@ -193,6 +187,8 @@ async def measure(make: Factory, reps: int, first: list[float]) -> dict[str, obj
 
 
 async def main() -> None:
+    from _old_agent import OldAgent, OldAgentWorkspace, old_revision  # only here: --security/--disk both need none
+
     reps = int(os.environ.get("BENCH_REPS", "30"))
     factories: dict[str, Factory] = {"c": Workspace}
     rev = old_revision() if os.environ.get("BENCH_OLD_AGENT", "1") != "0" else None

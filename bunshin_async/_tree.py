@@ -71,6 +71,15 @@ class _Level:
         self.st = st
 
 
+def _level(fd: int, name: str, st: os.stat_result | None) -> _Level:
+    """A one-descriptor level taking ``fd`` (closed if the level cannot be made)."""
+    try:
+        return _Level([fd], name, st if st is not None else os.fstat(fd))
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 class _Stack:
     """The levels of a walk from the root to the current directory, with at most ``FD_DEPTH`` of them holding
     descriptors."""
@@ -221,7 +230,10 @@ class _Copy:
                 raise _changed(f"file {name!r}")
             fo = os.open(name, _NEW, 0o600, dir_fd=d)
             try:
-                self._data(fi, fo, got.st_size)
+                if got.st_blocks * 512 >= got.st_size:  # no hole to keep: one run from 0, no seeks
+                    self._dense(fi, fo, got.st_size)
+                else:
+                    self._data(fi, fo, got.st_size)
                 os.fchown(fo, got.st_uid, got.st_gid)
                 os.fchmod(fo, stat.S_IMODE(got.st_mode))  # after the chown, which clears set-id bits
                 _copy_xattrs(fi, fo)  # after the chown, which drops security.capability
@@ -234,6 +246,15 @@ class _Copy:
                     os.close(fo)
         finally:
             os.close(fi)
+
+    def _dense(self, fi: int, fo: int, size: int) -> None:
+        at = 0
+        while at < size:
+            n = self._range(fi, fo, at, min(size - at, _CHUNK), seek=False)
+            if n == 0:  # the file shrank under us: the rest is a hole
+                os.ftruncate(fo, size)
+                return
+            at += n
 
     def _data(self, fi: int, fo: int, size: int) -> None:
         """The data runs of ``fi`` into ``fo`` at the same offsets; holes stay holes."""
@@ -257,15 +278,18 @@ class _Copy:
             pos = end
         os.ftruncate(fo, size)
 
-    def _range(self, fi: int, fo: int, at: int, count: int) -> int:
+    def _range(self, fi: int, fo: int, at: int, count: int, *, seek: bool = True) -> int:
+        """Copy ``count`` bytes at ``at`` of ``fi`` to the same offset of ``fo``; ``seek=False``: ``fo``'s file
+        position is ``at`` already (a dense copy from 0)."""
         if not self.cross:
             try:
                 return os.copy_file_range(fi, fo, count, at, at)
             except OSError as exc:
                 if exc.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
                     raise
-                self.cross = True
-        os.lseek(fo, at, os.SEEK_SET)
+                self.cross = seek = True  # copy_file_range never moved fo's file position
+        if seek:
+            os.lseek(fo, at, os.SEEK_SET)
         return os.sendfile(fo, fi, at, count)
 
 
@@ -383,12 +407,7 @@ def _remove_below(top: int) -> OSError | None:
                 os.close(child)
                 first = first or OSError(errno.EXDEV, f"{name!r} is a mount point: left in place")
                 continue
-            try:
-                level = _Level([child], name, st)
-            except BaseException:
-                os.close(child)
-                raise
-            stack.push(level)
+            stack.push(_level(child, name, st))
     finally:
         stack.close()
     return first
@@ -434,12 +453,7 @@ def walk(path: str | Path) -> Iterator[Entry]:
     entry removed or replaced while the walk goes is skipped (a live workspace's tree may change under it).
     Closing the iterator closes every descriptor."""
     top = os.open(path, _DIR)
-    try:
-        root = _Level([top], "", os.fstat(top))
-    except BaseException:
-        os.close(top)
-        raise
-    stack = _Stack(root)
+    stack = _Stack(_level(top, "", None))
     try:
         while stack.levels:
             lv = stack.levels[-1]
@@ -462,11 +476,7 @@ def walk(path: str | Path) -> Iterator[Entry]:
                     if exc.errno == errno.ELOOP:  # replaced by a symlink: never followed
                         continue
                     raise
-                try:
-                    level = _Level([child], name, st)
-                except BaseException:
-                    os.close(child)
-                    raise
+                level = _level(child, name, st)
                 if level.ids[0] != _ident(st):  # another directory moved in under that name
                     os.close(child)
                     continue
