@@ -77,6 +77,8 @@ fi
 
 # verl's own environment (verl pulls torch; the main venv stays light): rebuilt only when its lock changes.
 scripts/verl-env.sh
+# The agent harnesses' environments (inspect-ai, mini-swe-agent; Harbor where Python >= 3.12): rebuilt per lock.
+scripts/harness-env.sh
 
 log "snapshot store"
 .venv/bin/bunshin snapstore

@@ -3,7 +3,9 @@
 - ``bunshin_async.integrations.mcp``: an MCP server exposing workspaces' tools, and MCP servers' tools as Bunshin
   ``Tool``s (extra ``bunshin[mcp]``);
 - ``bunshin_async.integrations.openai_agents``: a sandbox client for the OpenAI Agents SDK (``bunshin[openai-agents]``);
-- ``bunshin_async.integrations.skyrl``: a SkyRL-gym environment (``bunshin[skyrl]``).
+- ``bunshin_async.integrations.skyrl``: a SkyRL-gym environment (``bunshin[skyrl]``);
+- ``bunshin_async.integrations.mini_swe_agent``: an environment class for mini-swe-agent (``bunshin[mini-swe-agent]``,
+  in an environment of its own: ``scripts/harness-env.sh``).
 
 Importing this package imports no framework; importing a module whose framework is missing raises
 ``CapabilityMissing`` naming the extra to install.

@@ -18,7 +18,8 @@ pytestmark = pytest.mark.unit
 def test_the_package_imports_no_framework() -> None:
     code = (
         "import sys, bunshin_async.integrations\n"
-        "loaded = {'mcp', 'agents', 'skyrl_gym', 'verl', 'torch'} & set(sys.modules)\n"
+        "frameworks = {'mcp', 'agents', 'skyrl_gym', 'verl', 'torch', 'minisweagent', 'inspect_ai', 'harbor'}\n"
+        "loaded = frameworks & set(sys.modules)\n"
         "assert not loaded, loaded\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -40,3 +41,6 @@ def test_a_missing_framework_names_its_extra() -> None:
     # verl lives in its own environment, not this one: importing its module here says where to get it.
     with pytest.raises(CapabilityMissing, match=r"bunshin\[verl\]"):
         importlib.import_module("bunshin_async.integrations.verl")
+    # so do the agent harnesses (scripts/harness-env.sh)
+    with pytest.raises(CapabilityMissing, match=r"bunshin\[mini-swe-agent\]"):
+        importlib.import_module("bunshin_async.integrations.mini_swe_agent")
