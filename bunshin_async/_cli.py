@@ -40,8 +40,8 @@ def main(argv: list[str] | None = None) -> int:
 
     add_e2b_arguments(sub.add_parser("e2b", help="serve an E2B-compatible API on workspaces (needs bunshin[e2b])"))
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["replay-server"]:  # its options live with it (bunshin_async._llm._replay.main)
-        from ._llm._replay import main as replay_main
+    if argv[:1] == ["replay-server"]:  # its options live with it (bunshin_async._llm._replay_cli.main)
+        from ._llm._replay_cli import main as replay_main
 
         return replay_main(argv[1:])
     args = parser.parse_args(argv)

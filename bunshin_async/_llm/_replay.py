@@ -18,20 +18,20 @@ are skipped; a ``submit`` or tool-less step is the final turn (``finish_reason: 
 
 from __future__ import annotations
 
-import argparse
 import os
-import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Literal
+from typing import Any
 
 import anyio
 import msgspec
 
 from .._trajectory import Fault, Trajectory, load_trajectories
 from ._http import HTTPRequest, Responder, serve_http
-from ._timing import FixedTiming, LognormalTiming, RecordedTiming, TimingModel, token_offsets
+from ._responses import render_response, responses_decoder, responses_messages
+from ._timing import FixedTiming, TimingModel, token_offsets
+from ._turns import MatchMode, Rendered, ReplayError, Turn, build_turns, match_turn, token_pieces
 from ._wire import (
     ChatChunk,
     ChatCompletion,
@@ -52,220 +52,10 @@ from ._wire import (
     message_text,
 )
 
-__all__ = ["ReplayServer", "main", "replay_server"]
+__all__ = ["ReplayServer", "build_turns", "replay_server"]
 
-MatchMode = Literal["skeleton", "exact"]
-
-_PIECE = re.compile(r"\s*\S{1,6}|\s+")
 _request_decoder = msgspec.json.Decoder(ChatRequest)
 _encoder = msgspec.json.Encoder()
-
-
-class _Call(msgspec.Struct, frozen=True):
-    name: str
-    args: Any  # the parsed arguments, or None when the recording's raw_args is not JSON
-    raw: str  # what is streamed
-    observation: str | None
-
-
-class _Turn(msgspec.Struct, frozen=True):
-    index: int
-    calls: list[_Call]
-    text: str
-    final: bool
-    llm_seconds: float | None
-    fault: Fault | None
-    fault_times: int | None
-    completion_tokens: int | None
-    prompt_tokens: int | None
-
-
-class _ReplayError(Exception):
-    def __init__(self, status: int, code: str, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message, self.param = status, code, message, param
-
-
-def _decode_args(raw: str) -> Any:
-    try:
-        return msgspec.json.decode(raw)
-    except msgspec.DecodeError:
-        return None
-
-
-def build_turns(trajectory: Trajectory) -> list[_Turn]:
-    """Group a trajectory's steps into assistant turns (see ``bunshin_async._trajectory``)."""
-    turns: list[_Turn] = []
-    group: int | None = None
-    for step in trajectory.steps:
-        if step.tool == "format_error" or step.kind == "format_error":
-            continue
-        if step.final:
-            turns.append(
-                _Turn(len(turns), [], step.assistant_text or "", True, step.llm_seconds, step.fault,
-                      step.fault_times, step.completion_tokens, step.prompt_tokens)
-            )  # fmt: skip
-            break
-        assert step.tool is not None
-        raw = step.raw_args if step.raw_args is not None else _encoder.encode(step.args or {}).decode()
-        call = _Call(step.tool, step.args if step.raw_args is None else _decode_args(raw), raw, step.observation)
-        if turns and step.turn is not None and step.turn == group:
-            last = turns[-1]
-            seconds = (last.llm_seconds or 0.0) + (step.llm_seconds or 0.0)
-            turns[-1] = msgspec.structs.replace(
-                last, calls=[*last.calls, call], llm_seconds=seconds if last.llm_seconds is not None else None
-            )
-        else:
-            turns.append(
-                _Turn(len(turns), [call], step.assistant_text or "", False, step.llm_seconds, step.fault,
-                      step.fault_times, step.completion_tokens, step.prompt_tokens)
-            )  # fmt: skip
-        group = step.turn
-    return turns
-
-
-def _describe(calls: Sequence[tuple[str, Any]]) -> str:
-    if not calls:
-        return "no tool call"
-    return ", ".join(f"{name}({_encoder.encode(args).decode()[:120]})" for name, args in calls)
-
-
-def match_turn(
-    key: str, turns: list[_Turn], messages: list[ChatMessage], mode: MatchMode, preamble: str | None = None
-) -> int:
-    """Index of the recorded turn that answers ``messages``; raises ``_ReplayError`` naming the first mismatch."""
-    assistants = [(i, m) for i, m in enumerate(messages) if m.role == "assistant"]
-    for n, (pos, msg) in enumerate(assistants):
-        if n >= len(turns) or turns[n].final:
-            done = len(turns) if turns and turns[-1].final else len(turns)
-            raise _ReplayError(
-                400, "replay_past_end",
-                f"trajectory {key} has {done} assistant turns and the last one ended the conversation; the request "
-                f"already has {len(assistants)} assistant messages",
-                "messages",
-            )  # fmt: skip
-        rec = turns[n]
-        got = [
-            (tc.function.name, _decode_args(tc.function.arguments) if tc.function.arguments.strip() else {})
-            for tc in msg.tool_calls or ()
-            if tc.function is not None
-        ]
-        want = [(c.name, c.args if c.args is not None else _decode_args(c.raw)) for c in rec.calls]
-        if got != want:
-            raise _ReplayError(
-                400, "replay_prefix_mismatch",
-                f"prefix mismatch with trajectory {key} at assistant turn {n} (messages[{pos}]): the request has "
-                f"{_describe(got)}, the recording has {_describe(want)}",
-                f"messages[{pos}]",
-            )  # fmt: skip
-        if mode == "exact":
-            _match_exact(key, n, pos, rec, msg, messages, preamble)
-    if len(assistants) >= len(turns):
-        raise _ReplayError(
-            400, "replay_past_end",
-            f"trajectory {key} has only {len(turns)} assistant turns and the request already has {len(assistants)}; "
-            "the recording has no final answer to serve",
-            "messages",
-        )  # fmt: skip
-    return len(assistants)
-
-
-def _match_exact(
-    key: str, n: int, pos: int, rec: _Turn, msg: ChatMessage, messages: list[ChatMessage], preamble: str | None
-) -> None:
-    text = message_text(msg.content).strip()
-    served = rec.text.strip() or (preamble or "").strip() if rec.calls else rec.text.strip()
-    if text not in (rec.text.strip(), served):
-        raise _ReplayError(
-            400, "replay_prefix_mismatch",
-            f"prefix mismatch with trajectory {key} at assistant turn {n} (messages[{pos}]): text {text[:80]!r} "
-            f"differs from the recorded {rec.text.strip()[:80]!r}",
-            f"messages[{pos}]",
-        )  # fmt: skip
-    ids = [tc.id for tc in msg.tool_calls or ()]
-    results = {}
-    for later in messages[pos + 1 :]:
-        if later.role != "tool":
-            break
-        results[later.tool_call_id] = message_text(later.content)
-    for call_id, call in zip(ids, rec.calls, strict=False):
-        if call_id not in results:
-            raise _ReplayError(
-                400, "replay_prefix_mismatch",
-                f"exact match with trajectory {key}: assistant turn {n} (messages[{pos}]) has no tool result for "
-                f"call {call_id!r}",
-                f"messages[{pos}]",
-            )  # fmt: skip
-        if call.observation is not None and results[call_id] != call.observation:
-            raise _ReplayError(
-                400, "replay_prefix_mismatch",
-                f"exact match with trajectory {key}: the tool result of call {call_id!r} at turn {n} differs from "
-                f"the recorded observation",
-                f"messages[{pos}]",
-            )  # fmt: skip
-
-
-def _pieces(text: str) -> list[str]:
-    return _PIECE.findall(text)
-
-
-class _Rendered(msgspec.Struct):
-    """A turn as SSE events: ``tokens[i]`` is sent at ``offsets[i]``; ``tail`` right after the last token;
-    ``body`` is the whole answer of a request that does not stream."""
-
-    tokens: list[bytes]
-    tail: bytes
-    body: bytes
-
-
-class ResponsesRequest(msgspec.Struct):
-    """What the replay server reads of a Responses API request (other fields are ignored)."""
-
-    model: str
-    input: str | list[dict[str, Any]]
-    instructions: str | None = None
-    tools: list[dict[str, Any]] | None = None
-    stream: bool = False
-
-
-_responses_decoder = msgspec.json.Decoder(ResponsesRequest)
-
-
-def responses_messages(body: ResponsesRequest) -> list[ChatMessage]:
-    """A Responses API ``input`` as the chat messages it stands for: ``function_call`` items join the assistant
-    message just before them (or start one), ``function_call_output`` items are tool messages."""
-    out: list[ChatMessage] = []
-    if body.instructions:
-        out.append(ChatMessage(role="system", content=body.instructions))
-    if isinstance(body.input, str):
-        return [*out, ChatMessage(role="user", content=body.input)]
-    joinable = False  # the last message is an assistant message that calls may still join
-    for item in body.input:
-        kind = item.get("type", "message")
-        if kind == "function_call":
-            call = WireToolCall(str(item.get("call_id", "")), "function",
-                                FunctionCall(str(item["name"]), str(item.get("arguments", ""))))  # fmt: skip
-            if joinable:
-                out[-1].tool_calls = [*(out[-1].tool_calls or []), call]
-            else:
-                out.append(ChatMessage(role="assistant", tool_calls=[call]))
-            joinable = True
-        elif kind == "function_call_output":
-            output = item.get("output", "")
-            out.append(ChatMessage(role="tool", tool_call_id=str(item.get("call_id", "")),
-                                   content=output if isinstance(output, str | list) else str(output)))  # fmt: skip
-            joinable = False
-        elif kind == "message" and "role" in item:
-            content = item.get("content")
-            if isinstance(content, list):
-                content = [{"text": p.get("text", "")} for p in content if isinstance(p, dict)]
-            out.append(ChatMessage(role=str(item["role"]), content=content))
-            joinable = item["role"] == "assistant"
-        elif kind == "reasoning":
-            continue
-        else:
-            raise ValueError(f"input item of type {kind!r} is not supported by the replay server")
-    return out
 
 
 class ReplayServer:
@@ -309,7 +99,7 @@ class ReplayServer:
         self.stall_seconds = stall_seconds
         self.default_trajectory = default_trajectory
         self.trajectories: dict[str, Trajectory] = {}
-        self._turns: dict[str, list[_Turn]] = {}
+        self._turns: dict[str, list[Turn]] = {}
         self._faults_served: dict[tuple[str, int], int] = {}
         self.requests = 0
         #: The worst lateness of a token against its schedule, in seconds (a measure of server overload).
@@ -375,11 +165,11 @@ class ReplayServer:
         try:
             if path == "/chat/completions":
                 if request.method != "POST":
-                    raise _ReplayError(405, "method_not_allowed", "use POST for /v1/chat/completions")
+                    raise ReplayError(405, "method_not_allowed", "use POST for /v1/chat/completions")
                 await self._chat(request, responder, start)
             elif path == "/responses":
                 if request.method != "POST":
-                    raise _ReplayError(405, "method_not_allowed", "use POST for /v1/responses")
+                    raise ReplayError(405, "method_not_allowed", "use POST for /v1/responses")
                 await self._responses(request, responder, start)
             elif path == "/models" and request.method == "GET":
                 cards = [ModelCard(id=f"replay:{key}") for key in self.trajectories]
@@ -390,11 +180,11 @@ class ReplayServer:
             elif path in ("", "/health"):
                 await responder.respond(200, b'{"status":"ok"}')
             else:
-                raise _ReplayError(404, "not_found", f"no route {request.method} {request.path}")
-        except _ReplayError as exc:
+                raise ReplayError(404, "not_found", f"no route {request.method} {request.path}")
+        except ReplayError as exc:
             await self._error(responder, exc)
 
-    async def _error(self, responder: Responder, exc: _ReplayError, headers: Sequence[tuple[str, str]] = ()) -> None:
+    async def _error(self, responder: Responder, exc: ReplayError, headers: Sequence[tuple[str, str]] = ()) -> None:
         kind = "server_error" if exc.status >= 500 else "invalid_request_error"
         body = _encoder.encode(ErrorResponse(ErrorBody(exc.message, kind, exc.param, exc.code)))
         await responder.start(
@@ -415,7 +205,7 @@ class ReplayServer:
             if key in self.trajectories:
                 return key
         examples = ", ".join(f"replay:{k}" for k in list(self.trajectories)[:3])
-        raise _ReplayError(
+        raise ReplayError(
             404, "model_not_found",
             f"model {model!r} names no trajectory of this replay server ({len(self.trajectories)} loaded, e.g. "
             f"{examples}); use model 'replay:<task_id>:<rollout>' or the X-Replay-Trajectory header",
@@ -426,7 +216,7 @@ class ReplayServer:
         try:
             chat = _request_decoder.decode(request.body)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            raise _ReplayError(400, "invalid_body", f"the body is not a chat-completions request: {exc}") from None
+            raise ReplayError(400, "invalid_body", f"the body is not a chat-completions request: {exc}") from None
         include_usage = bool(chat.stream_options and chat.stream_options.include_usage)
         await self._serve(
             request, responder, start, chat.model, chat.messages, chat.stream,
@@ -435,13 +225,13 @@ class ReplayServer:
 
     async def _responses(self, request: HTTPRequest, responder: Responder, start: float) -> None:
         try:
-            body = _responses_decoder.decode(request.body)
+            body = responses_decoder.decode(request.body)
             messages = responses_messages(body)
         except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
-            raise _ReplayError(400, "invalid_body", f"the body is not a Responses API request: {exc}") from None
+            raise ReplayError(400, "invalid_body", f"the body is not a Responses API request: {exc}") from None
         await self._serve(
             request, responder, start, body.model, messages, body.stream,
-            lambda key, turn: self._render_response(body.model, messages, key, turn),
+            lambda key, turn: render_response(body.model, messages, key, turn, self._text(turn)),
         )  # fmt: skip
 
     async def _serve(
@@ -452,7 +242,7 @@ class ReplayServer:
         model: str,
         messages: list[ChatMessage],
         stream: bool,
-        render: Callable[[str, _Turn], _Rendered],
+        render: Callable[[str, Turn], Rendered],
     ) -> None:
         key = self._select(model, request.headers)
         turns = self._turns[key]
@@ -462,7 +252,7 @@ class ReplayServer:
             status = int(fault[5:])
             retry = [("retry-after", "0")] if status == 429 else []
             await self._error(
-                responder, _ReplayError(status, "injected_fault", f"injected {status} (turn {turn.index})"), retry
+                responder, ReplayError(status, "injected_fault", f"injected {status} (turn {turn.index})"), retry
             )
             return
         if stream:  # headers first: the client's request returns while we render
@@ -480,7 +270,7 @@ class ReplayServer:
         await self._stream(responder, rendered, offsets, start, fault)
 
     async def _stream(
-        self, responder: Responder, rendered: _Rendered, offsets: list[float], start: float, fault: Fault | None
+        self, responder: Responder, rendered: Rendered, offsets: list[float], start: float, fault: Fault | None
     ) -> None:
         n = len(rendered.tokens)
         stop_at = n // 2 if fault is not None else n
@@ -520,7 +310,7 @@ class ReplayServer:
         if delay > 0:
             await anyio.sleep(delay)
 
-    def _take_fault(self, key: str, turn: _Turn) -> Fault | None:
+    def _take_fault(self, key: str, turn: Turn) -> Fault | None:
         if turn.fault is None:
             return None
         served = self._faults_served.get((key, turn.index), 0)
@@ -529,10 +319,10 @@ class ReplayServer:
         self._faults_served[(key, turn.index)] = served + 1
         return turn.fault
 
-    def _text(self, turn: _Turn) -> str:
+    def _text(self, turn: Turn) -> str:
         return turn.text or (self.preamble or "" if turn.calls else "")
 
-    def _render(self, chat: ChatRequest, key: str, turn: _Turn, include_usage: bool) -> _Rendered:
+    def _render(self, chat: ChatRequest, key: str, turn: Turn, include_usage: bool) -> Rendered:
         cid = f"chatcmpl-replay-{key}-{turn.index}"
         created = int(time.time())
 
@@ -540,13 +330,13 @@ class ReplayServer:
             chunk = ChatChunk(id=cid, created=created, model=chat.model, choices=[ChunkChoice(0, delta, finish)])
             return b"data: " + _encoder.encode(chunk) + b"\n\n"
 
-        deltas: list[Delta] = [Delta(content=p) for p in _pieces(self._text(turn))]
+        deltas: list[Delta] = [Delta(content=p) for p in token_pieces(self._text(turn))]
         ids = [f"call_{turn.index}_{i}" for i in range(len(turn.calls))]
         finish = "stop" if turn.final or not turn.calls else "tool_calls"
         finish_delta = Delta()
         for i, call in enumerate(turn.calls):
             deltas.append(Delta(tool_calls=[ToolCallDelta(i, ids[i], "function", FunctionDelta(call.name, ""))]))
-            pieces = _pieces(call.raw)
+            pieces = token_pieces(call.raw)
             if self.finish_flush and i == len(turn.calls) - 1 and len(pieces) > 1:
                 # Like some endpoints, send the rest of the last call's arguments with finish_reason.
                 half = len(pieces) // 2
@@ -573,69 +363,7 @@ class ReplayServer:
             or None,
         )
         completion = ChatCompletion(cid, created, chat.model, [CompletionChoice(0, message, finish)], usage)
-        return _Rendered(tokens, tail_bytes, _encoder.encode(completion))
-
-    def _render_response(self, model: str, messages: list[ChatMessage], key: str, turn: _Turn) -> _Rendered:
-        """The turn as Responses API events: a message item with the text (if any), then one function_call item
-        per call, each streamed as argument deltas; ``response.completed`` (with usage) is the tail."""
-        rid = f"resp_replay_{key}_{turn.index}".replace(":", "_")
-        created = int(time.time())
-        seq = iter(range(1, 1 << 30))
-
-        def event(kind: str, **fields: Any) -> bytes:
-            data = {"type": kind, "sequence_number": next(seq), **fields}
-            return f"event: {kind}\ndata: ".encode() + _encoder.encode(data) + b"\n\n"
-
-        def response(status: str, output: list[dict[str, Any]], usage: dict[str, Any] | None) -> dict[str, Any]:
-            return {"id": rid, "object": "response", "created_at": created, "model": model, "status": status,
-                    "output": output, "parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
-                    "usage": usage}  # fmt: skip
-
-        tokens: list[bytes] = []
-        output: list[dict[str, Any]] = []
-        head = event("response.created", response=response("in_progress", [], None))
-        text = self._text(turn)
-        if text:
-            mid = f"msg_{rid}"
-            item = {"id": mid, "type": "message", "role": "assistant", "status": "in_progress", "content": []}
-            pre = event("response.output_item.added", output_index=0, item=item)
-            pieces = _pieces(text)
-            for i, piece in enumerate(pieces):
-                tokens.append((pre if i == 0 else b"") + event(
-                    "response.output_text.delta", item_id=mid, output_index=0, content_index=0, delta=piece,
-                    logprobs=[]))  # fmt: skip
-            part = {"type": "output_text", "text": text, "annotations": []}
-            done = {**item, "status": "completed", "content": [part]}
-            tokens[-1] += event(
-                "response.output_text.done", item_id=mid, output_index=0, content_index=0, text=text, logprobs=[]
-            ) + event("response.output_item.done", output_index=0, item=done)
-            output.append(done)
-        for i, call in enumerate(turn.calls):
-            index = len(output)
-            fid = f"fc_{rid}_{i}"
-            item = {"id": fid, "type": "function_call", "call_id": f"call_{turn.index}_{i}", "name": call.name,
-                    "arguments": "", "status": "in_progress"}  # fmt: skip
-            pre = event("response.output_item.added", output_index=index, item=item)
-            pieces = _pieces(call.raw) or [""]
-            for k, piece in enumerate(pieces):
-                delta = event("response.function_call_arguments.delta", item_id=fid, output_index=index, delta=piece)
-                tokens.append((pre if k == 0 else b"") + delta)
-            done = {**item, "arguments": call.raw, "status": "completed"}
-            tokens[-1] += event("response.function_call_arguments.done", item_id=fid, output_index=index,
-                                name=call.name, arguments=call.raw) + event(
-                "response.output_item.done", output_index=index, item=done)  # fmt: skip
-            output.append(done)
-        if not tokens:
-            tokens.append(b"")
-        tokens[0] = head + tokens[0]
-        completion_tokens = turn.completion_tokens or len(tokens)
-        prompt_chars = sum(len(message_text(m.content)) for m in messages)
-        prompt_tokens = turn.prompt_tokens or max(1, prompt_chars // 4)
-        usage = {"input_tokens": prompt_tokens, "output_tokens": completion_tokens,
-                 "total_tokens": prompt_tokens + completion_tokens, "input_tokens_details": {"cached_tokens": 0},
-                 "output_tokens_details": {"reasoning_tokens": 0}}  # fmt: skip
-        final = response("completed", output, usage)
-        return _Rendered(tokens, event("response.completed", response=final), _encoder.encode(final))
+        return Rendered(tokens, tail_bytes, _encoder.encode(completion))
 
 
 @asynccontextmanager
@@ -646,62 +374,3 @@ async def replay_server(
     (``http://127.0.0.1:PORT/v1``). ``options`` are ``ReplayServer``'s."""
     async with ReplayServer(trajectories, **options) as server:
         yield server.base_url
-
-
-# ---------------------------------------------------------------------------------------------------- CLI
-
-
-def _timing_from_args(args: argparse.Namespace) -> TimingModel:
-    fixed = FixedTiming(ttft=args.ttft, itl=args.itl)
-    if args.time_model == "recorded":
-        return RecordedTiming(ttft=args.ttft, fallback=fixed)
-    if args.time_model == "lognormal":
-        return LognormalTiming(ttft=args.ttft, itl=args.itl, sigma=args.sigma, seed=args.seed)
-    return fixed
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``bunshin replay-server``: serve a trajectory file until interrupted."""
-    parser = argparse.ArgumentParser(
-        prog="bunshin replay-server",
-        description="Serve recorded trajectories as an OpenAI-compatible endpoint. Pick a trajectory with model "
-        "'replay:<task_id>:<rollout>' or the X-Replay-Trajectory header.",
-    )
-    parser.add_argument("--trajectories", required=True, help="JSONL or .jsonl.gz trajectory file")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000, help="0 picks a free port")
-    parser.add_argument("--time-model", choices=["fixed", "recorded", "lognormal"], default="fixed")
-    parser.add_argument("--ttft", type=float, default=0.2, help="time to first token, s (median for lognormal)")
-    parser.add_argument("--itl", type=float, default=0.01, help="seconds per token (median for lognormal)")
-    parser.add_argument("--sigma", type=float, default=0.5, help="lognormal sigma")
-    parser.add_argument("--seed", type=int, default=0, help="lognormal seed")
-    parser.add_argument("--time-scale", type=float, default=1.0, help="multiply every delay (0 = no pacing)")
-    parser.add_argument("--match", choices=["skeleton", "exact"], default="skeleton")
-    parser.add_argument("--finish-flush", action="store_true", help="send last argument fragments with finish")
-    parser.add_argument("--separate-finish", action="store_true", help="finish_reason in its own, later write")
-    parser.add_argument("--preamble", help="assistant text streamed before the calls of turns recorded without")
-    parser.add_argument("--default-trajectory", help="<task_id>:<rollout> served when the model names none")
-    args = parser.parse_args(argv)
-    server = ReplayServer(
-        args.trajectories,
-        host=args.host,
-        port=args.port,
-        timing=_timing_from_args(args),
-        match=args.match,
-        time_scale=args.time_scale,
-        finish_flush=args.finish_flush,
-        separate_finish=args.separate_finish,
-        preamble=args.preamble,
-        default_trajectory=args.default_trajectory,
-    )
-
-    async def run() -> None:
-        async with anyio.create_task_group() as tg:
-            await tg.start(server.serve)
-            print(f"replay server on {server.base_url} serving {len(server.trajectories)} trajectories", flush=True)
-
-    try:
-        anyio.run(run)
-    except KeyboardInterrupt:
-        pass
-    return 0

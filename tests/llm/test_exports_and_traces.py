@@ -10,7 +10,8 @@ from bunshin_async.llm import FixedTiming, MessageFinished, replay_server, tap_o
 from bunshin_async.rollout import iter_trajectories
 
 # ../shared/traces beside the checkout
-SHARED_TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "swebench-gemini-3-pro.jsonl.gz"
+_TRACE = "shared/traces/swebench-gemini-3-pro.jsonl.gz"
+SHARED_TRACE = next((d / _TRACE for d in Path(__file__).resolve().parents[2:] if (d / _TRACE).is_file()), Path(_TRACE))
 BASH = [
     {
         "type": "function",
