@@ -23,8 +23,14 @@ TASK = Task(
 class ScriptedAgent:
     """Rollout i sleeps ``delays[i]`` (standing in for the LLM), then writes ok.txt (even rollouts get it right)."""
 
-    def __init__(self, delays: dict[int, float], fail: set[int] = frozenset(), turns: int = 2) -> None:  # type: ignore[assignment]
-        self.delays, self.fail, self.turns = delays, fail, turns
+    def __init__(
+        self,
+        delays: dict[int, float],
+        fail: set[int] = frozenset(),  # type: ignore[assignment]
+        turns: int = 2,
+        gates: dict[int, anyio.Event] | None = None,
+    ) -> None:
+        self.delays, self.fail, self.turns, self.gates = delays, fail, turns, gates or {}
         self.seen_prepared: dict[int, str] = {}
         self.seen_background: dict[int, bool] = {}
 
@@ -42,14 +48,24 @@ class ScriptedAgent:
             cmd = f"echo {'ok' if i % 2 == 0 else 'no'} > ok.txt"
             r = await ctx.ws.exec(cmd)
             steps.append(Step(tool="bash", args={"command": cmd}, exit_code=r.exit_code, tool_seconds=r.duration))
+        if i in self.gates:
+            await self.gates[i].wait()
         return Trajectory(task_id=ctx.task.task_id, rollout=i, steps=steps, stop_reason="stop")
 
 
 async def test_group_of_8_yields_in_completion_order_from_one_setup() -> None:
-    agent = ScriptedAgent({i: 0.1 * (8 - i) for i in range(8)})
-    async with GroupRollout(TASK, 8, agent) as group:
-        results = [r async for r in group]
-    assert [r.rollout for r in results] == list(range(7, -1, -1))  # fastest first
+    # Rollout i ends only once rollout i+1's result was yielded (7 ends first): a group yielding in any order but
+    # completion order would wait forever.
+    gates = {i: anyio.Event() for i in range(7)}
+    agent = ScriptedAgent({}, gates=gates)
+    results = []
+    with anyio.fail_after(120):
+        async with GroupRollout(TASK, 8, agent) as group:
+            async for r in group:
+                results.append(r)
+                if r.rollout - 1 in gates:
+                    gates[r.rollout - 1].set()
+    assert [r.rollout for r in results] == list(range(7, -1, -1))
     assert all(r.status == "finished" and r.loss_mask == 1.0 for r in results)
     assert {r.rollout: r.reward for r in results} == {i: 1.0 if i % 2 == 0 else 0.0 for i in range(8)}
     assert all(r.fork_mode.startswith("criu") for r in results)
