@@ -19,7 +19,6 @@ random share of hits and reports disagreements in ``metrics().audit_mismatches``
 from __future__ import annotations
 
 import json
-import random
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
@@ -28,15 +27,15 @@ from typing import TYPE_CHECKING, Any, Literal
 import anyio
 import msgspec
 
-from .._exceptions import BunshinError, InvalidValue, StoreUnavailable, ToolCallError, ToolError
+from .._exceptions import BunshinError, InvalidValue, ToolCallError, ToolError
 from .._runtime._handle import WorkspaceSlot
 from .._tools import CallClass, Effect, Tool, builtin_tools, lookup
-from ._flight import SingleFlight
 from ._keys import SCHEMA_VERSION, BaseState, StateChain, encode_call, pure_key
 from ._metrics import AuditMismatch, CacheMetrics
-from ._records import CorruptRecord, Entry, error_record, rebuild_error, seal, unseal
-from ._state import SnapshotRef, StateProvider, StateTree
-from ._store import LayeredStore, MemoryStore, Store
+from ._records import CorruptRecord, Entry, error_record, rebuild_error
+from ._shared import CacheState
+from ._state import StateProvider, StateTree
+from ._store import MemoryStore, Store
 
 if TYPE_CHECKING:
     from .._workspace import Workspace
@@ -90,14 +89,14 @@ class ToolCache:
             raise InvalidValue(
                 f"audit_fraction must be within [0, 1], not {audit_fraction!r}", argument="audit_fraction"
             )
-        self.store: Store = store if store is not None else MemoryStore()
-        self.provider = provider
-        self.audit_fraction = audit_fraction
-        self.capture_min_duration = capture_min_duration
-        self._audit_rng = random.Random(audit_seed)
-        self._flights = SingleFlight()
-        self._tree = StateTree(snapshot_budget)
-        self._metrics = CacheMetrics()
+        self._shared = CacheState(
+            store if store is not None else MemoryStore(),
+            provider,
+            audit_fraction=audit_fraction,
+            audit_seed=audit_seed,
+            snapshot_budget=snapshot_budget,
+            capture_min_duration=capture_min_duration,
+        )
         self._closed = False
 
     async def __aenter__(self) -> ToolCache:
@@ -120,17 +119,33 @@ class ToolCache:
     ) -> CachedSession:
         return CachedSession(self, workspace, tools, setup=setup, salt=salt, own=own, capture=capture)
 
+    @property
+    def store(self) -> Store:
+        return self._shared.store
+
+    @property
+    def provider(self) -> StateProvider | None:
+        return self._shared.provider
+
+    @property
+    def audit_fraction(self) -> float:
+        return self._shared.audit_fraction
+
+    @property
+    def capture_min_duration(self) -> float:
+        return self._shared.capture_min_duration
+
     def metrics(self) -> CacheMetrics:
         """A copy of the counters, with the store's own stats and the snapshot accounting filled in."""
-        m = msgspec.convert(msgspec.to_builtins(self._metrics), CacheMetrics)
-        m.snapshots = self._tree.snapshots
-        m.snapshot_bytes = self._tree.snapshot_bytes
-        m.store = self.store.stats()
+        m = msgspec.convert(msgspec.to_builtins(self._shared.metrics), CacheMetrics)
+        m.snapshots = self._shared.tree.snapshots
+        m.snapshot_bytes = self._shared.tree.snapshot_bytes
+        m.store = self._shared.store.stats()
         return m
 
     @property
     def tree(self) -> StateTree:
-        return self._tree
+        return self._shared.tree
 
     async def aclose(self) -> None:
         """Discard the snapshots captured here (their entries go too) and close the store. Idempotent."""
@@ -138,65 +153,8 @@ class ToolCache:
             return
         self._closed = True
         with anyio.CancelScope(shield=True):
-            await self._discard(self._tree.drain())
-            await self.store.aclose()
-
-    # ------------------------------------------------------------------------------------------ store access
-
-    async def _lookup(self, key: bytes) -> Entry | None:
-        try:
-            value = await self.store.get(key)
-        except StoreUnavailable:
-            self._metrics.store_errors += 1
-            return None
-        if value is None:
-            return None
-        try:
-            return unseal(key, value)
-        except CorruptRecord:
-            self._metrics.corrupt += 1
-            await self._delete(key)
-            return None
-
-    async def _put(self, key: bytes, entry: Entry) -> None:
-        value = seal(key, entry)
-        try:
-            await self.store.put(key, value)
-        except StoreUnavailable:
-            self._metrics.store_errors += 1
-            return
-        self._metrics.bytes_written += len(key) + len(value)
-
-    async def _delete(self, key: bytes) -> None:
-        try:
-            await self.store.delete(key)
-        except StoreUnavailable:
-            self._metrics.store_errors += 1
-
-    async def _discard(self, evicted: list[tuple[bytes, SnapshotRef]]) -> None:
-        """Free snapshots the tree let go of, and their entries (useless without them). Shielded: a snapshot out of
-        the tree is freed here or never."""
-        with anyio.CancelScope(shield=True):
-            for key, ref in evicted:
-                self._metrics.snapshots_evicted += 1
-                if self.provider is not None:
-                    with anyio.move_on_after(30):
-                        try:
-                            await self.provider.discard(ref)
-                        except BunshinError:
-                            pass
-                await self._delete(key)
-
-    def _audit_draw(self) -> bool:
-        return self.audit_fraction > 0 and self._audit_rng.random() < self.audit_fraction
-
-    def _known(self, key: bytes) -> bool:
-        """Whether ``key`` is in flight or in an in-memory layer of the store, without touching the store's LRU
-        order or stats (other layers are not asked: this must not await)."""
-        if self._flights.get(key) is not None:
-            return True
-        layers = self.store.layers if isinstance(self.store, LayeredStore) else (self.store,)
-        return any(isinstance(layer, MemoryStore) and layer.holds(key) for layer in layers)
+            await self._shared.discard(self._shared.tree.drain())
+            await self._shared.store.aclose()
 
 
 class CachedSession:
@@ -226,6 +184,7 @@ class CachedSession:
         capture: bool = True,
     ) -> None:
         self.cache = cache
+        self._shared = cache._shared  # what the cache's sessions share (the cache's own: one module)
         self.capture = capture
         self._slot = WorkspaceSlot(workspace, own=own)  # the current workspace and whether the session closes it
         self.tools: dict[str, Tool] = {t.name: t for t in (builtin_tools() if tools is None else tools)}
@@ -244,7 +203,7 @@ class CachedSession:
             norm = tool.normalize(args) if tool else dict(args)
             self._chain.advance(encode_call(name, tool.version if tool else "", norm))
         self._state = self._chain.key
-        cache._tree.pin(self._state)
+        self._shared.tree.pin(self._state)
         self._lock = anyio.Lock()
         self._closed = False
         self.history: list[CallRecord] = []
@@ -313,13 +272,13 @@ class CachedSession:
         if not cls.cacheable:
             return False
         call = encode_call(t.name, t.version, norm)
-        cache = self.cache
+        cache = self._shared
         if cls.effect is Effect.WRITE:
             if cache.provider is None:
                 return False
             key = self._chain.write_key(call)
-            return cache._flights.get(key) is not None or cache._tree.snapshot(key) is not None
-        return cache._known(pure_key(call) if cls.effect is Effect.PURE else self._chain.read_key(call))
+            return cache.flights.get(key) is not None or cache.tree.snapshot(key) is not None
+        return cache.known(pure_key(call) if cls.effect is Effect.PURE else self._chain.read_key(call))
 
     async def adopt(
         self, workspace: Workspace, tool: str, args: Mapping[str, Any], result: Any, duration: float
@@ -345,9 +304,9 @@ class CachedSession:
         if self._closed:
             return
         self._closed = True
-        tree = self.cache._tree
+        tree = self._shared.tree
         tree.unpin(self._state)
-        await self.cache._discard(tree.evict())
+        await self._shared.discard(tree.evict())
         await self._slot.aclose()
 
     async def __aenter__(self) -> CachedSession:
@@ -361,7 +320,7 @@ class CachedSession:
     # ------------------------------------------------------------------------------------------ dispatch
 
     async def _dispatch(self, tool: Tool, args: dict[str, Any], cls: CallClass) -> CallRecord:
-        m = self.cache._metrics
+        m = self._shared.metrics
         ts, es = m.stats_for(tool.name, cls.effect.value)
         ts.calls += 1
         es.calls += 1
@@ -422,7 +381,7 @@ class CachedSession:
     def _hit(
         self, tool: Tool, effect: Effect, entry: Entry, source: Source, key: bytes, *, shared: bool = False
     ) -> CallRecord:
-        m = self.cache._metrics
+        m = self._shared.metrics
         ts, es = m.stats_for(tool.name, effect.value)
         for s in (ts, es):
             s.hits += 1
@@ -436,7 +395,7 @@ class CachedSession:
         return CallRecord(tool.name, effect, source, result, entry.duration, key.hex())
 
     def _miss(self, tool: Tool, effect: Effect, entry: Entry | None, duration: float | None) -> None:
-        m = self.cache._metrics
+        m = self._shared.metrics
         ts, es = m.stats_for(tool.name, effect.value)
         d = entry.duration if entry is not None else (duration or 0.0)
         for s in (ts, es):
@@ -445,36 +404,36 @@ class CachedSession:
         m.misses += 1
 
     async def _read(self, tool: Tool, args: dict[str, Any], effect: Effect, key: bytes) -> CallRecord:
-        cache = self.cache
+        cache = self._shared
         while True:
-            flight = cache._flights.get(key)
+            flight = cache.flights.get(key)
             if flight is not None:
                 await flight.done.wait()
                 if flight.entry is not None:
                     return self._hit(tool, effect, flight.entry, "shared", key)
                 continue  # the leader failed without a result: go round, maybe as the leader
-            entry = await cache._lookup(key)
+            entry = await cache.lookup(key)
             if entry is not None:
                 try:
                     self._decode(tool, entry)
                 except CorruptRecord:
-                    cache._metrics.corrupt += 1
-                    await cache._delete(key)
+                    cache.metrics.corrupt += 1
+                    await cache.delete(key)
                     entry = None
             if entry is not None:
-                if cache._audit_draw():
+                if cache.audit_draw():
                     return await self._audit(tool, args, effect, key, entry)
                 return self._hit(tool, effect, entry, "cache", key)
-            if cache._flights.get(key) is not None:
+            if cache.flights.get(key) is not None:
                 continue
-            flight = cache._flights.lead(key)
+            flight = cache.flights.lead(key)
             entry = None
             try:
                 entry, result = await self._run_for_entry(tool, args, effect)
                 if entry is not None:
-                    await cache._put(key, entry)
+                    await cache.put(key, entry)
             finally:
-                cache._flights.finish(key, flight, entry)
+                cache.flights.finish(key, flight, entry)
             self._miss(tool, effect, entry, None)
             duration = entry.duration if entry is not None else 0.0
             if isinstance(result, BaseException):
@@ -483,7 +442,7 @@ class CachedSession:
 
     async def _audit(self, tool: Tool, args: dict[str, Any], effect: Effect, key: bytes, entry: Entry) -> CallRecord:
         """Re-execute a hit and compare; the live outcome is returned (it is the truth either way)."""
-        m = self.cache._metrics
+        m = self._shared.metrics
         m.audits += 1
         cached = self._decode(tool, entry)
         try:
@@ -508,19 +467,19 @@ class CachedSession:
     # ------------------------------------------------------------------------------------------ writes
 
     async def _write(self, tool: Tool, args: dict[str, Any], call: bytes) -> CallRecord:
-        cache = self.cache
+        cache = self._shared
         key = self._chain.write_key(call)
         if cache.provider is None:
             # No way to restore a state: run it, but tell the metrics what a fork provider would have served.
-            known = await cache._lookup(key)
+            known = await cache.lookup(key)
             record = (await self._write_miss(tool, args, call, key, capture=False))[0]
             if known is not None:
-                cache._metrics.write_hits_unserved += 1
-                cache._metrics.write_seconds_unserved += known.duration
+                cache.metrics.write_hits_unserved += 1
+                cache.metrics.write_seconds_unserved += known.duration
                 record = msgspec.structs.replace(record, unserved_hit=True)
             return record
         while True:
-            flight = cache._flights.get(key)
+            flight = cache.flights.get(key)
             if flight is not None:
                 await flight.done.wait()
                 if flight.entry is not None and flight.entry.snapshot is not None:
@@ -531,19 +490,19 @@ class CachedSession:
                 if flight.entry is not None:
                     return (await self._write_miss(tool, args, call, key, capture=True))[0]
                 continue
-            entry = await cache._lookup(key)
+            entry = await cache.lookup(key)
             if entry is not None and entry.snapshot is not None:
                 restored = await self._restore(tool, call, key, entry, shared=False)
                 if restored is not None:
                     return restored
-            if cache._flights.get(key) is not None:
+            if cache.flights.get(key) is not None:
                 continue
-            flight = cache._flights.lead(key)
+            flight = cache.flights.lead(key)
             published: Entry | None = None
             try:
                 record, published = await self._write_miss(tool, args, call, key, capture=True)
             finally:
-                cache._flights.finish(key, flight, published)
+                cache.flights.finish(key, flight, published)
             return record
 
     async def _write_miss(
@@ -551,7 +510,7 @@ class CachedSession:
     ) -> tuple[CallRecord, Entry | None]:
         """Run a write, advance the chain, capture the new state if asked, store the entry. A deterministic tool
         error is raised after all that (the error is the cached outcome); the entry is returned for waiters."""
-        cache = self.cache
+        cache = self._shared
         try:
             entry, result = await self._run_for_entry(tool, args, Effect.WRITE)
         except BaseException:
@@ -565,7 +524,7 @@ class CachedSession:
         assert self._state == key
         if capture:
             entry = await self._capture(key, entry)
-        await cache._put(key, entry)
+        await cache.put(key, entry)
         self._miss(tool, Effect.WRITE, entry, None)
         if isinstance(result, BaseException):
             raise result
@@ -573,25 +532,25 @@ class CachedSession:
 
     async def _restore(self, tool: Tool, call: bytes, key: bytes, entry: Entry, *, shared: bool) -> CallRecord | None:
         """Serve a write hit by restoring its snapshot; None when the provider could not (then the call runs)."""
-        cache = self.cache
+        cache = self._shared
         assert cache.provider is not None and entry.snapshot is not None
         try:
             self._decode(tool, entry)
         except CorruptRecord:
-            cache._metrics.corrupt += 1
-            await cache._delete(key)
+            cache.metrics.corrupt += 1
+            await cache.delete(key)
             return None
-        tree = cache._tree
+        tree = cache.tree
         tree.pin(key, self._state)  # the snapshot must outlive the restore
         t0 = time.perf_counter()
         try:
             try:
                 ws = await cache.provider.restore(self._slot.workspace, entry.snapshot)
             except BunshinError:
-                cache._metrics.restore_failures += 1
+                cache.metrics.restore_failures += 1
                 return None
-            cache._metrics.restores += 1
-            cache._metrics.restore_seconds += time.perf_counter() - t0
+            cache.metrics.restores += 1
+            cache.metrics.restore_seconds += time.perf_counter() - t0
             await self._slot.swap(ws)
             await self._move(lambda: self._chain.advance(call))
         finally:
@@ -601,7 +560,7 @@ class CachedSession:
     async def _adopt(
         self, tool: Tool, args: dict[str, Any], cls: CallClass, outcome: Any, duration: float
     ) -> CallRecord:
-        m = self.cache._metrics
+        m = self._shared.metrics
         ts, es = m.stats_for(tool.name, cls.effect.value)
         ts.calls += 1
         es.calls += 1
@@ -630,35 +589,35 @@ class CachedSession:
                 self._miss(tool, cls.effect, None, duration)
             return CallRecord(tool.name, cls.effect, "adopted", result, duration)
         call = encode_call(tool.name, tool.version, args)
-        cache = self.cache
+        cache = self._shared
         if cls.effect is Effect.WRITE:
             key = self._chain.write_key(call)
             await self._move(lambda: self._chain.advance(call))
-            known = cache._tree.snapshot(key)
+            known = cache.tree.snapshot(key)
             if known is not None:  # a sibling captured this state already: keep its snapshot in the entry
                 entry = msgspec.structs.replace(entry, snapshot=known)
             else:
                 entry = await self._capture(key, entry)
         else:
             key = pure_key(call) if cls.effect is Effect.PURE else self._chain.read_key(call)
-        await cache._put(key, entry)
+        await cache.put(key, entry)
         self._miss(tool, cls.effect, entry, None)
         return CallRecord(tool.name, cls.effect, "adopted", result, duration, key.hex())
 
     async def _capture(self, key: bytes, entry: Entry) -> Entry:
         """Snapshot the workspace as a write left it, if the write took long enough to be worth a restore; the
         returned entry references the snapshot, which the state tree now holds."""
-        cache = self.cache
+        cache = self._shared
         provider = cache.provider
         if provider is None or not self.capture or entry.duration < cache.capture_min_duration:
             return entry
         try:
             ref = await provider.capture(self._slot.workspace)
         except BunshinError:
-            cache._metrics.capture_failures += 1
+            cache.metrics.capture_failures += 1
             return entry
-        cache._metrics.captures += 1
-        await cache._discard(cache._tree.attach(key, ref))
+        cache.metrics.captures += 1
+        await cache.discard(cache.tree.attach(key, ref))
         return msgspec.structs.replace(entry, snapshot=ref)
 
     async def _move(self, step: Any) -> None:
@@ -667,7 +626,7 @@ class CachedSession:
         old = self._state
         step()
         self._state = self._chain.key
-        tree = self.cache._tree
+        tree = self._shared.tree
         tree.pin(self._state, old)
         tree.unpin(old)
-        await self.cache._discard(tree.evict())
+        await self._shared.discard(tree.evict())

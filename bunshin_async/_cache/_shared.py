@@ -1,0 +1,96 @@
+"""``CacheState``: what the sessions of one ``ToolCache`` share (the store of sealed records, the snapshot provider
+and the tree of captured states, the calls in flight, the counters, the audit draw). The cache owns it and hands
+it to each ``CachedSession``, which uses it through these methods only."""
+
+from __future__ import annotations
+
+import random
+
+import anyio
+
+from .._exceptions import BunshinError, StoreUnavailable
+from ._flight import SingleFlight
+from ._metrics import CacheMetrics
+from ._records import CorruptRecord, Entry, seal, unseal
+from ._state import SnapshotRef, StateProvider, StateTree
+from ._store import LayeredStore, MemoryStore, Store
+
+__all__ = ["CacheState"]
+
+
+class CacheState:
+    """See the module doc; the arguments are ``ToolCache``'s."""
+
+    def __init__(
+        self,
+        store: Store,
+        provider: StateProvider | None,
+        *,
+        audit_fraction: float,
+        audit_seed: int,
+        snapshot_budget: int,
+        capture_min_duration: float,
+    ) -> None:
+        self.store = store
+        self.provider = provider
+        self.audit_fraction = audit_fraction
+        self.capture_min_duration = capture_min_duration
+        self._audit_rng = random.Random(audit_seed)
+        self.flights = SingleFlight()
+        self.tree = StateTree(snapshot_budget)
+        self.metrics = CacheMetrics()
+
+    async def lookup(self, key: bytes) -> Entry | None:
+        try:
+            value = await self.store.get(key)
+        except StoreUnavailable:
+            self.metrics.store_errors += 1
+            return None
+        if value is None:
+            return None
+        try:
+            return unseal(key, value)
+        except CorruptRecord:
+            self.metrics.corrupt += 1
+            await self.delete(key)
+            return None
+
+    async def put(self, key: bytes, entry: Entry) -> None:
+        value = seal(key, entry)
+        try:
+            await self.store.put(key, value)
+        except StoreUnavailable:
+            self.metrics.store_errors += 1
+            return
+        self.metrics.bytes_written += len(key) + len(value)
+
+    async def delete(self, key: bytes) -> None:
+        try:
+            await self.store.delete(key)
+        except StoreUnavailable:
+            self.metrics.store_errors += 1
+
+    async def discard(self, evicted: list[tuple[bytes, SnapshotRef]]) -> None:
+        """Free snapshots the tree let go of, and their entries (useless without them). Shielded: a snapshot out of
+        the tree is freed here or never."""
+        with anyio.CancelScope(shield=True):
+            for key, ref in evicted:
+                self.metrics.snapshots_evicted += 1
+                if self.provider is not None:
+                    with anyio.move_on_after(30):
+                        try:
+                            await self.provider.discard(ref)
+                        except BunshinError:
+                            pass
+                await self.delete(key)
+
+    def audit_draw(self) -> bool:
+        return self.audit_fraction > 0 and self._audit_rng.random() < self.audit_fraction
+
+    def known(self, key: bytes) -> bool:
+        """Whether ``key`` is in flight or in an in-memory layer of the store, without touching the store's LRU
+        order or stats (other layers are not asked: this must not await)."""
+        if self.flights.get(key) is not None:
+            return True
+        layers = self.store.layers if isinstance(self.store, LayeredStore) else (self.store,)
+        return any(isinstance(layer, MemoryStore) and layer.holds(key) for layer in layers)
