@@ -17,6 +17,8 @@ from bunshin_async._e2b._sandboxes import Sandboxes
 from bunshin_async._e2b._server import is_loopback
 from bunshin_async.integrations.e2b import E2BServer
 
+pytestmark = pytest.mark.unit
+
 
 def test_envelopes_round_trip_and_reject_malformed_bodies() -> None:
     msg = b'{"process":{"cmd":"/bin/bash"}}'
