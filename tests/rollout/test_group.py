@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import anyio
 import pytest
 
@@ -74,11 +72,10 @@ async def test_group_of_8_yields_in_completion_order_from_one_setup() -> None:
 
 
 async def test_budgets_truncate_mask_and_free_while_siblings_finish() -> None:
-    agent = ScriptedAgent({0: 30.0, 1: 0.1, 2: 0.1})
-    t0 = time.monotonic()
-    async with GroupRollout(TASK, 3, agent, budget=Budget(wall_seconds=2.0), fork=False) as group:
-        results = {r.rollout: r async for r in group}
-    assert time.monotonic() - t0 < 20
+    agent = ScriptedAgent({0: 3600.0, 1: 0.1, 2: 0.1})  # rollout 0 ends only by its 2 s wall-clock budget
+    with anyio.fail_after(120):
+        async with GroupRollout(TASK, 3, agent, budget=Budget(wall_seconds=2.0), fork=False) as group:
+            results = {r.rollout: r async for r in group}
     assert results[0].status == "truncated" and results[0].reason == "wall_clock" and results[0].loss_mask == 0.0
     assert results[0].reward is None
     assert results[1].status == results[2].status == "finished"
