@@ -381,7 +381,7 @@ def provenance(rec: dict[str, Any]) -> str:
 def page(name: str) -> str:
     bench = BENCHES[name]
     rec = load(name)
-    out = [GENERATED.format(name=name), f"# {bench.title}", "", bench.about, ""]
+    out = [f"# {bench.title}", "", GENERATED.format(name=name), "", bench.about, ""]
     if rec is None:
         full = " ".join(bench.command[1:])
         out += [
@@ -571,8 +571,9 @@ def index() -> str:
         rows.append(f"| [{bench.title}]({name}.md) | {when} | {load_} |")
     return "\n".join(
         [
-            GENERATED.format(name="*"),
             "# Benchmarks",
+            "",
+            GENERATED.format(name="*"),
             "",
             "Every figure of this site comes from a record in `bench/results/` (`NAME.record.json`), which "
             "`bench/report.py run NAME` records around a benchmark's own JSON output with the date, the machine, "
