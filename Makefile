@@ -35,18 +35,13 @@ fresh-check:
 	scripts/check-fresh-setup.sh bookworm
 	FRESH_TESTS="tests/agent tests/workspace" scripts/check-fresh-setup.sh trixie
 
+# Each benchmark through the report generator: its JSON is recorded (date, machine, load, command) in
+# bench/results/NAME.record.json and the pages of docs/benchmarks and README's headline table are regenerated.
+BENCHES = workspace fork kmod cache experiment gui security images peers integrations cluster soak
 bench: setup
-	.venv/bin/python bench/workspace_bench.py
-	.venv/bin/python bench/fork_bench.py
-	.venv/bin/python bench/kmod_bench.py
-	.venv/bin/python bench/cache_bench.py
+	for b in $(BENCHES); do .venv/bin/python bench/report.py run $$b || exit 1; done
 	.venv/bin/bunshin bench --workload terminal --repeats 5 --time-scale 0.25 --out bench/results/terminal
-	.venv/bin/python bench/gui_bench.py
-	.venv/bin/python bench/security_bench.py
 	.venv/bin/python bench/security_bench.py --compare userns
-	.venv/bin/python bench/peer_bench.py
-	.venv/bin/python bench/integrations_bench.py
-	.venv/bin/python bench/cluster_bench.py
 
 # Bunshin beside Docker, Podman and bubblewrap (installs podman and bubblewrap on first use).
 bench-peers: setup

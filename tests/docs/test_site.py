@@ -107,6 +107,11 @@ def test_benchmark_pages_are_generated_from_the_results() -> None:
     assert report().render(check=True) == 0
 
 
+def test_make_bench_records_every_benchmark_of_the_generator() -> None:
+    [line] = [x for x in (ROOT / "Makefile").read_text().splitlines() if x.startswith("BENCHES =")]
+    assert sorted(line.split("=", 1)[1].split()) == sorted(report().BENCHES)
+
+
 def test_the_benchmark_nav_lists_every_generated_page() -> None:
     pages = {p.removeprefix("benchmarks/").removesuffix(".md") for p in nav() if p.startswith("benchmarks/")}
     assert pages == {"index", "speculation", *report().BENCHES}
