@@ -27,6 +27,7 @@ def cases() -> list[object]:
     return [pytest.param(page, i, id=f"{page}#{i}") for page in PAGES for i in range(len(blocks(page)))]
 
 
+@pytest.mark.unit
 def test_every_listed_page_has_code() -> None:
     assert all(blocks(page) for page in PAGES)
     assert len(blocks("README.md")) == 2  # the quickstart and the GRPO group
@@ -46,7 +47,6 @@ def task_image() -> str:
     return "my-task:latest"
 
 
-@pytest.mark.root
 @pytest.mark.slow
 @pytest.mark.parametrize(("page", "index"), cases())
 def test_code_block_runs(page: str, index: int, tmp_path: Path, request: pytest.FixtureRequest) -> None:

@@ -65,6 +65,7 @@ def test_the_api_reference_shows_exactly_the_public_names(site: Path) -> None:
     assert names > 150  # every module's __all__ was read
 
 
+@pytest.mark.unit
 def test_a_missing_public_name_fails_the_strict_build(caplog: pytest.LogCaptureFixture) -> None:
     h = hooks()
     page = types.SimpleNamespace(file=types.SimpleNamespace(src_uri="reference/bunshin_async.transfer.md"))
@@ -74,6 +75,7 @@ def test_a_missing_public_name_fails_the_strict_build(caplog: pytest.LogCaptureF
     assert "import_snapshot" in caplog.text and "export_snapshot" not in caplog.text.split(":")[-1]
 
 
+@pytest.mark.unit
 def test_troubleshooting_names_every_error() -> None:
     import bunshin_async
 
@@ -93,6 +95,7 @@ def test_llms_txt_links_every_page_of_the_nav(site: Path) -> None:
         assert f"({page})" in text, page
 
 
+@pytest.mark.unit
 def test_readme_is_a_front_door() -> None:
     text = (ROOT / "README.md").read_text()
     assert len(text.encode()) <= 12 * 1024, len(text.encode())
@@ -102,21 +105,25 @@ def test_readme_is_a_front_door() -> None:
         assert (ROOT / link).exists(), link
 
 
+@pytest.mark.unit
 def test_benchmark_pages_are_generated_from_the_results() -> None:
     """No hand-edited figure: the pages and the headline tables are exactly what the records give."""
     assert report().render(check=True) == 0
 
 
+@pytest.mark.unit
 def test_make_bench_records_every_benchmark_of_the_generator() -> None:
     [line] = [x for x in (ROOT / "Makefile").read_text().splitlines() if x.startswith("BENCHES =")]
     assert sorted(line.split("=", 1)[1].split()) == sorted(report().BENCHES)
 
 
+@pytest.mark.unit
 def test_the_benchmark_nav_lists_every_generated_page() -> None:
     pages = {p.removeprefix("benchmarks/").removesuffix(".md") for p in nav() if p.startswith("benchmarks/")}
     assert pages == {"index", "speculation", *report().BENCHES}
 
 
+@pytest.mark.unit
 def test_generic_tables_show_every_figure() -> None:
     r = report()
     result = {
@@ -133,6 +140,7 @@ def test_generic_tables_show_every_figure() -> None:
     assert out[("cow", "n1", "fork total ms")] == (["", "value"], [["median", "131"], ["p90", "140"]])
 
 
+@pytest.mark.unit
 def test_the_headline_reads_the_records(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     r = report()
     monkeypatch.setattr(r, "RESULTS", tmp_path)
