@@ -39,6 +39,7 @@ from ._wire import (
     EntryInfo,
     ListResponse,
     OutConfig,
+    ProcessConfig,
     ProcessInfo,
     ProcessSelector,
     RpcError,
@@ -277,13 +278,26 @@ def find_process(sb: Sandbox, selector: ProcessSelector) -> Process:
     raise RpcError(f"process {selector.pid if selector.pid is not None else selector.tag} not found", code="not_found")
 
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
+
+
+def check_config(cfg: ProcessConfig) -> None:
+    """A command as a client sends it: a command, arguments without NUL, environment names a shell would take."""
+    if not cfg.cmd:
+        raise RpcError("process.cmd is empty", code="invalid_argument")
+    if any("\0" in a for a in [cfg.cmd, *cfg.args, *cfg.envs.values()]):
+        raise RpcError("a command, argument or environment value contains NUL", code="invalid_argument")
+    bad = next((k for k in cfg.envs if not _ENV_NAME.fullmatch(k)), None)
+    if bad is not None:
+        raise RpcError(f"invalid environment variable name {bad[:100]!r}", code="invalid_argument")
+
+
 async def start(sb: Sandbox, req: StartRequest, user: str | None) -> Process:
     if req.pty is not None:
         raise RpcError("PTY sessions are not supported by this server", code="unimplemented")
-    ws = sb.workspace()
     cfg = req.process
-    if not cfg.cmd:
-        raise RpcError("process.cmd is empty", code="invalid_argument")
+    check_config(cfg)
+    ws = sb.workspace()
     n = sb.next_process
     sb.next_process += 1
     rel = f"p/{n}"

@@ -73,6 +73,19 @@ def test_users_and_paths_are_validated() -> None:
             _envd.absolute(bad)
 
 
+def test_commands_from_a_client_are_checked() -> None:
+    _envd.check_config(_wire.ProcessConfig(cmd="/bin/bash", args=["-l", "-c", "ls"], envs={"A_1": "x"}))
+    for bad in [
+        _wire.ProcessConfig(cmd=""),
+        _wire.ProcessConfig(cmd="/bin/bash", args=["a\0b"]),
+        _wire.ProcessConfig(cmd="/bin/bash", envs={"A=B": "x"}),
+        _wire.ProcessConfig(cmd="/bin/bash", envs={"A": "x\0y"}),
+    ]:
+        with pytest.raises(_wire.RpcError) as info:
+            _envd.check_config(bad)
+        assert info.value.code == "invalid_argument"
+
+
 def test_find_output_parses_into_entries() -> None:
     rows = [
         ["f", "f", "5", "644", "-rw-r--r--", "root", "root", "1700000000.5", "", "/tmp/a.txt"],
