@@ -3,6 +3,9 @@
     Config.configure(fork_mode="fs", snapshot_dir="/dev/shm/my-snaps")   # this process, from now on
     Config.current().fork_mode                                           # what the next fork uses
 
+A setting the host cannot honour raises ``CapabilityMissing`` rather than quietly doing less (``_fallback``):
+``fork_mode="auto"`` and ``allow_missing`` are how a user accepts less.
+
 Each field left unset is read from its environment variable when it is used, not at import, so a variable set
 before the first workspace (a test's fixture, a Ray actor's runtime env) still counts.
 """
@@ -21,23 +24,33 @@ def _env(name: str, default: str) -> str:
     return os.environ.get(name, "").strip() or default
 
 
+def _names(text: str) -> frozenset[str]:
+    return frozenset(n.strip().lower() for n in text.split(",") if n.strip())
+
+
 def _run_dir() -> Path:
     run = os.environ.get("BUNSHIN_RUNDIR")
     return Path(run) if run else Path(os.environ.get("BUNSHIN_HOME", "/var/lib/bunshin")) / "ws"
 
 
 class Config(msgspec.Struct, frozen=True, kw_only=True):
-    """Settings of the runtime (see the module doc). ``fork_mode`` (``BUNSHIN_FORK_MODE``): ``auto``, ``cow``,
-    ``criu``, ``ksm`` or ``fs`` (``bunshin_async._fork``). ``snapshot_dir`` (``BUNSHIN_SNAPDIR``): the snapshot store,
-    a tmpfs. ``criu_log_level`` (``BUNSHIN_CRIU_LOG_LEVEL``, 0-4): CRIU's dump.log/restore.log detail.
+    """Settings of the runtime (see the module doc). ``fork_mode`` (``BUNSHIN_FORK_MODE``): ``cow`` (default: live
+    copies sharing memory, needs the patched CRIU), ``criu``, ``ksm``, ``fs`` (files only) or ``auto`` (the best
+    the host has, one warning naming what is lost; ``bunshin_async._fork._modes``). ``snapshot_dir``
+    (``BUNSHIN_SNAPDIR``): the snapshot store, a tmpfs. ``criu_log_level`` (``BUNSHIN_CRIU_LOG_LEVEL``, 0-4):
+    CRIU's dump.log/restore.log detail.
     ``run_dir`` (``BUNSHIN_RUNDIR``, else ``$BUNSHIN_HOME/ws``): the workspaces' directories. ``cgroup_parent``
-    (``BUNSHIN_CGROUP_PARENT``): the cgroup all workspaces live under."""
+    (``BUNSHIN_CGROUP_PARENT``): the cgroup all workspaces live under. ``allow_missing``
+    (``BUNSHIN_ALLOW_MISSING``, comma-separated): capabilities the runtime may go on without, with one warning each,
+    instead of raising ``CapabilityMissing`` (``"all"`` for every one; names as in ``CapabilityMissing.capability``:
+    ``criu``, ``criu-cow``, ``snapshot store``, ``cgroup memory``, ...)."""
 
-    fork_mode: str = msgspec.field(default_factory=lambda: _env("BUNSHIN_FORK_MODE", "auto").lower())
+    fork_mode: str = msgspec.field(default_factory=lambda: _env("BUNSHIN_FORK_MODE", "cow").lower())
     snapshot_dir: Path = msgspec.field(default_factory=lambda: Path(_env("BUNSHIN_SNAPDIR", "/dev/shm/bunshin-snap")))
     criu_log_level: int = msgspec.field(default_factory=lambda: int(_env("BUNSHIN_CRIU_LOG_LEVEL", "2")))
     run_dir: Path = msgspec.field(default_factory=_run_dir)
     cgroup_parent: str = msgspec.field(default_factory=lambda: _env("BUNSHIN_CGROUP_PARENT", "bunshin"))
+    allow_missing: frozenset[str] = msgspec.field(default_factory=lambda: _names(_env("BUNSHIN_ALLOW_MISSING", "")))
 
     @staticmethod
     def current() -> Config:
@@ -53,13 +66,22 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
         if unknown:
             raise TypeError(f"unknown settings {sorted(unknown)}; known: {list(Config.__struct_fields__)}")
         new = {k: v for k, v in _overrides.items() if k not in changes}
-        new.update(
-            {k: Path(v) if k in _PATHS and isinstance(v, str) else v for k, v in changes.items() if v is not None}
-        )
+        new.update({k: _coerce(k, v) for k, v in changes.items() if v is not None})
         config = msgspec.convert({**msgspec.structs.asdict(Config()), **new}, Config, strict=False)
         _overrides.clear()
         _overrides.update({k: getattr(config, k) for k in new})  # checked (strict=False: "3" is a log level too)
         return config
+
+
+def _coerce(name: str, value: object) -> object:
+    """A str path becomes a Path; ``allow_missing`` takes a comma-separated str or an iterable of names."""
+    if name in _PATHS and isinstance(value, str):
+        return Path(value)
+    if name == "allow_missing":
+        names = value.split(",") if isinstance(value, str) else value
+        if isinstance(names, (list, tuple, set, frozenset)):
+            return _names(",".join(str(n) for n in names))
+    return value
 
 
 _overrides: dict[str, object] = {}

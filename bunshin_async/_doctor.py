@@ -10,7 +10,8 @@ from pathlib import Path
 
 import msgspec
 
-from . import _paths
+from . import _hostsetup, _paths
+from ._config import Config
 from ._exceptions import BunshinError
 from ._image import Image
 from ._kernel import cgroup_version
@@ -26,7 +27,7 @@ class Check(msgspec.Struct, frozen=True):
     """The command that provides what is missing."""
 
 
-SETUP = "make setup (scripts/setup.sh)"
+SETUP = "sudo bunshin setup (make setup in a checkout)"
 
 
 def system_packages() -> list[tuple[str, str]]:
@@ -86,38 +87,63 @@ def _read(path: str) -> str | None:
 
 
 def _fork_mode_check() -> Check:
-    """Which fork mode restores get (``_fork._modes.restore_mode``) and why: CoW sharing needs the patched CRIU;
-    without a usable CRIU, ``auto`` falls back to filesystem-only forks."""
-    from ._criu import criu_unavailable
-    from ._exceptions import CapabilityMissing
-    from ._fork._modes import cow_available, restore_mode
+    """Which fork mode restores get (``_fork._modes.plan``) and what the configured mode lacks: a fork in a mode
+    the host cannot give raises ``CapabilityMissing``; ``auto`` takes the best there is, with one warning."""
+    from ._fork._modes import plan
 
     try:
-        mode = restore_mode()
-    except (CapabilityMissing, ValueError) as exc:
-        return Check("fork mode", False, str(exc), "live fork in the requested BUNSHIN_FORK_MODE")
-    if mode == "fs":
-        reason = criu_unavailable()
-        why = f"CRIU unavailable: {reason}" if reason else "BUNSHIN_FORK_MODE=fs"
-        return Check(
-            "fork mode",
-            reason is None,
-            f"fs only: {why}; processes are restarted from the recorded setup, not carried",
-            "live fork (memory, shell sessions and connections of the processes are not carried)",
-        )
-    cow = cow_available()
+        mode, losses = plan()
+    except ValueError as exc:
+        return Check("fork mode", False, str(exc), "fork", "set BUNSHIN_FORK_MODE to cow, criu, ksm, fs or auto")
     what = {
         "criu-cow": "copies share memory pages until written (patched CRIU)",
-        "criu": "copies get private memory"
-        + ("" if cow else " (stock CRIU: criu/patches/0001-cow-restore.patch not built; BUNSHIN_FORK_MODE=ksm merges)"),
+        "criu": "copies get private memory",
         "criu-ksm": "copies are KSM-mergeable (KSM is switched on while forking)",
+        "fs": "files only: processes are restarted from the recorded setup, not carried",
     }[mode]
-    return Check(
-        "fork mode",
-        mode == "criu-cow" or not cow or mode == "criu-ksm",
-        f"{mode}: {what}",
-        "memory sharing between forks (copies cost their full size)",
+    if not losses:
+        return Check("fork mode", True, f"{mode}: {what}")
+    auto = Config.current().fork_mode == "auto"
+    detail = "; ".join(loss.missing for loss in losses)
+    detail += f" (auto gives {mode}: {what})" if auto else " (fork() raises CapabilityMissing)"
+    return Check("fork mode", False, detail, "; ".join(loss.lost for loss in losses), losses[0].remedy)
+
+
+def _host_setup_check() -> Check:
+    """What host.toml records (``bunshin setup``) and whether its CRIU fits this package's patch set. The agent and
+    init ship in the package (content-addressed layers, so packages with other agents coexist): the record of
+    which package set the host up is information, not a requirement."""
+    from ._criu import package_patch_set
+    from ._setup import package_record
+
+    path = _hostsetup.host_config_path()
+    record = _paths.host_config()
+    criu = record.get("criu", {})
+    if not criu:
+        return Check(
+            "host set-up",
+            False,
+            f"{path}: no CRIU recorded (the host was not set up with `bunshin setup`)",
+            "finding CRIU from any environment (BUNSHIN_CRIU or a checkout's criu/dist still work)",
+            SETUP,
+        )
+    by = record.get("bunshin", {})
+    mine = package_record()
+    who = (
+        f"set up by bunshin {by.get('version', '?')} (agent {by.get('agent', '?')}; "
+        f"this package: {mine['version']}, agent {mine['agent']})"
     )
+    want = package_patch_set()
+    if want is not None and criu.get("patches") != want:
+        return Check(
+            "host set-up",
+            False,
+            f"{path}: CRIU {criu.get('path')} carries patch set {criu.get('patches')}, this package needs {want}; "
+            + who,
+            "live fork with the host's CRIU",
+            SETUP,
+        )
+    return Check("host set-up", True, f"{path}: CRIU {criu.get('path')} (patch set {criu.get('patches')}); {who}")
 
 
 def _status_field(name: str) -> str | None:
@@ -215,11 +241,12 @@ def checks() -> list[Check]:
         Check(
             "criu",
             version is not None and version.startswith("4.2"),
-            f"{criu} {version}" if criu else "not found (criu/build.sh builds 4.2.1)",
-            "live fork, snapshot, rollback (filesystem-only fork remains)",
-            f"criu/build.sh ({SETUP})",
+            f"{criu} {version}" if criu else "not found (`bunshin setup` builds 4.2.1 with criu/patches)",
+            "live fork, snapshot, rollback (only fork_mode='fs' remains)",
+            SETUP,
         )
     )
+    out.append(_host_setup_check())
     if criu and version:
         res = subprocess.run([str(criu), "check"], capture_output=True, text=True, timeout=60)
         good = "Looks good" in res.stdout + res.stderr

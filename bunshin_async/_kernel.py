@@ -16,6 +16,7 @@ import msgspec
 
 from ._config import Config
 from ._exceptions import CapabilityMissing, InvalidValue
+from ._fallback import fallback
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 V1_CONTROLLERS = ("memory", "pids", "cpu", "cpuacct", "freezer", "devices")
@@ -76,6 +77,24 @@ def devices_controller() -> bool:
     """Whether device allow-lists can be enforced: the cgroup v1 devices controller (cgroup v2 has no file
     interface for it, only BPF programs, which Bunshin does not load)."""
     return (CGROUP_ROOT / "devices" / "devices.allow").exists()
+
+
+_LIMITED_BY = {"memory": "memory", "pids": "pids", "cpu": "cpus"}
+"""The controller each ``Limits`` field needs."""
+
+
+def _require_controllers(limits: Limits, available: set[str]) -> None:
+    """A limit whose controller the host lacks is not silently dropped: ``fallback`` raises (or, with the
+    controller in ``Config.allow_missing``, warns once and the limit goes unenforced)."""
+    for ctrl, field in _LIMITED_BY.items():
+        if getattr(limits, field) is not None and ctrl not in available:
+            fallback(
+                f"cgroup {ctrl}",
+                missing=f"Limits({field}=...) needs the cgroup {ctrl} controller, which this host does not offer",
+                lost=f"the {field} limit (not enforced)",
+                remedy=f"enable the {ctrl} controller (cgroup v2: listed in {CGROUP_ROOT}/cgroup.controllers), "
+                f"or pass Limits({field}=None)",
+            )
 
 
 def _write(path: Path, value: str) -> None:
@@ -207,6 +226,7 @@ class Cgroup:
 
     @classmethod
     def _create_v1(cls, name: str, limits: Limits, devices: list[str] | None) -> Cgroup:
+        _require_controllers(limits, {c for c in V1_CONTROLLERS if (CGROUP_ROOT / c / "cgroup.procs").exists()})
         dirs: list[Path] = []
         group = cls(1, dirs)
         try:
@@ -240,7 +260,9 @@ class Cgroup:
     def _create_v2(cls, name: str, limits: Limits) -> Cgroup:
         parent = CGROUP_ROOT / parent_name()
         parent.mkdir(exist_ok=True)
-        wanted = {"memory", "pids", "cpu"} & set((CGROUP_ROOT / "cgroup.controllers").read_text().split())
+        available = set((CGROUP_ROOT / "cgroup.controllers").read_text().split())
+        _require_controllers(limits, available)
+        wanted = {"memory", "pids", "cpu"} & available
         for d in (CGROUP_ROOT, parent):
             enabled = set((d / "cgroup.subtree_control").read_text().split())
             missing = wanted - enabled

@@ -56,3 +56,14 @@ def test_bad_settings_are_refused_and_change_nothing() -> None:
     with pytest.raises(ValueError):
         Config.configure(criu_log_level="verbose")
     assert Config.current() == before
+
+
+def test_allow_missing_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("BUNSHIN_FORK_MODE", raising=False)
+    assert Config.current().allow_missing == frozenset() and Config.current().fork_mode == "cow"
+    monkeypatch.setenv("BUNSHIN_ALLOW_MISSING", " Snapshot Store,cgroup pids ,")
+    assert Config.current().allow_missing == {"snapshot store", "cgroup pids"}
+    assert Config.configure(allow_missing="ksm").allow_missing == {"ksm"}
+    assert Config.configure(allow_missing=["KSM", "criu"]).allow_missing == {"ksm", "criu"}
+    Config.configure(allow_missing=None)
+    assert Config.current().allow_missing == {"snapshot store", "cgroup pids"}

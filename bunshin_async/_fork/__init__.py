@@ -34,11 +34,14 @@ of CRIU. CRIU restores its ``PR_SET_PDEATHSIG(SIGKILL)`` (pie/restorer.c, ``rest
 dies the kernel kills pid 1 and with it the whole pid namespace, as for a fresh workspace (where the shim is in
 between). ``WorkspaceCore.teardown`` reaps it through its pidfd.
 
-Memory of the copies (``ws.fork_mode``, chosen by ``Config.fork_mode``, ``BUNSHIN_FORK_MODE``, see ``_modes``):
+Memory of the copies (``ws.fork_mode``, chosen by ``Config.fork_mode``, ``BUNSHIN_FORK_MODE``, see ``_modes``). A
+mode the host cannot give (no CRIU, a CRIU without the patches, no snapshot store) makes ``fork`` raise
+``CapabilityMissing``, never a weaker fork; only ``auto`` ("best available") degrades, with one warning per process:
 
-- ``"criu-cow"`` (default when CRIU carries criu/patches/0001-cow-restore.patch): the restore runs with
-  ``CRIU_COW_RESTORE=1``, so private anonymous memory is mapped ``MAP_PRIVATE`` from the snapshot's pages image on
-  tmpfs instead of being read into fresh memory: all copies of one snapshot share every page until they write it.
+- ``"criu-cow"`` (``BUNSHIN_FORK_MODE=cow``, the default; needs criu/patches/0001-cow-restore.patch): the restore
+  runs with ``CRIU_COW_RESTORE=1``, so private anonymous memory is mapped ``MAP_PRIVATE`` from the snapshot's pages
+  image on tmpfs instead of being read into fresh memory: all copies of one snapshot share every page until they
+  write it.
   The image must never be modified while copies live. Each such copy holds its snapshot's directory
   (``core.mem_parent``, reference-counted like the layers: ``<id>.users/``), so closing the snapshot keeps it while
   copies map it. Dumps run with ``CRIU_COW_ANON_PREFIX=<snapshot dir>/``, so such mappings are dumped as anonymous

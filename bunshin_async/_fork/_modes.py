@@ -8,10 +8,14 @@ import sys
 import threading
 from pathlib import Path
 
+import msgspec
+
+from .. import _paths
 from .._config import Config
 from .._criu import COW_RESTORE, criu_features, criu_unavailable
 from .._exceptions import CapabilityMissing, InvalidValue
-from ._layers import snapshot_dir
+from .._fallback import fallback
+from ._layers import prepare_snapshot_store, snapshot_dir, snapshot_store
 
 ForkMode = str
 """How a workspace came to be: ``"fresh"`` (started cold), ``"criu"`` (restored from a CRIU snapshot, private
@@ -29,48 +33,119 @@ KSM_DIR = Path("/sys/kernel/mm/ksm")
 KSM_TUNING = {"run": "1", "pages_to_scan": "2000", "sleep_millisecs": "10"}
 """What ``criu-ksm`` mode writes to /sys/kernel/mm/ksm: about 200k pages (800 MiB) scanned per second."""
 
+SETUP_FIX = (
+    "run `sudo bunshin setup` (`make setup` in a checkout), or set BUNSHIN_CRIU to a CRIU 4.2.1 built with criu/patches"
+)
+"""The remedy for a missing or unpatched CRIU."""
+
+_MODES = {"auto": "auto", "cow": "criu-cow", "criu-cow": "criu-cow", "criu": "criu", "stock": "criu",
+          "ksm": "criu-ksm", "criu-ksm": "criu-ksm", "fs": "fs"}  # fmt: skip
+
+
+class Loss(msgspec.Struct, frozen=True):
+    """A capability the wanted fork mode needs and the host lacks (``_fallback.fallback``'s arguments)."""
+
+    capability: str
+    missing: str
+    lost: str
+    remedy: str
+
+
+def plan() -> tuple[ForkMode, list[Loss]]:
+    """The ``fork_mode`` the next restore gets and what it lacks, without acting on it (``bunshin doctor`` shows
+    this). For ``auto`` the mode is the best the host has and the losses are what it gave up; for any other mode the
+    mode is the one asked for and a loss means it cannot be had."""
+    want = _wanted_mode()
+    mode = _MODES.get(want)
+    if mode is None:
+        raise InvalidValue(f"BUNSHIN_FORK_MODE={want!r}: expected cow, criu, ksm, fs or auto", argument="fork_mode")
+    if mode == "fs":
+        return "fs", []
+    reason = criu_unavailable()
+    if reason is not None:
+        loss = Loss("criu", f"fork_mode={want!r} needs CRIU: {reason}", _FS_LOSES, SETUP_FIX)
+        return ("fs" if want == "auto" else mode), [loss]
+    if mode in ("auto", "criu-cow") and not cow_available():
+        loss = Loss(
+            "criu-cow",
+            f"fork_mode={want!r} needs a CRIU with criu/patches (0001-cow-restore): {_paths.criu_binary()} lacks it",
+            "memory sharing between copies (each copy reads its whole memory)",
+            SETUP_FIX,
+        )
+        return "criu", [loss]
+    if mode == "criu-ksm" and not (KSM_DIR / "run").exists():
+        return mode, [Loss("ksm", "fork_mode='ksm' but the kernel has no KSM", "same-page merging", "CONFIG_KSM=y")]
+    return ("criu-cow" if mode == "auto" else mode), []
+
+
+_FS_LOSES = (
+    "live fork: copies are filesystem-only (processes started with spawn are restarted, memory, shell sessions "
+    "and connections are not carried)"
+)
+
 
 def restore_mode() -> ForkMode:
-    """The ``fork_mode`` the next restore gets, from ``Config.fork_mode`` (``BUNSHIN_FORK_MODE``): ``auto``
-    (default: ``criu-cow`` when the patched CRIU is present, else ``criu``, and ``fs`` when CRIU is unusable),
-    ``cow``, ``criu`` (alias ``stock``), ``ksm`` or ``fs``. A mode the host cannot provide raises
-    ``CapabilityMissing``; nothing falls back silently except ``auto``, and its ``fs`` shows in ``ws.fork_mode``
-    and ``bunshin doctor``."""
-    want = _wanted_mode()
-    if want == "auto":
-        if criu_unavailable() is not None:
-            return "fs"
-        return "criu-cow" if cow_available() else "criu"
-    if want == "fs":
-        return "fs"
-    if want in ("cow", "criu-cow"):
-        if not cow_available():
-            raise CapabilityMissing(
-                "BUNSHIN_FORK_MODE=cow but CRIU lacks the cow-restore patch",
-                capability="criu-cow",
-                remedy="list 0001-cow-restore.patch in criu/patches/series and run `criu/build.sh`",
-            )
-        return "criu-cow"
-    if want in ("criu", "stock"):
-        return "criu"
-    if want in ("ksm", "criu-ksm"):
-        if not (KSM_DIR / "run").exists():
-            raise CapabilityMissing(
-                "BUNSHIN_FORK_MODE=ksm but the kernel has no KSM", capability="ksm", remedy="CONFIG_KSM=y"
-            )
-        return "criu-ksm"
-    raise InvalidValue(f"BUNSHIN_FORK_MODE={want!r}: expected auto, cow, criu, ksm or fs", argument="fork_mode")
+    """The ``fork_mode`` the next restore gets, from ``Config.fork_mode`` (``BUNSHIN_FORK_MODE``): ``cow`` (default,
+    ``criu-cow``), ``criu`` (alias ``stock``), ``ksm``, ``fs`` or ``auto`` (the best the host has). A mode the host
+    cannot provide raises ``CapabilityMissing`` naming the missing part and the fix; only ``auto`` degrades, with one
+    warning per process naming what was lost (``_fallback``)."""
+    mode, losses = plan()
+    auto = _wanted_mode() == "auto"
+    for loss in losses:
+        fallback(loss.capability, missing=loss.missing, lost=loss.lost, remedy=loss.remedy, allowed=auto)
+    return mode
 
 
 def _wanted_mode() -> str:
-    return Config.current().fork_mode.strip().lower() or "auto"
+    return Config.current().fork_mode.strip().lower() or "cow"
 
 
 def fs_only() -> bool:
-    """Whether a snapshot taken now is filesystem-only (``BUNSHIN_FORK_MODE=fs``, or ``auto`` with CRIU unusable).
-    Unlike ``restore_mode`` it never raises: the CRIU modes are a restore's choice, made per restore."""
-    want = _wanted_mode()
-    return want == "fs" or (want == "auto" and criu_unavailable() is not None)
+    """Whether a snapshot taken now is filesystem-only (``fork_mode="fs"``, or ``auto`` with CRIU unusable); raises
+    like ``restore_mode`` when the mode cannot be had, and checks the snapshot store a CRIU dump writes to
+    (blocking)."""
+    if restore_mode() == "fs":
+        return True
+    check_snapshot_store()
+    return False
+
+
+_store_ok: set[tuple[str, int]] = set()
+
+
+def _store_key(base: Path) -> tuple[str, int]:
+    try:
+        return str(base), base.stat().st_dev
+    except OSError:
+        return str(base), -1
+
+
+def check_snapshot_store() -> None:
+    """The snapshot store must be a tmpfs with large folios (``_layers.snapshot_store``): mounted here when it is
+    missing and can be (root, an empty directory, as ``bunshin snapstore`` does), else ``fallback`` (``auto``
+    and ``allow_missing`` go on with slower dumps). Checked once per store and mount (blocking)."""
+    base = snapshot_dir()
+    if _store_key(base) in _store_ok:
+        return
+    ok, where = snapshot_store()
+    why = ""
+    if not ok:
+        try:
+            prepare_snapshot_store()
+        except CapabilityMissing as exc:
+            why = f" ({exc})"
+        ok, where = snapshot_store()
+    if ok:
+        _store_ok.add(_store_key(base))
+        return
+    fallback(
+        "snapshot store",
+        missing=f"the snapshot store is not a tmpfs with large folios: {where}{why}",
+        lost="fast dumps and restores (page images on 4 KiB pages or on disk)",
+        remedy="run `sudo bunshin snapstore` (`bunshin setup` does), or point BUNSHIN_SNAPDIR at a tmpfs mounted "
+        "with huge=within_size",
+        allowed=_wanted_mode() == "auto",
+    )
 
 
 def cow_prefix() -> str:

@@ -8,8 +8,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from bunshin_async import BunshinError, ForkError, SetupStep, Shell, Workspace, _criu, _paths
+from bunshin_async import BunshinError, CapabilityMissing, ForkError, SetupStep, Shell, Workspace, _criu, _paths
 from bunshin_async._doctor import report
+from bunshin_async._fallback import reset_warnings
 from bunshin_async._fork import _modes
 
 pytestmark = pytest.mark.fork_modes("fs")
@@ -200,21 +201,27 @@ async def test_record_survives_criu_copies(ws: Workspace, monkeypatch: pytest.Mo
             await live.aclose()
 
 
-async def test_auto_falls_back_without_criu(ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_auto_falls_back_without_criu(
+    ws: Workspace, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     monkeypatch.setenv("BUNSHIN_FORK_MODE", "auto")
     monkeypatch.setenv("BUNSHIN_CRIU", "/nonexistent/criu")
+    reset_warnings()
     assert _modes.restore_mode() == "fs" and _modes.fs_only()
     why = _criu.criu_unavailable()
     assert why is not None and "/nonexistent/criu" in why
     text, _ok = report()
-    assert "fs only: CRIU unavailable: /nonexistent/criu" in text
-    assert "processes are restarted from the recorded setup, not carried" in text
+    assert "MISS fork mode" in text and "CRIU: /nonexistent/criu" in text and "auto gives fs: files only" in text
     await _start_counter(ws)
-    (c,) = await ws.fork()
-    try:
-        assert c.fork_mode == "fs" and await _get(c) == "1 hi"
-    finally:
-        await c.aclose()
+    for _ in range(2):
+        (c,) = await ws.fork()
+        try:
+            assert c.fork_mode == "fs" and await _get(c) == "1 hi"
+        finally:
+            await c.aclose()
+    warned = [r for r in caplog.records if r.levelname == "WARNING" and r.name == "bunshin_async"]
+    assert len(warned) == 1, warned  # one per process, naming what is lost
+    assert "criu: " in warned[0].getMessage() and "live fork" in warned[0].getMessage()
 
 
 def test_criu_unusable_reasons(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -230,12 +237,15 @@ def test_criu_unusable_reasons(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     assert "status 3: libfoo.so: cannot open" in (_criu.criu_unavailable(broken) or "")
     monkeypatch.setattr(_paths, "criu_binary", lambda: broken)
     assert _modes.restore_mode() == "fs"
-    monkeypatch.setenv("BUNSHIN_FORK_MODE", "criu")  # an explicit mode never falls back
-    assert _modes.restore_mode() == "criu" and not _modes.fs_only()
+    for explicit in ("criu", "cow", "ksm"):  # an explicit mode never falls back
+        monkeypatch.setenv("BUNSHIN_FORK_MODE", explicit)
+        with pytest.raises(CapabilityMissing, match="status 3") as info:
+            _modes.fs_only()
+        assert info.value.capability == "criu" and "bunshin setup" in info.value.remedy
     monkeypatch.setattr(_paths, "criu_binary", real)
     monkeypatch.setenv("BUNSHIN_FORK_MODE", "fs")
     assert _criu.criu_unavailable() is None  # this host has CRIU: fs is only forced
-    assert "fs only: BUNSHIN_FORK_MODE=fs" in report()[0]
+    assert "ok   fork mode" in report()[0]
 
 
 async def test_failed_restart_leaves_nothing(ws: Workspace) -> None:
