@@ -30,10 +30,11 @@ test-unit:
 	.venv/bin/python -m pytest -q -m unit -p no:cacheprovider
 
 # The clean-root set-up check: the set-up on a minimal Debian root that has never seen Bunshin (scripts/).
-# Debian 12, then Debian 13, whose Python 3.13 also runs the agent and workspace tests (a second host Python).
+# Debian 12, then Debian 13, whose Python 3.13 also runs the agent and workspace tests and the wheel test (a second
+# host Python).
 fresh-check:
 	scripts/check-fresh-setup.sh bookworm
-	FRESH_TESTS="tests/agent tests/workspace" scripts/check-fresh-setup.sh trixie
+	FRESH_TESTS="tests/agent tests/workspace tests/setup/test_wheel.py" scripts/check-fresh-setup.sh trixie
 
 # Each benchmark through the report generator: its JSON is recorded (date, machine, load, command) in
 # bench/results/NAME.record.json and the pages of docs/benchmarks and README's headline table are regenerated.

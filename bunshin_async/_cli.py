@@ -10,6 +10,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bunshin", description="Bunshin: forkable agent workspaces.")
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("doctor", help="show which capabilities this host has")
+    setup = sub.add_parser("setup", help="set this host up (root, Debian 12/13): packages, CRIU, store, images")
+    setup.add_argument("--no-images", action="store_true", help="do not build the workspace images")
+    setup.add_argument("--gui", action="store_true", help="also build the GUI image")
     img = sub.add_parser("image", help="manage workspace images").add_subparsers(dest="action", required=True)
     build = img.add_parser("build", help="build (or reuse) the Debian base image with debootstrap")
     build.add_argument("--force", action="store_true")
@@ -52,6 +55,10 @@ def main(argv: list[str] | None = None) -> int:
         text, ok = report()
         print(text)
         return 0 if ok else 1
+    if args.cmd == "setup":
+        from ._setup import main as setup_main
+
+        return setup_main(images=not args.no_images, gui=args.gui)
     if args.cmd == "image" and args.action != "build":
         from ._image_cli import image_command
 

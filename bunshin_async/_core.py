@@ -181,7 +181,9 @@ class WorkspaceCore:
         init = _paths.init_binary()
         if not init.exists():
             raise CapabilityMissing(
-                f"{init} is missing", capability="bunshin-init", remedy="reinstall bunshin (`make setup`)"
+                f"{init} is missing",
+                capability="bunshin-init",
+                remedy="reinstall bunshin (`make setup` in a checkout)",
             )
         if os.geteuid() != 0:
             raise CapabilityMissing(

@@ -17,6 +17,7 @@ from __future__ import annotations
 import array
 import contextlib
 import fcntl
+import functools
 import os
 import signal
 import socket
@@ -30,7 +31,7 @@ import anyio
 import msgspec
 from anyio.abc import Process
 
-from . import _paths
+from . import _hostsetup, _paths
 from ._config import Config
 from ._exceptions import CapabilityMissing, ForkError
 
@@ -45,8 +46,8 @@ __all__ = [
     "rpc",
 ]
 
-_pycriu_dir = _paths.PACKAGE_DIR.parent / "criu" / "dist" / "python"
-if _pycriu_dir.is_dir() and str(_pycriu_dir) not in sys.path:
+_pycriu_dir = _paths.pycriu_dir()
+if _pycriu_dir is not None and _pycriu_dir.is_dir() and str(_pycriu_dir) not in sys.path:
     sys.path.append(str(_pycriu_dir))
 try:
     from pycriu import rpc_pb2 as rpc
@@ -64,14 +65,14 @@ LOG_TAIL = 4000
 
 def _require_rpc() -> Any:
     if rpc is None:
-        raise CapabilityMissing("pycriu is not importable", capability="criu", remedy="build CRIU with `criu/build.sh`")
+        raise CapabilityMissing("pycriu is not importable", capability="criu", remedy=_hostsetup.SETUP_COMMAND)
     return rpc
 
 
 def _criu() -> Path:
     path = _paths.criu_binary()
     if path is None or not path.exists():
-        raise CapabilityMissing("criu 4.2.1 not found", capability="criu", remedy="run `criu/build.sh`")
+        raise CapabilityMissing("criu 4.2.1 not found", capability="criu", remedy=_hostsetup.SETUP_COMMAND)
     return path
 
 
@@ -151,14 +152,38 @@ def criu_unavailable(path: Path | None = None) -> str | None:
     it can; cached per binary like ``criu_features``. ``restore_mode`` falls back to filesystem-only forks on a
     reason."""
     if rpc is None:
-        return "pycriu is not importable (run `criu/build.sh`)"
+        return f"pycriu is not importable (run `{_hostsetup.SETUP_COMMAND}`)"
     path = path or _paths.criu_binary()
     if path is None:
-        return "criu not found (run `criu/build.sh`, or set BUNSHIN_CRIU)"
+        return f"criu not found (run `{_hostsetup.SETUP_COMMAND}`, or set BUNSHIN_CRIU)"
     try:
-        return _probe(path).unusable
+        return _probe(path).unusable or patch_mismatch(path)
     except OSError as exc:
-        return f"{path}: {exc.strerror} (run `criu/build.sh`, or set BUNSHIN_CRIU)"
+        return f"{path}: {exc.strerror} (run `{_hostsetup.SETUP_COMMAND}`, or set BUNSHIN_CRIU)"
+
+
+@functools.lru_cache(maxsize=1)
+def package_patch_set() -> str | None:
+    """The CRIU patch set this package was built with (its criu/ tree; None when it has none)."""
+    try:
+        return _hostsetup.patch_set()
+    except OSError:
+        return None
+
+
+def patch_mismatch(path: Path) -> str | None:
+    """Why the host's CRIU install (host.toml) does not fit this package: built from another patch set. A CRIU
+    named by ``BUNSHIN_CRIU`` or a checkout's own build is taken as it is."""
+    recorded = _paths.host_config().get("criu", {})
+    if os.environ.get("BUNSHIN_CRIU") or recorded.get("path") != str(path):
+        return None
+    want, have = package_patch_set(), recorded.get("patches")
+    if want is None or have == want:
+        return None
+    return (
+        f"the host's CRIU ({path}) carries patch set {have}, this package needs {want} "
+        f"(run `{_hostsetup.SETUP_COMMAND}` with this package)"
+    )
 
 
 def log_tail(path: Path, limit: int = LOG_TAIL) -> str:

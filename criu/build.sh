@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
-# Fetch (from Debian sid via apt), verify, patch, build and install CRIU
-# project-locally into criu/dist. Idempotent; see README.md.
+# Fetch (from Debian sid via apt), verify, patch, build and install CRIU into
+# $CRIU_DIST (default criu/dist; the host set-up, bunshin_async/_hostsetup.py,
+# installs it to /usr/local/lib/bunshin/criu). Idempotent; see README.md. The
+# wheel ships this directory (VERSION, SHA256, patches, this script) as package
+# data, so `bunshin setup` builds the same CRIU from an installed package.
 #
 # Environment overrides:
+#   CRIU_DIST      where to install (sbin/criu, python/pycriu, patchset)
+#   CRIU_WORK      where the source tarball cache and build tree go (default: here)
 #   CRIU_RUNDIR    kdat cache dir baked into the binary (default: /run/criu-<build>
 #                  if /run is a tmpfs, else /dev/shm/criu-<build>)
 #   DEBIAN_MIRROR  Debian archive URI (default: parsed from the apt sources)
@@ -14,9 +19,10 @@ cd "$HERE"
 
 VERSION=$(tr -d '[:space:]' < VERSION)
 SHA256=$(awk 'NF { print $1; exit }' SHA256)
-DIST="$HERE/dist"
-CACHE="$HERE/.cache"
-BUILD="$HERE/.build"
+DIST=${CRIU_DIST:-$HERE/dist}
+WORK=${CRIU_WORK:-$HERE}
+CACHE="$WORK/.cache"
+BUILD="$WORK/.build"
 STAMP="$DIST/.stamp"
 TARBALL="$CACHE/criu_${VERSION}.orig.tar.xz"
 
@@ -34,6 +40,11 @@ while IFS= read -r line || [[ -n "$line" ]]; do
     [[ -f "patches/$line" ]] || die "patch listed in patches/series not found: patches/$line"
     PATCHES+=("patches/$line")
 done < patches/series
+
+# The patch set this build carries (what `bunshin doctor` and the package compare with the host's install;
+# bunshin_async/_hostsetup.py computes the same digest): VERSION, SHA256, series and each listed patch.
+PATCHSET=$( { cat VERSION SHA256 patches/series; for p in ${PATCHES[@]+"${PATCHES[@]}"}; do cat "$p"; done; } \
+            | sha256sum | cut -c1-16)
 
 # --- kdat cache dir (RUNDIR) ------------------------------------------------
 # CRIU 4.2.1 bakes $(RUNDIR) into criu/kerndat.c as KDAT_RUNDIR and stores
@@ -58,6 +69,7 @@ want_stamp=$( { cat VERSION SHA256 patches/series ${PATCHES[@]+"${PATCHES[@]}"} 
 
 up_to_date() {
     [[ -x "$DIST/sbin/criu" && -f "$STAMP" && -f "$DIST/python/pycriu/rpc_pb2.py" ]] || return 1
+    [[ "$(cat "$DIST/patchset" 2>/dev/null)" == "$PATCHSET" ]] || return 1
     [[ "$(cat "$STAMP")" == "$want_stamp" ]] || return 1
     # Capture first: grep -q exits at the first match and, under pipefail, the
     # SIGPIPE criu gets writing its next line ("Features: ...") fails the pipe.
@@ -239,9 +251,11 @@ stage="$BUILD/dist"
 mkdir -p "$stage/sbin" "$stage/python"
 install -m 0755 "$BUILD/src/criu/criu" "$stage/sbin/criu"
 (cd "$BUILD/src/lib" && find pycriu -name '*.py' -exec install -D -m 0644 {} "$stage/python/{}" \;)
+echo "$PATCHSET" > "$stage/patchset"
 
+mkdir -p "$(dirname "$DIST")"
 rm -rf "$DIST.old"
-[[ -e "$DIST" ]] && mv "$DIST" "$DIST.old"
+[[ -e "$DIST" || -L "$DIST" ]] && mv "$DIST" "$DIST.old"
 mv "$stage" "$DIST"
 rm -rf "$DIST.old"
 ensure_rundir

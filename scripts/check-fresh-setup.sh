@@ -2,8 +2,11 @@
 # The clean-root set-up check: does the README's set-up work on a machine that has never seen Bunshin?
 #
 # Builds a minimal Debian root (debootstrap --variant=minbase, plus python3 and make, which the README asks the
-# user to have), copies this tree into it (tracked and untracked-but-not-ignored files, as a fresh clone has them),
-# and runs `make setup` inside it (pivoted into it in a private mount namespace, with /proc, /sys and /dev from the
+# user to have). First the way of a user who never cloned the repository: the wheel (built here from this tree)
+# installed into a virtual environment of their own, then `bunshin setup` from it, which must set the host up alone
+# (packages, CRIU from the packaged patches, host.toml, snapshot store) and leave `bunshin doctor` of that
+# environment content. Then it copies this tree into the root (tracked and untracked-but-not-ignored files, as a
+# fresh clone has them), and runs `make setup` inside it, which must find CRIU as `bunshin setup` left it (pivoted into it in a private mount namespace, with /proc, /sys and /dev from the
 # host and the host's network, so apt and pip reach the package registries). Then `bunshin doctor` must find every system package and capability the
 # set-up provides. Any missing install step fails the check with that step's own error.
 #
@@ -46,6 +49,9 @@ mirror() {
         || die "no Debian archive in the host's apt sources (set DEBIAN_MIRROR)"
 }
 
+# The wheel a user installs (abi3: one for every Python from 3.10, so also for Debian 13's 3.13), from the sdist.
+[[ -x "$SRC/.venv/bin/python" ]] || die "no .venv: run make setup first (it builds the wheel with python -m build)"
+
 MIRROR=$(mirror)
 TARBALL="$CACHE/$SUITE-minbase.tar"
 mkdir -p "$CACHE"
@@ -71,6 +77,10 @@ trap cleanup EXIT
 log "fresh root $ROOTFS"
 tar -C "$ROOTFS" -xf "$TARBALL"
 chmod 0755 "$ROOTFS"  # it is the root: unprivileged users (apt's _apt sandbox) must traverse it
+
+log "building the wheel (python -m build)"
+"$SRC/.venv/bin/python" -m build --no-isolation --outdir "$ROOTFS/wheel" "$SRC" >"$ROOTFS/wheel.log" 2>&1 \
+    || { tail -30 "$ROOTFS/wheel.log" >&2; die "python -m build failed"; }
 
 # The tree as a clone has it: tracked files and untracked files git does not ignore (no .venv, no builds).
 mkdir -p "$ROOTFS/src"
@@ -98,6 +108,23 @@ cd /src
 step() { echo "==> [in the fresh root] $*"; }
 step "$(. /etc/os-release; echo "$PRETTY_NAME, $(python3 --version)")"
 start=$(date +%s)
+step "a user's own environment: python3-venv, a virtual environment outside any checkout, the wheel"
+{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-venv \
+    && python3 -m venv /opt/user-env && /opt/user-env/bin/python -m pip install -q /wheel/*.whl; } >/user-env.log 2>&1 \
+    || { tail -30 /user-env.log; exit 14; }
+step "bunshin setup (from the installed wheel, not the Makefile)"
+(cd / && /opt/user-env/bin/bunshin setup) >/bunshin-setup.log 2>&1
+rc=$?
+grep -E '^(==>|skipped|criu .* up to date|recorded|E:|bunshin setup|build.sh)' /bunshin-setup.log
+if ((rc)); then
+    echo "---- last lines of bunshin setup ----"
+    tail -30 /bunshin-setup.log
+    exit 14
+fi
+step "bunshin setup took $(($(date +%s) - start)) s"
+(cd / && /opt/user-env/bin/bunshin doctor) >/doctor-user.log 2>&1
+grep -E '^(ok|MISS) +(criu|host set-up|fork mode|snapshot store) ' /doctor-user.log
+start=$(date +%s)
 step "make setup (the README's set-up)"
 make setup >/setup.log 2>&1
 rc=$?
@@ -108,6 +135,7 @@ if ((rc)); then
     exit 10
 fi
 step "set-up took $(($(date +%s) - start)) s"
+if grep -E '^==> building criu' /setup.log; then exit 15; fi
 start=$(date +%s)
 make setup >/setup2.log 2>&1 || { tail -30 /setup2.log; exit 11; }
 step "second run took $(($(date +%s) - start)) s"
@@ -150,11 +178,16 @@ case $rc in
     11) die "the second set-up run failed" ;;
     12) die "the second set-up run installed or built something again (not idempotent)" ;;
     13) die "tests failed in the fresh $SUITE root (FRESH_TESTS=$FRESH_TESTS)" ;;
+    14) die "a user's environment with the wheel, or \`bunshin setup\` from it, failed in a fresh $SUITE root (above)" ;;
+    15) die "make setup built CRIU again after \`bunshin setup\` had (the two set-ups must share one install)" ;;
     *) die "the check itself failed (exit $rc)" ;;
 esac
 # In a chroot the workspace images are not built and dockerd is not started (said above); everything else the
 # set-up provides must be there. (A per-workspace user namespace is a protection Bunshin does not have yet, not
 # something the set-up installs: doctor reports it on every host.)
-missing=$(grep '^MISS' "$ROOTFS/doctor.log" | grep -v -E '^MISS +(base image|docker engine|user namespace per workspace) ' || true)
-[[ -z "$missing" ]] || die "bunshin doctor reports missing pieces after the set-up: $missing"
+# `bunshin doctor` of the user's environment (after `bunshin setup` alone) and of the checkout's (after make setup).
+for report in doctor-user.log doctor.log; do
+    missing=$(grep '^MISS' "$ROOTFS/$report" | grep -v -E '^MISS +(base image|docker engine|user namespace per workspace) ' || true)
+    [[ -z "$missing" ]] || die "bunshin doctor ($report) reports missing pieces after the set-up: $missing"
+done
 log "passed"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Everything Bunshin needs on a fresh Debian 12 machine, idempotently (seconds when already done):
-# system packages, CRIU 4.2.1 (criu/build.sh), the virtual environment with pinned dependencies, the native
-# extension and workspace init, and the cached base image.
+# Everything Bunshin needs on a fresh Debian 12 machine, idempotently (seconds when already done): the host set-up
+# that `bunshin setup` does from an installed package (system packages, CRIU 4.2.1 from criu/patches, the snapshot
+# store, the images), plus what the checkout needs: the kmod guest kernel, Docker, the virtual environment with
+# pinned dependencies and the package itself (editable: native extension, init and agent), verl's environment.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$PWD
@@ -14,25 +15,26 @@ PYTHON=${PYTHON:-python3}
     exit 1
 }
 
-# System packages: only the missing ones, apt-get update only when something is missing.
-# The list is bunshin_async/system-packages.txt, which `bunshin doctor` reads too.
-mapfile -t PACKAGES < <(awk '!/^#/ && NF { print $1 }' bunshin_async/system-packages.txt)
+# The host part, the same code `bunshin setup` runs from an installed package (bunshin_async/_hostsetup.py, stdlib
+# only, run isolated so nothing of the checkout shadows the standard library): the missing system packages of
+# bunshin_async/system-packages.txt (which `bunshin doctor` reads too), CRIU 4.2.1 from criu/patches into
+# /usr/local/lib/bunshin/criu, and /etc/bunshin/host.toml, where every Bunshin on this host finds that CRIU.
 # Debian's python3 needs its venv module and headers as separate packages (a python built elsewhere has both).
-"$PYTHON" -c 'import ensurepip' 2>/dev/null || PACKAGES+=("python3-venv")
-[[ -f "$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')/Python.h" ]] || PACKAGES+=("python3-dev")
-missing=()
-for p in "${PACKAGES[@]}"; do
-    [[ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)" == "install ok installed" ]] || missing+=("$p")
-done
-if ((${#missing[@]})); then
-    log "installing ${missing[*]}"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
+extra=()
+"$PYTHON" -c 'import ensurepip' 2>/dev/null || extra+=("python3-venv")
+[[ -f "$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')/Python.h" ]] || extra+=("python3-dev")
+"$PYTHON" -I bunshin_async/_hostsetup.py --also ${extra[@]+"${extra[@]}"}
 # Debian starts redis-server on install; tests start their own on other ports.
 
-log "CRIU"
-criu/build.sh
+# The checkout's criu/dist is the host's install (worktrees link to it), replaced by a link in two renames.
+CRIU_DIST=${BUNSHIN_PREFIX:-/usr/local/lib/bunshin}/criu
+if [[ "$(readlink criu/dist 2>/dev/null || true)" != "$CRIU_DIST" ]]; then
+    rm -rf criu/dist.new criu/dist.old
+    ln -s "$CRIU_DIST" criu/dist.new
+    if [[ -e criu/dist || -L criu/dist ]]; then mv -T criu/dist criu/dist.old; fi
+    mv -T criu/dist.new criu/dist
+    rm -rf criu/dist.old
+fi
 
 # The kernel-module guest (kmod/): the pinned Debian kernel's headers and image. In the clean-root check a second
 # kernel in the chroot is a minute and a half for nothing that check looks at; qemu and cpio are packages above.
@@ -80,14 +82,7 @@ scripts/verl-env.sh
 # The agent harnesses' environments (inspect-ai, mini-swe-agent; Harbor where Python >= 3.12): rebuilt per lock.
 scripts/harness-env.sh
 
-log "snapshot store"
-.venv/bin/bunshin snapstore
-
-if [[ -n "${BUNSHIN_CLEAN_ROOT_CHECK:-}" ]]; then
-    echo "skipped (clean-root check): building the workspace images (debootstrap inside a chroot)"
-else
-    log "base image"
-    .venv/bin/bunshin image build
-    .venv/bin/bunshin image build --gui
-fi
+# What needs the package: the snapshot store, the package's record in host.toml and the workspace images (the base
+# image and the GUI image; skipped in the clean-root check), as `bunshin setup` does for an installed package.
+.venv/bin/bunshin setup --gui
 log "ready"

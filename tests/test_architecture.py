@@ -32,7 +32,8 @@ PRIVATE_ALLOWED = {
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # (layer, its modules: a name stands for the module and its submodules; the longest match wins), lowest first
-    ("foundation", ("_compat", "_config", "_exceptions", "_protocol", "_public", "_paths", "_trajectory")),
+    ("foundation", ("_compat", "_config", "_exceptions", "_fallback", "_hostsetup", "_protocol", "_public", "_paths",
+                    "_trajectory")),
     ("host interface", ("_tree", "_kernel", "_userns", "_security", "_criu", "_client", "_docker", "_layers", "_oci",
                         "_gc", "_fork._layers", "_fork._modes")),
     ("images", ("_image",)),
@@ -42,7 +43,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("services", ("_tools", "_gui_tools", "_accounting", "_llm", "_runtime", "_cache", "_rollout")),
     ("public modules", ("", "agent", "cache", "llm", "rollout", "speculation", "tools", "transfer")),
     ("applications", ("integrations", "_e2b", "_experiment", "_cli", "_demo", "_doctor", "_image_cli", "_mcp_cli",
-                      "_e2b_cli", "speculator")),
+                      "_e2b_cli", "_setup", "__main__", "speculator")),
 ]  # fmt: skip
 
 
@@ -241,10 +242,10 @@ def test_every_module_has_a_layer_and_imports_only_down() -> None:
     assert upward(edges) == []
 
 
-APPLICATIONS = ("bunshin_async._experiment", "bunshin_async._cli")
-"""Shipped inside the package but above both packages: the ``bunshin`` command and its latency-hiding experiment
-(``bunshin bench``), which compares speculator's predictors. They may import speculator; the runtime imports
-neither them nor speculator."""
+APPLICATIONS = ("bunshin_async._experiment", "bunshin_async._cli", "bunshin_async.__main__")
+"""Shipped inside the package but above both packages: the ``bunshin`` command (also ``python -m bunshin_async``)
+and its latency-hiding experiment (``bunshin bench``), which compares speculator's predictors. They may import
+speculator; the runtime imports neither them nor speculator."""
 
 
 def test_runtime_does_not_import_speculator() -> None:
