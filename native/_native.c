@@ -73,7 +73,7 @@ static PyObject *native_openat2(PyObject *self, PyObject *args)
 	if (!PyArg_ParseTuple(args, "iO&iK|K", &dirfd, PyUnicode_FSConverter, &path, &flags, &resolve, &mode))
 		return NULL;
 	struct open_how how = {.flags = (unsigned long long)(unsigned int)flags, .mode = mode, .resolve = resolve};
-	const char *name = PyBytes_AS_STRING(path);
+	const char *name = PyBytes_AsString(path); /* the stable ABI has no macro form */
 	long fd;
 	Py_BEGIN_ALLOW_THREADS fd = syscall(SYS_openat2, dirfd, name, &how, sizeof(how));
 	Py_END_ALLOW_THREADS if (fd < 0)

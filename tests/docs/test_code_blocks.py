@@ -15,7 +15,7 @@ import pytest
 from tests.docs.conftest import ROOT
 
 PAGES = ["README.md", "docs/getting-started.md", "docs/guides/grpo.md", "docs/guides/images.md",
-         "docs/integrations/mcp.md"]  # fmt: skip
+         "docs/integrations/mcp.md", "docs/install.md"]  # fmt: skip
 FENCE = re.compile(r"^```(\w+)\n(.*?)^```", re.S | re.M)
 
 
