@@ -11,6 +11,8 @@ import pytest
 from bunshin_async import CapabilityMissing, Config, Limits, _kernel
 from bunshin_async._fallback import fallback, reset_warnings
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture(autouse=True)
 def _reset() -> Iterator[None]:

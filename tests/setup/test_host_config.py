@@ -11,6 +11,7 @@ from bunshin_async import CapabilityMissing, _criu, _doctor, _hostsetup, _paths
 from bunshin_async._fork import _modes
 
 
+@pytest.mark.unit
 def test_written_and_read_back_by_both_parsers(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     path = tmp_path / "etc" / "host.toml"
     monkeypatch.setenv("BUNSHIN_HOST_CONFIG", str(path))
