@@ -36,12 +36,15 @@ from . import _native
 from . import _protocol as P
 from ._exceptions import AgentError, WorkspaceClosed
 
-__all__ = ["SOCKET", "STALL_TIMEOUT", "AgentClient", "answer_limit"]
+__all__ = ["MIN_RATE", "SOCKET", "STALL_TIMEOUT", "AgentClient", "answer_limit"]
 
 SOCKET = "run/bunshin/agent.sock"
 """The agent's socket, below the workspace's root (agent.c SOCKET_PATH)."""
 STALL_TIMEOUT = 10.0
 """Seconds a frame that has begun may pause before the rest arrives (the agent cuts a stalled request as soon)."""
+MIN_RATE = 1 << 20
+"""Bytes per second an answer must arrive at, on average, once it has begun (the agent writes as fast as the host
+reads: a 512 MiB read gets over 8 minutes)."""
 CONTROL_FRAME = 64 << 10
 """Bound of an answer without payload (``Pong``, ``Ok``, ``Spawned``, ...) and of a ``Failure``'s own fields: the
 agent's messages are under 1 KiB; the path a failure echoes is counted with the request (``answer_limit``)."""
@@ -234,7 +237,7 @@ class AgentClient:
 
     async def _receive_frame(self, conn: SocketStream, req: P.Request, limit: int) -> bytearray:
         """One answer frame. Its first byte may take as long as the command runs; from then on the frame must
-        keep arriving (``stall_timeout``) and stay within ``limit``."""
+        keep arriving (``stall_timeout``, and ``MIN_RATE`` over the whole frame) and stay within ``limit``."""
         head = bytearray(await conn.receive(4))
         body = bytearray()
         try:
@@ -249,12 +252,15 @@ class AgentClient:
                     "oversized",
                     req,
                 )
-            while len(body) < size:
-                with anyio.fail_after(self.stall_timeout):
-                    body += await conn.receive(min(size - len(body), 1 << 20))
+            whole = self.stall_timeout + size / MIN_RATE  # a trickle that never pauses long is cut too
+            with anyio.fail_after(whole):
+                while len(body) < size:
+                    with anyio.fail_after(self.stall_timeout):
+                        body += await conn.receive(min(size - len(body), 1 << 20))
         except TimeoutError as exc:
             raise self._error(
-                f"the answer to {type(req).__name__} stalled: nothing arrived for {self.stall_timeout} s mid-frame",
+                f"the answer to {type(req).__name__} stalled: nothing arrived for {self.stall_timeout} s mid-frame, "
+                f"or it came slower than {MIN_RATE >> 10} KiB/s",
                 "stalled",
                 req,
             ) from exc

@@ -238,6 +238,11 @@ elif mode == "truncated":
 elif mode == "stalled":
     c.sendall(struct.pack(">I", 1000) + b"\x85" + b"x" * 10)
     time.sleep(3600)
+elif mode == "trickle":  # never pauses for the stall timeout, never ends either
+    c.sendall(struct.pack(">I", 1 << 20))
+    for _ in range(36000):
+        c.sendall(b"x")
+        time.sleep(0.1)
 elif mode == "stalled-header":
     c.sendall(b"\x00\x00")
     time.sleep(3600)
@@ -272,6 +277,7 @@ FRAMES = {
     "truncated": "truncated",
     "stalled": "stalled",
     "stalled-header": "stalled",
+    "trickle": "stalled",
     "garbage": "protocol",
     "wrong-kind": "protocol",
 }
