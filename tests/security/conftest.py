@@ -24,8 +24,14 @@ def _read(path: str) -> str:
     return Path(path).read_text()
 
 
-OTHERS = ("/dev/shm/", "/tmp/bunshin-test-", "/var/lib/docker", "/run/docker")
-"""Where other work on this machine mounts (snapshot stores and workspace disks of other test runs, Docker)."""
+OTHERS = ("/dev/shm/", "/tmp/bunshin-test-", "/var/lib/docker", "/run/docker", "/var/lib/containers")
+"""Where other work on this machine mounts (snapshot stores and workspace disks of other test runs, Docker, podman)."""
+
+
+def _other_workspace_disk(point: str, fstype: str, source: str) -> bool:
+    """A workspace's disk (``Limits.disk``, on by default) of another run on this machine: a tmpfs named
+    bunshin-disk holding the workspace's ``owner`` file, wherever that run keeps its workspaces."""
+    return fstype == "tmpfs" and source == "bunshin-disk" and os.path.isfile(os.path.join(point, "owner"))
 
 
 def _mounts() -> set[str]:
@@ -34,8 +40,9 @@ def _mounts() -> set[str]:
     for line in _read("/proc/self/mountinfo").splitlines():
         fields = line.split()
         sep = fields.index("-")
-        if not fields[4].startswith(OTHERS):
-            out.add(f"{fields[4]} {fields[sep + 1]} {fields[sep + 2]}")
+        point, fstype, source = fields[4], fields[sep + 1], fields[sep + 2]
+        if not point.startswith(OTHERS) and not _other_workspace_disk(point, fstype, source):
+            out.add(f"{point} {fstype} {source}")
     return out
 
 
