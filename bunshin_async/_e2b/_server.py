@@ -131,9 +131,13 @@ class E2BServer:
                 self._http.should_exit = True  # requests in flight get timeout_graceful_shutdown to finish
                 with anyio.move_on_after(10):
                     await self._served.wait()
-            await self.sandboxes.aclose()
+        # Pumps, builds and the reaper end first (a build closes its workspace), so that nothing registers a sandbox
+        # or snapshot after the registry is closed (which shields itself).
         tg.cancel_scope.cancel()
-        await tg.__aexit__(None, None, None)
+        try:
+            await tg.__aexit__(None, None, None)
+        finally:
+            await self.sandboxes.aclose()
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
