@@ -46,7 +46,7 @@ def serve_main(args: argparse.Namespace) -> int:
                 print(f"gc: {line}", file=sys.stderr)
         async with server:
             for key, value in server.env.items():
-                print(f"export {key}={value}")
+                print(f"export {key}={value}", flush=True)
             print(f"bunshin e2b: serving on {server.url} (SIGTERM or Ctrl-C stops it)", file=sys.stderr, flush=True)
             with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                 async for _ in signals:
