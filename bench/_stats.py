@@ -5,6 +5,8 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable
 
+from bunshin_async._accounting import pss_bytes
+
 
 def summary(samples: list[float], scale: float = 1000.0) -> dict[str, float]:
     """Median, p90, min and max of ``samples`` (seconds), in milliseconds by default."""
@@ -21,14 +23,4 @@ def summary(samples: list[float], scale: float = 1000.0) -> dict[str, float]:
 
 def pss_kib(pids: Iterable[int]) -> int:
     """Total proportional set size of ``pids`` in KiB (shared pages divided among their sharers)."""
-    total = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/smaps_rollup") as f:
-                for line in f:
-                    if line.startswith("Pss:"):
-                        total += int(line.split()[1])
-                        break
-        except OSError:
-            pass
-    return total
+    return pss_bytes(pids) // 1024

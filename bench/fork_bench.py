@@ -34,21 +34,14 @@ from typing import Any
 import anyio
 
 from bunshin_async import Limits, Security, Workspace
+from bunshin_async._accounting import rollup_bytes
 
 GUEST = Path(__file__).resolve().parent.parent / "tests" / "fork" / "guest_state.py"
 
 
 def _rollup_kib(ws: Workspace, *keys: str) -> int:
-    total = 0
     assert ws.cgroup is not None
-    for pid in ws.cgroup.pids():
-        try:
-            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-                if line.split(":", 1)[0] in keys:
-                    total += int(line.split()[1])
-        except OSError:
-            pass
-    return total
+    return rollup_bytes(ws.cgroup.pids(), *keys) // 1024
 
 
 def _pss_kib(ws: Workspace) -> int:

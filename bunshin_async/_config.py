@@ -12,8 +12,12 @@ before the first workspace (a test's fixture, a Ray actor's runtime env) still c
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from types import MappingProxyType
 
 import msgspec
 
@@ -55,7 +59,7 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     @staticmethod
     def current() -> Config:
         """The configuration in force: what ``configure`` set, the environment for the rest (read now)."""
-        return Config(**{**msgspec.structs.asdict(Config()), **_overrides})
+        return Config(**{**msgspec.structs.asdict(Config()), **_overrides, **_scoped.get()})
 
     @staticmethod
     def configure(**changes: object) -> Config:
@@ -72,6 +76,25 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
         _overrides.update({k: getattr(config, k) for k in new})  # checked (strict=False: "3" is a log level too)
         return config
 
+    @staticmethod
+    @contextlib.contextmanager
+    def scoped(**changes: object) -> Iterator[Config]:
+        """``with Config.scoped(cgroup_parent=...):`` the settings in force for this task and what it starts from
+        inside (anyio tasks and worker threads copy the context they start in), on top of ``configure``'s; yields
+        the configuration in force. Why: a run measured on its own (``_accounting.scope``) puts what it creates under
+        its own cgroup parent and snapshot directory while other tasks of the process go on as before."""
+        unknown = set(changes) - set(Config.__struct_fields__)
+        if unknown:
+            raise TypeError(f"unknown settings {sorted(unknown)}; known: {list(Config.__struct_fields__)}")
+        new = {k: Path(v) if k in _PATHS and isinstance(v, str) else v for k, v in changes.items() if v is not None}
+        merged = {**_scoped.get(), **new}
+        config = msgspec.convert({**msgspec.structs.asdict(Config.current()), **merged}, Config, strict=False)
+        token = _scoped.set({k: getattr(config, k) for k in merged})
+        try:
+            yield config
+        finally:
+            _scoped.reset(token)
+
 
 def _coerce(name: str, value: object) -> object:
     """A str path becomes a Path; ``allow_missing`` takes a comma-separated str or an iterable of names."""
@@ -85,4 +108,7 @@ def _coerce(name: str, value: object) -> object:
 
 
 _overrides: dict[str, object] = {}
+_scoped: contextvars.ContextVar[Mapping[str, object]] = contextvars.ContextVar(
+    "bunshin_config_scoped", default=MappingProxyType({})
+)
 _PATHS = ("snapshot_dir", "run_dir")

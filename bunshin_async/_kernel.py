@@ -97,6 +97,25 @@ def _require_controllers(limits: Limits, available: set[str]) -> None:
             )
 
 
+def _hierarchy(d: Path) -> str:
+    """The v1 hierarchy (``memory``, ``freezer``, ...) a cgroup directory is in, at whatever depth."""
+    try:
+        return d.relative_to(CGROUP_ROOT).parts[0]
+    except (ValueError, IndexError):
+        return ""
+
+
+def _enable_controllers(parent: str) -> None:
+    """cgroup v2: enable memory, pids and cpu for the children of the root and of every cgroup down to ``parent``
+    (a controller reaches a cgroup only if each of its ancestors enables it for its children)."""
+    wanted = {"memory", "pids", "cpu"} & set((CGROUP_ROOT / "cgroup.controllers").read_text().split())
+    chain = [CGROUP_ROOT, *(CGROUP_ROOT / p for p in reversed(Path(parent).parents) if p.parts), CGROUP_ROOT / parent]
+    for d in chain:
+        missing = wanted - set((d / "cgroup.subtree_control").read_text().split())
+        if missing:
+            _write(d / "cgroup.subtree_control", " ".join(f"+{c}" for c in sorted(missing)))
+
+
 def _write(path: Path, value: str) -> None:
     with open(path, "w") as f:
         f.write(value)
@@ -118,13 +137,13 @@ class Cgroup:
     def memory_dir(self) -> Path | None:
         if self.version == 2:
             return self.dirs[0]
-        return next((d for d in self.dirs if d.parent.parent.name == "memory"), None)
+        return next((d for d in self.dirs if _hierarchy(d) == "memory"), None)
 
     @property
     def freezer_dir(self) -> Path | None:
         if self.version == 2:
             return self.dirs[0]
-        return next((d for d in self.dirs if d.parent.parent.name == "freezer"), None)
+        return next((d for d in self.dirs if _hierarchy(d) == "freezer"), None)
 
     def _freezer(self) -> tuple[Path, str, str] | None:
         """(control file, frozen value, thawed value) of the freezer: v1 ``freezer.state``, v2 ``cgroup.freeze``."""
@@ -196,6 +215,17 @@ class Cgroup:
         except (OSError, ValueError, IndexError, StopIteration):  # removed meanwhile (ENOENT, ENODEV)
             return None
 
+    def memory_usage(self) -> int | None:
+        """Bytes charged to the cgroup now (v1 ``memory.usage_in_bytes``, v2 ``memory.current``: its pages and page
+        cache, not the tmpfs page images a copy maps), None without a memory controller or once removed."""
+        d = self.memory_dir
+        if d is None:
+            return None
+        try:
+            return int((d / ("memory.current" if self.version == 2 else "memory.usage_in_bytes")).read_text())
+        except (OSError, ValueError):  # removed meanwhile (ENOENT, ENODEV)
+            return None
+
     def memory_peak(self) -> int | None:
         d = self.memory_dir
         if d is None:
@@ -225,6 +255,26 @@ class Cgroup:
             ) from exc
 
     @classmethod
+    def make_parent(cls, parent: str) -> Cgroup:
+        """The parent cgroup ``parent`` (e.g. ``bunshin/run-1``) in every hierarchy a workspace joins, made if
+        missing, with the v2 controllers enabled down to it: a run's subtree exists, with its counters at zero,
+        before its first workspace. The caller removes it (``_rmdir_all`` once its children are gone)."""
+        version = cgroup_version()
+        if version == 2:
+            d = CGROUP_ROOT / parent
+            d.mkdir(parents=True, exist_ok=True)
+            _enable_controllers(parent)
+            return cls(2, [d])
+        dirs, seen = [], set()
+        for ctrl in V1_CONTROLLERS:
+            base = CGROUP_ROOT / ctrl
+            if (base / "cgroup.procs").exists() and (real := base.resolve()) not in seen:
+                seen.add(real)
+                (base / parent).mkdir(parents=True, exist_ok=True)
+                dirs.append(base / parent)
+        return cls(1, dirs)
+
+    @classmethod
     def _create_v1(cls, name: str, limits: Limits, devices: list[str] | None) -> Cgroup:
         _require_controllers(limits, {c for c in V1_CONTROLLERS if (CGROUP_ROOT / c / "cgroup.procs").exists()})
         dirs: list[Path] = []
@@ -236,7 +286,7 @@ class Cgroup:
                 if not (base / "cgroup.procs").exists() or (real := base.resolve()) in seen:
                     continue
                 seen.add(real)
-                (base / parent_name()).mkdir(exist_ok=True)
+                (base / parent_name()).mkdir(parents=True, exist_ok=True)  # nested: a run's own parent
                 d = base / parent_name() / name
                 d.mkdir()
                 dirs.append(d)
@@ -259,15 +309,10 @@ class Cgroup:
     @classmethod
     def _create_v2(cls, name: str, limits: Limits) -> Cgroup:
         parent = CGROUP_ROOT / parent_name()
-        parent.mkdir(exist_ok=True)
+        parent.mkdir(parents=True, exist_ok=True)
         available = set((CGROUP_ROOT / "cgroup.controllers").read_text().split())
         _require_controllers(limits, available)
-        wanted = {"memory", "pids", "cpu"} & available
-        for d in (CGROUP_ROOT, parent):
-            enabled = set((d / "cgroup.subtree_control").read_text().split())
-            missing = wanted - enabled
-            if missing:
-                _write(d / "cgroup.subtree_control", " ".join(f"+{c}" for c in sorted(missing)))
+        _enable_controllers(parent_name())
         d = parent / name
         d.mkdir()
         group = cls(2, [d])

@@ -12,7 +12,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from bunshin_async._accounting import ResourceMonitor, mapped_image_bytes, tree_bytes
+from bunshin_async import Workspace
+from bunshin_async._accounting import ResourceMonitor, mapped_image_bytes, scope, tree_bytes
+from bunshin_async._config import Config
 
 MAPPER = r"""
 import ctypes, mmap, os, sys
@@ -65,3 +67,75 @@ async def test_a_monitor_whose_body_is_cancelled_leaves_its_scopes_in_order() ->
             await anyio.sleep(1)
     assert outer.cancelled_caught
     assert monitor.report().samples  # the last sample was still taken
+
+
+async def test_scoped_settings_reach_the_tasks_and_threads_started_inside_and_nothing_else() -> None:
+    """``Config.scoped`` is per task: what a scoped task starts (tasks, worker threads) sees it; a sibling started
+    outside, and the caller after the block, do not."""
+    outer = Config.current().cgroup_parent
+    seen: dict[str, str] = {}
+    started = anyio.Event()
+    release = anyio.Event()
+
+    async def sibling() -> None:
+        started.set()
+        await release.wait()
+        seen["sibling"] = Config.current().cgroup_parent
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(sibling)
+        await started.wait()
+        with Config.scoped(cgroup_parent=f"{outer}/run-x") as config:
+            assert config.cgroup_parent == f"{outer}/run-x"
+
+            async def child() -> None:
+                seen["child"] = Config.current().cgroup_parent
+
+            tg.start_soon(child)
+            seen["thread"] = await anyio.to_thread.run_sync(lambda: Config.current().cgroup_parent)
+            with Config.scoped(snapshot_dir="/dev/shm/x"):  # nested: adds to the enclosing scope
+                assert Config.current().cgroup_parent == f"{outer}/run-x"
+                assert Config.current().snapshot_dir == Path("/dev/shm/x")
+        release.set()
+    assert seen == {"child": f"{outer}/run-x", "thread": f"{outer}/run-x", "sibling": outer}
+    assert Config.current().cgroup_parent == outer
+    with pytest.raises(TypeError, match="unknown settings"):
+        with Config.scoped(cgroup_root="x"):
+            pass
+
+
+BURN = "import resource; sum(range(10_000_000)); r = resource.getrusage(resource.RUSAGE_SELF); print(r.ru_utime + r.ru_stime)"  # noqa: E501
+
+
+@pytest.mark.root
+async def test_a_scope_reads_every_workspace_made_inside_and_the_cpu_of_processes_gone() -> None:
+    """A workspace and its fork made inside a scope are in its subtree, without anyone tracking them: their
+    processes' memory is read, the CPU of a process that has exited stays in the subtree's counter (at least what
+    the process itself reported), and on exit the scope leaves no cgroup and no snapshot directory."""
+    outer = Config.current().cgroup_parent
+    with scope("test") as subtree:
+        assert subtree.parent.startswith(f"{outer}/test-")
+        assert Config.current().cgroup_parent == subtree.parent  # inside: workspaces go there
+        assert subtree.snapshot_dir is not None and subtree.snapshot_dir.is_dir()
+        assert await anyio.to_thread.run_sync(subtree.cpu_seconds) == 0.0  # made now, counters at zero
+        async with Workspace() as ws:
+            [copy] = await ws.fork(1)
+            try:
+                r = await copy.exec(["python3", "-c", BURN])
+                burned = float(r.stdout)
+                await copy.spawn(["python3", "-c", "x = bytearray(64 << 20); x[::4096] = b'1' * (16384); "
+                                  "open('/workspace/ready', 'w').close(); import time; time.sleep(1e6)"])  # fmt: skip
+                with anyio.fail_after(60):
+                    while (await copy.exec("test -e /workspace/ready")).exit_code:  # noqa: ASYNC110 - polls the guest
+                        await anyio.sleep(0.05)
+                usage = await anyio.to_thread.run_sync(subtree.read)
+                assert set(ws.cgroup.pids()) | set(copy.cgroup.pids()) <= set(subtree.pids())  # type: ignore[union-attr]
+                assert usage.cgroups == 2 and usage.pss_bytes >= 64 << 20, usage
+                assert usage.cpu_seconds is not None and usage.cpu_seconds >= burned > 0, (usage, burned)
+            finally:
+                await copy.aclose()
+        after = await anyio.to_thread.run_sync(subtree.read)
+        assert after.processes == 0 and after.cgroups == 0
+        assert after.cpu_seconds is not None and after.cpu_seconds >= usage.cpu_seconds  # the gone stay counted
+    assert subtree.roots() == [] and not subtree.snapshot_dir.exists()
+    assert Config.current().cgroup_parent == outer

@@ -16,8 +16,10 @@ configuration once, back to back), and the summary gives each figure's median an
 
 LLM model: the replay server serves scripted (or recorded) assistant turns with their ``llm_seconds`` times
 ``time_scale``; tools execute for real in the workspace (optionally padded with ``sleep`` to their recorded
-duration times ``time_scale``). Memory: summed PSS of every process of every live workspace plus the snapshots on
-tmpfs, sampled every 0.1 s; GiB-seconds is its integral.
+duration times ``time_scale``). Accounting (``bunshin_async._accounting``): each configuration runs in a cgroup
+subtree and snapshot directory of its own (``scope``); memory is the summed PSS of every process in that subtree
+plus its snapshots and the copy-on-write page images its processes map, sampled every 0.1 s (GiB-seconds is its
+integral); CPU is the subtree's own counter, exact.
 """
 
 from __future__ import annotations
@@ -35,8 +37,7 @@ from typing import Any
 import anyio
 import msgspec
 
-from .._accounting import ResourceMonitor
-from .._fork._layers import snapshot_dir
+from .._accounting import ResourceMonitor, Subtree, scope
 from .._llm._replay import ReplayServer, build_turns
 from .._llm._timing import RecordedTiming
 from .._rollout import Budget, GroupRollout, RolloutContext, RolloutResult, Task
@@ -295,7 +296,24 @@ async def run_config(
     tools_for: Callable[[RolloutContext], Sequence[Tool]],
     progress: Callable[[str], None] = print,
 ) -> ConfigResult:
-    """Run every group under ``config`` concurrently and measure it."""
+    """Run every group under ``config`` concurrently and measure it: everything the configuration creates (bases,
+    copies, speculative branches, restored cache hits, captures) lives in one subtree of its own (``scope``), whose
+    counters are its memory and CPU."""
+    with scope(config.name) as subtree:
+        return await _run_config_in(config, groups, subtree, time_scale=time_scale, budget=budget,
+                                    tools_for=tools_for, progress=progress)  # fmt: skip
+
+
+async def _run_config_in(
+    config: Config,
+    groups: Sequence[tuple[Task, list[Trajectory]]],
+    subtree: Subtree,
+    *,
+    time_scale: float,
+    budget: Budget,
+    tools_for: Callable[[RolloutContext], Sequence[Tool]],
+    progress: Callable[[str], None],
+) -> ConfigResult:
     trajectories = [t for _, ts in groups for t in ts]
     results: list[RolloutResult] = []
     setup: list[float] = []
@@ -321,10 +339,10 @@ async def run_config(
         agent.group_sizes = {task.task_id: len(ts) for task, ts in groups}
         t0, cpu0 = time.monotonic(), time.process_time()
         try:
-            async with ResourceMonitor(interval=0.1, extra_dirs=[snapshot_dir()]) as monitor:
+            async with ResourceMonitor(interval=0.1, subtree=subtree) as monitor:
 
                 async def one_group(task: Task, n: int) -> None:
-                    async with GroupRollout(task, n, agent, budget=budget, fork=config.fork, monitor=monitor) as group:
+                    async with GroupRollout(task, n, agent, budget=budget, fork=config.fork) as group:
                         async for r in group:
                             results.append(r)
                             progress(
@@ -334,14 +352,16 @@ async def run_config(
                         if group.setup_seconds is not None:
                             setup.append(group.setup_seconds)
 
-                async with anyio.create_task_group() as tg:
-                    for task, ts in groups:
-                        tg.start_soon(one_group, task, len(ts))
-            latency, sdk_cpu = time.monotonic() - t0, time.process_time() - cpu0
+                try:
+                    async with anyio.create_task_group() as tg:
+                        for task, ts in groups:
+                            tg.start_soon(one_group, task, len(ts))
+                    latency, sdk_cpu = time.monotonic() - t0, time.process_time() - cpu0
+                finally:  # the cache's captures are held until it closes: part of what the configuration cost
+                    for c in caches:
+                        await c.aclose()
         finally:
             await agent.aclose()
-            for c in caches:
-                await c.aclose()
     report = monitor.report()
     results.sort(key=lambda r: (r.task_id, r.rollout))
     extra: dict[str, Any] = {}
@@ -521,8 +541,9 @@ def _result(runs: list[list[ConfigResult]], workload: dict[str, Any] | None, tim
                 if workload and (workload.get("tools_padded") or workload.get("pad_tools"))
                 else ""
             ),
-            "memory": "summed PSS of all workspace processes + snapshots and copy-on-write page images on tmpfs "
-            "(beyond what PSS shows), sampled every 0.1 s",
+            "memory": "the configuration's own cgroup subtree and snapshot directory (everything it created): "
+            "summed PSS of every process in it + its snapshots and the copy-on-write page images its processes "
+            "map (beyond what PSS shows), sampled every 0.1 s; CPU: the subtree's cpuacct counter (exact)",
         },
         configs=out,
         vs_baseline=vs,

@@ -35,7 +35,7 @@ import msgspec
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from .._accounting import mapped_image_bytes, pss_bytes, tree_bytes
+from .._accounting import tree_bytes, workspace_memory
 from .._exceptions import BunshinError, InvalidArgument, ToolError, unwrap_group
 from .._llm._events import (
     ArgumentsComplete,
@@ -251,16 +251,6 @@ def _upper_bytes(ws: Workspace) -> int:
     """The bytes of ``ws``'s private upper dir (what it wrote). Blocking."""
     upper = Path(ws.directory / "upper")
     return tree_bytes(upper) if upper.exists() else 0
-
-
-def _footprint(ws: Workspace) -> int:
-    """The memory a running rollout holds, as the experiment's accounting sees it: its processes' PSS, the page
-    images they map copy-on-write (in full: they stay resident while any copy maps them, and its cgroup is not
-    charged for them, so a restored copy's cgroup peak can be a tenth of what it holds) and its private upper dir.
-    What a fork costs is weighed against this. Blocking."""
-    pids = ws.cgroup.pids() if ws.cgroup is not None else []
-    images, _ = mapped_image_bytes(pids)
-    return pss_bytes(pids) + images + _upper_bytes(ws)
 
 
 async def _fork_shielded(ws: Workspace) -> Workspace:
@@ -992,7 +982,7 @@ class SpeculativeTurn:
             fork, rollout = b.ws, (self.handle.workspace if observe_rollout is not None else None)
 
             def measure() -> tuple[tuple[float, int], int]:  # the rollout at the same moment
-                return _fork_cost(fork), (_footprint(rollout) if rollout is not None else 0)
+                return _fork_cost(fork), (workspace_memory(rollout) if rollout is not None else 0)
 
             with anyio.move_on_after(CLOSE_DEADLINE):
                 (b.cpu_seconds, b.memory_bytes), rollout_bytes = await anyio.to_thread.run_sync(measure)

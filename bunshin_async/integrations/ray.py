@@ -242,7 +242,7 @@ class WorkspaceHost:
         for ws, _ in self.workspaces.values():
             cg = ws.cgroup
             if cg is not None:
-                mem += _cgroup_memory(cg)
+                mem += cg.memory_usage() or 0
         snap_bytes = await anyio.to_thread.run_sync(tree_bytes, _layers.snapshot_dir())
         return HostInfo(
             name=self.name,
@@ -447,16 +447,6 @@ class WorkspaceHost:
 
 
 _PROXIED = {"exec", "read_file", "read_text", "write_file", "list_dir", "remove", "spawn", "ping"}
-
-
-def _cgroup_memory(cg: Any) -> int:
-    for d in getattr(cg, "dirs", []):
-        for name in ("memory.usage_in_bytes", "memory.current"):
-            try:
-                return int((d / name).read_text())
-            except (OSError, ValueError):
-                continue
-    return 0
 
 
 async def _snapshot_bytes(snap: Snapshot) -> int:

@@ -11,8 +11,8 @@ import anyio
 import pytest
 
 from bunshin_async import Workspace
+from bunshin_async._accounting import workspace_memory
 from bunshin_async._llm._openai import tap_openai_stream
-from bunshin_async._runtime._turn import _footprint
 from bunshin_async.llm import FixedTiming, MessageFinished, TapEvent
 from bunshin_async.speculation import (
     CallKey,
@@ -174,7 +174,7 @@ async def test_a_restored_copys_footprint_counts_the_page_image_it_maps() -> Non
                 await anyio.sleep(0.05)
         [copy] = await ws.fork(1)
         try:
-            footprint = await anyio.to_thread.run_sync(_footprint, copy)
+            footprint = await anyio.to_thread.run_sync(workspace_memory, copy)
             assert footprint >= 48 << 20, footprint
             assert copy.cgroup is not None
             peak = copy.cgroup.memory_peak() or 0
