@@ -11,12 +11,15 @@ SIGKILL until thawed (cgroup-v1 freezer): the cgroup is thawed before its tasks 
 namespace under the run dir or inside the snapshot store that belong to nothing alive (the SDK makes none there
 itself: overlays are mounted in private mount namespaces, but a killed tool or an older version may have left
 some) are detached. The snapshot store's own tmpfs stays mounted by design (host configuration, like a sysctl;
-``bunshin snapstore``). Every line of the report says what was removed, unmounted or kept, and why.
+``bunshin snapstore``). Workspaces of a run scope (``_accounting.scope``: a parent cgroup of its own below the
+workspaces' one) are found there too, and an empty scope whose process is gone is removed. Every line of the report
+says what was removed, unmounted or kept, and why.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from . import _paths, _tree
@@ -26,12 +29,39 @@ from ._layers import LayerStore, mounted_lower_dirs
 from ._userns import collect as collect_shifted
 
 
+def _parents() -> list[Path]:
+    """The workspaces' parent cgroup in every hierarchy that has it."""
+    bases = [CGROUP_ROOT, *(d for d in CGROUP_ROOT.iterdir() if d.is_dir())] if CGROUP_ROOT.exists() else []
+    return [b / parent_name() for b in bases if (b / parent_name()).is_dir()]
+
+
+def _scopes(parent: Path) -> list[Path]:
+    """The run scopes under a parent (``_accounting.scope``: ``<label>-<pid>-<n>``, its workspaces inside)."""
+    return [d for d in parent.iterdir() if d.is_dir() and _SCOPE.search(d.name) and not d.name.startswith("ws-")]
+
+
+_SCOPE = re.compile(r"-(\d+)-\d+$")
+
+
 def _cgroup(name: str) -> Cgroup:
-    """The cgroup ``name`` under the workspaces' parent, in every hierarchy it is in."""
-    dirs = [CGROUP_ROOT / parent_name() / name]
-    if CGROUP_ROOT.exists():
-        dirs += [d / parent_name() / name for d in CGROUP_ROOT.iterdir() if d.is_dir()]
+    """The cgroup ``name`` under the workspaces' parent or one of its run scopes, in every hierarchy it is in."""
+    dirs = [d / name for p in _parents() for d in (p, *_scopes(p))]
     return Cgroup(cgroup_version() or 1, [d for d in dirs if d.is_dir()])
+
+
+def _stale_scopes() -> list[str]:
+    """Remove the empty run scopes whose process is gone (blocking); a line per scope removed."""
+    out = set()
+    for parent in _parents():
+        for d in _scopes(parent):
+            match = _SCOPE.search(d.name)
+            if match and not os.path.exists(f"/proc/{match.group(1)}"):
+                try:
+                    d.rmdir()
+                    out.add(f"removed cgroup scope {d.name}")
+                except OSError:  # still holds cgroups (busy), or gone
+                    pass
+    return sorted(out)
 
 
 def _mounts_under(bases: list[Path]) -> list[str]:
@@ -66,10 +96,9 @@ def unmount_stale(keep: set[str]) -> list[str]:
 
 def _orphan_cgroups(base: Path) -> list[str]:
     names: set[str] = set()
-    for ctrl in [CGROUP_ROOT, *CGROUP_ROOT.iterdir()] if CGROUP_ROOT.exists() else []:
-        parent = ctrl / parent_name()
-        if parent.is_dir():
-            names |= {d.name for d in parent.iterdir() if d.is_dir() and d.name.startswith("ws-")}
+    for parent in _parents():
+        for d in (parent, *_scopes(parent)):
+            names |= {w.name for w in d.iterdir() if w.is_dir() and w.name.startswith("ws-")}
     return sorted(n for n in names if not (base / n[3:]).exists())
 
 
@@ -98,7 +127,7 @@ def collect() -> list[str]:
         orphan.thaw()
         orphan.destroy_sync()
         out.append(f"removed cgroup {name}" + (" (busy)" if orphan.dirs else ""))
-    out += collect_layers() + LayerStore().collect()
+    out += _stale_scopes() + collect_layers() + LayerStore().collect()
     # the built-in images' and agent layers' shifted copies (a store layer's go with the layer)
     parents = [p for d in (_paths.images_dir(), _paths.agent_layers_dir()) if d.is_dir() for p in d.iterdir()]
     out += collect_shifted([p for p in parents if p.is_dir()], mounted_lower_dirs())

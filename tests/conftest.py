@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -53,8 +54,8 @@ def host_run(request: pytest.FixtureRequest) -> Iterator[HostRun | None]:
     assert os.geteuid() == 0, "host tests need root (`make test-unit` runs the tests that do not)"
     with pytest.MonkeyPatch.context() as env:
         run = HostRun(
-            Path(tempfile.mkdtemp(prefix="bunshin-test-")),
-            Path(tempfile.mkdtemp(prefix="bunshin-snap-test-", dir="/dev/shm")),
+            Path(tempfile.mkdtemp(prefix=f"bunshin-test-{os.getpid()}-")),
+            Path(tempfile.mkdtemp(prefix=f"bunshin-snap-test-{os.getpid()}-", dir="/dev/shm")),
             f"bunshin-test-{os.getpid()}",
         )
         env.setenv("BUNSHIN_RUNDIR", str(run.rundir))
@@ -89,3 +90,33 @@ async def no_leaks(request: pytest.FixtureRequest) -> AsyncIterator[None]:
     yield
     left = await leftovers(ignore_children=before, host=not is_unit(request.node))
     assert not left, f"left behind: {left}"
+
+
+def _ours() -> set[str]:
+    """Cgroups (top level of each hierarchy), mounts and directories (/tmp, /var/tmp, /dev/shm) named bunshin* whose
+    name holds this run's pid (``-<pid>-`` or a trailing ``-<pid>``): what this run could have made. Other runs on
+    the machine make their own, named by their pid."""
+    from bunshin_async._kernel import CGROUP_ROOT
+
+    mine = re.compile(rf"/bunshin[^/]*-{os.getpid()}(?:-[^/]*)?(?:/|$)")
+    tops = [CGROUP_ROOT, *CGROUP_ROOT.iterdir(), Path("/tmp"), Path("/var/tmp"), Path("/dev/shm")]
+    found = {f"dir {d}" for top in tops if top.is_dir() for d in top.iterdir() if mine.search(str(d))}
+    with open("/proc/self/mountinfo") as f:
+        found |= {f"mount {point}" for line in f if mine.search(point := line.split()[4])}
+    return found
+
+
+_BEFORE: set[str] = set()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _BEFORE.update(_ours())
+
+
+@pytest.hookimpl(trylast=True)  # after every fixture's and conftest's clean-up
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fails the run when it left a cgroup, mount or directory named bunshin* that was not there at its start."""
+    left = sorted(_ours() - _BEFORE)
+    if left:
+        session.config.get_terminal_writer().line(f"\nleft behind by this test run: {left}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -4,6 +4,7 @@ tree it left frozen included, and ``bunshin gc`` leaves the host exactly as it w
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from bunshin_async._kernel import CGROUP_ROOT
 from tests.reliability.campaign import host_processes, host_state
 from tests.reliability.kill_driver import STAGES
 
@@ -24,14 +26,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.parametrize("stage", STAGES)
 async def test_sdk_killed_at_stage(stage: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    run = tempfile.mkdtemp(prefix="bunshin-kill-")
-    snaps = tempfile.mkdtemp(prefix="bunshin-kill-snap-", dir="/dev/shm")
-    env = {
-        **os.environ,
-        "BUNSHIN_RUNDIR": run,
-        "BUNSHIN_SNAPDIR": snaps,
-        "BUNSHIN_CGROUP_PARENT": f"bunshin-kill-{os.getpid()}",
-    }
+    run = tempfile.mkdtemp(prefix=f"bunshin-kill-{os.getpid()}-")
+    snaps = tempfile.mkdtemp(prefix=f"bunshin-kill-snap-{os.getpid()}-", dir="/dev/shm")
+    parent = f"bunshin-kill-{os.getpid()}"
+    env = {**os.environ, "BUNSHIN_RUNDIR": run, "BUNSHIN_SNAPDIR": snaps, "BUNSHIN_CGROUP_PARENT": parent}
     try:
         for key in ("BUNSHIN_RUNDIR", "BUNSHIN_SNAPDIR", "BUNSHIN_CGROUP_PARENT"):
             monkeypatch.setenv(key, env[key])
@@ -59,6 +57,9 @@ async def test_sdk_killed_at_stage(stage: str, monkeypatch: pytest.MonkeyPatch) 
         assert "removed" in gc.stdout
     finally:
         subprocess.run(["rm", "-rf", run, snaps], check=False)
+        for hierarchy in [CGROUP_ROOT, *CGROUP_ROOT.iterdir()]:  # the driver's parent cgroup, empty by now
+            with contextlib.suppress(OSError):  # gone already; or busy, which the session-end check reports
+                (hierarchy / parent).rmdir()
 
 
 def _state(pid: int) -> str:
