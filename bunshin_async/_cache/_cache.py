@@ -72,7 +72,10 @@ class ToolCache:
     ``store`` defaults to a 64 MiB in-memory LRU. ``provider`` enables write hits. ``audit_fraction`` of the
     read/pure hits (drawn with ``random.Random(audit_seed)``) are re-executed and compared. Snapshots captured here
     are kept within ``snapshot_budget`` bytes; writes shorter than ``capture_min_duration`` seconds are not captured
-    (re-running them is cheaper than a restore). Use as ``async with ToolCache(...) as cache``.
+    (re-running them is cheaper than a restore). With ``release_unreachable`` a snapshot is held only while an
+    open session could still ask for it (``StateTree``: set it when the sessions that share the cache open together,
+    as a group's rollouts do; a capture then costs its bytes for as long as a sibling may use it, not for the whole
+    run). Use as ``async with ToolCache(...) as cache``.
     """
 
     def __init__(
@@ -84,6 +87,7 @@ class ToolCache:
         audit_seed: int = 0,
         snapshot_budget: int = 8 << 30,
         capture_min_duration: float = 0.0,
+        release_unreachable: bool = False,
     ) -> None:
         if not 0.0 <= audit_fraction <= 1.0:
             raise InvalidValue(
@@ -96,6 +100,7 @@ class ToolCache:
             audit_seed=audit_seed,
             snapshot_budget=snapshot_budget,
             capture_min_duration=capture_min_duration,
+            release_unreachable=release_unreachable,
         )
         self._closed = False
 
@@ -542,6 +547,7 @@ class CachedSession:
             return None
         tree = cache.tree
         tree.pin(key, self._state)  # the snapshot must outlive the restore
+        tree.restoring(key, +1)
         t0 = time.perf_counter()
         try:
             try:
@@ -554,7 +560,9 @@ class CachedSession:
             await self._slot.swap(ws)
             await self._move(lambda: self._chain.advance(call))
         finally:
+            tree.restoring(key, -1)
             tree.unpin(key)
+            await cache.discard(tree.evict())  # the last sibling that could use it has it now
         return self._hit(tool, Effect.WRITE, entry, "restored", key, shared=shared)
 
     async def _adopt(
@@ -610,6 +618,9 @@ class CachedSession:
         cache = self._shared
         provider = cache.provider
         if provider is None or not self.capture or entry.duration < cache.capture_min_duration:
+            return entry
+        if cache.tree.release_unreachable and not cache.tree.reachable(key):  # no other session could ask for it
+            cache.metrics.captures_skipped += 1
             return entry
         try:
             ref = await provider.capture(self._slot.workspace)

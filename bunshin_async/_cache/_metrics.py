@@ -47,6 +47,8 @@ class CacheMetrics(msgspec.Struct, kw_only=True):
     restore_seconds: float = 0.0
     captures: int = 0
     capture_failures: int = 0
+    #: Slow writes not captured because no other session stood where it could ask for their state.
+    captures_skipped: int = 0
     snapshots: int = 0
     snapshot_bytes: int = 0
     snapshots_evicted: int = 0

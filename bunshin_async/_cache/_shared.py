@@ -30,6 +30,7 @@ class CacheState:
         audit_seed: int,
         snapshot_budget: int,
         capture_min_duration: float,
+        release_unreachable: bool = False,
     ) -> None:
         self.store = store
         self.provider = provider
@@ -37,7 +38,7 @@ class CacheState:
         self.capture_min_duration = capture_min_duration
         self._audit_rng = random.Random(audit_seed)
         self.flights = SingleFlight()
-        self.tree = StateTree(snapshot_budget)
+        self.tree = StateTree(snapshot_budget, release_unreachable)
         self.metrics = CacheMetrics()
 
     async def lookup(self, key: bytes) -> Entry | None:

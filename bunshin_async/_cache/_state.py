@@ -86,7 +86,7 @@ class ForkStateProvider:
 
 
 class _Node:
-    __slots__ = ("key", "parent", "children", "snapshot", "refs", "last_used")
+    __slots__ = ("key", "parent", "children", "snapshot", "refs", "restoring", "last_used")
 
     def __init__(self, key: bytes, parent: _Node | None) -> None:
         self.key = key
@@ -94,14 +94,22 @@ class _Node:
         self.children: set[bytes] = set()
         self.snapshot: SnapshotRef | None = None
         self.refs = 0
+        self.restoring = 0  # restores from its snapshot under way
         self.last_used = time.monotonic()
 
 
 class StateTree:
-    """States of this process, with reference counts and an LRU snapshot budget (``snapshot_budget`` bytes)."""
+    """States of this process, with reference counts and an LRU snapshot budget (``snapshot_budget`` bytes).
 
-    def __init__(self, snapshot_budget: int) -> None:
+    With ``release_unreachable`` a snapshot is kept only while it can serve a hit (``reachable``): a session's
+    state only moves down the tree, so once no session stands on a state above the snapshot's (and no restore from
+    it is under way), no open session can ask for it again, and keeping it would cost its bytes for the rest of the
+    run for nothing. Right when every session that may use a snapshot is open before it is taken (the rollouts of
+    a ``GroupRollout`` group open together); a session opened later would find it gone."""
+
+    def __init__(self, snapshot_budget: int, release_unreachable: bool = False) -> None:
         self.snapshot_budget = snapshot_budget
+        self.release_unreachable = release_unreachable
         self._nodes: dict[bytes, _Node] = {}
         self.snapshot_bytes = 0
         self.snapshots = 0
@@ -130,6 +138,25 @@ class StateTree:
                 pnode.children.add(key)
         node.refs += 1
         node.last_used = time.monotonic()
+
+    def reachable(self, key: bytes) -> bool:
+        """Whether a snapshot of state ``key`` could still serve a hit: a session stands on a state above it (which
+        may move to it), or a restore from it is under way."""
+        node = self._nodes.get(key)
+        if node is None:
+            return False
+        if node.restoring > 0:
+            return True
+        up = node.parent
+        while up is not None:
+            if up.refs > 0:
+                return True
+            up = up.parent
+        return False
+
+    def restoring(self, key: bytes, delta: int) -> None:
+        """Count a restore from ``key``'s snapshot starting (``+1``) or ending (``-1``); the state must be pinned."""
+        self._nodes[key].restoring += delta
 
     def unpin(self, key: bytes) -> None:
         node = self._nodes.get(key)
@@ -169,12 +196,20 @@ class StateTree:
         node.snapshot = None
 
     def evict(self) -> list[tuple[bytes, SnapshotRef]]:
+        """The snapshots no session can reach any more (``release_unreachable``), then the least recently used
+        beyond the byte budget (never one a session stands on); the caller discards them."""
+        evicted = []
+        unreachable = [n for n in self._nodes.values() if n.snapshot is not None and not self.reachable(n.key)]
+        for node in unreachable if self.release_unreachable else ():
+            assert node.snapshot is not None
+            evicted.append((node.key, node.snapshot))
+            self._drop(node)
+            self._prune(node)
         if self.snapshot_bytes <= self.snapshot_budget:
-            return []
+            return evicted
         candidates = sorted(
             (n for n in self._nodes.values() if n.snapshot is not None and n.refs <= 0), key=lambda n: n.last_used
         )
-        evicted = []
         for node in candidates:
             if self.snapshot_bytes <= self.snapshot_budget:
                 break

@@ -323,7 +323,12 @@ async def _run_config_in(
         trajectories, timing=RecordedTiming(ttft=0.05), time_scale=time_scale, separate_finish=True
     ) as server:
         # Capturing a state costs a dump (~0.1-0.5 s here); only writes slower than that are worth serving by fork.
-        cache = ToolCache(provider=ForkStateProvider(), capture_min_duration=1.0) if config.cache else None
+        # A group's rollouts open their sessions together: a capture no sibling can reach any more is released.
+        cache = (
+            ToolCache(provider=ForkStateProvider(), capture_min_duration=1.0, release_unreachable=True)
+            if config.cache
+            else None
+        )
         if cache is not None:
             caches.append(cache)
         agent = ReplayAgent(
@@ -376,6 +381,8 @@ async def _run_config_in(
             "restores": m.restores,
             "restore_seconds": round(m.restore_seconds, 3),
             "captures": m.captures,
+            "captures_skipped": m.captures_skipped,
+            "snapshots_evicted": m.snapshots_evicted,
             "restore_failures": m.restore_failures,
         }
     return ConfigResult(

@@ -384,3 +384,52 @@ async def test_redis_outage_mid_run_degrades_and_recovers(own_redis: RedisServer
                 await t.call("write_file", {"path": f"f{i}", "content": str(i)})
                 assert await t.call("read_file", {"path": f"f{i}"}) == str(i)
             assert sources(t).count("cache") == 6
+
+
+def test_state_tree_releases_a_snapshot_no_open_session_can_reach() -> None:
+    """With ``release_unreachable``: a snapshot stays while a session stands above it (it may move there) or a
+    restore from it is under way, and goes as soon as neither holds; without, it stays until evicted by budget."""
+    for release in (True, False):
+        tree = StateTree(snapshot_budget=1 << 30, release_unreachable=release)
+        root, s1, s2 = b"r" * 16, b"1" * 16, b"2" * 16
+        tree.pin(root)  # two sessions at the base
+        tree.pin(root)
+        tree.pin(s1, root)  # the first writes and moves on
+        tree.unpin(root)
+        assert tree.attach(s1, SnapshotRef("one", 60)) == [] and tree.reachable(s1)  # the second may come
+        tree.pin(s1, root)  # the second restores from it ...
+        tree.restoring(s1, +1)
+        tree.unpin(root)  # ... and leaves the base
+        assert tree.evict() == []  # mid-restore
+        tree.restoring(s1, -1)
+        tree.unpin(s1)
+        assert not tree.reachable(s1)
+        assert [ref.id for _, ref in tree.evict()] == (["one"] if release else [])
+        tree.pin(s2, s1)
+        tree.unpin(s1)
+        assert tree.attach(s2, SnapshotRef("two", 60)) == ([(s2, SnapshotRef("two", 60))] if release else [])
+
+
+async def test_a_capture_is_released_once_every_sibling_has_it_and_skipped_when_none_can_use_it() -> None:
+    provider = ForkStateProvider()
+    async with ToolCache(provider=provider, release_unreachable=True) as cache, workspaces(3) as wss:
+        sessions = [cache.session(ws) for ws in wss]
+        try:
+            cmd = {"command": "echo x >> ran && sleep 0.3"}
+            async with anyio.create_task_group() as tg:
+                for s in sessions:
+                    tg.start_soon(s.call, "bash", cmd)
+            assert sorted(sources(s)[0] for s in sessions) == ["executed", "restored", "restored"]
+            m = cache.metrics()
+            assert m.captures == 1 and m.snapshots == 0 and m.snapshots_evicted == 1  # all three have it: released
+            assert len(provider) == 0  # (its directory stays while the two restored copies map its images)
+            await sessions[1].call("bash", {"command": "echo z > theirs"})  # captured: sessions[0] may follow
+            await sessions[2].aclose()
+            assert len(provider) == 1
+            await sessions[0].call("bash", {"command": "echo y > mine && sleep 0.2"})  # nobody else can follow
+            m = cache.metrics()
+            assert m.captures == 2 and m.captures_skipped == 1  # not captured, ...
+            assert len(provider) == 0 and m.snapshots_evicted == 2  # ... and sessions[1]'s state is out of reach
+        finally:
+            for s in sessions:
+                await s.aclose()
