@@ -67,9 +67,10 @@ BENCHES: dict[str, Bench] = {
         "One GRPO group of the bundled task (a small Python project with a bug, a warm interpreter holding part of "
         "the project's data) in five configurations side by side: baseline (a fresh workspace and set-up per "
         "rollout), fork, fork+cache, fork+cache+spec and oracle (speculation told each rollout's true next calls). "
-        "LLM time is the replay server's scripted turns; tools run for real. Memory is PSS of every workspace "
-        "process plus snapshots and page images on tmpfs. The speculation results on other workloads are on "
-        "[Speculation](speculation.md).",
+        "LLM time is the replay server's scripted turns; tools run for real. Memory and CPU are read over each "
+        "configuration's own cgroup subtree and snapshot directory (everything it created): PSS of every process "
+        "plus its snapshots and page images on tmpfs, CPU from the subtree's counter. How it is counted, and the "
+        "speculation results on other workloads: [Speculation](speculation.md).",
         (".venv/bin/bunshin", "bench", "--out", "{out}"),
         ("--quick",),
         writes="experiment.json",

@@ -69,6 +69,7 @@ async def test_a_monitor_whose_body_is_cancelled_leaves_its_scopes_in_order() ->
     assert monitor.report().samples  # the last sample was still taken
 
 
+@pytest.mark.unit
 async def test_scoped_settings_reach_the_tasks_and_threads_started_inside_and_nothing_else() -> None:
     """``Config.scoped`` is per task: what a scoped task starts (tasks, worker threads) sees it; a sibling started
     outside, and the caller after the block, do not."""
@@ -107,7 +108,6 @@ async def test_scoped_settings_reach_the_tasks_and_threads_started_inside_and_no
 BURN = "import resource; sum(range(10_000_000)); r = resource.getrusage(resource.RUSAGE_SELF); print(r.ru_utime + r.ru_stime)"  # noqa: E501
 
 
-@pytest.mark.root
 async def test_a_scope_reads_every_workspace_made_inside_and_the_cpu_of_processes_gone() -> None:
     """A workspace and its fork made inside a scope are in its subtree, without anyone tracking them: their
     processes' memory is read, the CPU of a process that has exited stays in the subtree's counter (at least what
