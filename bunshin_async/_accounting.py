@@ -1,7 +1,7 @@
 """Memory and CPU accounting by the kernel's own counters, over everything a run creates.
 
 A run (an experiment's configuration, a user's batch of rollout groups) is measured whole by giving it a subtree
-of its own (``scope``): one cgroup parent under which every workspace it creates lives (its bases, copies,
+of its own (``accounting_scope``): one cgroup parent under which every workspace it creates lives (its bases, copies,
 speculative branches, restored cache hits, warm spares, everything made by ``Workspace`` while the scope is in
 force, in this task and the tasks and threads it starts) and one snapshot directory for every snapshot it takes.
 ``Subtree.read()`` then reads, with no list of objects anyone has to remember:
@@ -20,7 +20,7 @@ One reader per kernel figure serves the whole package: PSS (``pss_bytes``), copy
 (``mapped_image_bytes``), file bytes (``tree_bytes``) here; a cgroup's own counters (``Cgroup.cpu_seconds``,
 ``memory_usage``, ``memory_peak``) in ``_kernel``.
 
-    with scope("my-run") as subtree:                    # sync: set-up and removal are a few mkdir/rmdir
+    with accounting_scope("my-run") as subtree:                  # sync: set-up and removal are a few mkdir/rmdir
         async with ResourceMonitor(subtree=subtree) as monitor:
             ...                                         # create and run workspaces
         report = monitor.report()                       # peak_bytes, gib_seconds, cpu_seconds
@@ -57,13 +57,15 @@ __all__ = [
     "mapped_image_bytes",
     "pss_bytes",
     "rollup_bytes",
-    "scope",
+    "accounting_scope",
     "tree_bytes",
     "workspace_memory",
 ]
 
 
 class MemorySample(msgspec.Struct, frozen=True, array_like=True):
+    """One sample: memory is ``pss_bytes + extra_bytes``."""
+
     t: float  # seconds since the monitor started
     pss_bytes: int
     extra_bytes: int  # snapshots on tmpfs and copy-on-write page images, beyond what PSS shows
@@ -72,6 +74,9 @@ class MemorySample(msgspec.Struct, frozen=True, array_like=True):
 
 
 class MemoryReport(msgspec.Struct, frozen=True):
+    """What a ``ResourceMonitor`` saw: ``peak_bytes`` (the largest sample), ``gib_seconds`` (memory integrated over
+    the run), ``cpu_seconds`` (charged during it), ``duration`` and ``interval`` in seconds, and every sample."""
+
     interval: float
     duration: float
     peak_bytes: int
@@ -259,11 +264,11 @@ _scopes = itertools.count()
 
 
 @contextlib.contextmanager
-def scope(label: str = "run") -> Iterator[Subtree]:
-    """``with scope("fork+cache") as subtree:`` everything this task (and the tasks and threads it starts) creates
-    meanwhile lives under a fresh cgroup parent ``<cgroup_parent>/<label>-<pid>-<n>`` and a fresh snapshot
-    directory of the same name in the snapshot store (``Config.scoped``), which ``subtree`` reads. On exit, once
-    the run's workspaces and snapshots are closed, both are removed; what is still busy stays (``bunshin gc``).
+def accounting_scope(label: str = "run") -> Iterator[Subtree]:
+    """``with accounting_scope("fork+cache") as subtree:`` everything this task (and the tasks and threads it
+    starts) creates meanwhile lives under a fresh cgroup parent ``<cgroup_parent>/<label>-<pid>-<n>`` and a fresh
+    snapshot directory of the same name in the snapshot store (``Config.scoped``), which ``subtree`` reads. On exit,
+    once the run's workspaces and snapshots are closed, both are removed; what is still busy stays (``bunshin gc``).
 
     Snapshots taken inside live in the scope's directory: use them inside (a copy restored outside the scope from
     one taken inside, or the reverse, is not counted here). Blocking set-up and removal (a few mkdir/rmdir)."""
@@ -308,9 +313,9 @@ def _cpu_seconds(pids: Iterable[int]) -> float:
 
 class ResourceMonitor:
     """Samples memory and CPU in the background: ``async with ResourceMonitor(subtree=s) as mon:``, then
-    ``mon.report()``. With a ``subtree`` (``scope``) it reads everything the run made, by the kernel's counters;
-    ``track``/``untrack`` are then not needed and change nothing. Without one it samples the workspaces it was told
-    to ``track`` (what they alone hold; CPU seconds of processes alive at a sample, a lower bound).
+    ``mon.report()``. With a ``subtree`` (``accounting_scope``) it reads everything the run made, by the kernel's
+    counters; ``track``/``untrack`` are then not needed and change nothing. Without one it samples the workspaces it
+    was told to ``track`` (what they alone hold; CPU seconds of processes alive at a sample, a lower bound).
     ``extra_dirs``: more directories whose bytes count (e.g. a snapshot store shared with nothing else)."""
 
     def __init__(self, interval: float = 0.1, extra_dirs: Iterable[Path] = (), subtree: Subtree | None = None) -> None:

@@ -81,8 +81,8 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     def scoped(**changes: object) -> Iterator[Config]:
         """``with Config.scoped(cgroup_parent=...):`` the settings in force for this task and what it starts from
         inside (anyio tasks and worker threads copy the context they start in), on top of ``configure``'s; yields
-        the configuration in force. Why: a run measured on its own (``_accounting.scope``) puts what it creates under
-        its own cgroup parent and snapshot directory while other tasks of the process go on as before."""
+        the configuration in force. Why: a run measured on its own (``_accounting.accounting_scope``) puts what it
+        creates under its own cgroup parent and snapshot directory while other tasks of the process go on as before."""
         unknown = set(changes) - set(Config.__struct_fields__)
         if unknown:
             raise TypeError(f"unknown settings {sorted(unknown)}; known: {list(Config.__struct_fields__)}")

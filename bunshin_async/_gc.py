@@ -11,9 +11,9 @@ SIGKILL until thawed (cgroup-v1 freezer): the cgroup is thawed before its tasks 
 namespace under the run dir or inside the snapshot store that belong to nothing alive (the SDK makes none there
 itself: overlays are mounted in private mount namespaces, but a killed tool or an older version may have left
 some) are detached. The snapshot store's own tmpfs stays mounted by design (host configuration, like a sysctl;
-``bunshin snapstore``). Workspaces of a run scope (``_accounting.scope``: a parent cgroup of its own below the
-workspaces' one) are found there too, and an empty scope whose process is gone is removed. Every line of the report
-says what was removed, unmounted or kept, and why.
+``bunshin snapstore``). Workspaces of a run scope (``_accounting.accounting_scope``: a parent cgroup of its own
+below the workspaces' one) are found there too, and an empty scope whose process is gone is removed. Every line of
+the report says what was removed, unmounted or kept, and why.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def _parents() -> list[Path]:
 
 
 def _scopes(parent: Path) -> list[Path]:
-    """The run scopes under a parent (``_accounting.scope``: ``<label>-<pid>-<n>``, its workspaces inside)."""
+    """The run scopes under a parent (``accounting_scope``: ``<label>-<pid>-<n>``, its workspaces inside)."""
     return [d for d in parent.iterdir() if d.is_dir() and _SCOPE.search(d.name) and not d.name.startswith("ws-")]
 
 

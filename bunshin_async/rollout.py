@@ -8,11 +8,17 @@
 
 An agent has ``async def run(ctx: RolloutContext) -> Trajectory`` (build it on ``bunshin_async.agent.run_agent``).
 Trajectories are JSONL records (``load_trajectories``, ``dump_trajectories``), which ``bunshin_async.llm`` replays.
+A run's true memory and CPU (everything it created, by the kernel's counters)::
+
+    with accounting_scope("my-groups") as subtree:
+        async with ResourceMonitor(subtree=subtree) as monitor:
+            ...                                    # GroupRollouts, caches, speculation
+        print(monitor.report().gib_seconds, subtree.read().cpu_seconds)
 """
 
 from __future__ import annotations
 
-from ._accounting import ResourceMonitor
+from ._accounting import MemoryReport, ResourceMonitor, Subtree, Usage, accounting_scope
 from ._public import publish as _publish
 from ._rollout import (
     Budget,
@@ -28,6 +34,7 @@ from ._trajectory import Step, Trajectory, dump_trajectories, iter_trajectories,
 
 __all__ = [
     "Budget",
+    "MemoryReport",
     "GroupRollout",
     "ResourceMonitor",
     "RolloutAgent",
@@ -35,8 +42,11 @@ __all__ = [
     "RolloutResult",
     "Step",
     "Task",
+    "Subtree",
     "Trajectory",
+    "Usage",
     "WorkspaceLimiter",
+    "accounting_scope",
     "command_reward",
     "dump_trajectories",
     "iter_trajectories",

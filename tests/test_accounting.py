@@ -13,7 +13,7 @@ import anyio
 import pytest
 
 from bunshin_async import Workspace
-from bunshin_async._accounting import ResourceMonitor, mapped_image_bytes, scope, tree_bytes
+from bunshin_async._accounting import ResourceMonitor, accounting_scope, mapped_image_bytes, tree_bytes
 from bunshin_async._config import Config
 
 MAPPER = r"""
@@ -113,7 +113,7 @@ async def test_a_scope_reads_every_workspace_made_inside_and_the_cpu_of_processe
     processes' memory is read, the CPU of a process that has exited stays in the subtree's counter (at least what
     the process itself reported), and on exit the scope leaves no cgroup and no snapshot directory."""
     outer = Config.current().cgroup_parent
-    with scope("test") as subtree:
+    with accounting_scope("test") as subtree:
         assert subtree.parent.startswith(f"{outer}/test-")
         assert Config.current().cgroup_parent == subtree.parent  # inside: workspaces go there
         assert subtree.snapshot_dir is not None and subtree.snapshot_dir.is_dir()

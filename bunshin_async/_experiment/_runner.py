@@ -17,8 +17,8 @@ configuration once, back to back), and the summary gives each figure's median an
 LLM model: the replay server serves scripted (or recorded) assistant turns with their ``llm_seconds`` times
 ``time_scale``; tools execute for real in the workspace (optionally padded with ``sleep`` to their recorded
 duration times ``time_scale``). Accounting (``bunshin_async._accounting``): each configuration runs in a cgroup
-subtree and snapshot directory of its own (``scope``); memory is the summed PSS of every process in that subtree
-plus its snapshots and the copy-on-write page images its processes map, sampled every 0.1 s (GiB-seconds is its
+subtree and snapshot directory of its own (``accounting_scope``); memory is the summed PSS of every process in that
+subtree plus its snapshots and the copy-on-write page images its processes map, sampled every 0.1 s (GiB-seconds is its
 integral); CPU is the subtree's own counter, exact.
 """
 
@@ -37,7 +37,7 @@ from typing import Any
 import anyio
 import msgspec
 
-from .._accounting import ResourceMonitor, Subtree, scope
+from .._accounting import ResourceMonitor, Subtree, accounting_scope
 from .._llm._replay import ReplayServer, build_turns
 from .._llm._timing import RecordedTiming
 from .._rollout import Budget, GroupRollout, RolloutContext, RolloutResult, Task
@@ -297,9 +297,9 @@ async def run_config(
     progress: Callable[[str], None] = print,
 ) -> ConfigResult:
     """Run every group under ``config`` concurrently and measure it: everything the configuration creates (bases,
-    copies, speculative branches, restored cache hits, captures) lives in one subtree of its own (``scope``), whose
-    counters are its memory and CPU."""
-    with scope(config.name) as subtree:
+    copies, speculative branches, restored cache hits, captures) lives in one subtree of its own
+    (``accounting_scope``), whose counters are its memory and CPU."""
+    with accounting_scope(config.name) as subtree:
         return await _run_config_in(config, groups, subtree, time_scale=time_scale, budget=budget,
                                     tools_for=tools_for, progress=progress)  # fmt: skip
 
