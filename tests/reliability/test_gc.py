@@ -4,6 +4,7 @@ design), removes cgroups whose workspace directory is gone, and reports each thi
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from bunshin_async import _gc, _paths
+from bunshin_async._config import Config
 from bunshin_async._fork._layers import snapshot_dir
 from bunshin_async._kernel import CGROUP_ROOT, Cgroup, Limits, parent_name
 
@@ -59,3 +61,28 @@ def test_gc_unmounts_thaws_and_reports() -> None:
         for p in (ws_dir / "root", snap / "images"):
             if _mounted(p):
                 subprocess.run(["umount", "-l", str(p)], check=False)
+
+
+def test_gc_finds_workspaces_in_the_run_scope_of_a_dead_process_and_removes_the_scope() -> None:
+    """A process killed inside ``accounting_scope`` leaves a workspace cgroup one level down, under its scope
+    (``<label>-<pid>-<n>``): gc removes the workspace's cgroup and then the empty scope; a live process's scope
+    stays."""
+    dead_pid = 2**22 + 1  # above pid_max's ceiling: never a live process
+    dead, live = f"{parent_name()}/exp-{dead_pid}-0", f"{parent_name()}/exp-{os.getpid()}-0"
+    Cgroup.make_parent(dead)
+    Cgroup.make_parent(live)
+
+    with Config.scoped(cgroup_parent=dead):
+        orphan = Cgroup.create("ws-deadbeef0004", Limits())
+    try:
+        report = _gc.collect()
+        assert "removed cgroup ws-deadbeef0004" in report and f"removed cgroup scope exp-{dead_pid}-0" in report
+        assert not any(d.exists() for d in orphan.dirs)
+        assert not (CGROUP_ROOT / "memory" / dead).exists() and (CGROUP_ROOT / "memory" / live).exists()
+    finally:
+        for name in (dead, live):
+            for hierarchy in CGROUP_ROOT.iterdir():
+                with contextlib.suppress(OSError):
+                    (hierarchy / name / "ws-deadbeef0004").rmdir()
+                with contextlib.suppress(OSError):
+                    (hierarchy / name).rmdir()
