@@ -340,6 +340,7 @@ class ResourceMonitor:
         t = time.monotonic() - self._t0
         if self.subtree is not None:
             u = self.subtree.read(self.extra_dirs)
+            t = (t + time.monotonic() - self._t0) / 2  # a reading takes a while on a busy machine: its middle
             cpu = 0.0
             if u.cpu_seconds is not None:
                 if self._cpu0 is None:
@@ -354,9 +355,10 @@ class ResourceMonitor:
         return MemorySample(t, pss_bytes(pids), extra, len(self._workspaces), sum(self._cpu.values()))
 
     async def _run(self) -> None:
-        while True:
+        while True:  # every ``interval`` from the start of the last reading (not after it: readings take time)
+            start = anyio.current_time()
             self._samples.append(await anyio.to_thread.run_sync(self._sample))
-            await anyio.sleep(self.interval)
+            await anyio.sleep(max(0.0, start + self.interval - anyio.current_time()))
 
     async def __aenter__(self) -> ResourceMonitor:
         self._t0 = time.monotonic()

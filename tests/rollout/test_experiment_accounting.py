@@ -27,7 +27,7 @@ HOLD_MIB = 96
 # then holds the memory a while and exits: its CPU is only in the cgroup's counter once it is gone.
 ALLOCATE = (
     f'python3 -c \'x = bytearray({HOLD_MIB} << 20); x[::4096] = b"\\1" * len(x[::4096]); '
-    "sum(range(15_000_000)); import time; time.sleep(2)'"  # an argument follows (ignored)
+    "sum(range(15_000_000)); import time; time.sleep(4)'"  # an argument follows (ignored)
 )
 SLOW_WRITE = "sleep 1.2; echo x > f"
 
@@ -116,9 +116,10 @@ class Sampler:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            label = self.label
-            self.samples.append((label, time.monotonic(), self.memory()))
-            self._stop.wait(self.interval)
+            label, t0 = self.label, time.monotonic()
+            memory = self.memory()
+            self.samples.append((label, (t0 + time.monotonic()) / 2, memory))  # the reading's middle
+            self._stop.wait(max(0.0, t0 + self.interval - time.monotonic()))
 
     def __enter__(self) -> Sampler:
         self._thread.start()
