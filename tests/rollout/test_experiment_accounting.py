@@ -24,10 +24,11 @@ pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 HOLD_MIB = 96
 # Allocates and touches HOLD_MIB MiB, burns a fixed amount of CPU (not a wall-clock time: the machine is shared),
-# then holds the memory a while and exits: its CPU is only in the cgroup's counter once it is gone.
+# then holds the memory a while and exits: its CPU is only in the cgroup's counter once it is gone. Two samplers
+# disagree where memory changes between their samples: the hold is long against a sample's spacing on a busy machine.
 ALLOCATE = (
     f'python3 -c \'x = bytearray({HOLD_MIB} << 20); x[::4096] = b"\\1" * len(x[::4096]); '
-    "sum(range(15_000_000)); import time; time.sleep(4)'"  # an argument follows (ignored)
+    "sum(range(15_000_000)); import time; time.sleep(8)'"  # an argument follows (ignored)
 )
 SLOW_WRITE = "sleep 1.2; echo x > f"
 
@@ -37,7 +38,7 @@ class Sampler:
     page images they map beyond their PSS, plus the snapshot store's file bytes; and the parent's CPU counter.
     Samples are labelled with the configuration running (``label``, set by the experiment's progress lines)."""
 
-    def __init__(self, interval: float = 0.05) -> None:
+    def __init__(self, interval: float = 0.1) -> None:
         config = Config.current()
         v2 = cgroup_version() == 2
         self.memory_root = CGROUP_ROOT / ("" if v2 else "memory") / config.cgroup_parent
