@@ -80,7 +80,6 @@ BENCHES: dict[str, Bench] = {
         "Creating a workspace, a tool call's round trip and the memory of idle workspaces, with the C agent "
         "(`native/agent.c`).",
         (PY, "bench/workspace_bench.py"),
-        env={"BENCH_OLD_AGENT": "0"},
         quick_env={"BENCH_REPS": "10"},
     ),
     "fork": Bench(

@@ -1,8 +1,7 @@
 """Workspace benchmark: create-to-first-exec, exec and shell round-trips, idle PSS, 32 concurrent creations.
 
-Prints one JSON object. Times are milliseconds (median, p90 over repeated runs in this one process). Each figure is
-measured for the C agent and, side by side in the same run (creations interleaved), for the Python agent it replaced,
-rebuilt from git history (``_old_agent``; skipped with ``BENCH_OLD_AGENT=0`` or outside a git checkout).
+Prints one JSON object. Times are milliseconds (median, p90 over repeated runs in this one process), for the C agent
+(`native/agent.c`). ``--security both`` and ``--disk both`` compare a setting on and off side by side instead.
 """
 
 from __future__ import annotations
@@ -187,29 +186,14 @@ async def measure(make: Factory, reps: int, first: list[float]) -> dict[str, obj
 
 
 async def main() -> None:
-    from _old_agent import OldAgent, OldAgentWorkspace, old_revision  # only here: --security/--disk both need none
-
     reps = int(os.environ.get("BENCH_REPS", "30"))
     factories: dict[str, Factory] = {"c": Workspace}
-    rev = old_revision() if os.environ.get("BENCH_OLD_AGENT", "1") != "0" else None
-    old = OldAgent(rev) if rev else None
-    try:
-        if old is not None:
-
-            def make_old() -> Workspace:
-                return OldAgentWorkspace(old)
-
-            factories["python"] = make_old
-        firsts = await create_to_first_exec(factories, reps)
-        agents = {kind: await measure(make, reps, firsts[kind]) for kind, make in factories.items()}
-    finally:
-        if old is not None:
-            old.close()
+    firsts = await create_to_first_exec(factories, reps)
+    agents = {kind: await measure(make, reps, firsts[kind]) for kind, make in factories.items()}
     result: dict[str, object] = {
         "benchmark": "workspace",
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": {"cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version()},
-        "old_agent_revision": rev,
         "agents": agents,
         "targets": {
             "create_to_first_exec_p50_ms": 20,
@@ -217,19 +201,6 @@ async def main() -> None:
             "idle_pss_16_per_workspace_mib": 2,
         },
     }
-    if "python" in agents:
-        c, py = agents["c"], agents["python"]
-
-        def ratio(key: str, field: str = "median") -> float:
-            return round(c[key][field] / py[key][field], 3)  # type: ignore[index]
-
-        result["c_over_python"] = {
-            "create_to_first_exec_p50": ratio("create_to_first_exec_ms"),
-            "exec_round_trip_p50": ratio("exec_true_round_trip_ms"),
-            "shell_round_trip_p50": ratio("shell_round_trip_ms"),
-            "ping_round_trip_p50": ratio("agent_ping_round_trip_ms"),
-            "idle_pss_16": ratio("idle_pss_16", "per_workspace_mib"),
-        }
     print(json.dumps(result, indent=2))
 
 
