@@ -15,6 +15,12 @@ images, ``digest_ok`` that every nested copy serves ``c``'s digest; ``gen3`` for
 ``warm_spares``: ``from_snapshot`` latency with ``--spares`` warm spares (``snap.keep_spares``: frozen pre-restored
 copies handed out thawed), median/p90, against plain restores, in the cow mode when it is measured.
 
+Issue 39's split of a fork: ``pause_ms`` is how long the source was paused (``Snapshot.dump_ms``: the CRIU dump
+call, within which the tree is frozen and its pages written to the store) and ``copy_first_exec_ms`` is the time from
+the snapshot to the first command answered in a copy (the restore plus one ``exec``), per fork and per nested fork.
+``--dirty-mib N`` measures only checkpoints of a parent that keeps running and dirties N MiB before each snapshot,
+for each ``--mib`` size (comma-separated) and mode: the pause, the snapshot and the images' size per checkpoint.
+
 The parent's server indexes its heap's pages (``/dirty/0``) before anything is measured, so that every copy shares
 that index and a copy's first ``/dirty`` allocates nothing.
 
@@ -118,17 +124,27 @@ async def _http(ws: Workspace, *paths: str) -> list[str]:
 
 
 async def _fork_one(ws: Workspace) -> tuple[Workspace, dict[str, float]]:
-    """``ws.fork()`` taken apart: the copy and the times (ms) of the snapshot and the restore, the images' size."""
+    """``ws.fork()`` taken apart: the copy and the times (ms) of the snapshot, the source's pause, the restore and
+    the copy's first exec, the images' size."""
     t0 = time.monotonic()
     snap = await ws.snapshot()
     t1 = time.monotonic()
     try:
         [copy] = await Workspace.from_snapshot(snap)
         t2 = time.monotonic()
+        await copy.exec("true")
+        t3 = time.monotonic()
         image = await anyio.to_thread.run_sync(_tree_mib, snap.images)
     finally:
         await snap.aclose()
-    times = {"total": (t2 - t0) * 1000, "snapshot": (t1 - t0) * 1000, "restore": (t2 - t1) * 1000, "image": image}
+    times = {
+        "total": (t2 - t0) * 1000,
+        "snapshot": (t1 - t0) * 1000,
+        "pause": snap.dump_ms or snap.frozen_ms or 0.0,
+        "restore": (t2 - t1) * 1000,
+        "first_exec": (t3 - t1) * 1000,
+        "image": image,
+    }
     return copy, times
 
 
@@ -140,7 +156,9 @@ async def _nested(parent: Workspace, mib: int, repeat: int) -> dict[str, object]
     live: list[Workspace] = []
     total: list[float] = []
     dump: list[float] = []
+    pause: list[float] = []
     restore: list[float] = []
+    first_exec: list[float] = []
     image: list[float] = []
     ok = changed = True
     try:
@@ -158,7 +176,9 @@ async def _nested(parent: Workspace, mib: int, repeat: int) -> dict[str, object]
             live.append(d)
             total.append(t["total"])
             dump.append(t["snapshot"])
+            pause.append(t["pause"])
             restore.append(t["restore"])
+            first_exec.append(t["first_exec"])
             image.append(t["image"])
             ok &= await _http(d, "/" if i < repeat - 1 else "/dirty/0") == [dirtied]
         ok &= await _http(c, "/") == [dirtied]
@@ -171,7 +191,9 @@ async def _nested(parent: Workspace, mib: int, repeat: int) -> dict[str, object]
             "fork_mode": d.fork_mode,
             "fork_total_ms": _stats(total),
             "snapshot_ms": _stats(dump),
+            "pause_ms": _stats(pause),
             "restore_ms": _stats(restore),
+            "copy_first_exec_ms": _stats(first_exec),
             "image_mib": round(statistics.median(image), 1),
             "digest_ok": ok,
             "dirty_changed_digest": changed,
@@ -179,7 +201,9 @@ async def _nested(parent: Workspace, mib: int, repeat: int) -> dict[str, object]
                 "fork_mode": e.fork_mode,
                 "fork_total_ms": round(t3["total"], 1),
                 "snapshot_ms": round(t3["snapshot"], 1),
+                "pause_ms": round(t3["pause"], 1),
                 "restore_ms": round(t3["restore"], 1),
+                "copy_first_exec_ms": round(t3["first_exec"], 1),
                 "image_mib": round(t3["image"], 1),
                 "digest_ok": gen3_ok,
             },
@@ -246,7 +270,9 @@ def _measured(out: dict[str, Any]) -> dict[str, float | None]:
 async def _fork_n(parent: Workspace, n: int, repeat: int, mode: str, ksm_wait: float) -> dict[str, Any]:
     total: list[float] = []
     dump: list[float] = []
+    pause: list[float] = []
     restore: list[float] = []
+    first_exec: list[float] = []
     per_restore: list[float] = []
     pss: list[float] = []
     priv: list[float] = []
@@ -260,10 +286,13 @@ async def _fork_n(parent: Workspace, n: int, repeat: int, mode: str, ksm_wait: f
         try:
             copies = await Workspace.from_snapshot(snap, n)
             t2 = time.monotonic()
+            await copies[0].exec("true")
+            first_exec.append((time.monotonic() - t1) * 1000)
         finally:
             await snap.aclose()
         total.append((t2 - t0) * 1000)
         dump.append((t1 - t0) * 1000)
+        pause.append(snap.dump_ms or snap.frozen_ms or 0.0)
         restore.append((t2 - t1) * 1000)
         per_restore.extend(c.restore_ms or 0.0 for c in copies)
         if mode == "ksm":
@@ -281,7 +310,9 @@ async def _fork_n(parent: Workspace, n: int, repeat: int, mode: str, ksm_wait: f
         "fork_mode": fork_mode,
         "fork_total_ms": _stats(total),
         "snapshot_ms": _stats(dump),
+        "pause_ms": _stats(pause),
         "restore_all_ms": _stats(restore),
+        "copy_first_exec_ms": _stats(first_exec),
         "restore_each_ms": _stats(per_restore),
         "total_pss_mib": round(statistics.median(pss), 1),
         "per_copy_private_mib": round(statistics.median(priv) / n, 1),
@@ -327,6 +358,40 @@ async def security_compare(mib: int, repeat: int, ns: tuple[int, ...]) -> None:
         )
         out[f"n{n}"] = row
     print(json.dumps({"benchmark": "fork-security", **out}, indent=1))
+
+
+async def checkpoints(mibs: list[int], repeat: int, dirty_mib: int, modes: list[str]) -> None:
+    """Checkpoints of a workspace that keeps running (``--dirty-mib``): per memory size and mode, the parent dirties
+    ``dirty_mib`` MiB of its heap (the same pages each time), then is snapshotted, ``repeat`` times; the source's
+    pause, the whole snapshot and the images' size per checkpoint (issue 39: a checkpoint with 8 MiB dirtied)."""
+    out: dict[str, Any] = {"dirty_mib": dirty_mib, "repeat": repeat}
+    for mode in modes:
+        os.environ["BUNSHIN_FORK_MODE"] = mode
+        for mib in mibs:
+            ws, _ = await _with_state(mib)
+            pause: list[float] = []
+            snapshot: list[float] = []
+            image: list[float] = []
+            try:
+                await _http(ws, "/dirty/0")
+                for _ in range(repeat):
+                    await _http(ws, f"/dirty/{dirty_mib}")
+                    t0 = time.monotonic()
+                    snap = await ws.snapshot()
+                    snapshot.append((time.monotonic() - t0) * 1000)
+                    try:
+                        pause.append(snap.dump_ms or snap.frozen_ms or 0.0)
+                        image.append(await anyio.to_thread.run_sync(_tree_mib, snap.images))
+                    finally:
+                        await snap.aclose()
+            finally:
+                await ws.aclose()
+            out.setdefault(mode, {})[f"{mib}_mib"] = {
+                "pause_ms": _stats(pause),
+                "snapshot_ms": _stats(snapshot),
+                "image_mib": round(statistics.median(image), 1),
+            }
+    print(json.dumps({"benchmark": "fork-checkpoints", **out}, indent=1))
 
 
 async def disk_compare(mib: int, repeat: int, nested_mib: int, files: int) -> None:
@@ -466,13 +531,14 @@ async def main(
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
-    ap.add_argument("--mib", type=int, default=200)
+    ap.add_argument("--mib", default="200", help="MiB of state; --dirty-mib: comma-separated sizes")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--modes", default="criu,cow", help="comma-separated BUNSHIN_FORK_MODE values (criu, cow, ksm)")
     ap.add_argument("--ksm-wait", type=float, default=10.0, help="seconds of merging before ksm copies are measured")
     ap.add_argument("--spares", type=int, default=2, help="warm spares kept for the from-snapshot measurement")
     ap.add_argument("--ns", default="1,4,8,16", help="comma-separated numbers of copies per fork")
     ap.add_argument("--nested-mib", type=int, default=8, help="MiB of its heap a copy dirties before it is forked")
+    ap.add_argument("--dirty-mib", type=int, default=0, help="only checkpoints of a running parent dirtying this")
     ap.add_argument(
         "--security", choices=("on", "both"), default="on", help="both: only the boundary on vs off comparison"
     )
@@ -481,17 +547,19 @@ if __name__ == "__main__":
     ap.add_argument("--copier", choices=("tree", "both"), default="tree", help="both: _tree vs cp -a, --files N")
     args = ap.parse_args()
     ns = tuple(int(x) for x in args.ns.split(","))
+    mibs = [int(x) for x in args.mib.split(",")]
+    mib = mibs[0]
     try:
-        if args.copier == "both":
+        if args.dirty_mib:
+            anyio.run(checkpoints, mibs, args.repeat, args.dirty_mib, args.modes.split(","))
+        elif args.copier == "both":
             anyio.run(copier_compare, args.files, args.repeat)
         elif args.disk == "both":
-            anyio.run(disk_compare, args.mib, args.repeat, args.nested_mib, args.files)
+            anyio.run(disk_compare, mib, args.repeat, args.nested_mib, args.files)
         elif args.security == "both":
-            anyio.run(security_compare, args.mib, args.repeat, ns)
+            anyio.run(security_compare, mib, args.repeat, ns)
         else:
-            anyio.run(
-                main, args.mib, args.repeat, args.modes.split(","), args.ksm_wait, args.spares, ns, args.nested_mib
-            )
+            anyio.run(main, mib, args.repeat, args.modes.split(","), args.ksm_wait, args.spares, ns, args.nested_mib)
     finally:
         from bunshin_async._fork._modes import ksm_restore
 
