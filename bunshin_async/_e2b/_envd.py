@@ -24,6 +24,7 @@ import base64
 import datetime
 import posixpath
 import re
+import secrets
 import signal as _signal
 from typing import Any
 
@@ -134,37 +135,35 @@ async def _run(
 
 _EXISTS_CHECK = f'[ -e "$1" ] || [ -L "$1" ] || {{ echo "no such file or directory: $1" >&2; exit {_NOT_FOUND}; }}'
 # find -printf: type, type followed, size, octal mode, symbolic mode, user, group, mtime, link target, path.
-_PRINTF = r"%y\0%Y\0%s\0%m\0%M\0%u\0%g\0%T@\0%l\0%p\0\n"
+_PRINTF = r"%y\0%Y\0%s\0%m\0%M\0%u\0%g\0%T@\0%l\0%p\0"
 _KINDS = {"f": "FILE_TYPE_FILE", "d": "FILE_TYPE_DIRECTORY"}
 
 
 def _entries(out: str) -> list[EntryInfo]:
+    # No field holds a NUL, so records are every 10 NUL-separated fields (a field may hold, or start with, a newline).
+    fields = out.split("\0")
     entries = []
-    for line in out.split("\0\n"):
-        fields = line.split("\0")
-        if len(fields) != 10:
-            continue
-        kind, target_kind, size, mode, perms, owner, group, mtime, target, path = fields
+    for i in range(0, len(fields) - 9, 10):
+        kind, target_kind, size, mode, perms, owner, group, mtime, target, path = fields[i : i + 10]
         is_link = kind == "l"
         ftype = _KINDS.get(target_kind if is_link else kind, "FILE_TYPE_UNSPECIFIED" if not is_link else "")
         if not ftype:  # a dangling symlink: E2B's old envd said SYMLINK
             ftype = "FILE_TYPE_SYMLINK"
         try:
-            seconds = float(mtime)
-        except ValueError:
-            seconds = 0.0
-        stamp = datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc).isoformat().replace("+00:00", "Z")
+            stamp = datetime.datetime.fromtimestamp(float(mtime), datetime.timezone.utc)
+        except (ValueError, OverflowError, OSError):  # what a workspace's find printed is not trusted
+            stamp = datetime.datetime.fromtimestamp(0, datetime.timezone.utc)
         entries.append(
             EntryInfo(
                 name=posixpath.basename(path) or "/",
                 type=ftype,
                 path=path,
-                size=size if size.isdigit() else "0",
-                mode=int(mode, 8) if mode.isdigit() else 0,
+                size=size if size.isascii() and size.isdigit() else "0",
+                mode=int(mode, 8) if re.fullmatch(r"[0-7]{1,7}", mode) else 0,
                 permissions=perms,
                 owner=owner,
                 group=group,
-                modified_time=stamp,
+                modified_time=stamp.isoformat().replace("+00:00", "Z"),
                 symlink_target=target if is_link else None,
                 is_symlink=is_link,
             )
@@ -216,7 +215,10 @@ async def read(ws: Workspace, path: str, user: str | None) -> bytes:
         'base64 -w0 -- "$1"'
     )
     res = await _run(ws, script, absolute(path), str(MAX_READ), user=user)
-    return base64.b64decode(res.stdout)
+    try:
+        return base64.b64decode(res.stdout, validate=True)
+    except ValueError as exc:  # what the workspace's base64 printed is not trusted
+        raise RpcError(f"unreadable answer reading {path[:100]!r}: {exc}", code="data_loss") from exc
 
 
 async def write(ws: Workspace, path: str, data: bytes, user: str | None) -> dict[str, str]:
@@ -263,7 +265,7 @@ def watch_events(before: dict[str, str], after: dict[str, str]) -> list[dict[str
 # ------------------------------------------------------------------------------------------------ commands
 
 _WRAPPER = (
-    'd=$1 s=$2; shift 2; mkdir -p "$d" && : >"$d/out" && : >"$d/err" || exit 126; '
+    'd=$1 s=$2; shift 2; mkdir -p "${d%/*}" && mkdir -m 700 "$d" && : >"$d/out" && : >"$d/err" || exit 126; '
     'if [ "$s" = 1 ]; then mkfifo "$d/in" && exec "$@" 0<>"$d/in" >"$d/out" 2>"$d/err"; exit 126; fi; '
     'exec "$@" </dev/null >"$d/out" 2>"$d/err"'
 )
@@ -300,14 +302,16 @@ async def start(sb: Sandbox, req: StartRequest, user: str | None) -> Process:
     ws = sb.workspace()
     n = sb.next_process
     sb.next_process += 1
-    rel = f"p/{n}"
+    # Unguessable and made afresh by the command's user (CONTROL_DIR/p is sticky, writable by all, not listable): a
+    # process in the workspace cannot plant the files of a command to come (its output, its stdin FIFO).
+    rel = f"p/{n}.{secrets.token_hex(8)}"
     argv = ["/bin/sh", "-c", _WRAPPER, "sh", f"{CONTROL_DIR}/{rel}", "1" if req.stdin else "0", cfg.cmd, *cfg.args]
     cwd = absolute(cfg.cwd) if cfg.cwd else sb.cwd
     try:
         bg = await ws.spawn(argv, cwd=cwd, env=cfg.envs or None, user=user)
     except BunshinError as exc:
         raise _tool_error(exc) from exc
-    proc = Process(bg.pid, rel, cfg.cmd, list(cfg.args), dict(cfg.envs), cfg.cwd, req.tag, bool(req.stdin))
+    proc = Process(bg.pid, rel, cfg.cmd, list(cfg.args), dict(cfg.envs), cfg.cwd, req.tag, bool(req.stdin), user=user)
     sb.processes[proc.pid] = proc
     return proc
 
@@ -342,7 +346,8 @@ async def send_input(sb: Sandbox, proc: Process, data: bytes) -> None:
         f'[ $i -gt 1000 ] && {{ echo "no stdin pipe for process $2" >&2; exit {_NOT_FOUND}; }}; sleep 0.01; done; '
         'cat > "$1"'
     )
-    await _run(ws, script, f"{CONTROL_DIR}/{proc.dir}/in", str(proc.pid), stdin=data, user=None, timeout=15)
+    # As the command's user: its control directory is its own, and root must not follow what it may have planted.
+    await _run(ws, script, f"{CONTROL_DIR}/{proc.dir}/in", str(proc.pid), stdin=data, user=proc.user, timeout=15)
 
 
 async def send_signal(sb: Sandbox, proc: Process, signal: str | int) -> None:
@@ -358,15 +363,18 @@ async def send_signal(sb: Sandbox, proc: Process, signal: str | int) -> None:
         raise _tool_error(exc) from exc
 
 
-async def _read_delta(ws: Workspace, path: str, offset: int) -> bytes:
+async def _read_delta(ws: Workspace, path: str, offset: int, user: str | None) -> bytes:
     try:
         if offset < _TAIL_FROM:
             return (await ws.read_file(path, max_bytes=offset + CHUNK))[offset:]
         script = 'tail -c +"$2" -- "$1" | head -c "$3" | base64 -w0'
-        res = await ws.exec(["/bin/sh", "-c", script, "sh", f"{CONTROL_DIR}/{path}", str(offset + 1), str(CHUNK)])
-        return base64.b64decode(res.stdout)
+        argv = ["/bin/sh", "-c", script, "sh", f"{CONTROL_DIR}/{path}", str(offset + 1), str(CHUNK)]
+        res = await ws.exec(argv, user=user)
+        return base64.b64decode(res.stdout)[:CHUNK]
     except FileNotFound:  # the wrapper has not made it yet
         return b""
+    except ValueError as exc:  # not base64: what the workspace's tools printed is not trusted
+        raise RpcError(f"unreadable output of a command: {exc}", code="data_loss") from exc
 
 
 async def broadcast(proc: Process, message: dict[str, Any]) -> None:
@@ -394,7 +402,7 @@ async def pump(sb: Sandbox, proc: Process) -> None:
             code = await bg.poll()
             got = False
             for stream, name in (("stdout", "out"), ("stderr", "err")):
-                data = await _read_delta(ws, f"{proc.dir}/{name}", proc.offsets[stream])
+                data = await _read_delta(ws, f"{proc.dir}/{name}", proc.offsets[stream], proc.user)
                 if data:
                     proc.offsets[stream] += len(data)
                     await broadcast(proc, data_event(stream, data))

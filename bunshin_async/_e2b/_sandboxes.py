@@ -74,6 +74,8 @@ class Process:
     exit_code: int | None = None
     subscribers: list[MemoryObjectSendStream[dict[str, Any] | None]] = field(default_factory=list)
     pumping: bool = False
+    user: str | None = None
+    """Who runs it (None: the workspace's default user)."""
 
     def copy(self) -> Process:
         """The record a fork or a resumed copy starts with: same process, no subscriber, no pump."""
@@ -88,6 +90,7 @@ class Process:
             self.stdin,
             dict(self.offsets),
             self.exit_code,
+            user=self.user,
         )
 
 
@@ -439,8 +442,8 @@ class Sandboxes:
 
 async def prepare(ws: Workspace) -> None:
     """E2B's home directory exists in every sandbox (commands start there); commands of any user can make their
-    control directories (sticky, as /tmp)."""
-    await ws.exec(["/bin/sh", "-c", 'mkdir -p "$1" "$2" && chmod 1777 "$2"', "sh", HOME, f"{CONTROL_DIR}/p"])
+    control directories (sticky, as /tmp, but not listable: their names are secrets)."""
+    await ws.exec(["/bin/sh", "-c", 'mkdir -p "$1" "$2" && chmod 1733 "$2"', "sh", HOME, f"{CONTROL_DIR}/p"])
 
 
 def end_subscribers(proc: Process, message: dict[str, Any] | None) -> None:

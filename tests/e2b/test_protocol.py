@@ -91,10 +91,23 @@ def test_find_output_parses_into_entries() -> None:
         ["f", "f", "5", "644", "-rw-r--r--", "root", "root", "1700000000.5", "", "/tmp/a.txt"],
         ["l", "d", "4", "777", "lrwxrwxrwx", "root", "root", "1700000000", "/etc", "/tmp/link"],
     ]
-    out = "".join("\x00".join(r) + "\x00\n" for r in rows) + "garbage\n"
+    out = "".join("\x00".join(r) + "\x00" for r in rows) + "garbage\n"
     a, link = _envd._entries(out)
     assert (a.name, a.type, a.size, a.mode, a.is_symlink) == ("a.txt", "FILE_TYPE_FILE", "5", 0o644, False)
     assert (link.type, link.symlink_target, link.is_symlink) == ("FILE_TYPE_DIRECTORY", "/etc", True)
+
+
+def test_hostile_find_output_parses_into_bounded_entries() -> None:
+    # A workspace's find (or /etc/passwd, or a link target) prints what it likes, but never a NUL inside a field.
+    rows = [
+        ["l", "N", "0", "777", "lrwxrwxrwx", "\nroot", "root", "1e400", "\n/fake\x00entry", "/tmp/l"],
+        ["f", "f", "\u00b2", "99", "-rw", "root", "root", "nan", "", "/tmp/\nb"],
+    ]
+    out = "".join("\x00".join(r) + "\x00" for r in rows)
+    entries = _envd._entries(out.replace("/fake\x00entry", "/fake entry"))
+    assert [(e.path, e.size, e.mode) for e in entries] == [("/tmp/l", "0", 0o777), ("/tmp/\nb", "0", 0)]
+    assert entries[0].symlink_target == "\n/fake entry" and entries[0].owner == "\nroot"
+    assert {e.modified_time for e in entries} == {"1970-01-01T00:00:00Z"}
 
 
 def test_a_public_address_needs_a_key() -> None:

@@ -1,0 +1,40 @@
+"""A hostile workspace against the E2B server: what a process inside leaves must not change what the server reports."""
+
+from __future__ import annotations
+
+from e2b import Sandbox
+
+from .conftest import Served
+
+
+def test_a_precreated_control_directory_cannot_fake_a_later_commands_output(e2b_server: Served) -> None:
+    # A process plants control directories for the next commands: their ``out`` an absolute symlink, which the
+    # command's wrapper follows in the workspace while the server's confined file tool finds the planted file.
+    plant = (
+        "mkdir -p /run/e2b/tmp && printf 'FAKE\\n' > /run/e2b/tmp/x && "
+        "for n in $(seq 0 20); do mkdir -p /run/e2b/p/$n && ln -sf /tmp/x /run/e2b/p/$n/out; done"
+    )
+    with Sandbox.create() as sbx:
+        sbx.commands.run(plant)
+        assert sbx.commands.run("echo real").stdout == "real\n"
+        assert sbx.commands.run("echo again").stdout == "again\n"
+
+
+def test_a_symlink_target_starting_with_a_newline_is_listed(e2b_server: Served) -> None:
+    with Sandbox.create() as sbx:
+        sbx.commands.run("mkdir -p /home/user/d && ln -s \"$(printf '\\nx')\" /home/user/d/l && touch /home/user/d/f")
+        names = sorted(e.name for e in sbx.files.list("/home/user/d"))
+        assert names == ["f", "l"]
+
+
+def test_another_users_process_cannot_read_or_feed_a_commands_control_files(e2b_server: Served) -> None:
+    with Sandbox.create() as sbx:
+        secret = sbx.commands.run("echo root-secret; sleep 60", background=True, stdin=True)
+        probe = "cat /run/e2b/p/*/out; ls /run/e2b/p | wc -l; for f in /run/e2b/p/*/in; do echo x > $f; done; true"
+        out = sbx.commands.run(probe, user="nobody", timeout=10).stdout  # type: ignore[arg-type]
+        assert "root-secret" not in out and out.split()[0] == "0"
+        # A command of another user still gets its stdin (written as that user, into its own FIFO).
+        cat = sbx.commands.run("head -n1", background=True, stdin=True, user="nobody")  # type: ignore[arg-type]
+        sbx.commands.send_stdin(cat.pid, "hello\n")
+        assert cat.wait().stdout == "hello\n"
+        secret.kill()
