@@ -16,6 +16,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <linux/types.h>
 #include <linux/userfaultfd.h>
 #include <signal.h>
@@ -24,7 +26,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <stddef.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/ptrace.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
@@ -346,6 +351,44 @@ static int soft_dirty_works(void)
 	return !((before >> 55) & 1) && ((after >> 55) & 1);
 }
 
+// The workspace's seccomp filter denies userfaultfd (native/security.c). CRIU's compel attaches with
+// PTRACE_O_SUSPEND_SECCOMP (compel/src/lib/infect.c): then the task's syscalls bypass its filter, so a parasite can
+// create the uffd. Shown with a filter denying userfaultfd with EPERM: the call fails, then succeeds once a tracer
+// has seized the task with that option. Returns the errno of each attempt (0: it worked) in *before and *after.
+static void seccomp_suspend(int *before, int *after)
+{
+	int go[2], res[2];
+	if (pipe(go) || pipe(res))
+		die("pipe");
+	pid_t pid = fork();
+	if (!pid) {
+		struct sock_filter f[] = {
+			BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+			BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_userfaultfd, 0, 1),
+			BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+			BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+		};
+		struct sock_fprog prog = { sizeof f / sizeof f[0], f };
+		if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog))
+			_exit(3);
+		for (int i = 0; i < 2; i++) {
+			char c;
+			if (i)
+				xread(go[0], &c, 1);
+			int u = syscall(SYS_userfaultfd, O_CLOEXEC | UFFD_USER_MODE_ONLY), err = u < 0 ? errno : 0;
+			xwrite(res[1], &err, sizeof err);
+		}
+		_exit(0);
+	}
+	xread(res[0], before, sizeof *before);
+	if (ptrace(PTRACE_SEIZE, pid, 0, PTRACE_O_SUSPEND_SECCOMP))
+		die("PTRACE_SEIZE");
+	xwrite(go[1], "g", 1);
+	xread(res[0], after, sizeof *after);
+	waitpid(pid, NULL, 0);
+	close(go[0]), close(go[1]), close(res[0]), close(res[1]);
+}
+
 static int cmd_check(void)
 {
 	size_t len = 1024 * PG; // 4 MiB, populated
@@ -364,6 +407,10 @@ static int cmd_check(void)
 	long n;
 
 	printf("soft_dirty_works=%d\n", soft_dirty_works());
+	int filtered, suspended;
+	seccomp_suspend(&filtered, &suspended);
+	printf("seccomp_filtered_uffd=%s\n", filtered ? strerrorname_np(filtered) : "ok");
+	printf("seccomp_suspended_uffd=%s\n", suspended ? strerrorname_np(suspended) : "ok");
 	printf("child_uffd_fds=%d\n", uffd_fds(pid));
 	printf("host_uffd_fds=%d\n", uffd_fds(getpid()));
 	printf("smaps_uw=%d\n", smaps_uw(pid, s));

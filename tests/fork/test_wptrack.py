@@ -34,6 +34,8 @@ def test_host_tracks_exactly_the_written_pages(wptrack: Path) -> None:
     got = facts(subprocess.run([wptrack, "check"], check=True, capture_output=True, text=True).stdout)
     assert got == {
         "soft_dirty_works": "0",  # CONFIG_MEM_SOFT_DIRTY is off here: CRIU's --track-mem cannot work
+        "seccomp_filtered_uffd": "EPERM",  # a filter denying userfaultfd, as the workspace's does
+        "seccomp_suspended_uffd": "ok",  # ... bypassed once seized with PTRACE_O_SUSPEND_SECCOMP, as compel does
         "child_uffd_fds": "0",  # the task holds no userfaultfd: nothing of criu#2021 to dump
         "host_uffd_fds": "1",
         "smaps_uw": "1",
