@@ -27,6 +27,16 @@ build_env() {
     site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     echo "$ROOT" >"$site/bunshin-src.pth"
     echo "$ROOT/criu/dist/python" >"$site/bunshin-pycriu.pth"
+    # The package's entry points (inspect-ai finds the `bunshin` sandbox through them), read from pyproject.toml:
+    # the tree is on the path by the .pth, not installed, so its metadata is written here.
+    "$venv/bin/python" - "$ROOT/pyproject.toml" "$site/bunshin_tree-0.0.0.dist-info" <<'PY'
+import pathlib, sys, tomllib
+eps = tomllib.loads(pathlib.Path(sys.argv[1]).read_text())["project"].get("entry-points", {})
+out = pathlib.Path(sys.argv[2])
+out.mkdir(exist_ok=True)
+(out / "METADATA").write_text("Metadata-Version: 2.1\nName: bunshin-tree\nVersion: 0.0.0\n")
+(out / "entry_points.txt").write_text("".join(f"[{g}]\n" + "".join(f"{k} = {v}\n" for k, v in e.items()) for g, e in eps.items()))
+PY
     if [[ ! -L "$link" || "$(readlink "$link")" != "$venv" ]]; then
         rm -rf "$link"
         ln -s "$venv" "$link"

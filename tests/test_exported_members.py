@@ -20,7 +20,11 @@ from bunshin_async import _exceptions
 
 # verl and the agent harnesses live in their own environments (.venv-verl, .venv-harness, .venv-harbor): importing
 # them here raises CapabilityMissing by design, and their suites run ``check_public_module`` on them there.
-ELSEWHERE = {"bunshin_async.integrations.verl", "bunshin_async.integrations.mini_swe_agent"}
+ELSEWHERE = {
+    "bunshin_async.integrations.verl",
+    "bunshin_async.integrations.mini_swe_agent",
+    "bunshin_async.integrations.inspect",
+}
 # Names exported from two public modules on purpose: (module, name) of the second home.
 ALIASES: set[tuple[str, str]] = set()
 # Imported only for type checking where a runtime import would be a circle (``_tools`` -> ``_workspace``):

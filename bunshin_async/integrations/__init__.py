@@ -5,7 +5,9 @@
 - ``bunshin_async.integrations.openai_agents``: a sandbox client for the OpenAI Agents SDK (``bunshin[openai-agents]``);
 - ``bunshin_async.integrations.skyrl``: a SkyRL-gym environment (``bunshin[skyrl]``);
 - ``bunshin_async.integrations.mini_swe_agent``: an environment class for mini-swe-agent (``bunshin[mini-swe-agent]``,
-  in an environment of its own: ``scripts/harness-env.sh``).
+  in an environment of its own: ``scripts/harness-env.sh``);
+- ``bunshin_async.integrations.inspect``: the ``bunshin`` sandbox provider for inspect-ai (``bunshin[inspect]``, the
+  same environment).
 
 Importing this package imports no framework; importing a module whose framework is missing raises
 ``CapabilityMissing`` naming the extra to install.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sys
 from collections.abc import Awaitable, Callable
@@ -48,17 +49,22 @@ def clean() -> Clean:
 ROOT = Path(__file__).resolve().parents[2]
 
 
-async def run_suite(python: Path, suite: str, *, made_by: str, skips_ok: bool = False) -> None:
+async def run_suite(
+    python: Path, suite: str, *, made_by: str, skips_ok: bool = False, pytest_args: tuple[str, ...] = ()
+) -> None:
     """Run ``tests/integrations/<suite>`` with another environment's ``python`` (a framework the main venv cannot
     hold; ``made_by`` is the script that builds it) and fail with its output if it fails. The suite's own
     conftest gives it its own rundir, snapshot dir and cgroup parent, as this run has."""
     assert python.exists(), f"{python} is missing: run `make setup` ({made_by})"
-    argv = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__).with_name(suite))]
+    argv = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", *pytest_args]
+    argv.append(str(Path(__file__).with_name(suite)))
     mine = ("BUNSHIN_RUNDIR", "BUNSHIN_SNAPDIR", "BUNSHIN_CGROUP_PARENT")
     env = {k: v for k, v in os.environ.items() if k not in mine}
     proc = await anyio.run_process(argv, cwd=ROOT, env=env, check=False)
     out = proc.stdout.decode(errors="replace") + proc.stderr.decode(errors="replace")
     assert proc.returncode == 0, out[-8000:]
     last = out.splitlines()[-1]
-    assert " passed" in last and "failed" not in last and (skips_ok or "skipped" not in last), out[-2000:]
+    counts = {word: int(n) for n, word in re.findall(r"(\d+) (\w+)", last)}
+    assert counts.get("passed", 0) > 0 and not counts.get("failed") and not counts.get("errors"), out[-2000:]
+    assert skips_ok or not counts.get("skipped"), out[-2000:]
     sys.stdout.write(last + "\n")

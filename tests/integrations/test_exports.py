@@ -44,3 +44,5 @@ def test_a_missing_framework_names_its_extra() -> None:
     # so do the agent harnesses (scripts/harness-env.sh)
     with pytest.raises(CapabilityMissing, match=r"bunshin\[mini-swe-agent\]"):
         importlib.import_module("bunshin_async.integrations.mini_swe_agent")
+    with pytest.raises(CapabilityMissing, match=r"bunshin\[inspect\]"):
+        importlib.import_module("bunshin_async.integrations.inspect")
