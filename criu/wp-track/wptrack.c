@@ -296,6 +296,7 @@ static void check_child(int s, unsigned char *p, size_t len)
 		case C_FORK: // a child forked after arming writes its copy; it stays until we quit
 			kid = fork();
 			if (!kid) {
+				prctl(PR_SET_PDEATHSIG, SIGKILL); // never outlives the check
 				dirty(p, len, arg, 9);
 				pause();
 				_exit(0);
@@ -398,8 +399,10 @@ static int cmd_check(void)
 	unsigned char *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	memset(p, 1, len);
 	pid_t pid = fork();
-	if (!pid)
+	if (!pid) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
 		check_child(sp[1], p, len);
+	}
 	unsigned char *cp;
 	int u = take_over(sp[0], &cp);
 	int pm = open_pagemap(pid);
@@ -575,8 +578,10 @@ static int cmd_bench(size_t mib, size_t dirty_mib, int rounds)
 	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sp))
 		die("socketpair");
 	pid_t pid = fork();
-	if (!pid)
+	if (!pid) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
 		bench_child(sp[1], len);
+	}
 	unsigned char *cp;
 	int u = take_over(sp[0], &cp);
 	int pm = open_pagemap(pid);

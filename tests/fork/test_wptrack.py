@@ -82,11 +82,13 @@ def test_criu_dumps_a_tracked_task_and_its_copy_is_untracked(wptrack: Path, tmp_
         run = subprocess.run([wptrack, "inspect", str(target), addr, size], capture_output=True, text=True)
         return facts(run.stdout)
 
+    live = 0  # the tracked task (setsid, so it outlives wptrack): killed here if the test fails before CRIU kills it
     with subprocess.Popen([wptrack, "hold", "4"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as hold:
         assert hold.stdin is not None and hold.stdout is not None
         try:
             info = facts(hold.stdout.readline())
             pid, addr, size = int(info["pid"]), info["addr"], info["len"]
+            live = pid
             assert info["armed"] == str(int(size) // 4096)
 
             def scan() -> dict[str, str]:
@@ -106,10 +108,13 @@ def test_criu_dumps_a_tracked_task_and_its_copy_is_untracked(wptrack: Path, tmp_
             assert (after["written"], after["wpallowed"], after["uw"]) == ("0", before["wpallowed"], "1")
 
             subprocess.run([criu, "dump", "-t", str(pid), "-D", dump, "-o", "d2.log"], check=True)  # kills it
+            live = 0
             hold.stdin.write("quit\n")  # reaps it: its pid is free for the restore
             hold.stdin.flush()
             assert hold.wait() == 0
         finally:
+            if live:
+                os.kill(live, signal.SIGKILL)  # still wptrack's child, unreaped: the pid cannot be anyone else's
             hold.kill()
     subprocess.run([criu, "restore", "-D", dump, "-d", "-o", "r.log"], check=True)
     try:
