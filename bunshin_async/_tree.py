@@ -31,12 +31,14 @@ from pathlib import Path
 
 __all__ = ["FD_DEPTH", "LINKS_MAX", "Entry", "copy_tree", "discard", "remove_tree", "walk"]
 
-FD_DEPTH = 64
+FD_DEPTH = 32
 """Levels of a walk that keep their directory descriptors open (two per level for a copy); deeper ones are reopened
-through ``..`` when the walk climbs back."""
+through ``..`` when the walk climbs back. A copy holds at most 2 * FD_DEPTH + LINKS_MAX + 2 descriptors, whatever
+the tree (a host's soft RLIMIT_NOFILE may be 1024)."""
 
-LINKS_MAX = 1024
-"""Multiply-linked files of a copy whose first copy is held open to link the next ones to."""
+LINKS_MAX = 128
+"""Multiply-linked files of a copy whose first copy is held open to link the next ones to (past it, further links
+of a new inode are separate copies)."""
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC

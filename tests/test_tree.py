@@ -199,3 +199,21 @@ def test_a_failed_copy_leaves_nothing(hostile: tuple[Path, Path], tmp_path: Path
         assert os.listdir(small) == []
     finally:
         _native.umount2(str(small), _native.MNT_DETACH)
+
+
+def test_hard_links_past_the_held_ones_are_copies(tmpfs: Path) -> None:
+    """Past ``LINKS_MAX`` pending inodes a further link is a separate copy of the same data (descriptors bounded)."""
+    src = tmpfs / "src"
+    (src / "a").mkdir(parents=True)
+    (src / "b").mkdir()
+    groups = _tree.LINKS_MAX + 40
+    for i in range(groups):
+        (src / "a" / f"f{i}").write_text(f"data {i}")
+        os.link(src / "a" / f"f{i}", src / "b" / f"f{i}")
+    before = _fds()
+    _tree.copy_tree(src, tmpfs / "dst")
+    assert _fds() == before
+    dst = tmpfs / "dst"
+    linked = sum(os.stat(dst / "a" / f"f{i}").st_ino == os.stat(dst / "b" / f"f{i}").st_ino for i in range(groups))
+    assert linked == _tree.LINKS_MAX
+    assert all((dst / d / f"f{i}").read_text() == f"data {i}" for d in "ab" for i in range(groups))
