@@ -11,7 +11,7 @@ from pathlib import Path
 
 import anyio
 
-from .. import _kernel, _paths, _tree
+from .. import _kernel, _tree
 from .._config import Config
 from .._exceptions import CapabilityMissing, ForkError, StoreFull
 
@@ -68,10 +68,12 @@ def prepare_snapshot_store() -> str:
 
 def layers_dir() -> Path:
     """Read-only overlay layers (snapshots' upper copies) and, beside each, ``<id>.users/`` (one file per user).
-    On the workspaces' filesystem, not tmpfs: a file seen through a layer must stat as it did in the parent's
-    upper dir (a directory's size and block count differ between tmpfs and a disk filesystem), and with every
-    layer on one filesystem overlayfs keeps one st_dev for all files."""
-    return _paths.workspaces_dir() / ".layers"
+    In the snapshot store, a tmpfs, as a workspace's upper dir is (``Limits.disk``, on by default): a file seen
+    through a layer must stat as it did in the parent's upper dir (a directory's size and block count differ
+    between tmpfs and a disk filesystem: ``ls -la`` and ``du`` in a copy must print what they printed in the
+    parent), and the first restore renames the dump's upper copy into place instead of copying it. (A workspace
+    with ``Limits(disk=None)`` has its upper dir on the host's filesystem: its copies see tmpfs sizes.)"""
+    return snapshot_dir() / ".layers"
 
 
 MAX_LAYERS = 40
@@ -165,7 +167,7 @@ def _collect(base: Path, what: str) -> list[str]:
     out: list[str] = []
     with lock:
         for entry in sorted(base.iterdir()) if base.exists() else []:
-            if entry.name.endswith(".users"):
+            if entry.name.endswith(".users") or entry == layers_dir():  # the layers: collected on their own
                 continue
             users = _users(entry.with_name(entry.name.removesuffix(".partial")))  # a layer being made
             tokens = [u.read_text().strip() for u in users.iterdir()] if users.is_dir() else []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import secrets
 from pathlib import Path
 from typing import Any
@@ -75,7 +76,8 @@ class Snapshot:
         return layers_dir() / self.id
 
     async def materialize(self) -> None:
-        """Move the tmpfs upper copy to ``layer`` once (a copy: another filesystem), then free the tmpfs copy."""
+        """Make the dump's upper copy the layer ``layer``, once: a rename within the snapshot store (a copy where
+        the store holds another filesystem)."""
         async with self._layer_lock:
             if self.layer.is_dir():
                 return
@@ -84,8 +86,16 @@ class Snapshot:
             partial = self.layer.with_name(f"{self.id}.partial")
             try:
                 partial.parent.mkdir(parents=True, exist_ok=True)
-                await _layers.copy_tree(self.upper, partial, workspace_id=self.workspace_id)
-                partial.rename(self.layer)
+                try:  # the layers are in the snapshot store: the upper copy moves in place
+                    self.upper.rename(self.layer)
+                except OSError as exc:
+                    if exc.errno != errno.EXDEV:  # a store with a mount point inside: copy
+                        raise ForkError(
+                            f"snapshot {self.id}: its upper copy cannot become a layer: {exc.strerror}",
+                            workspace_id=self.workspace_id,
+                        ) from exc
+                    await _layers.copy_tree(self.upper, partial, workspace_id=self.workspace_id)
+                    partial.rename(self.layer)
             finally:
                 with anyio.CancelScope(shield=True):
                     if partial.exists():

@@ -436,12 +436,12 @@ class WorkspaceHost:
     async def leftovers(self) -> list[str]:
         """What of workspaces and snapshots is on this host's disk (blocking listing, small)."""
         snaps = _layers.snapshot_dir()
-        left = [f"snapshot {p.name}" for p in snaps.iterdir()] if snaps.exists() else []
+        layers = _layers.layers_dir()
+        left = [f"snapshot {p.name}" for p in snaps.iterdir() if p != layers] if snaps.exists() else []
         from .. import _paths
 
         base = _paths.workspaces_dir()
         left += [f"dir {p.name}" for p in base.iterdir() if p.name != ".layers"] if base.exists() else []
-        layers = _layers.layers_dir()
         left += [f"layer {p.name}" for p in layers.iterdir()] if layers.exists() else []
         return left
 

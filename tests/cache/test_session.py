@@ -13,7 +13,7 @@ import pytest
 
 from bunshin_async import FileNotFound, ForkError, ToolCallError, Workspace
 from bunshin_async._cache._state import StateTree
-from bunshin_async._fork._layers import snapshot_dir
+from bunshin_async._fork._layers import layers_dir, snapshot_dir
 from bunshin_async.cache import (
     CachedSession,
     ForkStateProvider,
@@ -283,9 +283,10 @@ class BrokenStateProvider(ForkStateProvider):
 
 
 def snapshots_on_disk() -> set[str]:
-    """Snapshot directories (not their ``<id>.users`` reference lists)."""
+    """Snapshot directories (not their ``<id>.users`` reference lists, nor the layers' directory)."""
     base = snapshot_dir()
-    return {p.name for p in base.iterdir() if not p.name.endswith(".users")} if base.exists() else set()
+    entries = list(base.iterdir()) if base.exists() else []
+    return {p.name for p in entries if not p.name.endswith(".users") and p != layers_dir()}
 
 
 async def test_write_hits_restore_with_a_provider() -> None:

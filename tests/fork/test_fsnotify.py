@@ -12,7 +12,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from bunshin_async import Limits, Security, Workspace
+from bunshin_async import Security, Workspace
 
 HERE = Path(__file__).parent
 
@@ -23,10 +23,7 @@ async def ws() -> AsyncIterator[Workspace]:
     # workspace under test is given it (explicit relaxations of the boundary: the capability, and no user
     # namespace, in which it would count for the workspace's own namespaces only), as the CRIU patches it checks
     # serve such workspaces.
-    # Limits(disk=None): the guest names a mark's object by (st_dev, st_ino) as fdinfo gives them, which match what
-    # stat(2) says only while every layer is on one filesystem (overlayfs then reports the real inode); the default
-    # disk puts the upper dir on a tmpfs of its own.
-    async with Workspace(security=Security(capabilities=("SYS_ADMIN",), userns=False), limits=Limits(disk=None)) as w:
+    async with Workspace(security=Security(capabilities=("SYS_ADMIN",), userns=False)) as w:
         await w.write_file("/workspace/guest_state.py", (HERE / "guest_state.py").read_bytes())
         yield w
 

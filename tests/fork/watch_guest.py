@@ -63,6 +63,15 @@ def objects() -> dict[tuple[int, int], str]:
     return out
 
 
+def by_ino(objs: dict[tuple[int, int], str], f: dict[str, str]) -> str:
+    """A mark on an overlayfs file is on its real inode (its upper or lower filesystem's ``sdev``), while stat(2)
+    gives the overlay's st_dev and, when the layers are on several filesystems, the real inode number with
+    overlayfs's xino bits above bit 32: match the low 32 bits, when exactly one candidate has them."""
+    ino = int(f["ino"], 16)
+    hits = [p for (_d, i), p in objs.items() if i & 0xFFFFFFFF == ino]
+    return hits[0] if len(hits) == 1 else f"?{f['sdev']}:{f['ino']}"
+
+
 def marks(fds: dict[str, int]) -> list[str]:
     """One line per mark: kind, object, masks. fdinfo (proc(5)) gives ino in hex and sdev as the kernel's
     dev_t (major << 20 | minor)."""
@@ -87,7 +96,7 @@ def marks(fds: dict[str, int]) -> list[str]:
                 obj = next((p for (d, _i), p in found.items() if d == dev), f"?{f['sdev']}")
                 lines.append(f"{name} fs {obj} mflags:{f['mflags']} mask:{f['mask']} ignored:{f['ignored_mask']}")
                 continue
-            obj = found.get((int(f["sdev"], 16), int(f["ino"], 16)), f"?{f['sdev']}:{f['ino']}")
+            obj = found.get((int(f["sdev"], 16), int(f["ino"], 16))) or by_ino(objs, f)
             if "wd" in f:
                 lines.append(f"{name} wd:{f['wd']} {obj} mask:{f['mask']} ignored:{f['ignored_mask']}")
             else:
