@@ -363,16 +363,24 @@ async def send_signal(sb: Sandbox, proc: Process, signal: str | int) -> None:
         raise _tool_error(exc) from exc
 
 
+_READ_BOUND = 10.0
+"""Longest a pump waits for one read of a command's output: the command owns its control directory and may swap
+its output file for a FIFO nobody writes, which an open waits on."""
+
+
 async def _read_delta(ws: Workspace, path: str, offset: int, user: str | None) -> bytes:
     try:
-        if offset < _TAIL_FROM:
-            return (await ws.read_file(path, max_bytes=offset + CHUNK))[offset:]
-        script = 'tail -c +"$2" -- "$1" | head -c "$3" | base64 -w0'
-        argv = ["/bin/sh", "-c", script, "sh", f"{CONTROL_DIR}/{path}", str(offset + 1), str(CHUNK)]
-        res = await ws.exec(argv, user=user)
+        with anyio.fail_after(_READ_BOUND):
+            if offset < _TAIL_FROM:
+                return (await ws.read_file(path, max_bytes=offset + CHUNK))[offset:]
+            script = 'tail -c +"$2" -- "$1" | head -c "$3" | base64 -w0'
+            argv = ["/bin/sh", "-c", script, "sh", f"{CONTROL_DIR}/{path}", str(offset + 1), str(CHUNK)]
+            res = await ws.exec(argv, user=user, timeout=_READ_BOUND)
         return base64.b64decode(res.stdout)[:CHUNK]
     except FileNotFound:  # the wrapper has not made it yet
         return b""
+    except TimeoutError as exc:
+        raise RpcError(f"the output of a command was not readable within {_READ_BOUND} s", code="data_loss") from exc
     except ValueError as exc:  # not base64: what the workspace's tools printed is not trusted
         raise RpcError(f"unreadable output of a command: {exc}", code="data_loss") from exc
 

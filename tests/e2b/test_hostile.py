@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from e2b import Sandbox
+import pytest
+from e2b import Sandbox, SandboxException
 
 from .conftest import Served
 
@@ -38,3 +39,14 @@ def test_another_users_process_cannot_read_or_feed_a_commands_control_files(e2b_
         sbx.commands.send_stdin(cat.pid, "hello\n")
         assert cat.wait().stdout == "hello\n"
         secret.kill()
+
+
+def test_a_command_that_swaps_its_output_for_a_fifo_does_not_hang_its_stream(e2b_server: Served) -> None:
+    # Its control directory is its own: it may replace its output file by a FIFO nobody writes, which an open blocks on.
+    swap = 'd=$(dirname "$(readlink /proc/$$/fd/1)"); rm "$d/out"; mkfifo "$d/out"; sleep 600'
+    with Sandbox.create() as sbx:
+        handle = sbx.commands.run(swap, background=True, timeout=60)
+        with pytest.raises(SandboxException) as caught:
+            handle.wait()
+        assert "the stream of process" in str(caught.value)  # ended by the server's read bound, not the deadline
+        assert sbx.commands.run("echo ok").stdout == "ok\n"
