@@ -24,6 +24,7 @@ ELSEWHERE = {
     "bunshin_async.integrations.verl",
     "bunshin_async.integrations.mini_swe_agent",
     "bunshin_async.integrations.inspect",
+    "bunshin_async.integrations.harbor",
 }
 # Names exported from two public modules on purpose: (module, name) of the second home.
 ALIASES: set[tuple[str, str]] = set()

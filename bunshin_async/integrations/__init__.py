@@ -7,7 +7,9 @@
 - ``bunshin_async.integrations.mini_swe_agent``: an environment class for mini-swe-agent (``bunshin[mini-swe-agent]``,
   in an environment of its own: ``scripts/harness-env.sh``);
 - ``bunshin_async.integrations.inspect``: the ``bunshin`` sandbox provider for inspect-ai (``bunshin[inspect]``, the
-  same environment).
+  same environment);
+- ``bunshin_async.integrations.harbor``: ``BunshinEnvironment`` for Harbor (``bunshin[harbor]``, Python >= 3.12, in
+  ``.venv-harbor``).
 
 Importing this package imports no framework; importing a module whose framework is missing raises
 ``CapabilityMissing`` naming the extra to install.

@@ -46,3 +46,5 @@ def test_a_missing_framework_names_its_extra() -> None:
         importlib.import_module("bunshin_async.integrations.mini_swe_agent")
     with pytest.raises(CapabilityMissing, match=r"bunshin\[inspect\]"):
         importlib.import_module("bunshin_async.integrations.inspect")
+    with pytest.raises(CapabilityMissing, match=r"bunshin\[harbor\]"):
+        importlib.import_module("bunshin_async.integrations.harbor")

@@ -4,6 +4,8 @@ frameworks; ``scripts/harness-env.sh`` builds them): inspect-ai and mini-swe-age
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 
 from tests.integrations.conftest import ROOT, run_suite
@@ -26,3 +28,20 @@ async def test_inspect_suite() -> None:
         made_by="scripts/harness-env.sh",
         pytest_args=("-W", "ignore::ResourceWarning"),
     )
+
+
+def _setup_python_has_312() -> bool:
+    """Whether the set-up's Python (``python3``, what scripts/harness-env.sh builds with) is 3.12 or later."""
+    r = subprocess.run(["python3", "-c", "import sys; sys.exit(sys.version_info < (3, 12))"], check=False)
+    return r.returncode == 0
+
+
+@pytest.mark.slow
+async def test_harbor_suite() -> None:
+    """Harbor needs Python >= 3.12. On a host whose set-up Python is older (Debian 12's 3.11) there is no
+    ``.venv-harbor``; CI runs this test in the clean-root check's Debian 13 root (Makefile ``fresh-check``)."""
+    if not HARBOR_PYTHON.exists() and not _setup_python_has_312():
+        pytest.skip(
+            "Harbor needs Python >= 3.12: this runs in the clean-root check's Debian 13 root (make fresh-check)"
+        )
+    await run_suite(HARBOR_PYTHON, "harbor_suite.py", made_by="scripts/harness-env.sh")
