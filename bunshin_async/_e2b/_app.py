@@ -24,7 +24,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
-from .._exceptions import BunshinError
+from .._exceptions import BunshinError, InvalidArgument
 from . import _envd
 from ._sandboxes import Process, Sandbox, Sandboxes, valid_id
 from ._templates import BuildStart, TemplateRequest, run_build
@@ -186,6 +186,8 @@ class E2BApp:
                 return _api_error(exc.status, exc.message)
             except RpcError as exc:  # a sandbox's workspace is not there: paused (or being killed)
                 return _api_error(409, exc.message)
+            except InvalidArgument as exc:  # what the client sent (a new sandbox's environment, ...)
+                return _api_error(400, f"{type(exc).__name__}: {exc}")
             except BunshinError as exc:
                 return _api_error(500, f"{type(exc).__name__}: {exc}")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import httpx
 import pytest
 from e2b import Sandbox, SandboxException
 
@@ -50,3 +51,12 @@ def test_a_command_that_swaps_its_output_for_a_fifo_does_not_hang_its_stream(e2b
             handle.wait()
         assert "the stream of process" in str(caught.value)  # ended by the server's read bound, not the deadline
         assert sbx.commands.run("echo ok").stdout == "ok\n"
+
+
+def test_invalid_environment_of_a_new_sandbox_is_a_client_error(e2b_server: Served) -> None:
+    headers = {"X-API-KEY": e2b_server.server.api_key}
+    with httpx.Client(base_url=e2b_server.server.url, headers=headers, timeout=60) as client:
+        for env in ({"A=B": "c"}, {"A": "x\0y"}, {"": "x"}):
+            answer = client.post("/sandboxes", json={"templateID": "base", "envVars": env})
+            assert answer.status_code == 400, answer.text
+        assert client.get("/v2/sandboxes").json() == []
