@@ -60,3 +60,21 @@ def test_invalid_environment_of_a_new_sandbox_is_a_client_error(e2b_server: Serv
             answer = client.post("/sandboxes", json={"templateID": "base", "envVars": env})
             assert answer.status_code == 400, answer.text
         assert client.get("/v2/sandboxes").json() == []
+
+
+def test_a_sandboxs_token_reaches_no_other_sandbox(e2b_server: Served) -> None:
+    with Sandbox.create() as a, Sandbox.create() as b:
+        with httpx.Client(base_url=e2b_server.server.url, timeout=60) as client:
+            token = a._envd_access_token or ""
+            assert client.get("/health", headers={"E2b-Sandbox-Id": a.sandbox_id, "X-Access-Token": token}).is_success
+            as_b = {"E2b-Sandbox-Id": b.sandbox_id, "X-Access-Token": token}
+            for method, path in (("GET", "/health"), ("GET", "/files?path=/etc/hostname"), ("POST", "/files")):
+                assert client.request(method, path, headers=as_b).status_code == 401
+            rpc = client.post("/filesystem.Filesystem/Stat", json={"path": "/"}, headers=as_b)
+            assert rpc.status_code == 401
+            stream = client.post(
+                "/process.Process/Start",
+                content=b"\0\0\0\0\2{}",
+                headers={**as_b, "Content-Type": "application/connect+json"},
+            )
+            assert stream.status_code == 401
