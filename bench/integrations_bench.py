@@ -1,5 +1,6 @@
 """Integrations benchmark: what a tool call costs through MCP (in process, stdio, streamable HTTP) against a direct
-``ws.exec``, and what group forking saves a SkyRL-gym group (the same episodes with and without a ``group_id``).
+``ws.exec``, what group forking saves a SkyRL-gym group (the same episodes with and without a ``group_id``), and
+the per-call overhead of the mini-swe-agent and inspect-ai integrations over ``ws.exec`` (bench/harness_overhead.py).
 
 Prints one JSON object; times are milliseconds (median, p90) unless named ``_s``. ``--quick`` runs fewer samples.
 """
@@ -116,11 +117,24 @@ def skyrl_group(n: int) -> dict[str, Any]:
     return out
 
 
+def harnesses(quick: bool) -> dict[str, Any]:
+    """mini-swe-agent's and inspect-ai's per-call overhead over ``ws.exec`` (bench/harness_overhead.py, in their
+    environment, ``.venv-harness``)."""
+    root = Path(__file__).resolve().parents[1]
+    python = root / ".venv-harness" / "bin" / "python"
+    if not python.exists():
+        return {"skipped": f"{python} is missing (make setup builds it)"}
+    argv = [str(python), str(root / "bench" / "harness_overhead.py"), *(["--quick"] if quick else [])]
+    r = subprocess.run(argv, capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(root)})
+    return dict(json.loads(r.stdout))
+
+
 def main() -> None:
     quick = "--quick" in sys.argv
     result = {
         "mcp_round_trip_of_true": anyio.run(mcp_round_trips, 20 if quick else 100),
         "skyrl_group": skyrl_group(4 if quick else 8),
+        "harness_overhead_over_ws_exec": harnesses(quick),
         "cpus": os.cpu_count(),
     }
     print(json.dumps(result, indent=2))
