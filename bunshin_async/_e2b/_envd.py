@@ -1,15 +1,15 @@
 """envd's services on a workspace: commands (``process.Process``) and files (``filesystem.Filesystem``, ``/files``).
 
-Commands. ``Start`` spawns the command (``ws.spawn``) through a small ``sh`` wrapper that sends its stdout and stderr
-to two files in the command's control directory (``CONTROL_DIR/p/N``) and its stdin from a FIFO there, opened
-read-write so that the command never sees an end of file between two ``send_stdin`` calls. A pump task per command
-(while someone listens) polls the process (``BackgroundProcess.poll``) and reads what the files gained since the last
-look with the agent's file tool (``ws.read_file``; the control directory is the workspace's workdir, the file tools'
-confinement root), every 1 ms while output flows, backing off to 50 ms while it is quiet, and fans the chunks out to the
-streams listening (the ``Start`` stream and ``Connect`` streams). Output therefore arrives as it is produced, a
-poll interval late. ``SendInput`` writes to the FIFO from a command in the workspace (``ws.exec``), ``SendSignal``
-signals the process group (``BackgroundProcess.signal``). The start stream's deadline (the SDK's ``timeout``, 60 s by
-default) kills the command, as envd does.
+Commands. ``Start`` spawns the command (``ws.spawn``) through a small ``sh`` wrapper that sends its stdout and stderr to
+two files in the command's control directory (``CONTROL_DIR/p/N.<random>``, private to its user) and its stdin from a
+FIFO there, opened read-write so that the command never sees an end of file between two ``send_stdin`` calls. A pump
+task per command (while someone listens) polls the process (``BackgroundProcess.poll``) and reads what the files gained
+since the last look with the agent's file tool (``ws.read_file``; the control directory is the workspace's workdir, the
+file tools' confinement root), every 1 ms while output flows, backing off to 50 ms while it is quiet, and fans the
+chunks out to the streams listening (the ``Start`` stream and ``Connect`` streams). Output therefore arrives as it is
+produced, a poll interval late. ``SendInput`` writes to the FIFO from a command in the workspace (``ws.exec``),
+``SendSignal`` signals the process group (``BackgroundProcess.signal``). The start stream's deadline (the SDK's
+``timeout``, 60 s by default) kills the command, as envd does.
 
 Files go through commands in the workspace too (``ws.exec`` of coreutils and findutils), whatever the path: the
 host never resolves a path inside the workspace, and E2B paths lie anywhere in the tree while the file tools are
