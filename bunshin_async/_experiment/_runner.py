@@ -217,6 +217,12 @@ _VOLATILE = [
     (re.compile(r"^(Ran \d+ tests? in )\d+\.\d+s$", re.M), r"\1~"),
     (re.compile(r"( (?:passed|failed|error|errors|skipped)(?:, .*?)? in )\d+\.\d+s\b"), r"\1~"),
     (re.compile(r"^total \d+$", re.M), "total ~"),
+    # A directory's size is its filesystem's bookkeeping, not its content: a tmpfs upper dir (Limits.disk) counts the
+    # entries made in that dir, so a copy's copied-up directory (holding only what the copy wrote) and its parent's
+    # differ; ext4 counts blocks. docs/security.md, "Disk", states the limit. ls pads every line's columns to the
+    # widest value, so the padding of an `ls -l` line goes too.
+    (re.compile(r"^([-dlcbps][-rwxsStT]{9}[.+@]?) +(\d+) +(\S+) +(\S+) +", re.M), r"\1 \2 \3 \4 "),
+    (re.compile(r"^(d[-rwxsStT]{9}[.+@]? \d+ \S+ \S+ )\d+", re.M), r"\1~"),
 ]
 
 # The final state of a rollout's workspace as the equivalence check compares it: every entry under /workspace

@@ -176,3 +176,16 @@ def test_scrubbing_hides_repr_addresses_and_nothing_else() -> None:
     assert scrub(runs[0]) == scrub(runs[1])
     assert "0xdeadbeef" in scrub(runs[0])  # a hex value that is output, not an address, is kept
     assert scrub("<A object at 0x7f0123456789>") != scrub("<B object at 0x7f0123456789>")
+
+
+@pytest.mark.unit
+def test_scrubbing_hides_a_directorys_size_in_ls_and_not_a_files() -> None:
+    """A directory's size in ``ls -l`` is its filesystem's bookkeeping (a tmpfs upper dir counts the entries made in
+    it, so a copy's copied-up directory and its parent's differ); a regular file's size is content and stays."""
+    from bunshin_async._experiment._runner import scrub
+
+    parent = "drwxr-xr-x 1 root root  100 Dec  3 09:00 ..\n-rw-r--r-- 1 root root 12 Dec  3 09:00 notes.txt\n"
+    copy = "drwxr-xr-x 1 root root   60 Dec  3 09:00 ..\n-rw-r--r-- 1 root root 12 Dec  3 09:00 notes.txt\n"
+    assert scrub(parent) == scrub(copy)
+    assert scrub(copy) != scrub(copy.replace(" 12 ", " 13 "))  # a file's size is still compared
+    assert scrub(copy) != scrub(copy.replace("drwxr-xr-x", "drwx------"))  # and a directory's mode
