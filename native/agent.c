@@ -1117,14 +1117,16 @@ static int resolve_user(const struct str *spec, struct cred *c, struct fail *f)
 		c->gid = (gid_t)gid;
 		if (!line_field(line, 5, &fhome, &lhome) && lhome &&
 		    path_fmt(c->home, sizeof(c->home), "%.*s", (int)lhome, fhome)) {
-			free(db);
-			return failf(f, E_INVALID, NULL, "the home directory of user '%.*s' is longer than PATH_MAX",
-				     (int)(lname < 64 ? lname : 64), fname);
+			int rc = failf(f, E_INVALID, NULL, "the home directory of user '%.*s' is longer than PATH_MAX",
+				       (int)(lname < 64 ? lname : 64), fname);
+			free(db); /* after the message: fname points into db */
+			return rc;
 		}
 		if (path_fmt(name, sizeof(name), "%.*s", (int)lname, fname)) {
-			free(db);
-			return failf(f, E_INVALID, NULL, "user name '%.64s...' is longer than %zu bytes", fname,
-				     sizeof(name) - 1);
+			int rc = failf(f, E_INVALID, NULL, "user name '%.64s...' is longer than %zu bytes", fname,
+				       sizeof(name) - 1);
+			free(db); /* after the message: fname points into db */
+			return rc;
 		}
 		break;
 	}
