@@ -1,4 +1,5 @@
-"""An event loop in a background thread for harnesses whose environment interface is synchronous (mini-swe-agent).
+"""An event loop in a background thread for harnesses whose environment interface is synchronous (mini-swe-agent,
+SkyRL-gym).
 
 ``PortalRuntime`` runs one anyio blocking portal in a daemon thread; every workspace of the environments that use
 it lives on that loop, and each synchronous call blocks on it. It tracks the workspaces it started, so
@@ -76,8 +77,12 @@ class PortalRuntime:
         try:
             for ws in live:
                 portal.call(_shielded_close, ws)
+            portal.call(self._aclose_owned)
         finally:
             cm.__exit__(None, None, None)
+
+    async def _aclose_owned(self) -> None:
+        """What a subclass owns beyond the workspaces it started (closed on the loop, before it stops)."""
 
 
 async def _shielded_close(ws: Workspace) -> None:

@@ -25,12 +25,8 @@ from __future__ import annotations
 
 import atexit
 import re
-import threading
 from collections.abc import Mapping
-from contextlib import AbstractContextManager
 from typing import Any
-
-from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from .._exceptions import BunshinError, InvalidArgument
 from .._image import Image
@@ -39,6 +35,7 @@ from .._rollout import Task, command_reward
 from .._workspace import Workspace
 from ..agent import observation as tool_observation
 from ._groups import GroupForks
+from ._portal import PortalRuntime
 from ._require import require
 
 require("skyrl_gym", framework="SkyRL-gym", extra="skyrl")
@@ -52,24 +49,14 @@ ENV_ID = "bunshin-bash"
 _ACTION = re.compile(r"<bash>(.*?)</bash>", re.DOTALL)
 
 
-class EnvRuntime:
-    """The event loop (a blocking portal in a daemon thread) and the group snapshots (``GroupForks``) behind
-    ``BunshinTextEnv``s. Thread-safe: environments of many threads may share one. ``close_all()`` closes every
-    workspace and snapshot it holds and stops the loop; a later call starts a new one."""
+class EnvRuntime(PortalRuntime):
+    """The event loop (``PortalRuntime``: a blocking portal in a daemon thread) and the group snapshots
+    (``GroupForks``) behind ``BunshinTextEnv``s. Thread-safe: environments of many threads may share one.
+    ``close_all()`` closes every workspace and snapshot it holds and stops the loop; a later call starts a new one."""
 
     def __init__(self, *, image: Image | None = None) -> None:
-        self._lock = threading.Lock()
-        self._cm: AbstractContextManager[BlockingPortal] | None = None
-        self._portal: BlockingPortal | None = None
+        super().__init__()
         self.forks = GroupForks(image=image)
-
-    @property
-    def portal(self) -> BlockingPortal:
-        with self._lock:
-            if self._portal is None:
-                self._cm = start_blocking_portal()
-                self._portal = self._cm.__enter__()
-            return self._portal
 
     def group_setups(self, group_id: str) -> int:
         """How many times the group's task was set up (1 while its members overlap)."""
@@ -79,17 +66,8 @@ class EnvRuntime:
     def live_workspaces(self) -> int:
         return self.forks.live
 
-    def close_all(self) -> None:
-        """Close every workspace and snapshot of this runtime and stop its loop. Idempotent."""
-        with self._lock:
-            portal, cm = self._portal, self._cm
-            self._portal = self._cm = None
-        if portal is None or cm is None:
-            return
-        try:
-            portal.call(self.forks.aclose)
-        finally:
-            cm.__exit__(None, None, None)
+    async def _aclose_owned(self) -> None:
+        await self.forks.aclose()
 
 
 _default = EnvRuntime()
