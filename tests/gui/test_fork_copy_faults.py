@@ -1,13 +1,15 @@
 """The fork's file copies are checked, not trusted: a copy of the upper dir that fails (in CRIU's post-dump
-notification, or into a new copy at restore) fails the fork with ``ForkError``; it never yields a snapshot or a
-workspace with missing files. A GUI workspace's upper dir holds the X server's socket and lock files, so a copy
-without them would be a broken display.
+notification, or into the layer store when the first copy is restored) fails the fork with ``ForkError``; it never
+yields a snapshot or a workspace with missing files. A GUI workspace's upper dir holds the X server's socket and lock
+files, so a copy without them would be a broken display.
 
 Fault injection by wrapping the real copy: the wrapper makes the destination directory, as a copy cut short does,
-and then runs a real ``cp`` that fails."""
+and then runs a real copy that fails. At restore the dump's upper copy normally moves into the layer store by a
+rename; the test makes that rename cross a device (as a store holding a mount point does), so the copy runs."""
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 from typing import Any
 
@@ -26,17 +28,27 @@ async def test_failed_upper_copy_is_fork_error(
 ) -> None:
     parent, _ = form
     real = _layers.copy_tree
+    layers = _layers.layers_dir()
     failed: list[Path] = []
 
     async def copy(src: Path, dst: Path, **kw: Any) -> None:
-        into_snapshot = dst.parent.parent == _layers.snapshot_dir()
-        if into_snapshot != (stage == "snapshot"):
+        into_layer = dst.parent == layers  # the restore's move of the dump's upper copy into the layer store
+        if into_layer != (stage == "restore"):
             return await real(src, dst, **kw)
         failed.append(dst)
         dst.mkdir()
         await real(src / "no-such-entry", dst, **kw)
 
     monkeypatch.setattr(_layers, "copy_tree", copy)
+    if stage == "restore":
+        real_rename = Path.rename
+
+        def rename(self: Path, target: Any) -> Path:
+            if self.name == "upper" and Path(target).parent == layers:
+                raise OSError(errno.EXDEV, "Invalid cross-device link")
+            return real_rename(self, target)
+
+        monkeypatch.setattr(Path, "rename", rename)
     before = await settled(parent)
     with pytest.raises(ForkError, match="no-such-entry") as info:
         copies = await parent.fork(2)
@@ -45,7 +57,7 @@ async def test_failed_upper_copy_is_fork_error(
     assert failed, "the copy was never made"
     assert info.value.workspace_id
     # The parent keeps running with its display, and nothing of the failed fork is left (root conftest).
-    monkeypatch.setattr(_layers, "copy_tree", real)
+    monkeypatch.undo()
     assert (await parent.gui.screenshot()).digest == before
     [ok] = await parent.fork(1)
     try:
