@@ -3,15 +3,13 @@ recorded reason it failed."""
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from ._quick import quick_run
+
 ROWS = {
     "create_to_first_exec": ("bunshin", "docker", "podman", "bwrap"),
     "exec_round_trip": ("bunshin", "docker", "docker_api", "podman"),
@@ -25,13 +23,7 @@ ROWS = {
 @pytest.mark.root
 @pytest.mark.timeout(900)
 def test_quick_run_reports_every_peer(tmp_path: Path) -> None:
-    env = {**os.environ, "BUNSHIN_RUNDIR": str(tmp_path / "ws")}
-    res = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "peer_bench.py"), "--quick"],
-        capture_output=True, text=True, env=env, timeout=880,
-    )  # fmt: skip
-    assert res.returncode == 0, res.stderr[-3000:]
-    out = json.loads(res.stdout)
+    out = quick_run("peer_bench.py", tmp_path, timeout=880)
     for row, peers in ROWS.items():
         for peer in peers:
             fig = out[row][peer]
