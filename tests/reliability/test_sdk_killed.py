@@ -56,6 +56,8 @@ async def test_sdk_killed_at_stage(stage: str, monkeypatch: pytest.MonkeyPatch) 
         assert not list(Path(snaps).iterdir()) if Path(snaps).exists() else True, gc.stdout
         assert "removed" in gc.stdout
     finally:
+        # The driver's SDK mounted the snapshot store on ``snaps`` at first use (as it does for any empty store dir).
+        subprocess.run(["umount", "--lazy", snaps], check=False, capture_output=True)
         subprocess.run(["rm", "-rf", run, snaps], check=False)
         for hierarchy in [CGROUP_ROOT, *CGROUP_ROOT.iterdir()]:  # the driver's parent cgroup, empty by now
             with contextlib.suppress(OSError):  # gone already; or busy, which the session-end check reports
