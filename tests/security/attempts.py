@@ -211,6 +211,295 @@ def fill_memory(mib: int) -> None:
     out(True, detail=f"allocated {mib} MiB")
 
 
+# ------------------------------------------------------------------------------------------------ container families
+# The families of the published container-escape benchmarks: each gathers what it saw into one JSON line; the test
+# decides, on the host side too, whether anything was reached.
+
+
+def report(**fields: object) -> None:
+    print(json.dumps(fields))
+    sys.exit(0)
+
+
+def errno_of(fn, *args) -> str | None:  # type: ignore[no-untyped-def]
+    """None if ``fn`` worked, else the errno's name."""
+    try:
+        fn(*args)
+    except OSError as exc:
+        return errno.errorcode.get(exc.errno or 0, str(exc.errno))
+    return None
+
+
+def open_for_write(path: str) -> None:
+    """Open a control file for writing and write nothing: opening is what must fail. A file masked by a bind of
+    /dev/null opens (as in runc) and reaches nothing, which is not an escape."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW)
+    except OSError as exc:
+        out(False, exc.errno, f"open {path}: {exc}")
+    st = os.fstat(fd)
+    os.close(fd)
+    if st.st_rdev == os.makedev(1, 3) and (st.st_mode & 0o170000) == 0o020000:
+        out(False, errno.ENOENT, f"{path} is masked by /dev/null")
+    out(True, detail=f"opened {path} for writing")
+
+
+def proc_sys_writable() -> None:
+    """Every file under /proc/sys opened for writing (and nothing written)."""
+    writable, refused = [], {}
+    for top, _dirs, files in os.walk("/proc/sys"):
+        for name in files:
+            path = os.path.join(top, name)
+            err = errno_of(lambda p: os.close(os.open(p, os.O_WRONLY | os.O_NOFOLLOW)), path)
+            if err is None:
+                writable.append(path)
+            else:
+                refused[err] = refused.get(err, 0) + 1
+    report(writable=writable, refused=refused)
+
+
+def statuses() -> None:
+    """The security fields of every process this pid namespace shows."""
+    fields = ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp")
+    found = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                lines = dict(line.split(":\t", 1) for line in f.read().splitlines() if ":\t" in line)
+        except OSError:
+            continue  # gone
+        found[pid] = {k: lines[k].strip() for k in fields}
+    report(statuses=found)
+
+
+def device_nodes() -> None:
+    """Every device node in the workspace's tree (its root mount; /proc and /sys are not device holders)."""
+    nodes = {}
+    root_dev = os.lstat("/").st_dev
+    for top, dirs, files in os.walk("/"):
+        dirs[:] = [d for d in dirs if os.lstat(os.path.join(top, d)).st_dev == root_dev or top == "/dev"]
+        for name in dirs + files:
+            path = os.path.join(top, name)
+            st = os.lstat(path)
+            kind = st.st_mode & 0o170000
+            if kind in (0o020000, 0o060000):
+                nodes[path] = ["c" if kind == 0o020000 else "b", os.major(st.st_rdev), os.minor(st.st_rdev)]
+    report(nodes=nodes)
+
+
+def capabilities() -> None:
+    """Raise every capability in the permitted and effective sets (capset), raise CAP_SYS_ADMIN into the ambient
+    set, use NET_ADMIN (the MTU lo already has), SYS_RESOURCE (a hard RLIMIT_NOFILE above the current one) and
+    SYS_NICE (the niceness -20)."""
+    import fcntl
+    import resource
+
+    tried = {}
+    hdr = struct.pack("Ii", 0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+    data = struct.pack("IIIIII", *(0xFFFFFFFF,) * 6)
+    ctypes.set_errno(0)
+    ret = libc.syscall(ctypes.c_long(126), hdr, data)  # capset
+    tried["capset"] = None if ret == 0 else errno.errorcode[ctypes.get_errno()]
+    ctypes.set_errno(0)
+    ret = libc.prctl(47, 2, 21, 0, 0)  # PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, CAP_SYS_ADMIN
+    tried["ambient"] = None if ret == 0 else errno.errorcode[ctypes.get_errno()]
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    ifr = struct.pack("16si", b"lo", 0)
+    mtu = struct.unpack("16si", fcntl.ioctl(s, 0x8921, ifr))[1]  # SIOCGIFMTU
+    tried["net_admin"] = errno_of(fcntl.ioctl, s, 0x8922, struct.pack("16si", b"lo", mtu))  # SIOCSIFMTU
+    s.close()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    ctypes.set_errno(0)
+    ret = libc.prlimit(0, resource.RLIMIT_NOFILE, struct.pack("QQ", soft, hard + 1), None)
+    tried["sys_resource"] = None if ret == 0 else errno.errorcode[ctypes.get_errno()]
+    tried["sys_nice"] = errno_of(os.setpriority, os.PRIO_PROCESS, 0, -20)
+    report(tried=tried)
+
+
+def sockets(targets_file: str) -> None:
+    """Connect to each Unix socket named in ``targets_file`` (one per line, ``@`` for an abstract name), and list
+    every socket this workspace's tree and its network namespace show."""
+    with open(targets_file) as f:
+        targets = [t for t in f.read().split("\n") if t]
+    reached, refused = [], {}
+    for t in targets:
+        addr = "\0" + t[1:] if t.startswith("@") else t
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(2)
+        try:
+            s.connect(addr)
+            reached.append(t)
+        except OSError as exc:
+            name = errno.errorcode.get(exc.errno or 0, str(exc))
+            refused[name] = refused.get(name, 0) + 1
+        finally:
+            s.close()
+    with open("/proc/net/unix") as f:
+        listed = sorted({line.split()[7] for line in f.read().splitlines()[1:] if len(line.split()) > 7})
+    in_tree = []
+    root_dev = os.lstat("/").st_dev
+    for top, dirs, files in os.walk("/"):
+        dirs[:] = [d for d in dirs if os.lstat(os.path.join(top, d)).st_dev == root_dev]
+        for name in files:
+            path = os.path.join(top, name)
+            if os.lstat(path).st_mode & 0o170000 == 0o140000:
+                in_tree.append(path)
+    report(reached=reached, refused=refused, listed=listed, in_tree=sorted(in_tree))
+
+
+def pid_view(sentinel: int) -> None:
+    """What the pid namespace shows: every pid with its command name, the namespaces of this process, and whether a
+    host process (``sentinel``, by its host pid) can be signalled or held by a pidfd."""
+    pids = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                pids[pid] = f.read().strip()
+        except OSError:
+            continue
+    ns = {n: os.readlink(f"/proc/self/ns/{n}") for n in ("pid", "mnt", "net", "ipc", "uts", "user", "cgroup")}
+    ctypes.set_errno(0)
+    ret = libc.syscall(ctypes.c_long(434), ctypes.c_long(sentinel), ctypes.c_long(0))  # pidfd_open
+    pidfd = "opened" if ret >= 0 else errno.errorcode[ctypes.get_errno()]
+    report(pids=pids, me=os.getpid(), parent=os.getppid(), ns=ns, kill=errno_of(os.kill, sentinel, 0), pidfd=pidfd)
+
+
+def cgroup_control() -> None:
+    """The release_agent escape (CVE-2022-0492): a user, mount and cgroup namespace of one's own, a cgroup v1
+    hierarchy mounted in it, release_agent written. Then every cgroup control file already reachable (any cgroup
+    mount this workspace shows) opened for writing, nothing written."""
+    steps = {}
+    ctypes.set_errno(0)
+    ret = libc.syscall(ctypes.c_long(NR["unshare"]), ctypes.c_long(0x10000000 | 0x20000 | 0x02000000))
+    steps["unshare -UmC"] = None if ret == 0 else errno.errorcode[ctypes.get_errno()]
+    steps["unshare -C"] = None
+    ctypes.set_errno(0)
+    if libc.syscall(ctypes.c_long(NR["unshare"]), ctypes.c_long(0x02000000)) != 0:
+        steps["unshare -C"] = errno.errorcode[ctypes.get_errno()]
+    os.makedirs("/tmp/cgrp", exist_ok=True)
+    ctypes.set_errno(0)
+    ret = libc.mount(b"cgroup", b"/tmp/cgrp", b"cgroup", ctypes.c_ulong(0), b"rdma")
+    steps["mount cgroup rdma"] = None if ret == 0 else errno.errorcode[ctypes.get_errno()]
+    control = ("release_agent", "notify_on_release", "cgroup.procs", "tasks", "devices.allow", "cgroup.subtree_control")
+    with open("/proc/self/mountinfo") as f:
+        points = [line.split()[4] for line in f if " - cgroup" in line]
+    opened, refused = [], {}
+    for point in [*points, "/sys/fs/cgroup"]:
+        for top, _dirs, files in os.walk(point):
+            for name in files:
+                if name in control:
+                    path = os.path.join(top, name)
+                    err = errno_of(lambda p: os.close(os.open(p, os.O_WRONLY | os.O_NOFOLLOW)), path)
+                    if err is None:
+                        opened.append(path)
+                    else:
+                        refused[err] = refused.get(err, 0) + 1
+    report(steps=steps, cgroup_mounts=points, opened=opened, refused=refused)
+
+
+def exe_overwrite() -> None:
+    """CVE-2019-5736: open every process's /proc/<pid>/exe for writing, directly and by re-opening an O_PATH
+    descriptor of it through /proc/self/fd (what runc's exploit did); nothing is written, and what opened is
+    reported with the file it reached (device and inode, as the workspace sees them)."""
+    tried = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        if int(pid) == os.getpid():
+            continue
+        exe = f"/proc/{pid}/exe"
+        try:
+            target = os.readlink(exe)
+        except OSError:
+            continue
+        res = {"target": target}
+        try:
+            fd = os.open(exe, os.O_WRONLY)
+            st = os.fstat(fd)
+            os.close(fd)
+            res["direct"] = f"opened {st.st_dev}:{st.st_ino}"
+        except OSError as exc:
+            res["direct"] = errno.errorcode.get(exc.errno or 0, str(exc))
+        try:
+            path_fd = os.open(exe, os.O_PATH)
+        except OSError as exc:
+            res["o_path"] = errno.errorcode.get(exc.errno or 0, str(exc))
+        else:
+            try:
+                fd = os.open(f"/proc/self/fd/{path_fd}", os.O_WRONLY)
+                st = os.fstat(fd)
+                os.close(fd)
+                res["o_path"] = f"opened {st.st_dev}:{st.st_ino}"
+            except OSError as exc:
+                res["o_path"] = errno.errorcode.get(exc.errno or 0, str(exc))
+            os.close(path_fd)
+        tried[pid] = res
+    report(tried=tried)
+
+
+def _top(fd: int) -> tuple[int, int]:
+    """The device and inode of the topmost directory reached by walking ``..`` from a directory descriptor."""
+    cur = os.dup(fd)
+    try:
+        for _ in range(4096):
+            up = os.open("..", os.O_PATH | os.O_DIRECTORY, dir_fd=cur)
+            a, b = os.fstat(cur), os.fstat(up)
+            os.close(cur)
+            cur = up
+            if (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino):
+                return a.st_dev, a.st_ino
+        raise RuntimeError("no top")
+    finally:
+        os.close(cur)
+
+
+def leaked_dirs(marker: str) -> None:
+    """CVE-2024-21626: the working directory, root and every directory descriptor of every process, walked up by
+    ``..`` from its descriptor: each must end at this workspace's root, and none may reach ``marker`` (a host file);
+    and every descriptor must sit on a mount of this mount namespace (its fdinfo's mnt_id)."""
+    root = os.stat("/")
+    with open("/proc/self/mountinfo") as f:
+        mounts = {int(line.split()[0]) for line in f}
+    escaped, checked = [], 0
+    foreign_mounts: list[str] = []
+    internal: set[int] = set()
+    r, w = os.pipe()
+    s = socket.socket()
+    pidfd = os.pidfd_open(os.getpid())
+    for fd in (r, s.fileno(), pidfd):
+        with open(f"/proc/self/fdinfo/{fd}") as f:
+            internal.add(int(next(line for line in f if line.startswith("mnt_id:")).split()[1]))
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        if int(pid) == os.getpid():
+            continue
+        try:
+            names = [("cwd", f"/proc/{pid}/cwd"), ("root", f"/proc/{pid}/root")]
+            names += [(f"fd {n}", f"/proc/{pid}/fd/{n}") for n in os.listdir(f"/proc/{pid}/fd")]
+        except OSError:
+            continue
+        for what, path in names:
+            try:
+                fd = os.open(path, os.O_PATH)
+            except OSError:
+                continue  # gone, or a socket or pipe (no path to open)
+            try:
+                with open(f"/proc/self/fdinfo/{fd}") as f:
+                    mnt = int(next(line for line in f if line.startswith("mnt_id:")).split()[1])
+                if mnt not in mounts and mnt not in internal:
+                    foreign_mounts.append(f"{pid} {what} mnt_id {mnt}")
+                st = os.fstat(fd)
+                if st.st_mode & 0o170000 == 0o040000:
+                    checked += 1
+                    top = _top(fd)
+                    reach = os.path.join(f"/proc/self/fd/{fd}", "../" * 64, marker.lstrip("/"))
+                    if top != (root.st_dev, root.st_ino) or os.path.lexists(reach):
+                        escaped.append(f"{pid} {what}")
+            finally:
+                os.close(fd)
+    for fd in (r, w, pidfd):
+        os.close(fd)
+    s.close()
+    report(escaped=escaped, foreign_mounts=foreign_mounts, checked=checked)
+
+
 def main() -> None:
     name, *args = sys.argv[1:]
     CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWNET, CLONE_NEWPID = 0x20000, 0x10000000, 0x40000000, 0x20000000
@@ -258,6 +547,22 @@ def main() -> None:
         "fork_bomb": lambda: fork_bomb(int(args[0])),
         "fill_disk": lambda: fill_disk(int(args[0])),
         "fill_memory": lambda: fill_memory(int(args[0])),
+        "init_module": lambda: syscall("init_module", ctypes.create_string_buffer(64), 64, b""),
+        "delete_module": lambda: syscall("delete_module", b"ext4", 0o4000),  # O_NONBLOCK
+        "unshare_cgroup": lambda: unshare(0x02000000),
+        "mount_binfmt_misc": lambda: mount("binfmt_misc", "/tmp/binfmt", "binfmt_misc"),
+        "remount_sys_rw": lambda: mount("none", "/sys", "", 0x20),  # MS_REMOUNT, without MS_RDONLY
+        "umount": lambda: syscall("umount2", args[0].encode(), 2),  # MNT_DETACH: unmask what is under it
+        "open_for_write": lambda: open_for_write(args[0]),
+        "proc_sys_writable": proc_sys_writable,
+        "statuses": statuses,
+        "device_nodes": device_nodes,
+        "capabilities": capabilities,
+        "sockets": lambda: sockets(args[0]),
+        "pid_view": lambda: pid_view(int(args[0])),
+        "cgroup_control": cgroup_control,
+        "exe_overwrite": exe_overwrite,
+        "leaked_dirs": lambda: leaked_dirs(args[0]),
     }
     attempts[name]()
 
