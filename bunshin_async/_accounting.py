@@ -58,6 +58,7 @@ __all__ = [
     "pss_bytes",
     "rollup_bytes",
     "accounting_scope",
+    "held_memory",
     "tree_bytes",
     "workspace_memory",
 ]
@@ -174,10 +175,18 @@ def workspace_memory(ws: Workspace) -> int:
     they map copy-on-write (its cgroup is not charged for them, so a restored copy's cgroup peak can be a tenth of
     what it holds) and its private upper dir (on tmpfs when ``Limits.disk`` is set; written pages either way).
     Blocking."""
-    pids = ws.cgroup.pids() if ws.cgroup is not None else []
-    images, _ = mapped_image_bytes(pids)
-    upper = Path(ws.directory / "upper")
-    return pss_bytes(pids) + images + (tree_bytes(upper) if upper.exists() else 0)
+    return held_memory([ws])
+
+
+def held_memory(workspaces: Iterable[Workspace], dirs: Iterable[Path] = ()) -> int:
+    """The memory ``workspaces`` hold together (each as ``workspace_memory`` counts it, a page image mapped by
+    several counted once) plus the bytes of ``dirs`` (a snapshot store) not counted already: what a host holding
+    them holds, without a subtree of its own. Blocking."""
+    held = list(workspaces)
+    pids = [pid for ws in held if ws.cgroup is not None for pid in ws.cgroup.pids()]
+    images, inodes = mapped_image_bytes(pids)
+    trees = [Path(ws.directory / "upper") for ws in held] + list(dirs)
+    return pss_bytes(pids) + images + sum(tree_bytes(d, inodes) for d in trees if d.exists())
 
 
 class Subtree:

@@ -13,7 +13,14 @@ import anyio
 import pytest
 
 from bunshin_async import Workspace
-from bunshin_async._accounting import ResourceMonitor, accounting_scope, mapped_image_bytes, tree_bytes
+from bunshin_async._accounting import (
+    ResourceMonitor,
+    accounting_scope,
+    held_memory,
+    mapped_image_bytes,
+    tree_bytes,
+    workspace_memory,
+)
 from bunshin_async._config import Config
 
 MAPPER = r"""
@@ -139,3 +146,25 @@ async def test_a_scope_reads_every_workspace_made_inside_and_the_cpu_of_processe
         assert after.cpu_seconds is not None and after.cpu_seconds >= usage.cpu_seconds  # the gone stay counted
     assert subtree.roots() == [] and not subtree.snapshot_dir.exists()
     assert Config.current().cgroup_parent == outer
+
+
+async def test_copies_read_together_count_their_shared_page_image_once() -> None:
+    """What a Ray host reports it holds (``held_memory`` over its workspaces): two copy-on-write copies of one
+    workspace map the same page image; read one by one each counts it, read together it counts once."""
+    async with Workspace() as ws:
+        await ws.spawn(["python3", "-c", "x = bytearray(64 << 20); x[::4096] = b'1' * (16384); "
+                        "open('/workspace/ready', 'w').close(); import time; time.sleep(1e6)"])  # fmt: skip
+        with anyio.fail_after(60):
+            while (await ws.exec("test -e /workspace/ready")).exit_code:  # noqa: ASYNC110 - polls the guest
+                await anyio.sleep(0.05)
+        copies = await ws.fork(2)
+        try:
+            assert [c.fork_mode for c in copies] == ["criu-cow", "criu-cow"]
+            alone = [await anyio.to_thread.run_sync(workspace_memory, c) for c in copies]
+            together = await anyio.to_thread.run_sync(held_memory, copies)
+            assert min(alone) >= 64 << 20, alone  # each copy holds the image its memory lives in
+            assert max(alone) <= together <= sum(alone) - (48 << 20), (alone, together)
+            assert await anyio.to_thread.run_sync(held_memory, [copies[0]]) == pytest.approx(alone[0], rel=0.05)
+        finally:
+            for c in copies:
+                await c.aclose()

@@ -12,12 +12,7 @@ import pytest
 import ray
 
 from bunshin_async import FileNotFound, HostError, PathOutsideWorkspace, TransferError, WorkspaceClosed
-from bunshin_async.integrations.ray import (
-    ClusterGroupRollout,
-    RayCluster,
-    RemoteWorkspace,
-    plan_group,
-)
+from bunshin_async.integrations.ray import ClusterGroupRollout, RayCluster, RemoteWorkspace
 from bunshin_async.rollout import RolloutContext, Step, Task, Trajectory
 from tests.ray.conftest import LEASE, LIMIT, RayEnv
 
@@ -103,29 +98,6 @@ async def test_handles_proxy_the_workspace_api_with_its_errors(cluster: RayClust
         await ws.exec("true")
     infos = await cluster.infos()
     assert all(i is not None and i.workspaces == 0 and i.in_use == 0 for i in infos)
-
-
-def test_plan_stays_on_the_base_host_while_it_has_room_then_weighs_ship_against_setup() -> None:
-    from bunshin_async.integrations.ray import HostInfo
-
-    def info(name: str, in_use: int = 0, bw: float | None = None) -> HostInfo:
-        return HostInfo(
-            name=name, node_id=name, hostname="h", pid=1, max_workspaces=4, in_use=in_use, waiting=0,
-            workspaces=in_use, snapshots=0, bandwidth={} if bw is None else {"a": bw}, memory_bytes=0,
-        )  # fmt: skip
-
-    fast = plan_group(8, "a", [info("a"), info("b", bw=1e9)], snapshot_bytes=200 << 20, setup_seconds=5,
-                      rollout_seconds=10)  # fmt: skip
-    assert [(p.host, p.placement) for p in fast] == [("a", "base")] * 4 + [("b", "shipped")] * 4
-    slow = plan_group(8, "a", [info("a"), info("b", bw=1e6)], snapshot_bytes=200 << 20, setup_seconds=5,
-                      rollout_seconds=10)  # fmt: skip
-    assert [(p.host, p.placement) for p in slow][4:] == [("b", "re-setup")] * 4
-    short = plan_group(8, "a", [info("a"), info("b", bw=1e6)], snapshot_bytes=200 << 20, setup_seconds=50,
-                       rollout_seconds=1)  # fmt: skip
-    assert {p.host for p in short} == {"a"}  # queueing on the base host is cheaper than either
-    full = plan_group(4, "a", [info("a", in_use=4), info("b", bw=1e9)], snapshot_bytes=1 << 20,
-                      setup_seconds=5, rollout_seconds=10)  # fmt: skip
-    assert {p.host for p in full} == {"b"}
 
 
 async def test_group_of_8_over_2_nodes_of_4(cluster: RayCluster) -> None:

@@ -1,0 +1,169 @@
+"""What a client holds: a host (``HostRef``), a workspace on it (``RemoteWorkspace``) and a snapshot it keeps
+(``RemoteSnapshot``). A ``BunshinError`` raised in a host reaches the caller as itself; a host that died or cannot
+be reached is a ``HostError`` naming its node."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+
+from ..._exceptions import HostError, InvalidValue, WorkspaceClosed
+from ..._protocol import DirEntry, ExecResult
+from . import _remote
+from ._model import HostInfo, Reply
+
+
+class HostRef:
+    """A host actor as clients see it: its handle (``actor``), its ``name`` and its Ray ``node_id``."""
+
+    def __init__(self, actor: Any, name: str, node_id: str) -> None:
+        self.actor = actor
+        self.name = name
+        self.node_id = node_id
+
+    async def raw(self, method: str, *args: Any) -> Any:
+        """The host's ``method(*args)`` as it returned it; ``HostError`` when the host died."""
+        return await _remote.call(self.actor, method, *args, host=self.name)
+
+    async def call(self, method: str, *args: Any) -> Any:
+        """The value of the host's ``method(*args)``, or the ``BunshinError`` it raised, raised here."""
+        reply = await self.raw(method, *args)
+        assert isinstance(reply, Reply)
+        if reply.error is not None:
+            raise reply.error
+        return reply.value
+
+    async def info(self) -> HostInfo:
+        info = await self.raw("info")
+        assert isinstance(info, HostInfo)
+        return info
+
+    def __repr__(self) -> str:
+        return f"<HostRef {self.name}>"
+
+
+class RemoteWorkspace:
+    """A workspace on a host, driven through its actor: ``exec``, ``read_file``, ``read_text``, ``write_file``,
+    ``list_dir``, ``remove``, ``spawn`` (returns the in-workspace pid), ``ping``, ``snapshot``, ``fork``,
+    ``cache_call``, ``aclose`` (idempotent), with the errors a local ``Workspace`` raises. Picklable: pass it
+    to another task or actor, the owner stays the cluster that made it."""
+
+    def __init__(self, host: HostRef, ws_id: str, owner: str, fork_mode: str) -> None:
+        self.host = host
+        self.id = ws_id
+        self.owner = owner
+        self.fork_mode = fork_mode
+        self.closed = False
+
+    @property
+    def node(self) -> str:
+        return self.host.name
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise WorkspaceClosed(f"workspace {self.id} is closed", workspace_id=self.id)
+
+    async def _proxy(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        self._check_open()
+        return await self.host.call("call", self.id, method, args, kwargs)
+
+    async def exec(self, cmd: str | Sequence[str], **kwargs: Any) -> ExecResult:
+        out = await self._proxy("exec", cmd, **kwargs)
+        assert isinstance(out, ExecResult)
+        return out
+
+    async def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
+        return bytes(await self._proxy("read_file", path, max_bytes=max_bytes))
+
+    async def read_text(self, path: str) -> str:
+        return str(await self._proxy("read_text", path))
+
+    async def write_file(self, path: str, data: bytes | str, *, append: bool = False, mode: int | None = None) -> None:
+        await self._proxy("write_file", path, data, append=append, mode=mode)
+
+    async def list_dir(self, path: str = ".") -> list[DirEntry]:
+        return list(await self._proxy("list_dir", path))
+
+    async def remove(self, path: str, *, recursive: bool = False) -> None:
+        await self._proxy("remove", path, recursive=recursive)
+
+    async def spawn(self, cmd: str | Sequence[str], **kwargs: Any) -> int:
+        return int(await self._proxy("spawn", cmd, **kwargs))
+
+    async def ping(self) -> int:
+        return int(await self._proxy("ping"))
+
+    async def cache_call(self, tool: str, args: dict[str, Any]) -> tuple[str, Any]:
+        """A tool call through the host's shared tool cache: ``(source, result)``, ``source`` as in
+        ``CallRecord`` (``"executed"``, ``"hit"``, ``"restored"``, ...)."""
+        self._check_open()
+        source, result = await self.host.call("cache_call", self.id, tool, args)
+        return str(source), result
+
+    async def snapshot(self) -> RemoteSnapshot:
+        snap_id, size = await self.host.call("snapshot", self.id, self.owner)
+        return RemoteSnapshot(self.host, snap_id, self.owner, size)
+
+    async def fork(self, n: int = 1) -> list[RemoteWorkspace]:
+        made = await self.host.call("fork", self.id, n, self.owner)
+        return [RemoteWorkspace(self.host, w, self.owner, mode) for w, mode in made]
+
+    async def aclose(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        with anyio.CancelScope(shield=True):
+            try:
+                await self.host.call("close", self.id)
+            except HostError:
+                pass  # a dead host freed it already
+
+    async def __aenter__(self) -> RemoteWorkspace:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        return f"<RemoteWorkspace {self.id} on {self.host.name}>"
+
+
+class RemoteSnapshot:
+    """A snapshot held by a host. ``size``: bytes of its directory and layer there. ``owner`` None: the host's own
+    copy (fetched with ``shared=True``), which the host keeps: closing the handle leaves it."""
+
+    def __init__(self, host: HostRef, snap_id: str, owner: str | None, size: int) -> None:
+        self.host = host
+        self.id = snap_id
+        self.owner = owner
+        self.size = size
+        self.closed = False
+
+    async def from_snapshot(self, n: int = 1, owner: str | None = None) -> list[RemoteWorkspace]:
+        """``n`` workspaces restored from the snapshot on its host, leased to ``owner`` (default the snapshot's)."""
+        who = owner or self.owner
+        if who is None:
+            raise InvalidValue(f"snapshot {self.id} is its host's own copy: name an owner", argument="owner")
+        made = await self.host.call("from_snapshot", self.id, n, who)
+        return [RemoteWorkspace(self.host, w, who, mode) for w, mode in made]
+
+    async def aclose(self) -> None:
+        if self.closed or self.owner is None:  # a host's own (fetched) copy is the host's to keep
+            return
+        self.closed = True
+        with anyio.CancelScope(shield=True):
+            try:
+                await self.host.call("close_snapshot", self.id)
+            except HostError:
+                pass
+
+    async def __aenter__(self) -> RemoteSnapshot:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        return f"<RemoteSnapshot {self.id} on {self.host.name}>"

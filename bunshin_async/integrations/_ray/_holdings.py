@@ -1,0 +1,112 @@
+"""What one host holds: its workspaces and snapshots, each leased to an owner, the owners' lease deadlines and the
+slot limiter (``HostConfig.max_workspaces``). Bookkeeping only: the host closes what it takes out of here."""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+
+from ..._accounting import tree_bytes
+from ..._exceptions import ForkError, WorkspaceClosed
+from ..._fork._snapshot import Snapshot
+from ..._rollout import WorkspaceLimiter
+from ..._workspace import Workspace
+
+
+class Holdings:
+    """The host ``name``'s workspaces (handle id -> workspace, owner) and snapshots (id -> snapshot, owner), and
+    when each owner's lease runs out (``lease_seconds`` after its last renewal)."""
+
+    def __init__(self, name: str, max_workspaces: int, lease_seconds: float) -> None:
+        self.name = name
+        self.lease_seconds = lease_seconds
+        self.limiter = WorkspaceLimiter(max_workspaces)
+        self.waiting = 0
+        """Slots asked for and not yet granted (callers queued on the limiter)."""
+        self.workspaces: dict[str, tuple[Workspace, str]] = {}
+        self.snapshots: dict[str, tuple[Snapshot, str]] = {}
+        self.leases: dict[str, float] = {}  # owner -> monotonic deadline
+
+    async def acquire(self, k: int) -> None:
+        """Wait for ``k`` slots (counted in ``waiting`` meanwhile)."""
+        self.waiting += k
+        try:
+            await self.limiter.acquire(k)
+        finally:
+            self.waiting -= k
+
+    async def release(self, k: int = 1) -> None:
+        await self.limiter.release(k)
+
+    def lease(self, owner: str) -> None:
+        """Start ``owner``'s lease if it has none (a first workspace or snapshot)."""
+        self.leases.setdefault(owner, time.monotonic() + self.lease_seconds)
+
+    def renew(self, owner: str) -> None:
+        self.leases[owner] = time.monotonic() + self.lease_seconds
+
+    def expired(self) -> list[str]:
+        """The owners whose lease ran out, forgotten here (their workspaces and snapshots are the caller's to free)."""
+        now = time.monotonic()
+        gone = [o for o, deadline in self.leases.items() if deadline < now]
+        for owner in gone:
+            del self.leases[owner]
+        return gone
+
+    def adopt(self, ws: Workspace, owner: str) -> str:
+        """Hold ``ws`` for ``owner`` (its slot is already taken); returns its handle id."""
+        self.workspaces[ws.id] = (ws, owner)
+        self.lease(owner)
+        return ws.id
+
+    def adopt_snapshot(self, snap: Snapshot, owner: str | None) -> str:
+        """Hold ``snap`` for ``owner``; None: the host's own copy (a fetched one it hands out again), under no
+        lease: the host closes it itself."""
+        if owner is None:
+            self.snapshots[snap.id] = (snap, f"host-{self.name}")
+        else:
+            self.snapshots[snap.id] = (snap, owner)
+            self.lease(owner)
+        return snap.id
+
+    def workspace(self, ws_id: str) -> Workspace:
+        """The workspace handle ``ws_id`` was made for, or ``WorkspaceClosed``."""
+        entry = self.workspaces.get(ws_id)
+        if entry is None:
+            raise WorkspaceClosed(f"workspace {ws_id} is closed (or not on host {self.name})", workspace_id=ws_id)
+        return entry[0]
+
+    def replace(self, ws_id: str, ws: Workspace) -> None:
+        """Handle ``ws_id`` now names ``ws`` (a cache session moved it to a fork), for the same owner."""
+        self.workspaces[ws_id] = (ws, self.workspaces[ws_id][1])
+
+    def snapshot(self, snap_id: str) -> Snapshot | None:
+        entry = self.snapshots.get(snap_id)
+        return None if entry is None else entry[0]
+
+    def missing_snapshot(self, snap_id: str) -> ForkError:
+        return ForkError(f"snapshot {snap_id} is not held by host {self.name}", workspace_id="")
+
+    def owned_by(self, owner: str) -> tuple[list[str], list[str]]:
+        """The ids of the workspaces and of the snapshots ``owner`` holds here."""
+        return (
+            [w for w, (_, o) in self.workspaces.items() if o == owner],
+            [s for s, (_, o) in self.snapshots.items() if o == owner],
+        )
+
+    def pop(self, ws_id: str) -> Workspace | None:
+        entry = self.workspaces.pop(ws_id, None)
+        return None if entry is None else entry[0]
+
+    def pop_snapshot(self, snap_id: str) -> Snapshot | None:
+        entry = self.snapshots.pop(snap_id, None)
+        return None if entry is None else entry[0]
+
+
+async def snapshot_bytes(snap: Snapshot) -> int:
+    """Bytes of ``snap``'s directory and layer on this host (what keeping it costs, what moving it sends)."""
+    size = await anyio.to_thread.run_sync(tree_bytes, snap.path)
+    if snap.layer.is_dir():
+        size += await anyio.to_thread.run_sync(tree_bytes, snap.layer)
+    return int(size)

@@ -1,0 +1,246 @@
+"""The actor that owns one node's workspaces (``RayCluster.start`` places one per node).
+
+Ownership. A host owns its node's workspaces, snapshots and limiter (``HostConfig.max_workspaces``: a call that
+would exceed it waits in the host's queue). Every workspace and snapshot has an owner (a ``RayCluster``) holding a
+lease that the cluster renews while it is open (``HostConfig.lease_seconds``); closing a handle frees its workspace
+at once, closing the cluster frees what it made, and an owner that dies without closing (a killed driver) stops
+renewing, so the host frees its workspaces when the lease runs out. A host started again on a node where one was
+killed collects what it left (``bunshin gc``)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import anyio
+
+from ... import _gc, _paths
+from ..._accounting import held_memory
+from ..._exceptions import BunshinError, WorkspaceClosed
+from ..._fork import _layers
+from ..._fork._snapshot import Snapshot
+from ..._image import Image
+from ..._kernel import Limits
+from ..._transfer import TransferStats, export_snapshot
+from ..._workspace import Workspace
+from ._fetches import Fetches
+from ._holdings import Holdings, snapshot_bytes
+from ._hostcache import HostCache
+from ._model import HostConfig, HostInfo, Reply
+from ._remote import node_id
+
+PROXIED = frozenset({"exec", "read_file", "read_text", "write_file", "list_dir", "remove", "spawn", "ping"})
+"""The ``Workspace`` methods a handle may call through ``WorkspaceHost.call``."""
+
+
+class WorkspaceHost:
+    """The actor that owns one node's workspaces (``ray.remote(WorkspaceHost)``). Its methods take and return
+    plain values; every ``BunshinError`` is returned in a ``Reply`` so that the caller raises it unchanged."""
+
+    def __init__(self, name: str, config: HostConfig) -> None:
+        os.environ.update(config.env)
+        self.name = name
+        self.config = config
+        self.held = Holdings(name, config.max_workspaces, config.lease_seconds)
+        self.fetches = Fetches(self.held, self._snap)
+        self.cache = HostCache(self.held, self.fetches, config.redis_url)
+        self._reaper: asyncio.Task[None] | None = None
+        _layers.prepare_snapshot_store()
+        self.collected = _gc.collect()  # what a host killed on this node left behind
+
+    # ------------------------------------------------------------------------------------------------ plumbing
+
+    async def _run(self, fn: Callable[[], Awaitable[Any]]) -> Reply:
+        if self._reaper is None:
+            self._reaper = asyncio.get_running_loop().create_task(self._reap())
+        try:
+            return Reply(value=await fn())
+        except BunshinError as exc:
+            return Reply(error=exc)
+
+    def _ws(self, ws_id: str) -> Workspace:
+        ws = self.held.workspace(ws_id)
+        moved = self.cache.workspace(ws_id)  # a write hit continued in a fork
+        return ws if moved is None else moved
+
+    def _snap(self, snap_id: str) -> Snapshot:
+        # a capture of the tool cache, fetched by another host, is held by the cache
+        snap = self.held.snapshot(snap_id)
+        if snap is None:
+            snap = self.cache.own(snap_id)
+        if snap is None:
+            raise self.held.missing_snapshot(snap_id)
+        return snap
+
+    async def _reap(self) -> None:
+        """Free what owners that stopped renewing their lease made (a killed driver)."""
+        while True:
+            await anyio.sleep(max(0.05, self.config.lease_seconds / 4))
+            for owner in self.held.expired():
+                await self._free_owner(owner)
+
+    async def _free_owner(self, owner: str) -> None:
+        workspaces, snapshots = self.held.owned_by(owner)
+        for ws_id in workspaces:
+            await self._close(ws_id)
+        for snap_id in snapshots:
+            await self._close_snapshot(snap_id)
+
+    async def _close(self, ws_id: str) -> None:
+        ws = self.held.pop(ws_id)
+        if ws is None:
+            return
+        with anyio.CancelScope(shield=True):
+            await self.cache.close_session(ws_id)
+            await ws.aclose()
+            await self.held.release()
+
+    async def _close_snapshot(self, snap_id: str) -> None:
+        snap = self.held.pop_snapshot(snap_id)
+        if snap is not None:
+            with anyio.CancelScope(shield=True):
+                await snap.aclose()
+
+    async def _forks(self, n: int, owner: str, make: Callable[[], Awaitable[list[Workspace]]]) -> list[tuple[str, str]]:
+        await self.held.acquire(n)
+        try:
+            copies = await make()
+        except BaseException:
+            await self.held.release(n)
+            raise
+        return [(self.held.adopt(c, owner), c.fork_mode) for c in copies]
+
+    # ------------------------------------------------------------------------------------------------ API
+
+    async def info(self) -> HostInfo:
+        held = [ws for ws, _ in self.held.workspaces.values()]
+        memory = await anyio.to_thread.run_sync(held_memory, held, [_layers.snapshot_dir()])
+        return HostInfo(
+            name=self.name,
+            node_id=node_id(),
+            hostname=socket.gethostname(),
+            pid=os.getpid(),
+            max_workspaces=self.held.limiter.max_workspaces,
+            in_use=self.held.limiter.in_use,
+            waiting=self.held.waiting,
+            workspaces=len(self.held.workspaces),
+            snapshots=len(self.held.snapshots),
+            bandwidth=dict(self.fetches.bandwidth),
+            memory_bytes=memory,
+            lease_seconds=self.config.lease_seconds,
+        )
+
+    async def renew(self, owner: str) -> None:
+        self.held.renew(owner)
+
+    async def release_owner(self, owner: str) -> None:
+        self.held.leases.pop(owner, None)
+        await self._free_owner(owner)
+
+    async def create(self, owner: str, image: Image | None, limits: Limits | None, env: dict[str, str]) -> Reply:
+        async def go() -> tuple[str, str]:
+            await self.held.acquire(1)
+            ws = Workspace(image, limits=limits, env=env)
+            try:
+                await ws.start()
+            except BaseException:
+                await self.held.release()
+                raise
+            return self.held.adopt(ws, owner), ws.fork_mode
+
+        return await self._run(go)
+
+    async def call(self, ws_id: str, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Reply:
+        async def go() -> Any:
+            if method not in PROXIED:
+                raise WorkspaceClosed(f"no such workspace method {method!r}", workspace_id=ws_id)
+            out = await getattr(self._ws(ws_id), method)(*args, **kwargs)
+            return out.pid if method == "spawn" else out
+
+        return await self._run(go)
+
+    async def close(self, ws_id: str) -> Reply:
+        return await self._run(lambda: self._close(ws_id))
+
+    async def snapshot(self, ws_id: str, owner: str) -> Reply:
+        async def go() -> tuple[str, int]:
+            snap = await self._ws(ws_id).snapshot()
+            return self.held.adopt_snapshot(snap, owner), await snapshot_bytes(snap)
+
+        return await self._run(go)
+
+    async def from_snapshot(self, snap_id: str, n: int, owner: str) -> Reply:
+        async def go() -> list[tuple[str, str]]:
+            snap = self._snap(snap_id)
+            return await self._forks(n, owner, lambda: Workspace.from_snapshot(snap, n))
+
+        return await self._run(go)
+
+    async def fork(self, ws_id: str, n: int, owner: str) -> Reply:
+        async def go() -> list[tuple[str, str]]:
+            ws = self._ws(ws_id)
+            return await self._forks(n, owner, lambda: ws.fork(n))
+
+        return await self._run(go)
+
+    async def close_snapshot(self, snap_id: str) -> Reply:
+        return await self._run(lambda: self._close_snapshot(snap_id))
+
+    async def export(self, snap_id: str) -> AsyncIterator[bytes]:
+        """The snapshot's transfer frames (a Ray streaming generator)."""
+        async for frame in export_snapshot(self._snap(snap_id)):
+            yield frame
+
+    async def fetch(self, source: Any, source_name: str, snap_id: str, owner: str | None) -> Reply:
+        """Pull snapshot ``snap_id`` from host ``source`` (an actor handle) into this host; with ``owner`` None it
+        is the host's own copy, remembered and handed out again for the same source snapshot."""
+
+        async def go() -> tuple[str, int, TransferStats | None]:
+            return await self.fetches.fetch(source, source_name, snap_id, owner)
+
+        return await self._run(go)
+
+    async def cache_call(self, ws_id: str, tool: str, args: dict[str, Any]) -> Reply:
+        """Run a tool call through this host's tool cache (``HostConfig.redis_url``), in the session of the
+        workspace; a write hit continues in a fork (the handle then names that fork)."""
+        return await self._run(lambda: self.cache.call(ws_id, self._ws(ws_id), tool, args))
+
+    async def cache_metrics(self) -> dict[str, Any]:
+        return self.cache.metrics()
+
+    # ------------------------------------------------------------------------------------------------ shutdown
+
+    async def shutdown(self) -> list[str]:
+        """Close everything this host holds; returns what is left of its workspaces (nothing, when all went
+        well)."""
+        with anyio.CancelScope(shield=True):
+            for ws_id in list(self.held.workspaces):
+                await self._close(ws_id)
+            await self.forget()
+            for snap_id in list(self.held.snapshots):
+                await self._close_snapshot(snap_id)
+        if self._reaper is not None:
+            self._reaper.cancel()
+            self._reaper = None
+        return await self.leftovers()
+
+    async def forget(self) -> None:
+        """Close what the host keeps for itself: fetched snapshots and the tool cache with its captures."""
+        with anyio.CancelScope(shield=True):
+            for ws_id, ws in (await self.cache.forget()).items():
+                self.held.replace(ws_id, ws)
+            for snap_id in self.fetches.forget():
+                await self._close_snapshot(snap_id)
+
+    async def leftovers(self) -> list[str]:
+        """What of workspaces and snapshots is on this host's disk (blocking listing, small)."""
+        snaps = _layers.snapshot_dir()
+        layers = _layers.layers_dir()
+        left = [f"snapshot {p.name}" for p in snaps.iterdir() if p != layers] if snaps.exists() else []
+        base = _paths.workspaces_dir()
+        left += [f"dir {p.name}" for p in base.iterdir() if p.name != ".layers"] if base.exists() else []
+        left += [f"layer {p.name}" for p in layers.iterdir()] if layers.exists() else []
+        return left
