@@ -326,6 +326,8 @@ static int fail_errno(struct fail *f, int err, const char *path)
 	return failf(f, E_OS, path, "%s: '%s'", strerror(err), path);
 }
 
+static int open_regular(const char *path, int flags, mode_t mode, const char *name, struct fail *f);
+
 static void encode_failure(struct buf *b, const struct fail *f)
 {
 	mp_map(b, 6);
@@ -1065,9 +1067,15 @@ static int line_field(const char *line, int nth, const char **start, size_t *len
 /* Read a small database file of the image (/etc/passwd, /etc/group) as one NUL-terminated string. */
 static char *read_db(const char *path)
 {
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	/* the image's file, so the workspace's: a fifo or a device there must not block the agent */
+	int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
 	if (fd < 0)
 		return NULL;
+	struct stat st;
+	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+		close(fd);
+		return NULL;
+	}
 	struct buf b = {0};
 	char chunk[4096];
 	ssize_t n;
@@ -2150,11 +2158,11 @@ static int do_spawn(const struct req *q, struct buf *resp, struct fail *f)
 		cmd_free(&c);
 		return -1;
 	}
-	const char *log_path = HAS(q, F_LOG_PATH) ? log : "/dev/null";
-	int out = open(log_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+	int out = HAS(q, F_LOG_PATH) ? open_regular(log, O_WRONLY | O_CREAT | O_APPEND, 0644, q->strs[F_LOG_PATH].s, f)
+				     : open("/dev/null", O_WRONLY | O_CLOEXEC);
 	if (out < 0) {
 		cmd_free(&c);
-		return fail_errno(f, errno, HAS(q, F_LOG_PATH) ? q->strs[F_LOG_PATH].s : log_path);
+		return HAS(q, F_LOG_PATH) ? -1 : fail_errno(f, errno, "/dev/null");
 	}
 	int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	struct spawn_args a = {
@@ -2224,6 +2232,57 @@ static int do_signal(const struct req *q, struct buf *resp, struct fail *f)
 
 /* ------------------------------------------------------------------------------------------------ files */
 
+static const char *file_kind(mode_t m)
+{
+	if (S_ISDIR(m))
+		return "a directory";
+	if (S_ISFIFO(m))
+		return "a fifo";
+	if (S_ISSOCK(m))
+		return "a socket";
+	if (S_ISCHR(m))
+		return "a character device";
+	if (S_ISBLK(m))
+		return "a block device";
+	if (S_ISLNK(m))
+		return "a symlink";
+	return "not a regular file";
+}
+
+/* Open a file of the workspace the agent reads or writes for a tool (resolve() has followed its symlinks): only a
+ * regular file. A fifo would block the agent's thread until someone opens its other end, a device's open or read
+ * may never end (or do something), a socket cannot be opened at all: each is refused with "invalid" (the host's
+ * InvalidArgument), looked at with lstat before any open, and again with fstat on what was opened, since the
+ * workspace may swap the name in between. O_NONBLOCK makes that open return at once whatever it meets; O_NOFOLLOW
+ * refuses a symlink put there after resolve(); O_NOCTTY, a terminal. */
+static int open_regular(const char *path, int flags, mode_t mode, const char *name, struct fail *f)
+{
+	struct stat st;
+	if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode))
+		return failf(f, E_INVALID, name, "'%s' is %s, not a regular file", name, file_kind(st.st_mode));
+	int fd = open(path, flags | O_NONBLOCK | O_NOFOLLOW | O_NOCTTY | O_CLOEXEC, mode);
+	if (fd < 0) {
+		int e = errno;
+		if (e == ELOOP || e == ENXIO || e == ENODEV)
+			return failf(f, E_INVALID, name, "'%s' is not a regular file (it changed while it was opened: %s)",
+				     name, strerror(e));
+		return fail_errno(f, e, name);
+	}
+	if (fstat(fd, &st) < 0) {
+		int e = errno;
+		close(fd);
+		return fail_errno(f, e, name);
+	}
+	if (!S_ISREG(st.st_mode)) {
+		close(fd);
+		return failf(f, E_INVALID, name, "'%s' is %s, not a regular file", name, file_kind(st.st_mode));
+	}
+	int fl = fcntl(fd, F_GETFL);
+	if (fl >= 0)
+		fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+	return fd;
+}
+
 static int do_read_file(const struct req *q, struct buf *resp, struct fail *f)
 {
 	char path[PATH_MAX];
@@ -2234,9 +2293,9 @@ static int do_read_file(const struct req *q, struct buf *resp, struct fail *f)
 	if (HAS(q, F_MAX_BYTES) && max < 0)
 		return failf(f, E_INVALID, name, "max_bytes must not be negative");
 	size_t limit = max >= 0 && (uint64_t)max < MAX_FILE_DATA ? (size_t)max : MAX_FILE_DATA;
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	int fd = open_regular(path, O_RDONLY, 0, name, f);
 	if (fd < 0)
-		return fail_errno(f, errno, name);
+		return -1;
 	struct stat st;
 	if (max < 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && (uint64_t)st.st_size > MAX_FILE_DATA) {
 		close(fd);
@@ -2322,10 +2381,10 @@ static int do_write_file(const struct req *q, struct buf *resp, struct fail *f)
 		if (e)
 			return fail_errno(f, e, name);
 	}
-	int flags = O_WRONLY | O_CREAT | O_CLOEXEC | (q->bools[F_APPEND] ? O_APPEND : O_TRUNC);
-	int fd = open(path, flags, has_mode ? (mode_t)mode : 0644);
+	int flags = O_WRONLY | O_CREAT | (q->bools[F_APPEND] ? O_APPEND : O_TRUNC);
+	int fd = open_regular(path, flags, has_mode ? (mode_t)mode : 0644, name, f);
 	if (fd < 0)
-		return fail_errno(f, errno, name);
+		return -1;
 	const uint8_t *p = q->bytes[F_DATA];
 	size_t left = q->bytes_len[F_DATA];
 	while (left) {

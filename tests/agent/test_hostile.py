@@ -4,10 +4,12 @@ a hang."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+
 import anyio
 import pytest
 
-from bunshin_async import AgentError, Limits, ToolError, ToolTimeout, Workspace, WorkspaceClosed
+from bunshin_async import AgentError, InvalidArgument, Limits, ToolError, ToolTimeout, Workspace, WorkspaceClosed
 
 FLOOD = """
 import socket, sys, time
@@ -160,3 +162,46 @@ async def test_concurrent_requests_run_in_parallel_and_cancel_alone() -> None:
                 while "sleep" in (await ws.exec("ps -eo comm")).stdout:
                     await anyio.sleep(0.05)
             assert (await sh.run("echo $X")).stdout == "kept\n"
+
+
+SPECIAL = """
+import os, socket
+os.mkfifo("/workspace/fifo")
+socket.socket(socket.AF_UNIX).bind("/workspace/sock")
+os.symlink("fifo", "/workspace/to-fifo")
+"""
+
+
+async def _refused(call: Awaitable[object], kind: str) -> None:
+    """A file tool meeting a file that is not regular fails at once (a fifo would block the agent for good)."""
+    with anyio.fail_after(30), pytest.raises(InvalidArgument, match=f"{kind}, not a regular file"):
+        await call
+
+
+@pytest.mark.parametrize("where", ["workspace", "fork"])
+async def test_file_tools_refuse_fifos_sockets_and_devices(where: str) -> None:
+    """read_file, write_file (and append) and a spawn's log at a fifo, a symlink to one, a socket, and (with the
+    workspace directory at /dev) /dev/zero, /dev/null and /dev/tty: each an ``InvalidArgument`` without opening the
+    file, and the workspace goes on."""
+    async with Workspace() as parent:
+        ws = parent if where == "workspace" else (await parent.fork())[0]
+        try:
+            assert (await ws.exec(["python3", "-c", SPECIAL])).exit_code == 0
+            for path, kind in (("fifo", "a fifo"), ("to-fifo", "a fifo"), ("sock", "a socket")):
+                await _refused(ws.read_file(path), kind)
+                await _refused(ws.read_file(path, max_bytes=10), kind)
+                await _refused(ws.write_file(path, "x"), kind)
+                await _refused(ws.write_file(path, "x", append=True), kind)
+                await _refused(ws.spawn(["true"], log_path=path), kind)
+            await ws.write_file("after", "ok")
+            assert await ws.read_file("after") == b"ok"
+            assert (await ws.exec("echo alive")).stdout == "alive\n"
+        finally:
+            if ws is not parent:
+                await ws.aclose()
+    async with Workspace(workdir="/dev") as ws:
+        for path in ("zero", "null", "urandom", "tty"):
+            await _refused(ws.read_file(path, max_bytes=16), "a character device")
+            await _refused(ws.write_file(path, "x"), "a character device")
+        await _refused(ws.read_file("pts"), "a directory")
+        assert (await ws.exec("echo alive")).stdout == "alive\n"
