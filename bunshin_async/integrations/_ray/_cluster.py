@@ -104,16 +104,19 @@ class RayCluster:
         self,
         host: HostRef | None = None,
         *,
-        image: Image | None = None,
+        image: Image | str | None = None,
         limits: Limits | None = None,
         env: Mapping[str, str] | None = None,
+        workdir: str | None = None,
+        max_output: int | None = None,
     ) -> RemoteWorkspace:
-        """A fresh workspace on ``host`` (default: the live host with the most free slots)."""
+        """A fresh workspace on ``host`` (default: the live host with the most free slots); ``image``,
+        ``workdir`` and ``max_output`` as ``Workspace`` takes them (an image name is loaded by the host)."""
         if host is None:
             host = await self._roomiest()
         self.pending[host.name] = self.pending.get(host.name, 0) + 1
         try:
-            ws_id, mode = await host.call("create", self.owner, image, limits, dict(env or {}))
+            ws_id, mode = await host.call("create", self.owner, image, limits, dict(env or {}), workdir, max_output)
         finally:
             self.pending[host.name] -= 1
         return RemoteWorkspace(host, ws_id, self.owner, mode)

@@ -4,7 +4,7 @@ be reached is a ``HostError`` naming its node."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -46,9 +46,9 @@ class HostRef:
 
 class RemoteWorkspace:
     """A workspace on a host, driven through its actor: ``exec``, ``read_file``, ``read_text``, ``write_file``,
-    ``list_dir``, ``remove``, ``spawn`` (returns the in-workspace pid), ``ping``, ``snapshot``, ``fork``,
-    ``cache_call``, ``aclose`` (idempotent), with the errors a local ``Workspace`` raises. Picklable: pass it
-    to another task or actor, the owner stays the cluster that made it."""
+    ``list_dir``, ``remove``, ``spawn`` (returns the in-workspace pid; ``poll`` and ``signal`` take it), ``ping``,
+    ``configure``, ``snapshot``, ``fork``, ``cache_call``, ``aclose`` (idempotent), with the errors a local
+    ``Workspace`` raises. Picklable: pass it to another task or actor, the owner stays the cluster that made it."""
 
     def __init__(self, host: HostRef, ws_id: str, owner: str, fork_mode: str) -> None:
         self.host = host
@@ -94,6 +94,20 @@ class RemoteWorkspace:
 
     async def ping(self) -> int:
         return int(await self._proxy("ping"))
+
+    async def poll(self, pid: int) -> int | None:
+        """Exit code of the process ``spawn`` started as ``pid``, or None while it runs."""
+        code = await self._proxy("poll", pid)
+        return None if code is None else int(code)
+
+    async def signal(self, pid: int, sig: int) -> None:
+        """Send ``sig`` to the process ``spawn`` started as ``pid``."""
+        await self._proxy("signal", pid, int(sig))
+
+    async def configure(self, *, env: Mapping[str, str] | None = None, user: str | None = None) -> None:
+        """Add ``env`` to the environment of the workspace's later commands; ``user`` becomes their default
+        user (``Workspace.env`` and ``Workspace.user``)."""
+        await self._proxy("configure", dict(env or {}), user)
 
     async def cache_call(self, tool: str, args: dict[str, Any]) -> tuple[str, Any]:
         """A tool call through the host's shared tool cache: ``(source, result)``, ``source`` as in

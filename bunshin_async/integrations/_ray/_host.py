@@ -25,7 +25,7 @@ from ..._fork._snapshot import Snapshot
 from ..._image import Image
 from ..._kernel import Limits
 from ..._transfer import TransferStats, export_snapshot
-from ..._workspace import Workspace
+from ..._workspace import BackgroundProcess, Workspace
 from ._fetches import Fetches
 from ._holdings import Holdings, snapshot_bytes
 from ._hostcache import HostCache
@@ -34,6 +34,22 @@ from ._remote import node_id
 
 PROXIED = frozenset({"exec", "read_file", "read_text", "write_file", "list_dir", "remove", "spawn", "ping"})
 """The ``Workspace`` methods a handle may call through ``WorkspaceHost.call``."""
+
+
+async def _configure(ws: Workspace, env: dict[str, str] | None, user: str | None) -> None:
+    if env:
+        ws.env = {**ws.env, **env}
+    if user is not None:
+        ws.user = user
+
+
+OPERATIONS: dict[str, Callable[..., Awaitable[Any]]] = {
+    "poll": lambda ws, pid: BackgroundProcess(ws, pid).poll(),
+    "signal": lambda ws, pid, sig: BackgroundProcess(ws, pid).signal(sig),
+    "configure": _configure,
+}
+"""What else a handle may do through ``WorkspaceHost.call`` (not ``Workspace`` methods): a spawned process's poll
+and signal (by its in-workspace pid), and the environment and default user of the workspace's later commands."""
 
 
 class WorkspaceHost:
@@ -140,10 +156,19 @@ class WorkspaceHost:
         self.held.leases.pop(owner, None)
         await self._free_owner(owner)
 
-    async def create(self, owner: str, image: Image | None, limits: Limits | None, env: dict[str, str]) -> Reply:
+    async def create(
+        self,
+        owner: str,
+        image: Image | str | None,
+        limits: Limits | None,
+        env: dict[str, str],
+        workdir: str | None = None,
+        max_output: int | None = None,
+    ) -> Reply:
         async def go() -> tuple[str, str]:
             await self.held.acquire(1)
-            ws = Workspace(image, limits=limits, env=env)
+            more: dict[str, Any] = {} if max_output is None else {"max_output": max_output}
+            ws = Workspace(image, limits=limits, env=env, workdir=workdir, **more)
             try:
                 await ws.start()
             except BaseException:
@@ -155,6 +180,8 @@ class WorkspaceHost:
 
     async def call(self, ws_id: str, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Reply:
         async def go() -> Any:
+            if method in OPERATIONS:
+                return await OPERATIONS[method](self._ws(ws_id), *args)
             if method not in PROXIED:
                 raise WorkspaceClosed(f"no such workspace method {method!r}", workspace_id=ws_id)
             out = await getattr(self._ws(ws_id), method)(*args, **kwargs)
