@@ -34,7 +34,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 
 from .._exceptions import BunshinError, FileNotFound, InvalidArgument, PathOutsideWorkspace, ToolTimeout
 from .._protocol import ExecResult
-from .._workspace import BackgroundProcess, Workspace
+from ._backends import Handle
 from ._sandboxes import CONTROL_DIR, HOME, MAX_OUTPUT, Process, Sandbox, end_subscribers
 from ._wire import (
     EntryInfo,
@@ -107,7 +107,7 @@ def _tool_error(exc: BunshinError) -> RpcError:
 
 
 async def _run(
-    ws: Workspace, script: str, *args: str, user: str | None, stdin: bytes | None = None, timeout: float = 60
+    ws: Handle, script: str, *args: str, user: str | None, stdin: bytes | None = None, timeout: float = 60
 ) -> ExecResult:
     """Run ``sh -c script`` with ``args`` in the workspace; the exit codes of the helpers map onto Connect codes."""
     try:
@@ -171,7 +171,7 @@ def _entries(out: str) -> list[EntryInfo]:
     return entries
 
 
-async def stat(ws: Workspace, path: str, user: str | None) -> EntryInfo:
+async def stat(ws: Handle, path: str, user: str | None) -> EntryInfo:
     path = absolute(path)
     res = await _run(ws, f'{_EXISTS_CHECK}; find "$1" -maxdepth 0 -printf "$2"', path, _PRINTF, user=user)
     entries = _entries(res.stdout)
@@ -180,7 +180,7 @@ async def stat(ws: Workspace, path: str, user: str | None) -> EntryInfo:
     return entries[0]
 
 
-async def list_dir(ws: Workspace, path: str, depth: int, user: str | None) -> list[EntryInfo]:
+async def list_dir(ws: Handle, path: str, depth: int, user: str | None) -> list[EntryInfo]:
     path = absolute(path)
     depth = max(1, min(depth or 1, 64))
     script = (
@@ -191,24 +191,24 @@ async def list_dir(ws: Workspace, path: str, depth: int, user: str | None) -> li
     return _entries(res.stdout)
 
 
-async def make_dir(ws: Workspace, path: str, user: str | None) -> EntryInfo:
+async def make_dir(ws: Handle, path: str, user: str | None) -> EntryInfo:
     path = absolute(path)
     script = f'[ -e "$1" ] && {{ echo "$1 already exists" >&2; exit {_EXISTS}; }}; mkdir -p -- "$1"'
     await _run(ws, script, path, user=user)
     return await stat(ws, path, user)
 
 
-async def move(ws: Workspace, source: str, destination: str, user: str | None) -> EntryInfo:
+async def move(ws: Handle, source: str, destination: str, user: str | None) -> EntryInfo:
     source, destination = absolute(source), absolute(destination)
     await _run(ws, f'{_EXISTS_CHECK}; mv -T -- "$1" "$2"', source, destination, user=user)
     return await stat(ws, destination, user)
 
 
-async def remove(ws: Workspace, path: str, user: str | None) -> None:
+async def remove(ws: Handle, path: str, user: str | None) -> None:
     await _run(ws, f'{_EXISTS_CHECK}; rm -rf -- "$1"', absolute(path), user=user)
 
 
-async def read(ws: Workspace, path: str, user: str | None) -> bytes:
+async def read(ws: Handle, path: str, user: str | None) -> bytes:
     script = (
         f'{_EXISTS_CHECK}; [ -d "$1" ] && {{ echo "$1 is a directory" >&2; exit {_IS_DIR}; }}; '
         f'[ "$(stat -L -c %s -- "$1")" -le "$2" ] || {{ echo "$1 is larger than $2 bytes" >&2; exit {_TOO_BIG}; }}; '
@@ -221,7 +221,7 @@ async def read(ws: Workspace, path: str, user: str | None) -> bytes:
         raise RpcError(f"unreadable answer reading {path[:100]!r}: {exc}", code="data_loss") from exc
 
 
-async def write(ws: Workspace, path: str, data: bytes, user: str | None) -> dict[str, str]:
+async def write(ws: Handle, path: str, data: bytes, user: str | None) -> dict[str, str]:
     """Write (create or replace) a file, making its parents; E2B's WriteInfo of it."""
     path = absolute(path)
     script = (
@@ -237,7 +237,7 @@ MAX_WATCHED = 100_000
 """Most entries a watch follows; a larger tree ends the watch with ``resource_exhausted``."""
 
 
-async def watch_state(ws: Workspace, path: str, recursive: bool, user: str | None) -> dict[str, str]:
+async def watch_state(ws: Handle, path: str, recursive: bool, user: str | None) -> dict[str, str]:
     """Every entry below ``path`` (relative name -> type, size and mtime): what a watch compares between looks."""
     script = (
         f'{_EXISTS_CHECK}; [ -d "$1" ] || {{ echo "$1 is not a directory" >&2; exit {_NOT_DIR}; }}; '
@@ -308,10 +308,10 @@ async def start(sb: Sandbox, req: StartRequest, user: str | None) -> Process:
     argv = ["/bin/sh", "-c", _WRAPPER, "sh", f"{CONTROL_DIR}/{rel}", "1" if req.stdin else "0", cfg.cmd, *cfg.args]
     cwd = absolute(cfg.cwd) if cfg.cwd else sb.cwd
     try:
-        bg = await ws.spawn(argv, cwd=cwd, env=cfg.envs or None, user=user)
+        pid = await ws.spawn(argv, cwd=cwd, env=cfg.envs or None, user=user)
     except BunshinError as exc:
         raise _tool_error(exc) from exc
-    proc = Process(bg.pid, rel, cfg.cmd, list(cfg.args), dict(cfg.envs), cfg.cwd, req.tag, bool(req.stdin), user=user)
+    proc = Process(pid, rel, cfg.cmd, list(cfg.args), dict(cfg.envs), cfg.cwd, req.tag, bool(req.stdin), user=user)
     sb.processes[proc.pid] = proc
     return proc
 
@@ -322,7 +322,7 @@ async def running(sb: Sandbox) -> ListResponse:
     for proc in list(sb.processes.values()):
         if proc.exit_code is None:
             try:
-                code = await BackgroundProcess(ws, proc.pid).poll()
+                code = await ws.poll(proc.pid)
             except BunshinError as exc:
                 raise _tool_error(exc) from exc
             if code is not None and not proc.pumping:  # a pump finishes what it streams
@@ -358,7 +358,7 @@ async def send_signal(sb: Sandbox, proc: Process, signal: str | int) -> None:
     if proc.exit_code is not None:
         raise RpcError(f"process {proc.pid} has exited", code="not_found")
     try:
-        await BackgroundProcess(sb.workspace(), proc.pid).signal(int(sig))
+        await sb.workspace().signal(proc.pid, int(sig))
     except BunshinError as exc:
         raise _tool_error(exc) from exc
 
@@ -368,7 +368,7 @@ _READ_BOUND = 10.0
 its output file for a FIFO nobody writes, which an open waits on."""
 
 
-async def _read_delta(ws: Workspace, path: str, offset: int, user: str | None) -> bytes:
+async def _read_delta(ws: Handle, path: str, offset: int, user: str | None) -> bytes:
     try:
         with anyio.fail_after(_READ_BOUND):
             if offset < _TAIL_FROM:
@@ -405,9 +405,8 @@ async def pump(sb: Sandbox, proc: Process) -> None:
     interval = _FIRST_LOOK
     try:
         ws = sb.workspace()
-        bg = BackgroundProcess(ws, proc.pid)
         while proc.subscribers:
-            code = await bg.poll()
+            code = await ws.poll(proc.pid)
             got = False
             for stream, name in (("stdout", "out"), ("stderr", "err")):
                 data = await _read_delta(ws, f"{proc.dir}/{name}", proc.offsets[stream], proc.user)

@@ -1,10 +1,12 @@
-"""The sandboxes of an E2B server: one Bunshin workspace each, with E2B's lifecycle around it.
+"""The sandboxes of an E2B server: one Bunshin workspace each (on this host or a cluster's: ``_backends``), with
+E2B's lifecycle around it.
 
 A sandbox lives until its timeout (E2B's ``timeout``, reset by ``set_timeout`` and ``connect``), ``kill``, or the
 server's end; a reaper task closes expired ones, so a client that disappears leaves nothing behind once its timeout
 passes. ``pause`` keeps a snapshot (processes, memory and files) and closes the workspace; ``connect`` restores it.
-``fork(count)`` is a live ``Workspace.fork``; ``create_snapshot`` keeps a ``Snapshot`` that ``create`` accepts as
-a template id. Commands started through envd are tracked here (``Process``) because a fork or a resume carries them.
+``fork(count)`` is a live ``Workspace.fork`` (on a cluster, past the parent host's free slots, copies of a snapshot
+placed by the cluster's cost model); ``create_snapshot`` keeps a ``Snapshot`` that ``create`` accepts as a template
+id. Commands started through envd are tracked here (``Process``) because a fork or a resume carries them.
 """
 
 from __future__ import annotations
@@ -20,10 +22,9 @@ from typing import Any
 import anyio
 from anyio.streams.memory import MemoryObjectSendStream
 
-from .._exceptions import BunshinError, ImageError
-from .._fork._snapshot import Snapshot
+from .._exceptions import BunshinError
 from .._image import Image
-from .._workspace import Workspace
+from ._backends import Backend, Handle, LocalBackend, Snap
 from ._templates import Build
 from ._wire import ENVD_VERSION, ApiError, NewSandbox, RpcError, SandboxOut, SnapshotOut
 
@@ -98,7 +99,7 @@ class Process:
 class Kept:
     """A snapshot kept by ``create_snapshot``: what ``create`` restores, with the commands it carries."""
 
-    snap: Snapshot
+    snap: Snap
     out: SnapshotOut
     source: str
     processes: dict[int, Process]
@@ -120,8 +121,8 @@ class Sandbox:
         self.deadline = 0.0
         self.end_at = self.started_at
         self.set_timeout(timeout)
-        self.ws: Workspace | None = None
-        self.paused: Snapshot | None = None
+        self.ws: Handle | None = None
+        self.paused: Snap | None = None
         self.processes: dict[int, Process] = {}
         self.next_process = 0
         self.cwd = HOME
@@ -138,7 +139,7 @@ class Sandbox:
     def state(self) -> str:
         return "paused" if self.ws is None else "running"
 
-    def workspace(self) -> Workspace:
+    def workspace(self) -> Handle:
         """The live workspace, or ``unavailable`` for a paused sandbox (envd of a paused E2B sandbox is gone too)."""
         if self.ws is None or self.ws.closed:
             raise RpcError(f"sandbox {self.id} is not running (paused or killed)", code="unavailable")
@@ -168,20 +169,19 @@ class Sandbox:
         )
 
 
-def _workspace(image: Image | None, env: Mapping[str, str]) -> Workspace:
-    return Workspace(image, workdir=CONTROL_DIR, env=env, max_output=MAX_OUTPUT)
-
-
 class Sandboxes:
-    """The registry (one per server). Every method is safe to call concurrently; ``aclose`` closes everything."""
+    """The registry (one per server), over a backend (where workspaces run: this host by default). Every method is
+    safe to call concurrently; ``aclose`` closes everything."""
 
-    def __init__(self, *, max_sandboxes: int = 256, default_image: Image | None = None) -> None:
+    def __init__(
+        self, *, max_sandboxes: int = 256, default_image: Image | None = None, backend: Backend | None = None
+    ) -> None:
         self.max_sandboxes = max_sandboxes
         self.default_image = default_image
+        self.backend: Backend = backend or LocalBackend()
         self._sandboxes: dict[str, Sandbox] = {}
         self._snapshots: dict[str, Kept] = {}
         self._starting = 0
-        self._imports: dict[str, anyio.Lock] = {}
         self._builds: dict[str, Build] = {}
         self.reaped = 0
         """How many sandboxes the reaper closed because their timeout passed."""
@@ -211,42 +211,21 @@ class Sandboxes:
         if len(self._sandboxes) + self._starting + n > self.max_sandboxes:
             raise ApiError(f"this server runs at most {self.max_sandboxes} sandboxes", status=429)
 
-    async def _image(self, template_id: str, metadata: Mapping[str, str]) -> Image | None:
-        """The image a template id names: an imported one (by reference or digest), else a reference the local
-        Docker engine has, imported once (concurrent creates of one reference share the import)."""
+    async def _image(self, template_id: str, metadata: Mapping[str, str]) -> Image | str | None:
+        """The image a template id names (the backend resolves a reference: see ``Backend.image``)."""
         ref = template_id
         if template_id == DEFAULT_TEMPLATE:
             ref = next((metadata[k] for k in IMAGE_METADATA_KEYS if metadata.get(k)), "")
             if not ref:
                 return self.default_image
-        try:
-            return await anyio.to_thread.run_sync(Image.load, ref)
-        except ImageError:
-            pass
-        lock = self._imports.setdefault(ref, anyio.Lock())
-        try:
-            async with lock:
-                try:
-                    return await anyio.to_thread.run_sync(Image.load, ref)  # imported while this one waited
-                except ImageError:
-                    return await Image.from_docker(ref)
-        except (BunshinError, OSError) as exc:
-            raise ApiError(
-                f"template {ref!r} is neither a snapshot of this server, an imported image nor an image of the local "
-                f"Docker engine ({exc}); template builds are not served: import the image with "
-                "`bunshin image import REF --name NAME`",
-                status=404,
-            ) from exc
-        finally:
-            if not lock.locked() and self._imports.get(ref) is lock:
-                del self._imports[ref]
+        return await self.backend.image(ref)
 
     async def fresh(
         self, template_id: str, metadata: Mapping[str, str], env: Mapping[str, str] | None = None
-    ) -> Workspace:
+    ) -> Handle:
         """A new, prepared workspace of the image ``template_id`` names (the caller closes it)."""
-        ws = _workspace(await self._image(template_id, metadata), env or {})
-        await ws.start()
+        image = await self._image(template_id, metadata)
+        ws = await self.backend.fresh(image, env=env or {}, workdir=CONTROL_DIR, max_output=MAX_OUTPUT)
         try:
             await prepare(ws)
         except BaseException:
@@ -255,12 +234,13 @@ class Sandboxes:
             raise
         return ws
 
-    async def restore(self, template_id: str) -> Workspace:
-        """A copy of the snapshot or built template ``template_id`` names (the caller closes it)."""
+    async def restore(self, template_id: str, lifetime: float = DEFAULT_TIMEOUT) -> Handle:
+        """A copy of the snapshot or built template ``template_id`` names (the caller closes it); ``lifetime``: its
+        expected stay (seconds, for placement)."""
         kept = self._snapshots.get(template_id)
         if kept is None:
             raise ApiError(f"no template or snapshot {template_id!r} on this server", status=404)
-        (ws,) = await Workspace.from_snapshot(kept.snap, 1)
+        (ws,) = await self.backend.restore(kept.snap, 1, lifetime)
         return ws
 
     async def create(self, req: NewSandbox) -> Sandbox:
@@ -271,9 +251,14 @@ class Sandboxes:
             sb = Sandbox(req.template_id, metadata, req.timeout)
             kept = self._snapshots.get(req.template_id)
             if kept is not None:
-                sb.ws = await self.restore(req.template_id)
-                if req.env_vars:
-                    sb.ws.env = {**sb.ws.env, **req.env_vars}
+                sb.ws = ws = await self.restore(req.template_id, req.timeout)
+                try:
+                    if req.env_vars:
+                        await ws.configure(env=req.env_vars)
+                except BaseException:
+                    with anyio.CancelScope(shield=True):
+                        await ws.aclose()
+                    raise
                 sb.processes = {pid: p.copy() for pid, p in kept.processes.items()}
                 sb.next_process = kept.next_process
                 sb.cwd = kept.cwd
@@ -307,9 +292,9 @@ class Sandboxes:
             del self._builds[key]
         return build
 
-    async def keep_template(self, ws: Workspace, build: Build, workdir: str) -> None:
+    async def keep_template(self, ws: Handle, build: Build, workdir: str) -> None:
         """Snapshot a built workspace under the template's id and names (replacing an older build of them)."""
-        snap = await ws.snapshot()
+        snap = await self.backend.snapshot(ws)
         kept = Kept(snap, SnapshotOut(snapshot_id=build.template_id, names=list(build.aliases)), "", {}, 0, workdir)
         replaced = {id(self._snapshots[k].snap): self._snapshots[k] for k in build.aliases if k in self._snapshots}
         for key in [build.template_id, *build.aliases]:
@@ -340,7 +325,7 @@ class Sandboxes:
         async with sb.lock:
             if sb.ws is None:
                 return False
-            snap = await sb.ws.snapshot()
+            snap = await self.backend.snapshot(sb.ws)
             ws, sb.ws, sb.paused = sb.ws, None, snap
             sb.set_timeout(PAUSED_TIMEOUT)  # E2B keeps paused sandboxes; this server for a day
             with anyio.CancelScope(shield=True):
@@ -354,7 +339,7 @@ class Sandboxes:
         sb = self.get(sandbox_id)
         async with sb.lock:
             if sb.ws is None and sb.paused is not None:
-                (sb.ws,) = await Workspace.from_snapshot(sb.paused, 1)
+                (sb.ws,) = await self.backend.restore(sb.paused, 1, timeout or DEFAULT_TIMEOUT)
                 snap, sb.paused = sb.paused, None
                 with anyio.CancelScope(shield=True):
                     await snap.aclose()
@@ -374,13 +359,16 @@ class Sandboxes:
         try:
             async with sb.lock:
                 ws = sb.workspace()
+                remaining = max(1, math.ceil(sb.deadline - anyio.current_time()))
                 try:
-                    copies = await ws.fork(count)
+                    copies = await self.backend.fork(ws, count, timeout if timeout is not None else remaining)
                 except BunshinError as exc:
                     return [ApiError(f"fork of {sandbox_id} failed: {exc}", status=500) for _ in range(count)]
-            remaining = max(1, math.ceil(sb.deadline - anyio.current_time()))
             out: list[Sandbox | ApiError] = []
             for ws_copy in copies:
+                if isinstance(ws_copy, BunshinError):
+                    out.append(ApiError(f"a copy of {sandbox_id} failed: {ws_copy}", status=500))
+                    continue
                 child = Sandbox(sb.template_id, sb.metadata, timeout if timeout is not None else remaining)
                 child.ws = ws_copy
                 child.processes = {pid: p.copy() for pid, p in sb.processes.items()}
@@ -395,7 +383,7 @@ class Sandboxes:
     async def create_snapshot(self, sandbox_id: str, name: str | None) -> SnapshotOut:
         sb = self.get(sandbox_id)
         async with sb.lock:
-            snap = await sb.workspace().snapshot()
+            snap = await self.backend.snapshot(sb.workspace())
             processes = {pid: p.copy() for pid, p in sb.processes.items()}
         snap_id = f"snap{snap.id}"
         kept = Kept(snap, SnapshotOut(snapshot_id=snap_id, names=[name] if name else []), sb.id, processes, 0, sb.cwd)
@@ -440,7 +428,7 @@ class Sandboxes:
                     tg.start_soon(snap.aclose)
 
 
-async def prepare(ws: Workspace) -> None:
+async def prepare(ws: Handle) -> None:
     """E2B's home directory exists in every sandbox (commands start there); commands of any user can make their
     control directories (sticky, as /tmp, but not listable: their names are secrets)."""
     await ws.exec(["/bin/sh", "-c", 'mkdir -p "$1" "$2" && chmod 1733 "$2"', "sh", HOME, f"{CONTROL_DIR}/p"])

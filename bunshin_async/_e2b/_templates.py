@@ -20,7 +20,7 @@ import anyio
 import msgspec
 
 from .._exceptions import BunshinError
-from .._workspace import Workspace
+from ._backends import Handle
 
 MAX_LOG_LINES = 2000
 STEP_TIMEOUT = 3600.0
@@ -88,13 +88,13 @@ class Builder(Protocol):
 
     async def fresh(
         self, template_id: str, metadata: Mapping[str, str], env: Mapping[str, str] | None = None
-    ) -> Workspace: ...
+    ) -> Handle: ...
 
-    async def restore(self, template_id: str) -> Workspace: ...
+    async def restore(self, template_id: str) -> Handle: ...
 
     def template(self, alias: str) -> str | None: ...
 
-    async def keep_template(self, ws: Workspace, build: Build, workdir: str) -> None: ...
+    async def keep_template(self, ws: Handle, build: Build, workdir: str) -> None: ...
 
 
 class StepFailed(BunshinError):
@@ -109,7 +109,7 @@ class StepFailed(BunshinError):
 async def run_build(sandboxes: Builder, build: Build, start: BuildStart) -> None:
     """Build in a workspace, keep its snapshot under the template's names; the outcome is in ``build``."""
     build.status = "building"
-    ws: Workspace | None = None
+    ws: Handle | None = None
     try:
         base = start.from_template
         if base is not None and sandboxes.template(base) is not None:
@@ -133,13 +133,13 @@ async def run_build(sandboxes: Builder, build: Build, start: BuildStart) -> None
                 if res.exit_code != 0:
                     raise StepFailed(f"step {i + 1} ({step.args[0][:200]}) exited with {res.exit_code}", step=i)
             elif step.type == "ENV":
-                ws.env = {**ws.env, **dict(zip(step.args[0::2], step.args[1::2], strict=False))}
+                await ws.configure(env=dict(zip(step.args[0::2], step.args[1::2], strict=False)))
             elif step.type == "WORKDIR" and step.args:
                 workdir = step.args[0]
                 await ws.exec(["mkdir", "-p", "--", workdir])
             elif step.type == "USER" and step.args:
                 user = step.args[0]
-                ws.user = user
+                await ws.configure(user=user)
             else:
                 raise StepFailed(
                     f"{step.type} steps are not served by bunshin e2b (write files in a RUN step, or bake them into "

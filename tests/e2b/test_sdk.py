@@ -22,6 +22,8 @@ from e2b import (
     SandboxQuery,
 )
 
+from bunshin_async._e2b._backends import LocalHandle
+
 from .conftest import Served
 
 pytestmark = pytest.mark.root
@@ -207,8 +209,10 @@ async def test_async_fork_inherits_files_and_processes_and_shares_memory(e2b_ser
 
 
 def _pss_kib(served: Served, sandbox_id: str) -> int:
-    ws = served.server.sandboxes.get(sandbox_id).ws
-    assert ws is not None and ws.cgroup is not None
+    handle = served.server.sandboxes.get(sandbox_id).ws
+    assert isinstance(handle, LocalHandle)
+    ws = handle.workspace
+    assert ws.cgroup is not None
     total = 0
     for pid in ws.cgroup.pids():
         for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
