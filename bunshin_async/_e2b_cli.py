@@ -26,19 +26,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-gc", action="store_true", help="skip `bunshin gc` of workspaces left by dead processes at start"
     )
+    parser.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="place sandboxes on the Ray cluster at ADDRESS ('auto', HOST:PORT): a workspace host on each alive "
+        "node, stopped with the server (each collects what a dead one left)",
+    )
+    parser.add_argument("--ray-slots", type=int, default=16, help="workspaces per Ray node at once (default 16)")
 
 
 def serve_main(args: argparse.Namespace) -> int:
     try:
         from .integrations.e2b import E2BServer
 
-        server = E2BServer(host=args.host, port=args.port, api_key=args.api_key, max_sandboxes=args.max_sandboxes)
-    except BunshinError as exc:  # the e2b extra is missing, or no key on a public address
+        server = E2BServer(
+            host=args.host,
+            port=args.port,
+            api_key=args.api_key,
+            max_sandboxes=args.max_sandboxes,
+            ray=args.ray,
+            ray_slots=args.ray_slots,
+        )
+    except BunshinError as exc:  # the e2b or ray extra is missing, or no key on a public address
         print(f"bunshin e2b: {exc}", file=sys.stderr)
         return 2
 
     async def run() -> None:
-        if not args.no_gc:
+        if not args.no_gc and not args.ray:  # a Ray host collects its node when it starts
             from ._gc import collect
 
             removed = [line for line in await anyio.to_thread.run_sync(collect) if not line.startswith("kept")]

@@ -16,10 +16,13 @@ from anyio.abc import TaskGroup
 from .._exceptions import InvalidArgument
 from .._image import Image
 from ._app import E2BApp
+from ._backends import Backend, LocalBackend
 from ._sandboxes import Sandboxes
 
 if TYPE_CHECKING:
     import uvicorn
+
+    from ..integrations.ray import RayCluster
 
 
 def is_loopback(host: str) -> bool:
@@ -42,6 +45,12 @@ class E2BServer:
     other template ids name imported images (``bunshin image import``), images of the local Docker engine (imported
     on first use) or this server's snapshots.
     ``max_sandboxes`` bounds the sandboxes alive at once (creating more answers 429).
+
+    ``ray`` fronts a Ray cluster instead of this host (the ``ray`` extra): a ``RayCluster`` of workspace hosts
+    (``integrations.ray``; the server drives them as an owner of its own, freed when it stops), or the address of a
+    Ray cluster (``"auto"``, ``"HOST:PORT"``), on whose alive nodes the server starts a host each (``ray_slots``
+    workspaces at once) and stops them when it stops. Sandboxes are placed by the integration (see
+    docs/integrations/e2b.md, "Cluster"); template references then name images imported on the hosts.
     """
 
     def __init__(
@@ -52,6 +61,8 @@ class E2BServer:
         api_key: str | None = None,
         image: Image | None = None,
         max_sandboxes: int = 256,
+        ray: RayCluster | str | None = None,
+        ray_slots: int = 16,
     ) -> None:
         if not is_loopback(host) and not api_key:
             raise InvalidArgument(
@@ -63,7 +74,12 @@ class E2BServer:
         self.host = host
         self.port = port
         self.api_key = api_key or secrets.token_urlsafe(24)
-        self.sandboxes = Sandboxes(max_sandboxes=max_sandboxes, default_image=image)
+        backend: Backend = LocalBackend()
+        if ray is not None:
+            from ._ray import RayBackend  # the ray extra, imported only by a server that fronts a cluster
+
+            backend = RayBackend(ray, slots=ray_slots)
+        self.sandboxes = Sandboxes(max_sandboxes=max_sandboxes, default_image=image, backend=backend)
         self._tg: TaskGroup | None = None
         self._http: uvicorn.Server | None = None
         self._served = anyio.Event()
@@ -100,6 +116,11 @@ class E2BServer:
             sock.close()
             raise
         self.port = sock.getsockname()[1]
+        try:
+            await self.sandboxes.backend.open()
+        except BaseException:
+            sock.close()
+            raise
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         app = E2BApp(self.sandboxes, self.api_key, self._tg)
@@ -137,7 +158,10 @@ class E2BServer:
         try:
             await tg.__aexit__(None, None, None)
         finally:
-            await self.sandboxes.aclose()
+            try:
+                await self.sandboxes.aclose()
+            finally:
+                await self.sandboxes.backend.aclose()
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
