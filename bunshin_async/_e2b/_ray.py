@@ -25,7 +25,8 @@ from .._exceptions import BunshinError, HostError, ImageError, WorkspaceClosed
 from .._image import Image
 from .._kernel import Limits
 from .._protocol import ExecResult
-from ..integrations.ray import HostConfig, HostInfo, RayCluster, RemoteSnapshot, RemoteWorkspace, plan_group
+from ..integrations._ray._placement import plan_group, room, roomiest  # the cost model (pure; not public)
+from ..integrations.ray import HostConfig, HostInfo, RayCluster, RemoteSnapshot, RemoteWorkspace
 from ._backends import Handle, Snap, template_not_found
 
 DEFAULT_SLOTS = 16
@@ -198,10 +199,10 @@ class RayBackend:
         cluster = self.cluster
         async with self._placing:  # one decision at a time, each seeing the ones before it (``pending``)
             infos = await self._infos()
-            if not infos:
+            best = roomiest(infos, cluster.pending)  # the first of equals: creates alternate
+            if best is None:
                 raise HostError("no live host in the cluster", host="*")
-            room = {i.name: i.max_workspaces - i.in_use - i.waiting - cluster.pending.get(i.name, 0) for i in infos}
-            host = max(room, key=lambda name: room[name])  # the first of equals: creates alternate
+            host = infos[best].name
             cluster.pending[host] = cluster.pending.get(host, 0) + 1
         try:
             ws = await cluster.workspace(
@@ -266,7 +267,7 @@ class RayBackend:
         assert isinstance(ws, RemoteHandle)
         cluster = self.cluster
         home = next((i for i in await self._infos() if i.name == ws.node), None)
-        free = 0 if home is None else home.max_workspaces - home.in_use - home.waiting - cluster.pending.get(ws.node, 0)
+        free = 0 if home is None else room(home, cluster.pending)
         if n <= free:  # live copies beside the parent
             try:
                 return [RemoteHandle(c) for c in await ws.remote.fork(n)]
