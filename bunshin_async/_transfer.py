@@ -45,7 +45,7 @@ import anyio.abc
 import msgspec
 
 from . import _tree, _userns
-from ._core import SetupStep, WorkspaceSpec
+from ._core import PATH_MAX, SetupStep, WorkspaceSpec
 from ._exceptions import ImageError, InvalidValue, TransferError
 from ._fork import _layers
 from ._fork._snapshot import Snapshot
@@ -188,6 +188,7 @@ async def export_snapshot(snap: Snapshot, *, chunk: int = CHUNK) -> AsyncIterato
     held = [_layers.snapshot_dir() / d for d in record.mem_chain] + [_layers.layers_dir() / d for d in record.layers]
     await anyio.to_thread.run_sync(_layers.hold_layers, held, user)
     try:
+        await anyio.to_thread.run_sync(_check_extractable, record)
         seq = 0
         yield _frame(seq, b"H", _header_enc.encode(Header(format=FORMAT, record=record, chunk=chunk)))
         digest, total = hashlib.sha256(), 0
@@ -212,6 +213,28 @@ async def export_snapshot(snap: Snapshot, *, chunk: int = CHUNK) -> AsyncIterato
     finally:
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(_layers.release_layers, held, user)
+
+
+def _check_extractable(record: SnapshotRecord) -> None:
+    """Refuse to export a snapshot whose tree an import could not extract (blocking): GNU tar extracts each member
+    by its whole name below the target directory (``layers/<id>/...``), which the kernel refuses past PATH_MAX, and a
+    workspace may legally build trees deeper than that. Walked from descriptors, so any depth is measured."""
+    sections = [(_layers.snapshot_dir(), record.mem_chain, "snaps"), (_layers.layers_dir(), record.layers, "layers")]
+    for base, names, prefix in sections:
+        for name in names:
+            head = len(f"{prefix}/{name}/")
+            for e in _tree.walk(base / name):
+                if head + (e.depth + 1) * 256 < PATH_MAX:
+                    continue  # no path of this depth can be too long: names are at most 255 bytes
+                size = head + sum(len(os.fsencode(p)) + 1 for p in e.parents()) + len(os.fsencode(e.name))
+                if size >= PATH_MAX:
+                    where = "/".join(p[:40] for p in e.parents()[:3])  # names are the workspace's: cut short
+                    raise TransferError(
+                        f"snapshot {record.id}: cannot be exported: its tree holds a path of {size} bytes "
+                        f"({where}/... {e.depth + 1} levels deep), deeper than the {PATH_MAX}-byte PATH_MAX an import "
+                        "can extract (GNU tar extracts by path name); move or remove that tree in the workspace first",
+                        snapshot_id=record.id,
+                    )
 
 
 async def _tar_out(cmd: list[str], chunk: int, snap_id: str) -> AsyncIterator[bytes]:
@@ -433,6 +456,12 @@ class _Extract:
         await proc.aclose()
         assert self.errors is not None
         err = await self.errors.text()
+        if rc and "File name too long" in err:
+            raise TransferError(
+                f"snapshot {self.snap_id}: rejected transfer: the stream holds a path longer than the {PATH_MAX}-byte "
+                f"PATH_MAX, which cannot be extracted (GNU tar extracts by path name): {err}",
+                snapshot_id=self.snap_id,
+            )
         if rc:
             raise TransferError(f"snapshot {self.snap_id}: tar could not extract: {err}", snapshot_id=self.snap_id)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from bunshin_async import TransferError, Workspace
+from bunshin_async import TransferError, Workspace, _transfer
 from bunshin_async._fork._layers import layers_dir, snapshot_dir
 from bunshin_async.transfer import export_snapshot, import_snapshot
 from tests.transfer._homes import Home
@@ -188,3 +188,43 @@ async def test_device_nodes_in_a_layer_are_refused(other: Home) -> None:
     with other.active(), pytest.raises(TransferError, match="device node"):
         await import_snapshot(feed(frames))
     nothing_imported(other)
+
+
+REFUSED = r"path of \d+ bytes \(workspace/deep/a+/\.\.\. \d+ levels deep\), deeper than the 4096-byte PATH_MAX"
+DEEP = "d=deep; for i in $(seq 300); do d=$d/" + "a" * 15 + "; done; mkdir -p $d && echo x > keep"
+
+
+async def test_a_tree_deeper_than_path_max_is_refused_clearly(other: Home, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A workspace may build a tree deeper than PATH_MAX (4,800 bytes of path here), which GNU tar cannot extract
+    by name: the export refuses it before its first frame, naming the reason, and holds nothing afterwards; a stream
+    that holds one anyway (a sender without that check) is refused at import, naming it too, with nothing left."""
+    async with Workspace() as ws:
+        assert (await ws.exec(DEEP)).exit_code == 0
+        async with await ws.snapshot() as snap:
+            sent: list[bytes] = []
+            with pytest.raises(TransferError, match=REFUSED) as info:
+                async for frame in export_snapshot(snap):
+                    sent.append(frame)
+            assert sent == [] and info.value.snapshot_id == snap.id
+            assert len(str(info.value)) < 1000  # the path is shown elided
+            with monkeypatch.context() as m:  # what a sender without the check sends
+                m.setattr(_transfer, "_check_extractable", lambda record: None)
+                frames = await frames_of(snap)
+            (copy,) = await Workspace.from_snapshot(snap)  # the snapshot itself is whole
+            await copy.aclose()
+        with other.active(), pytest.raises(TransferError, match="longer than the 4096-byte PATH_MAX") as info:
+            await import_snapshot(feed(frames))
+        assert info.value.snapshot_id == snap.id
+        nothing_imported(other)
+        # without the deep tree the same workspace travels
+        assert (await ws.exec("rm -rf deep && test -e keep")).exit_code == 0
+        async with await ws.snapshot() as snap:
+            frames = await frames_of(snap)
+    with other.active():
+        imported, _ = await import_snapshot(feed(frames))
+        async with imported:
+            (copy,) = await Workspace.from_snapshot(imported)
+            try:
+                assert (await copy.exec("cat keep; test -e deep")).stdout == "x\n"
+            finally:
+                await copy.aclose()
