@@ -49,3 +49,24 @@ async def test_layers_outlive_snapshot_and_parent(ws: Workspace, monkeypatch: py
     finally:
         await b.aclose()
     assert not _layers()
+
+
+STAT = "cd /workspace && stat -c %s d e && cat d/a && echo $(ls d) / $(ls e)"
+
+
+async def test_directory_sizes_count_the_topmost_layers_entries(ws: Workspace) -> None:
+    """The one difference a copy shows (docs/security.md, Disk): a directory's size is its topmost layer's, on tmpfs
+    40 bytes plus 20 per entry. A copy's layer holds what its parent had; once the copy writes into a directory,
+    overlayfs copies it up empty, so it counts the copy's own entries only (a whiteout among them), while the files
+    stay the same."""
+    await ws.exec("cd /workspace && mkdir d e && echo a > d/a && touch d/b e/x")
+    assert (await ws.exec(STAT)).stdout.split("\n") == ["80", "60", "a", "a b / x", ""]
+    [copy] = await ws.fork(1)
+    try:
+        assert (await copy.exec(STAT)).stdout.split("\n") == ["80", "60", "a", "a b / x", ""]  # the parent's layer
+        step = "touch /workspace/d/z && rm /workspace/e/x"
+        assert (await ws.exec(step)).exit_code == 0 and (await copy.exec(step)).exit_code == 0
+        assert (await ws.exec(STAT)).stdout.split("\n") == ["100", "40", "a", "a b z /", ""]
+        assert (await copy.exec(STAT)).stdout.split("\n") == ["60", "60", "a", "a b z /", ""]  # z; x's whiteout
+    finally:
+        await copy.aclose()
