@@ -17,8 +17,8 @@ CRIU_FILES = ("VERSION", "SHA256", "build.sh", "README.md")
 
 class BuildWithCriu(build_py):
     """Copies criu/ (VERSION, SHA256, build.sh, the patches) into the built package as ``bunshin_async/_criu_build``,
-    so that ``bunshin setup`` builds the same CRIU from an installed wheel (bunshin_async/_hostsetup.py). A checkout
-    (editable install) reads criu/ itself, so nothing is written into the source tree."""
+    so that ``bunshin setup`` builds the same CRIU from an installed wheel (bunshin_async/_host/_hostsetup.py). A
+    checkout (editable install) reads criu/ itself, so nothing is written into the source tree."""
 
     def run(self) -> None:
         super().run()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable
 
-from bunshin_async._accounting import pss_bytes
+from bunshin_async._workspace._accounting import pss_bytes
 
 
 def summary(samples: list[float], scale: float = 1000.0) -> dict[str, float]:

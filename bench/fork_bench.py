@@ -40,7 +40,7 @@ from typing import Any
 import anyio
 
 from bunshin_async import Limits, Security, Workspace
-from bunshin_async._accounting import rollup_bytes
+from bunshin_async._workspace._accounting import rollup_bytes
 
 GUEST = Path(__file__).resolve().parent.parent / "tests" / "fork" / "guest_state.py"
 
@@ -441,9 +441,9 @@ async def copier_compare(files: int, repeat: int) -> None:
     """Fork latency (snapshot + restore of one copy) of a workspace holding ``files`` small files in its upper dir,
     the tree copied by ``_tree`` (descriptors, any depth) and by ``cp -a`` (what copied trees of more than 512
     entries before it; it fails past PATH_MAX), alternated in one run (``--copier both``)."""
-    from bunshin_async._fork import _layers
+    from bunshin_async._host import _snapstore
 
-    ours = _layers.copy_tree
+    ours = _snapstore.copy_tree
 
     async def cp_a(src: Path, dst: Path, *, workspace_id: str = "") -> None:
         await anyio.run_process(["cp", "-a", "--reflink=auto", "--", str(src), str(dst)])
@@ -460,12 +460,12 @@ async def copier_compare(files: int, repeat: int) -> None:
         try:
             for rep in range(repeat):
                 for name in list(copiers) if rep % 2 == 0 else list(copiers)[::-1]:
-                    _layers.copy_tree = copiers[name]  # type: ignore[assignment]
+                    _snapstore.copy_tree = copiers[name]  # type: ignore[assignment]
                     copy, t = await _fork_one(ws)
                     await copy.aclose()
                     times[name].append(t["total"])
         finally:
-            _layers.copy_tree = ours  # type: ignore[assignment]
+            _snapstore.copy_tree = ours  # type: ignore[assignment]
     out: dict[str, Any] = {"benchmark": "fork-copier", "files": files, "repeat": repeat}
     out.update({name: {"fork_total_ms": _stats(times[name])} for name in copiers})
     out["tree_over_cp"] = round(statistics.median(times["tree"]) / statistics.median(times["cp"]), 3)

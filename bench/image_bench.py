@@ -28,8 +28,8 @@ sys.path.insert(0, str(ROOT))
 from _stats import summary  # noqa: E402
 
 from bunshin_async import Image, Workspace  # noqa: E402
-from bunshin_async._docker import AiodockerEngine  # noqa: E402
-from bunshin_async._layers import LayerStore  # noqa: E402
+from bunshin_async._images._docker import AiodockerEngine  # noqa: E402
+from bunshin_async._images._layers import LayerStore  # noqa: E402
 from tests.image import _build  # noqa: E402
 
 

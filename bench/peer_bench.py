@@ -50,7 +50,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _stats import pss_kib, summary  # noqa: E402
 from workspace_bench import idle_pss  # noqa: E402
 
-from bunshin_async import Image, Workspace, _paths  # noqa: E402
+from bunshin_async import Image, Workspace
+from bunshin_async._host import _paths  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 GUEST = REPO / "tests" / "fork" / "guest_state.py"

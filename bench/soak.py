@@ -25,8 +25,8 @@ import anyio
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bunshin_async import Workspace  # noqa: E402
-from bunshin_async._fork._layers import prepare_snapshot_store  # noqa: E402
-from bunshin_async._kernel import CGROUP_ROOT, parent_name  # noqa: E402
+from bunshin_async._host._kernel import CGROUP_ROOT, parent_name  # noqa: E402
+from bunshin_async._host._snapstore import prepare_snapshot_store  # noqa: E402
 from tests.reliability.campaign import HostState, fork_cycles, holding_workspace  # noqa: E402
 
 FD_BOUND = 2

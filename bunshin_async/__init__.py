@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from ._config import Config
-from ._core import SetupStep
 from ._exceptions import (
     AgentError,
     BunshinError,
@@ -34,15 +33,16 @@ from ._exceptions import (
     WorkspaceStartError,
 )
 from ._fork._snapshot import Snapshot
-from ._gui import Display, Gui, Screenshot, Window
-from ._image import Image
-from ._kernel import Limits
-from ._layers import ImportLimits
-from ._oci import ImageConfig
-from ._protocol import DirEntry, ExecResult
+from ._host._kernel import Limits
+from ._host._protocol import DirEntry, ExecResult
+from ._host._security import Security
+from ._images._image import Image
+from ._images._layers import ImportLimits
+from ._images._oci import ImageConfig
 from ._public import publish as _publish
-from ._security import Security
-from ._workspace import BackgroundProcess, Shell, Workspace
+from ._workspace._core import SetupStep
+from ._workspace._facade import BackgroundProcess, Shell, Workspace
+from ._workspace._gui import Display, Gui, Screenshot, Window
 
 __version__ = "0.1.0"
 

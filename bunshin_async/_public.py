@@ -1,5 +1,5 @@
 """Re-exported names carry their public module (httpx's and trio's ``fixup_module_metadata``): reprs, docs and
-pickles say ``bunshin_async.tools.Tool``, not ``bunshin_async._tools.Tool``."""
+pickles say ``bunshin_async.tools.Tool``, not ``bunshin_async._tools._tools.Tool``."""
 
 from __future__ import annotations
 

@@ -24,15 +24,15 @@ import anyio
 import msgspec
 
 from ._exceptions import BunshinError, InvalidValue, ToolError, ToolTimeout, unwrap_group
+from ._host._protocol import ExecResult
 from ._llm._events import ArgumentsComplete, MessageFinished, ToolCall, UsageReported
 from ._llm._openai import tap_openai_stream
-from ._protocol import ExecResult
+from ._rollout._trajectory import Step, Trajectory
 from ._runtime._calls import Launch
 from ._runtime._handle import Executor, WorkspaceHandle, WorkspaceSlot
 from ._runtime._turn import Speculation, run_turn
-from ._tools import Tool, bash_tool, lookup
-from ._trajectory import Step, Trajectory
-from ._workspace import Workspace
+from ._tools._tools import Tool, bash_tool, lookup
+from ._workspace._facade import Workspace
 
 __all__ = ["DEFAULT_SYSTEM_PROMPT", "ToolExecutor", "ToolResult", "WorkspaceExecutor", "observation", "run_agent"]
 

@@ -18,9 +18,8 @@ A run's true memory and CPU (everything it created, by the kernel's counters)::
 
 from __future__ import annotations
 
-from ._accounting import MemoryReport, ResourceMonitor, Subtree, Usage, accounting_scope
 from ._public import publish as _publish
-from ._rollout import (
+from ._rollout._rollout import (
     Budget,
     GroupRollout,
     RolloutAgent,
@@ -30,7 +29,8 @@ from ._rollout import (
     WorkspaceLimiter,
     command_reward,
 )
-from ._trajectory import Step, Trajectory, dump_trajectories, iter_trajectories, load_trajectories
+from ._rollout._trajectory import Step, Trajectory, dump_trajectories, iter_trajectories, load_trajectories
+from ._workspace._accounting import MemoryReport, ResourceMonitor, Subtree, Usage, accounting_scope
 
 __all__ = [
     "Budget",

@@ -1,6 +1,6 @@
 """The tool model: ``Tool`` (schema, handler, effect class), the built-in tools that act on a ``Workspace`` and the
 shell-command classifier; a call's effect class (``pure``, ``read``, ``write``, ``external``) decides whether the
-cache may serve it and the speculator run it ahead (see ``bunshin_async._tools``)::
+cache may serve it and the speculator run it ahead (see ``bunshin_async._tools._tools``)::
 
     classify_command("grep -rn TODO src")      # CallClass(effect=Effect.READ, deterministic=True)
     tools = [*builtin_tools(), bash_tool(timeout=60).with_effect(Effect.EXTERNAL)]
@@ -8,9 +8,9 @@ cache may serve it and the speculator run it ahead (see ``bunshin_async._tools``
 
 from __future__ import annotations
 
-from ._gui_tools import gui_tools
 from ._public import publish as _publish
-from ._tools import (
+from ._tools._gui_tools import gui_tools
+from ._tools._tools import (
     CallClass,
     Effect,
     Handler,

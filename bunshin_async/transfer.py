@@ -9,13 +9,13 @@ share its memory pages copy-on-write, as with a local one)::
     snap2, stats = await import_snapshot(iter_frames())              # on the other host
     copies = await Workspace.from_snapshot(snap2, 4)
 
-See ``bunshin_async._transfer`` for the stream format and what is checked.
+See ``bunshin_async._fork._transfer`` for the stream format and what is checked.
 """
 
 from __future__ import annotations
 
+from ._fork._transfer import FORMAT, SnapshotRecord, TransferStats, export_snapshot, import_snapshot, snapshot_record
 from ._public import publish as _publish
-from ._transfer import FORMAT, SnapshotRecord, TransferStats, export_snapshot, import_snapshot, snapshot_record
 
 __all__ = ["FORMAT", "SnapshotRecord", "TransferStats", "export_snapshot", "import_snapshot", "snapshot_record"]
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fetch (from Debian sid via apt), verify, patch, build and install CRIU into
-# $CRIU_DIST (default criu/dist; the host set-up, bunshin_async/_hostsetup.py,
+# $CRIU_DIST (default criu/dist; the host set-up, bunshin_async/_host/_hostsetup.py,
 # installs it to /usr/local/lib/bunshin/criu). Idempotent; see README.md. The
 # wheel ships this directory (VERSION, SHA256, patches, this script) as package
 # data, so `bunshin setup` builds the same CRIU from an installed package.
@@ -42,7 +42,7 @@ while IFS= read -r line || [[ -n "$line" ]]; do
 done < patches/series
 
 # The patch set this build carries (what `bunshin doctor` and the package compare with the host's install;
-# bunshin_async/_hostsetup.py computes the same digest): VERSION, SHA256, series and each listed patch.
+# bunshin_async/_host/_hostsetup.py computes the same digest): VERSION, SHA256, series and each listed patch.
 PATCHSET=$( { cat VERSION SHA256 patches/series; for p in ${PATCHES[@]+"${PATCHES[@]}"}; do cat "$p"; done; } \
             | sha256sum | cut -c1-16)
 

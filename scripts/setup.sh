@@ -15,7 +15,7 @@ PYTHON=${PYTHON:-python3}
     exit 1
 }
 
-# The host part, the same code `bunshin setup` runs from an installed package (bunshin_async/_hostsetup.py, stdlib
+# The host part, the same code `bunshin setup` runs from an installed package (bunshin_async/_host/_hostsetup.py, stdlib
 # only, run isolated so nothing of the checkout shadows the standard library): the missing system packages of
 # bunshin_async/system-packages.txt (which `bunshin doctor` reads too), CRIU 4.2.1 from criu/patches into
 # /usr/local/lib/bunshin/criu, and /etc/bunshin/host.toml, where every Bunshin on this host finds that CRIU.
@@ -23,7 +23,7 @@ PYTHON=${PYTHON:-python3}
 extra=()
 "$PYTHON" -c 'import ensurepip' 2>/dev/null || extra+=("python3-venv")
 [[ -f "$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')/Python.h" ]] || extra+=("python3-dev")
-"$PYTHON" -I bunshin_async/_hostsetup.py --also ${extra[@]+"${extra[@]}"}
+"$PYTHON" -I bunshin_async/_host/_hostsetup.py --also ${extra[@]+"${extra[@]}"}
 # Debian starts redis-server on install; tests start their own on other ports.
 
 # The checkout's criu/dist is the host's install (worktrees link to it), replaced by a link in two renames.

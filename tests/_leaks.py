@@ -8,9 +8,9 @@ from pathlib import Path
 import anyio
 import psutil
 
-from bunshin_async import _paths
-from bunshin_async._fork._layers import snapshot_dir
-from bunshin_async._kernel import CGROUP_ROOT, parent_name
+from bunshin_async._host import _paths
+from bunshin_async._host._kernel import CGROUP_ROOT, parent_name
+from bunshin_async._host._snapstore import snapshot_dir
 
 
 def children() -> set[int]:

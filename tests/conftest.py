@@ -62,7 +62,7 @@ def host_run(request: pytest.FixtureRequest) -> Iterator[HostRun | None]:
         env.setenv("BUNSHIN_SNAPDIR", str(run.snapdir))
         env.setenv("BUNSHIN_CGROUP_PARENT", run.cgroup_parent)
         try:
-            from bunshin_async._fork._layers import prepare_snapshot_store
+            from bunshin_async._host._snapstore import prepare_snapshot_store
 
             prepare_snapshot_store()  # as `bunshin snapstore` does for the default one: a tmpfs with large folios
             yield run
@@ -71,7 +71,7 @@ def host_run(request: pytest.FixtureRequest) -> Iterator[HostRun | None]:
 
 
 def _remove(run: HostRun) -> None:
-    from bunshin_async._kernel import CGROUP_ROOT
+    from bunshin_async._host._kernel import CGROUP_ROOT
 
     for ctrl_dir in [CGROUP_ROOT, *CGROUP_ROOT.iterdir()]:
         with contextlib.suppress(OSError):
@@ -96,7 +96,7 @@ def _ours() -> set[str]:
     """Cgroups (top level of each hierarchy), mounts and directories (/tmp, /var/tmp, /dev/shm) named bunshin* whose
     name holds this run's pid (``-<pid>-`` or a trailing ``-<pid>``): what this run could have made. Other runs on
     the machine make their own, named by their pid."""
-    from bunshin_async._kernel import CGROUP_ROOT
+    from bunshin_async._host._kernel import CGROUP_ROOT
 
     mine = re.compile(rf"/bunshin[^/]*-{os.getpid()}(?:-[^/]*)?(?:/|$)")
     tops = [CGROUP_ROOT, *CGROUP_ROOT.iterdir(), Path("/tmp"), Path("/var/tmp"), Path("/dev/shm")]

@@ -1,5 +1,5 @@
-"""Memory accounting (``bunshin_async._accounting``): page images mapped copy-on-write are counted in full, once,
-wherever the kernel placed the mapping (``/proc/PID/maps`` pads low addresses with zeros, ``map_files`` does not);
+"""Memory accounting (``bunshin_async._workspace._accounting``): page images mapped copy-on-write are counted in full,
+once, wherever the kernel placed the mapping (``/proc/PID/maps`` pads low addresses with zeros, ``map_files`` does not);
 the background monitor leaves cleanly when cancelled."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import anyio
 import pytest
 
 from bunshin_async import Workspace
-from bunshin_async._accounting import (
+from bunshin_async._config import Config
+from bunshin_async._workspace._accounting import (
     ResourceMonitor,
     accounting_scope,
     held_memory,
@@ -21,7 +22,6 @@ from bunshin_async._accounting import (
     tree_bytes,
     workspace_memory,
 )
-from bunshin_async._config import Config
 
 MAPPER = r"""
 import ctypes, mmap, os, sys

@@ -23,7 +23,7 @@ EXCLUDE = ("bunshin_async/_experiment/tasks/",)  # task fixtures copied into wor
 PRIVATE_ALLOWED = {
     # (module, ``x._name`` as written) allowed to reach into another object's private members: only into foreign
     # libraries' objects, where they offer no public way. Within Bunshin, a module uses another's interface.
-    ("bunshin_async._docker", "docker._query"),  # aiodocker's raw request (no public equivalent)
+    ("bunshin_async._images._docker", "docker._query"),  # aiodocker's raw request (no public equivalent)
     ("bunshin_async.integrations._openai_agents", "session._inner"),  # the Agents SDK's session internals
     ("bunshin_async.integrations._openai_agents", "inner._set_start_state_preserved"),
     ("bunshin_async.integrations._openai_agents", "copy._set_start_state_preserved"),
@@ -31,20 +31,21 @@ PRIVATE_ALLOWED = {
 
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    # (layer, its modules: a name stands for the module and its submodules; the longest match wins), lowest first
-    ("foundation", ("_compat", "_config", "_exceptions", "_fallback", "_hostsetup", "_protocol", "_public", "_paths",
-                    "_trajectory")),
-    ("host interface", ("_tree", "_kernel", "_userns", "_security", "_criu", "_client", "_docker", "_layers", "_oci",
-                        "_gc", "_fork._layers", "_fork._modes")),
-    ("images", ("_image",)),
-    ("workspace core", ("_core",)),
-    ("fork", ("_fork", "_transfer")),
-    ("workspace facade", ("_workspace", "_gui")),
-    ("services", ("_tools", "_gui_tools", "_accounting", "_llm", "_runtime", "_cache", "_rollout")),
+    # (layer, its modules: a name stands for the module and its submodules; the longest match wins), lowest first.
+    # Each name is a top-level module or subpackage (test_layers_are_subpackages), except the one split in SPLIT.
+    ("foundation", ("_compat", "_config", "_exceptions", "_fallback", "_public")),
+    ("host interface", ("_host",)),
+    ("images", ("_images",)),
+    ("workspace core", ("_workspace._core",)),
+    ("fork", ("_fork",)),
+    ("workspace facade", ("_workspace",)),
+    ("services", ("_tools", "_llm", "_runtime", "_cache", "_rollout")),
     ("public modules", ("", "agent", "cache", "llm", "rollout", "speculation", "tools", "transfer")),
-    ("applications", ("integrations", "_e2b", "_experiment", "_cli", "_demo", "_doctor", "_image_cli", "_mcp_cli",
-                      "_e2b_cli", "_setup", "__main__", "speculator")),
+    ("applications", ("integrations", "_e2b", "_experiment", "_cli", "__main__", "speculator")),
 ]  # fmt: skip
+
+SPLIT = {"_workspace._core": "the workspace core sits below the fork layer, the rest of ``_workspace`` above it"}
+"""Where one subpackage spans two layers: the fork layer works on ``WorkspaceCore`` and the facade on the fork layer."""
 
 
 def layer_of(mod: str) -> int | None:
@@ -209,7 +210,7 @@ def _is_module_name(value: ast.expr, tree: ast.Module) -> bool:
 
 
 def _is_module_path(text: str, mod: str, mods: dict[str, Path]) -> bool:
-    """Whether ``text`` (``_fork._layers``, ``bunshin_async._native``) names a module: a submodule of one of the
+    """Whether ``text`` (``_host._snapstore``, ``bunshin_async._native``) names a module: a submodule of one of the
     packages or a compiled extension beside them."""
     tail = text.split(".")[-1]
     if tail in ("_native",):  # bunshin_async._native, the C extension (native/)
@@ -248,6 +249,20 @@ and its latency-hiding experiment (``bunshin bench``), which compares speculator
 speculator; the runtime imports neither them nor speculator."""
 
 
+def test_layers_are_subpackages() -> None:
+    """A reader sees the layers in the tree: each layer is a set of top-level modules and subpackages of
+    ``bunshin_async`` (one concern each), the only exception being ``SPLIT``; no private module sits flat at the top
+    level except the foundation's, which every layer imports."""
+    names = [n for _, ns in LAYERS for n in ns if n not in ("", "speculator")]
+    assert [n for n in names if "." in n and n not in SPLIT] == []
+    top = {m.split(".")[1] for m in modules() if m.startswith("bunshin_async.")}
+    assert top <= set(names) | {"__main__"}
+    flat = sorted(p.stem for p in (ROOT / "bunshin_async").glob("_*.py") if p.stem not in ("__init__", "__main__"))
+    assert flat == sorted(LAYERS[0][1]), "a flat private module: put it in the subpackage of its layer"
+    core = [m.rpartition(".")[2] for m in modules() if (layer_of(m) or 0) <= layer_of("bunshin_async._workspace")]
+    assert sorted({b for b in core if core.count(b) > 1} - {""}) == [], "two modules of the SDK's core share a name"
+
+
 def test_runtime_does_not_import_speculator() -> None:
     edges = graph()
 
@@ -268,12 +283,16 @@ def test_no_module_touches_private_members_of_another_object() -> None:
 def test_checks_see_what_they_must() -> None:
     """The checks would catch a circle and a private access: the graph has edges, including function-level ones."""
     edges = graph()
-    assert "bunshin_async._kernel" in edges["bunshin_async._workspace"]
+    assert "bunshin_async._host._kernel" in edges["bunshin_async._workspace._facade"]
     assert cycles({"a": {"b"}, "b": {"a"}, "c": set()}) == [["a", "b"]]
-    assert "bunshin_async._workspace" in edges["bunshin_async._tools"]  # an import under TYPE_CHECKING
-    assert layer_of("bunshin_async._fork._layers") < layer_of("bunshin_async._core") < layer_of("bunshin_async._fork")
-    assert upward({"bunshin_async._core": {"bunshin_async._workspace"}}) == [
-        "bunshin_async._core (workspace core) -> bunshin_async._workspace (workspace facade)"
+    assert "bunshin_async._workspace._facade" in edges["bunshin_async._tools._tools"]  # an import under TYPE_CHECKING
+    assert (
+        layer_of("bunshin_async._host._snapstore")
+        < layer_of("bunshin_async._workspace._core")
+        < layer_of("bunshin_async._fork")
+    )
+    assert upward({"bunshin_async._workspace._core": {"bunshin_async._workspace._facade"}}) == [
+        "bunshin_async._workspace._core (workspace core) -> bunshin_async._workspace._facade (workspace facade)"
     ]
 
 

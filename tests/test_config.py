@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from bunshin_async import Config, _criu, _kernel, _paths
-from bunshin_async._fork import _layers, _modes
+from bunshin_async import Config
+from bunshin_async._fork import _modes
+from bunshin_async._host import _criu, _kernel, _paths, _snapstore
 
 pytestmark = pytest.mark.unit
 
@@ -29,7 +30,7 @@ def test_environment_is_read_when_used(monkeypatch: pytest.MonkeyPatch, tmp_path
     config = Config.current()
     assert (config.fork_mode, config.criu_log_level, config.cgroup_parent) == ("fs", 4, "bunshin-test-config")
     assert _modes.restore_mode() == "fs" and _modes.fs_only()
-    assert _layers.snapshot_dir() == tmp_path / "snaps"
+    assert _snapstore.snapshot_dir() == tmp_path / "snaps"
     assert _paths.workspaces_dir() == tmp_path / "ws"
     assert _kernel.parent_name() == "bunshin-test-config"
     monkeypatch.delenv("BUNSHIN_CRIU_LOG_LEVEL")
@@ -40,7 +41,7 @@ def test_configure_overrides_and_resets(monkeypatch: pytest.MonkeyPatch, tmp_pat
     monkeypatch.setenv("BUNSHIN_FORK_MODE", "criu")
     config = Config.configure(fork_mode="fs", snapshot_dir=str(tmp_path), criu_log_level=0)
     assert config == Config.current() and config.snapshot_dir == tmp_path  # a str path becomes a Path
-    assert _modes.restore_mode() == "fs" and _layers.snapshot_dir() == tmp_path
+    assert _modes.restore_mode() == "fs" and _snapstore.snapshot_dir() == tmp_path
     if _criu.rpc is not None:
         req = _criu.rpc.criu_req(type=_criu.rpc.DUMP)
         _criu.base_opts(req)

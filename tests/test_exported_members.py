@@ -126,7 +126,7 @@ def test_every_error_is_a_bunshin_error_and_pickles() -> None:
 def test_out_of_range_arguments_are_invalid_values() -> None:
     """What a caller passes wrongly is a BunshinError naming the argument, and still the ValueError it was."""
     from bunshin_async._cache._store import LayeredStore, MemoryStore
-    from bunshin_async._rollout import WorkspaceLimiter
+    from bunshin_async._rollout._rollout import WorkspaceLimiter
 
     cases: list[tuple[Any, str]] = [
         (lambda: bunshin_async.Limits(memory=1), "memory"),
@@ -144,7 +144,7 @@ def test_out_of_range_arguments_are_invalid_values() -> None:
 
 
 def test_doctor_reports_this_host(capsys) -> None:  # type: ignore[no-untyped-def]
-    from bunshin_async._cli import main
+    from bunshin_async._cli._main import main
 
     assert main(["doctor"]) == 0
     out = capsys.readouterr().out

@@ -8,8 +8,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from bunshin_async import CapabilityMissing, Config, Limits, _kernel
+from bunshin_async import CapabilityMissing, Config, Limits
 from bunshin_async._fallback import fallback, reset_warnings
+from bunshin_async._host import _kernel
 
 pytestmark = pytest.mark.unit
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from bunshin_async import _native, _tree
+from bunshin_async import _native
+from bunshin_async._host import _tree
 
 DEEP = 300  # levels of 16 bytes: 4800 bytes of path, past PATH_MAX (4096) and FD_DEPTH
 NAME = "d" * 15

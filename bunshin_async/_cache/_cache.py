@@ -29,7 +29,7 @@ import msgspec
 
 from .._exceptions import BunshinError, InvalidValue, ToolCallError, ToolError
 from .._runtime._handle import WorkspaceSlot
-from .._tools import CallClass, Effect, Tool, builtin_tools, lookup
+from .._tools._tools import CallClass, Effect, Tool, builtin_tools, lookup
 from ._keys import SCHEMA_VERSION, BaseState, StateChain, encode_call, pure_key
 from ._metrics import AuditMismatch, CacheMetrics
 from ._records import CorruptRecord, Entry, error_record, rebuild_error
@@ -38,7 +38,7 @@ from ._state import StateProvider, StateTree
 from ._store import MemoryStore, Store
 
 if TYPE_CHECKING:
-    from .._workspace import Workspace
+    from .._workspace._facade import Workspace
 
 Source = Literal["executed", "cache", "shared", "restored", "uncacheable", "adopted"]
 

@@ -18,10 +18,10 @@ from typing import Protocol
 
 import anyio
 
-from .._accounting import tree_bytes
 from .._exceptions import ForkError
 from .._fork._snapshot import Snapshot
-from .._workspace import Workspace
+from .._workspace._accounting import tree_bytes
+from .._workspace._facade import Workspace
 from ._records import SnapshotRef
 
 __all__ = ["ForkStateProvider", "SnapshotRef", "StateProvider", "StateTree"]

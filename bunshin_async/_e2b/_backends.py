@@ -13,10 +13,10 @@ import anyio
 
 from .._exceptions import BunshinError, ImageError
 from .._fork._snapshot import Snapshot
-from .._image import Image
-from .._kernel import Limits
-from .._protocol import ExecResult
-from .._workspace import BackgroundProcess, Workspace
+from .._host._kernel import Limits
+from .._host._protocol import ExecResult
+from .._images._image import Image
+from .._workspace._facade import BackgroundProcess, Workspace
 from ._wire import ApiError
 
 

@@ -33,7 +33,7 @@ from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from .._exceptions import BunshinError, FileNotFound, InvalidArgument, PathOutsideWorkspace, ToolTimeout
-from .._protocol import ExecResult
+from .._host._protocol import ExecResult
 from ._backends import Handle
 from ._sandboxes import CONTROL_DIR, HOME, MAX_OUTPUT, Process, Sandbox, end_subscribers
 from ._wire import (

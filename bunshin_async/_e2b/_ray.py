@@ -22,9 +22,9 @@ import anyio
 import msgspec
 
 from .._exceptions import BunshinError, HostError, ImageError, WorkspaceClosed
-from .._image import Image
-from .._kernel import Limits
-from .._protocol import ExecResult
+from .._host._kernel import Limits
+from .._host._protocol import ExecResult
+from .._images._image import Image
 from ..integrations._ray._placement import plan_group, room, roomiest  # the cost model (pure; not public)
 from ..integrations.ray import HostConfig, HostInfo, RayCluster, RemoteSnapshot, RemoteWorkspace
 from ._backends import Handle, Snap, template_not_found

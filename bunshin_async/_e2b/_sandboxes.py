@@ -23,7 +23,7 @@ import anyio
 from anyio.streams.memory import MemoryObjectSendStream
 
 from .._exceptions import BunshinError
-from .._image import Image
+from .._images._image import Image
 from ._backends import Backend, Handle, LocalBackend, Snap
 from ._templates import Build
 from ._wire import ENVD_VERSION, ApiError, NewSandbox, RpcError, SandboxOut, SnapshotOut

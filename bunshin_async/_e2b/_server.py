@@ -14,7 +14,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from .._exceptions import InvalidArgument
-from .._image import Image
+from .._images._image import Image
 from ._app import E2BApp
 from ._backends import Backend, LocalBackend
 from ._sandboxes import Sandboxes

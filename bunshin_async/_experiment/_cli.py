@@ -11,9 +11,9 @@ from typing import Any
 import anyio
 import msgspec
 
-from .._rollout import Budget, RolloutContext, Task
-from .._tools import Tool, bash_tool
-from .._trajectory import Trajectory, load_trajectories
+from .._rollout._rollout import Budget, RolloutContext, Task
+from .._rollout._trajectory import Trajectory, load_trajectories
+from .._tools._tools import Tool, bash_tool
 from ._bundled import calc_task, calc_trajectories
 from ._runner import CONFIGS, markdown_table, run_experiment, write_outputs
 from ._terminal import PADS, padded_seconds, terminal_task, terminal_trajectories

@@ -15,8 +15,8 @@ With ``repeats`` the configurations run in turn, repeat after repeat (paired: ea
 configuration once, back to back), and the summary gives each figure's median and spread (min, max) over repeats.
 
 LLM model: the replay server serves scripted (or recorded) assistant turns with their ``llm_seconds`` times
-``time_scale``; tools execute for real in the workspace (optionally padded with ``sleep`` to their recorded
-duration times ``time_scale``). Accounting (``bunshin_async._accounting``): each configuration runs in a cgroup
+``time_scale``; tools execute for real in the workspace (optionally padded with ``sleep`` to their recorded duration
+times ``time_scale``). Accounting (``bunshin_async._workspace._accounting``): each configuration runs in a cgroup
 subtree and snapshot directory of its own (``accounting_scope``); memory is the summed PSS of every process in that
 subtree plus its snapshots and the copy-on-write page images its processes map, sampled every 0.1 s (GiB-seconds is its
 integral); CPU is the subtree's own counter, exact.
@@ -37,13 +37,13 @@ from typing import Any
 import anyio
 import msgspec
 
-from .._accounting import ResourceMonitor, Subtree, accounting_scope
 from .._llm._replay import ReplayServer, build_turns
 from .._llm._timing import RecordedTiming
-from .._rollout import Budget, GroupRollout, RolloutContext, RolloutResult, Task
-from .._tools import Tool, bash_tool
-from .._trajectory import Trajectory
-from .._workspace import Workspace
+from .._rollout._rollout import Budget, GroupRollout, RolloutContext, RolloutResult, Task
+from .._rollout._trajectory import Trajectory
+from .._tools._tools import Tool, bash_tool
+from .._workspace._accounting import ResourceMonitor, Subtree, accounting_scope
+from .._workspace._facade import Workspace
 from ..agent import WorkspaceExecutor, run_agent
 from ..cache import ForkStateProvider, ToolCache
 

@@ -1,8 +1,9 @@
 """Live fork, snapshot and rollback of running workspaces with CRIU: the fork layer, which works on
-``WorkspaceCore`` (``bunshin_async._core``) and never on ``Workspace``. By concern: ``_dump`` (``snapshot``,
+``WorkspaceCore`` (``bunshin_async._workspace._core``) and never on ``Workspace``. By concern: ``_dump`` (``snapshot``,
 ``fork``), ``_restore`` (``copies``, ``restore_into``, ``rollback``, the copies' factory ``new_core``), ``_spares``,
-``_snapshot``, ``_quiesce`` (draining, one operation per workspace), ``_modes`` (memory modes, KSM) and ``_layers``
-(the snapshot store and the layer chain). This file only documents: importing ``_fork._layers`` runs nothing else.
+``_snapshot``, ``_quiesce`` (draining, one operation per workspace), ``_modes`` (memory modes, KSM) and ``_transfer``
+(export and import of snapshots); the snapshot store and the layer chain are ``bunshin_async._host._snapstore``,
+below the workspace core. This file only documents.
 
 A snapshot is a CRIU dump of the workspace's whole process tree (``leave_running``: the parent carries on) plus a
 copy of its overlay upper dir taken in the ``post-dump`` notification, while the tree is still frozen, so memory and

@@ -11,15 +11,15 @@ from pathlib import Path
 
 import anyio
 
-from .. import _criu
-from .._client import AgentClient
-from .._core import WorkspaceCore
-from .._criu import CriuBackend, rpc
 from .._exceptions import ForkError, InvalidValue
-from .._image import agent_layer
-from .._kernel import task_status
-from . import _layers, _quiesce, _restore
-from ._layers import MAX_MEM_CHAIN, chain_layers, hold_layers, mem_chain_depth, store_full
+from .._host import _criu, _snapstore
+from .._host._client import AgentClient
+from .._host._criu import CriuBackend, rpc
+from .._host._kernel import task_status
+from .._host._snapstore import MAX_MEM_CHAIN, chain_layers, hold_layers, mem_chain_depth, store_full
+from .._images._image import agent_layer
+from .._workspace._core import WorkspaceCore
+from . import _quiesce, _restore
 from ._modes import dump_env, fs_only
 from ._quiesce import Batch, Coordinator, coordinator
 from ._restore import FRESH_NETNS, NET_KEY
@@ -190,7 +190,7 @@ async def _dump(
 
     async def on_notify(name: str, pid: int) -> None:
         if name == "post-dump":
-            await _layers.copy_tree(ws.dir / "upper", snap.upper, workspace_id=ws.id)
+            await _snapstore.copy_tree(ws.dir / "upper", snap.upper, workspace_id=ws.id)
 
     fd = os.open(snap.images, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
@@ -230,7 +230,7 @@ async def _fs_copy(ws: WorkspaceCore, snap: Snapshot) -> None:
             raise ForkError(f"workspace {ws.id}: cannot freeze its cgroup: {exc!r}", workspace_id=ws.id) from exc
         live = await anyio.to_thread.run_sync(_live_ns_pids, ws)
         snap.setup = [(step, pid) for step, pid in snap.setup if pid in live]
-        await _layers.copy_tree(ws.dir / "upper", snap.upper, workspace_id=ws.id)
+        await _snapstore.copy_tree(ws.dir / "upper", snap.upper, workspace_id=ws.id)
     finally:
         ws.cgroup.thaw()
     snap.frozen_ms = (time.monotonic() - t0) * 1000

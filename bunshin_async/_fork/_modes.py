@@ -10,12 +10,12 @@ from pathlib import Path
 
 import msgspec
 
-from .. import _paths
 from .._config import Config
-from .._criu import COW_RESTORE, criu_features, criu_unavailable
 from .._exceptions import CapabilityMissing, InvalidValue
 from .._fallback import fallback
-from ._layers import prepare_snapshot_store, snapshot_dir, snapshot_store
+from .._host import _paths
+from .._host._criu import COW_RESTORE, criu_features, criu_unavailable
+from .._host._snapstore import prepare_snapshot_store, snapshot_dir, snapshot_store
 
 ForkMode = str
 """How a workspace came to be: ``"fresh"`` (started cold), ``"criu"`` (restored from a CRIU snapshot, private

@@ -8,9 +8,9 @@ import weakref
 
 import anyio
 
-from .._client import AgentClient
-from .._core import WorkspaceCore
 from .._exceptions import ForkError
+from .._host._client import AgentClient
+from .._workspace._core import WorkspaceCore
 from ._record import SnapshotRecord
 
 DRAIN_TIMEOUT = 60.0

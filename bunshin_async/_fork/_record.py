@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
-from .._core import SetupStep, WorkspaceCore, WorkspaceSpec
+from .._workspace._core import SetupStep, WorkspaceCore, WorkspaceSpec
 
 __all__ = ["SnapshotRecord", "Spares"]
 

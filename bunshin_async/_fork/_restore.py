@@ -10,14 +10,13 @@ from pathlib import Path
 
 import anyio
 
-from .. import _criu, _paths, _tree, _userns
 from .._compat import BaseExceptionGroup
-from .._core import WorkspaceCore, prime_attach
-from .._criu import CriuBackend, rpc
 from .._exceptions import BunshinError, ForkError, InvalidValue
-from .._kernel import Cgroup, task_status
-from . import _layers
-from ._layers import MAX_LAYERS, chain_layers, hold_layers, release_layers, store_full
+from .._host import _criu, _paths, _snapstore, _tree, _userns
+from .._host._criu import CriuBackend, rpc
+from .._host._kernel import Cgroup, task_status
+from .._host._snapstore import MAX_LAYERS, chain_layers, hold_layers, release_layers, store_full
+from .._workspace._core import WorkspaceCore, prime_attach
 from ._modes import ksm_enable, mode_wrapper, restore_mode
 from ._quiesce import coordinator
 from ._record import SnapshotRecord
@@ -150,7 +149,7 @@ async def _upper_from(ws: WorkspaceCore, snap: SnapshotRecord) -> None:
     await snap.materialize()
     if len(lower.split(":")) > MAX_LAYERS:
         lower = snap.parent_lower
-        await _layers.copy_tree(snap.layer, ws.dir / "upper", workspace_id=ws.id)
+        await _snapstore.copy_tree(snap.layer, ws.dir / "upper", workspace_id=ws.id)
     else:
         (ws.dir / "upper").mkdir()
         if ws.spec.security.userns:

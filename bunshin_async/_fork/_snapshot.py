@@ -9,12 +9,11 @@ from typing import Any
 
 import anyio
 
-from .. import _tree
-from .._core import SetupStep, WorkspaceSpec
 from .._exceptions import ForkError
-from .._image import Image
-from . import _layers
-from ._layers import chain_layers, layers_dir, release_layers, snapshot_dir
+from .._host import _snapstore, _tree
+from .._host._snapstore import chain_layers, layers_dir, release_layers, snapshot_dir
+from .._images._image import Image
+from .._workspace._core import SetupStep, WorkspaceSpec
 from ._record import Spares
 from ._spares import SparePool
 
@@ -94,7 +93,7 @@ class Snapshot:
                             f"snapshot {self.id}: its upper copy cannot become a layer: {exc.strerror}",
                             workspace_id=self.workspace_id,
                         ) from exc
-                    await _layers.copy_tree(self.upper, partial, workspace_id=self.workspace_id)
+                    await _snapstore.copy_tree(self.upper, partial, workspace_id=self.workspace_id)
                     partial.rename(self.layer)
             finally:
                 with anyio.CancelScope(shield=True):
@@ -138,7 +137,7 @@ class Snapshot:
     @classmethod
     def adopt(cls, snap_id: str, *, lower: str, fresh_net: bool = False, **record: Any) -> Snapshot:
         """A ``Snapshot`` object for a directory ``snap_id`` already in the store whose layers are in place (an
-        imported one, ``bunshin_async._transfer``); the caller holds its references (``hold_layers``). ``lower``
+        imported one, ``bunshin_async._fork._transfer``); the caller holds its references (``hold_layers``). ``lower``
         is its full chain, its own layer first; ``record`` the keyword arguments of ``__init__`` but the chain."""
         own, _, parent_lower = lower.partition(":")
         snap = cls(parent_lower=parent_lower, **record)

@@ -15,8 +15,8 @@ from __future__ import annotations
 import anyio
 from anyio.abc import TaskGroup
 
-from .._core import WorkspaceCore
 from .._exceptions import ForkError, InvalidValue
+from .._workspace._core import WorkspaceCore
 from ._record import SnapshotRecord
 from ._restore import restore_many
 

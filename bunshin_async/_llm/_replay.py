@@ -27,7 +27,7 @@ from typing import Any
 import anyio
 import msgspec
 
-from .._trajectory import Fault, Trajectory, load_trajectories
+from .._rollout._trajectory import Fault, Trajectory, load_trajectories
 from ._http import HTTPRequest, Responder, serve_http
 from ._responses import render_response, responses_decoder, responses_messages
 from ._timing import FixedTiming, TimingModel, token_offsets

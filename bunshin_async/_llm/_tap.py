@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 
 from .._exceptions import LLMStreamError, ToolCallError
-from .._tools import Tool, lookup, validate_schema
+from .._tools._tools import Tool, lookup, validate_schema
 from ._events import (
     ArgumentsComplete,
     ArgumentsDelta,

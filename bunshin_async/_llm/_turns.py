@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from .._trajectory import Fault, Trajectory
+from .._rollout._trajectory import Fault, Trajectory
 from ._wire import ChatMessage, message_text
 
 __all__ = [
@@ -71,7 +71,7 @@ def decode_args(raw: str) -> Any:
 
 
 def build_turns(trajectory: Trajectory) -> list[Turn]:
-    """Group a trajectory's steps into assistant turns (see ``bunshin_async._trajectory``)."""
+    """Group a trajectory's steps into assistant turns (see ``bunshin_async._rollout._trajectory``)."""
     turns: list[Turn] = []
     group: int | None = None
     for step in trajectory.steps:

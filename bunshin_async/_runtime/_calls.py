@@ -12,7 +12,7 @@ from typing import Any, Protocol, runtime_checkable
 import msgspec
 import xxhash
 
-from .._tools import Effect, Tool
+from .._tools._tools import Effect, Tool
 
 __all__ = [
     "CallKey",

@@ -22,7 +22,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from .._compat import BaseExceptionGroup
-from .._workspace import Workspace
+from .._workspace._facade import Workspace
 from ._calls import CallKey, chain_root, extend_chain
 from ._metrics import RolloutMetrics
 

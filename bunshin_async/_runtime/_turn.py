@@ -35,8 +35,8 @@ import msgspec
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from .._accounting import tree_bytes, workspace_memory
 from .._exceptions import BunshinError, InvalidArgument, ToolError, unwrap_group
+from .._host._protocol import ExecResult
 from .._llm._events import (
     ArgumentsComplete,
     MessageFinished,
@@ -47,9 +47,9 @@ from .._llm._events import (
     Usage,
     UsageReported,
 )
-from .._protocol import ExecResult
-from .._tools import Effect, Tool, lookup
-from .._workspace import Workspace
+from .._tools._tools import Effect, Tool, lookup
+from .._workspace._accounting import tree_bytes, workspace_memory
+from .._workspace._facade import Workspace
 from ._calls import CallKey, Launch, Policy, PredictionContext, Predictor, extend_chain
 from ._handle import CLOSE_DEADLINE, WorkspaceHandle
 from ._metrics import BranchRecord, EventKind, RolloutMetrics, TimelineEvent, TurnMetrics, _Counts

@@ -12,10 +12,10 @@ from __future__ import annotations
 import anyio
 
 from .._fork._snapshot import Snapshot
-from .._image import Image
-from .._kernel import Limits
-from .._rollout import Task, prepare
-from .._workspace import Workspace
+from .._host._kernel import Limits
+from .._images._image import Image
+from .._rollout._rollout import Task, prepare
+from .._workspace._facade import Workspace
 
 
 class _Group:

@@ -25,9 +25,9 @@ from typing import Any
 import anyio
 
 from .._exceptions import BunshinError, ToolTimeout
-from .._image import Image
-from .._kernel import Limits
-from .._workspace import Workspace
+from .._host._kernel import Limits
+from .._images._image import Image
+from .._workspace._facade import Workspace
 from ._images import build_dockerfile, import_archive, resolve_image
 from ._require import require
 

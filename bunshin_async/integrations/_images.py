@@ -20,7 +20,7 @@ from pathlib import Path
 import anyio
 
 from .._exceptions import CapabilityMissing, ImageError
-from .._image import BASE_NAME, Image
+from .._images._image import BASE_NAME, Image
 
 __all__ = ["build_dockerfile", "import_archive", "resolve_image"]
 

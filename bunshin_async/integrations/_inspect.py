@@ -28,9 +28,9 @@ from typing import Any, Literal, overload
 import anyio
 
 from .._exceptions import BunshinError, FileNotFound, InvalidArgument, PathOutsideWorkspace, ToolTimeout
-from .._image import Image
-from .._kernel import Limits
-from .._workspace import Workspace
+from .._host._kernel import Limits
+from .._images._image import Image
+from .._workspace._facade import Workspace
 from ._images import build_dockerfile, import_archive, resolve_image
 from ._require import require
 

@@ -44,13 +44,13 @@ from .._exceptions import (
     ToolTimeout,
     WorkspaceClosed,
 )
-from .._gui import Display, Screenshot
-from .._gui_tools import gui_tools
-from .._image import Image
-from .._kernel import Limits
-from .._protocol import ExecResult
-from .._tools import Effect, Handler, Tool, builtin_tools, lookup
-from .._workspace import Workspace
+from .._host._kernel import Limits
+from .._host._protocol import ExecResult
+from .._images._image import Image
+from .._tools._gui_tools import gui_tools
+from .._tools._tools import Effect, Handler, Tool, builtin_tools, lookup
+from .._workspace._facade import Workspace
+from .._workspace._gui import Display, Screenshot
 from ..agent import WorkspaceExecutor, observation
 from ._require import require
 

@@ -23,8 +23,8 @@ import platform
 from typing import Any
 
 from .._exceptions import BunshinError, ToolTimeout
-from .._kernel import Limits
-from .._workspace import Workspace
+from .._host._kernel import Limits
+from .._workspace._facade import Workspace
 from ._images import resolve_image
 from ._portal import PortalRuntime
 from ._require import require

@@ -27,9 +27,9 @@ from typing import Literal
 import anyio
 
 from .._exceptions import BunshinError, FileNotFound, InvalidValue, ToolTimeout
-from .._image import Image
-from .._kernel import Limits
-from .._workspace import Workspace
+from .._host._kernel import Limits
+from .._images._image import Image
+from .._workspace._facade import Workspace
 from ._require import require
 
 require("agents.sandbox", framework="the OpenAI Agents SDK", extra="openai-agents")

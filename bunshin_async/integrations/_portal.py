@@ -16,7 +16,7 @@ from typing import TypeVar
 import anyio
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
-from .._workspace import Workspace
+from .._workspace._facade import Workspace
 
 __all__ = ["PortalRuntime"]
 

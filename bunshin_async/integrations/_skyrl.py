@@ -29,10 +29,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from .._exceptions import BunshinError, InvalidArgument
-from .._image import Image
-from .._kernel import Limits
-from .._rollout import Task, command_reward
-from .._workspace import Workspace
+from .._host._kernel import Limits
+from .._images._image import Image
+from .._rollout._rollout import Task, command_reward
+from .._workspace._facade import Workspace
 from ..agent import observation as tool_observation
 from ._groups import GroupForks
 from ._portal import PortalRuntime

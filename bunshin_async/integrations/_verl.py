@@ -28,8 +28,8 @@ import anyio
 from .._cache._cache import CachedSession, ToolCache
 from .._cache._state import ForkStateProvider
 from .._exceptions import InvalidArgument, ToolError
-from .._rollout import Task, command_reward
-from .._tools import Tool, bash_tool, read_file_tool, write_file_tool
+from .._rollout._rollout import Task, command_reward
+from .._tools._tools import Tool, bash_tool, read_file_tool, write_file_tool
 from ..agent import observation
 from ._groups import GroupForks
 from ._require import require

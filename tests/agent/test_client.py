@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bunshin_async import _protocol as P
-from bunshin_async._client import CONTROL_FRAME, FILE_DATA_MAX, LISTING_MAX, answer_limit
+from bunshin_async._host import _protocol as P
+from bunshin_async._host._client import CONTROL_FRAME, FILE_DATA_MAX, LISTING_MAX, answer_limit
 
 pytestmark = pytest.mark.unit
 

@@ -14,7 +14,7 @@ import msgspec
 import pytest
 
 from bunshin_async import Workspace
-from bunshin_async import _protocol as P
+from bunshin_async._host import _protocol as P
 
 STALL_SECONDS = 10  # agent.c: a peer silent this long in the middle of a frame is cut off
 ANSWER_BOUND = 10.0

@@ -13,7 +13,7 @@ import pytest
 
 from bunshin_async import FileNotFound, ForkError, ToolCallError, Workspace
 from bunshin_async._cache._state import StateTree
-from bunshin_async._fork._layers import layers_dir, snapshot_dir
+from bunshin_async._host._snapstore import layers_dir, snapshot_dir
 from bunshin_async.cache import (
     CachedSession,
     ForkStateProvider,

@@ -13,7 +13,7 @@ from e2b import AsyncSandbox
 
 pytestmark = pytest.mark.root
 
-CLI = [sys.executable, "-m", "bunshin_async._cli", "e2b", "serve"]
+CLI = [sys.executable, "-m", "bunshin_async", "e2b", "serve"]
 
 
 def test_a_public_address_without_a_key_is_refused() -> None:

@@ -1,6 +1,6 @@
-"""``_layers.copy_tree`` (``bunshin_async._tree``, from descriptors) must give exactly what ``cp -a`` gives (owners,
-modes, ns times, hard links, holes, symlinks, devices, overlay whiteouts, fifos, sockets and every xattr), from the
-snapshot store's tmpfs to the workspaces' disk and back."""
+"""``_snapstore.copy_tree`` (``bunshin_async._host._tree``, from descriptors) must give exactly what ``cp -a`` gives
+(owners, modes, ns times, hard links, holes, symlinks, devices, overlay whiteouts, fifos, sockets and every xattr), from
+the snapshot store's tmpfs to the workspaces' disk and back."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bunshin_async._exceptions import ForkError
-from bunshin_async._fork import _layers
+from bunshin_async._host import _snapstore
 
 pytestmark = pytest.mark.fork_modes("criu-cow")  # no restore here: one mode is enough
 
@@ -73,14 +73,14 @@ def _describe(root: Path) -> dict[str, tuple[object, ...]]:
 
 @pytest.mark.parametrize("direction", ["store-to-disk", "disk-to-store"])
 async def test_copy_tree_is_cp_a(tmp_path: Path, direction: str) -> None:
-    store = _layers.snapshot_dir() / f"copy-test-{os.getpid()}"
+    store = _snapstore.snapshot_dir() / f"copy-test-{os.getpid()}"
     store.mkdir(parents=True)
     try:
         src_base, dst_base = (store, tmp_path) if direction == "store-to-disk" else (tmp_path, store)
         src = src_base / "src"
         _make_tree(src)
         subprocess.run(["cp", "-a", "--", str(src), str(dst_base / "by-cp")], check=True)
-        await _layers.copy_tree(src, dst_base / "in-process")
+        await _snapstore.copy_tree(src, dst_base / "in-process")
         want = _describe(dst_base / "by-cp")
         assert len(want) > 3 and want == _describe(dst_base / "in-process")
     finally:
@@ -92,9 +92,9 @@ async def test_copy_tree_failure(tmp_path: Path) -> None:
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "f").write_text("x")
     with pytest.raises(ForkError, match="copying .* failed"):
-        await _layers.copy_tree(tmp_path / "src", tmp_path / "missing" / "dst")
+        await _snapstore.copy_tree(tmp_path / "src", tmp_path / "missing" / "dst")
     (tmp_path / "dst").mkdir()
     (tmp_path / "dst" / "keep").write_text("y")
     with pytest.raises(ForkError, match="File exists"):
-        await _layers.copy_tree(tmp_path / "src", tmp_path / "dst")
+        await _snapstore.copy_tree(tmp_path / "src", tmp_path / "dst")
     assert (tmp_path / "dst" / "keep").read_text() == "y"

@@ -11,7 +11,8 @@ import anyio
 import pytest
 
 from bunshin_async import Snapshot, Workspace
-from bunshin_async._fork import _dump, _layers, _modes
+from bunshin_async._fork import _dump, _modes
+from bunshin_async._host import _snapstore
 
 HERE = Path(__file__).parent
 HEAP_MIB = 100
@@ -150,7 +151,7 @@ async def test_cow_nested_fork_dumps_only_what_the_copy_wrote(ws: Workspace, for
                 assert await _get(probe, "/digest") == expected, f"generation {gen}"
             finally:
                 await probe.aclose()
-        assert _layers.mem_chain_depth(current._core.mem_parent) == 4  # type: ignore[arg-type]
+        assert _snapstore.mem_chain_depth(current._core.mem_parent) == 4  # type: ignore[arg-type]
     finally:
         for c in made:
             await c.aclose()
@@ -165,18 +166,18 @@ async def test_cow_chain_runs_to_its_limit(ws: Workspace, fork_mode: str) -> Non
     (current,) = await ws.fork()
     depths: list[int] = []
     try:
-        for gen in range(2, _layers.MAX_MEM_CHAIN + 2):
+        for gen in range(2, _snapstore.MAX_MEM_CHAIN + 2):
             assert await _get(current, f"/dirty/{gen}/1") == "ok"
             async with await current.snapshot() as snap:
                 expected = await _get(current, "/digest")
-                depths.append(_layers.mem_chain_depth(snap.path))
+                depths.append(_snapstore.mem_chain_depth(snap.path))
                 (after,) = await Workspace.from_snapshot(snap)
             await current.aclose()
             current = after
             assert await _get(current, "/digest") == expected, f"generation {gen}, chain {depths[-1]}"
     finally:
         await current.aclose()
-    assert depths == [*range(2, _layers.MAX_MEM_CHAIN + 1), 1]
+    assert depths == [*range(2, _snapstore.MAX_MEM_CHAIN + 1), 1]
 
 
 @pytest.mark.fork_modes("criu-cow")

@@ -8,10 +8,11 @@ from pathlib import Path
 import anyio
 import pytest
 
-from bunshin_async import BunshinError, CapabilityMissing, ForkError, SetupStep, Shell, Workspace, _criu, _paths
-from bunshin_async._doctor import report
+from bunshin_async import BunshinError, CapabilityMissing, ForkError, SetupStep, Shell, Workspace
+from bunshin_async._cli._doctor import report
 from bunshin_async._fallback import reset_warnings
 from bunshin_async._fork import _modes
+from bunshin_async._host import _criu, _paths
 
 pytestmark = pytest.mark.fork_modes("fs")
 

@@ -14,9 +14,9 @@ import anyio
 import psutil
 import pytest
 
-from bunshin_async import _paths
-from bunshin_async._fork._layers import collect_layers, layers_dir
-from bunshin_async._kernel import CGROUP_ROOT, parent_name, unmount_disk
+from bunshin_async._host import _paths
+from bunshin_async._host._kernel import CGROUP_ROOT, parent_name, unmount_disk
+from bunshin_async._host._snapstore import collect_layers, layers_dir
 
 # A host killed outright cannot put KSM's settings back, so the KSM mode is not killed here.
 pytestmark = pytest.mark.fork_modes("criu-cow", "criu")

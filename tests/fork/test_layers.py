@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from bunshin_async import Workspace
-from bunshin_async._fork import _layers as store
 from bunshin_async._fork import _restore
+from bunshin_async._host import _snapstore as store
 
 pytestmark = pytest.mark.fork_modes("criu-cow")  # the file layers are the same for every restore mode
 

@@ -12,7 +12,8 @@ import pytest
 
 from bunshin_async import CapabilityMissing, Config, Workspace
 from bunshin_async._fallback import reset_warnings
-from bunshin_async._fork import _layers, _modes
+from bunshin_async._fork import _modes
+from bunshin_async._host import _snapstore
 
 pytestmark = pytest.mark.fork_modes("criu-cow")
 
@@ -72,7 +73,7 @@ def test_snapshot_store_is_mounted_or_missing(
     monkeypatch.setenv("BUNSHIN_SNAPDIR", str(empty))
     try:
         assert not _modes.fs_only()
-        ok, where = _layers.snapshot_store()
+        ok, where = _snapstore.snapshot_store()
         assert ok and "tmpfs" in where
     finally:
         subprocess.run(["umount", str(empty)], check=False)

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bunshin_async import Security, Workspace, _paths
+from bunshin_async import Security, Workspace
+from bunshin_async._host import _paths
 
 pytestmark = pytest.mark.fork_modes("criu-cow")  # no restore mode involved: run once
 

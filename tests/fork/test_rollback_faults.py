@@ -11,8 +11,8 @@ import anyio
 import pytest
 
 from bunshin_async import ForkError, Workspace
-from bunshin_async._criu import NotifyHandler, SwrkCriu
 from bunshin_async._fork import _dump, _restore
+from bunshin_async._host._criu import NotifyHandler, SwrkCriu
 
 
 async def test_rollback_returns_exact_state(ws: Workspace, fork_mode: str) -> None:

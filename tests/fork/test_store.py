@@ -10,8 +10,8 @@ import anyio
 import pytest
 
 from bunshin_async import CapabilityMissing, Workspace
-from bunshin_async._cli import main as cli
-from bunshin_async._fork._layers import prepare_snapshot_store, snapshot_store
+from bunshin_async._cli._main import main as cli
+from bunshin_async._host._snapstore import prepare_snapshot_store, snapshot_store
 
 pytestmark = pytest.mark.fork_modes("criu-cow")
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bunshin_async import _paths
+from bunshin_async._host import _paths
 
 pytestmark = pytest.mark.fork_modes("criu")  # the tool uses CRIU directly, not a fork mode
 

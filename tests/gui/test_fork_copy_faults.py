@@ -17,7 +17,7 @@ import anyio
 import pytest
 
 from bunshin_async import ForkError, Workspace
-from bunshin_async._fork import _layers
+from bunshin_async._host import _snapstore
 
 from .conftest import settled
 
@@ -27,8 +27,8 @@ async def test_failed_upper_copy_is_fork_error(
     form: tuple[Workspace, dict[str, list[int]]], monkeypatch: pytest.MonkeyPatch, stage: str
 ) -> None:
     parent, _ = form
-    real = _layers.copy_tree
-    layers = _layers.layers_dir()
+    real = _snapstore.copy_tree
+    layers = _snapstore.layers_dir()
     failed: list[Path] = []
 
     async def copy(src: Path, dst: Path, **kw: Any) -> None:
@@ -39,7 +39,7 @@ async def test_failed_upper_copy_is_fork_error(
         dst.mkdir()
         await real(src / "no-such-entry", dst, **kw)
 
-    monkeypatch.setattr(_layers, "copy_tree", copy)
+    monkeypatch.setattr(_snapstore, "copy_tree", copy)
     if stage == "restore":
         real_rename = Path.rename
 

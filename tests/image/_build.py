@@ -14,7 +14,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from bunshin_async._image import Image, apt_mirror
+from bunshin_async._images._image import Image, apt_mirror
 
 DOCKER = "/usr/bin/docker"  # Debian's client for the engine scripts/docker.sh starts
 HERE = Path(__file__).parent

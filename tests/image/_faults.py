@@ -10,8 +10,8 @@ from typing import Any
 
 import anyio
 
-from bunshin_async._docker import AiodockerEngine
-from bunshin_async._layers import LayerStore
+from bunshin_async._images._docker import AiodockerEngine
+from bunshin_async._images._layers import LayerStore
 
 
 class HeldExport(AiodockerEngine):

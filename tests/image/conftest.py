@@ -12,7 +12,7 @@ import anyio
 import pytest
 
 from bunshin_async import Image
-from bunshin_async._layers import LayerStore
+from bunshin_async._images._layers import LayerStore
 
 from . import _build
 

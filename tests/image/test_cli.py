@@ -11,8 +11,8 @@ import anyio
 import pytest
 
 from bunshin_async import Image, ImageError, Workspace
-from bunshin_async._cli import main
-from bunshin_async._layers import LayerStore
+from bunshin_async._cli._main import main
+from bunshin_async._images._layers import LayerStore
 
 from . import _build
 from ._archives import layer_tar, member, sha, tar_dir, write_oci

@@ -12,8 +12,8 @@ import anyio
 import pytest
 
 from bunshin_async import Image, ImageError, InvalidArgument, Workspace
-from bunshin_async._docker import AiodockerEngine
-from bunshin_async._layers import LayerStore
+from bunshin_async._images._docker import AiodockerEngine
+from bunshin_async._images._layers import LayerStore
 from bunshin_async.rollout import GroupRollout, RolloutContext, Step, Task, Trajectory
 
 from . import _build

@@ -14,8 +14,8 @@ import anyio
 import pytest
 
 from bunshin_async import Image, ImageError, ImportLimits
-from bunshin_async._layers import ImportCancelled, LayerStore
-from bunshin_async._oci import import_archive
+from bunshin_async._images._layers import ImportCancelled, LayerStore
+from bunshin_async._images._oci import import_archive
 
 from ._archives import d, gnu_sparse_tar, layer_tar, member, sha, tar_dir, write_oci
 from ._faults import HeldUnpack
@@ -286,7 +286,7 @@ def test_concurrent_imports_in_two_processes(tmp_path: Path, fresh_store: LayerS
     write_oci(tmp_path / "oci", [big, TOP])
     code = (
         "import anyio, sys; from pathlib import Path; from bunshin_async import Image; "
-        "from bunshin_async._layers import LayerStore; "
+        "from bunshin_async._images._layers import LayerStore; "
         "im = anyio.run(lambda: Image.from_oci(sys.argv[1], store=LayerStore(Path(sys.argv[2])))); print(im.digest)"
     )
     procs = [

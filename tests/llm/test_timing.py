@@ -127,7 +127,7 @@ async def test_64_concurrent_openai_streams_cli_server(tmp_path: Path, make_clie
     """The ``bunshin replay-server`` process against one ``openai.AsyncOpenAI`` with 64 streams at once (the SDK
     parses each chunk into pydantic models, so the client side is the heavy one)."""
     path = dump_trajectories(tmp_path / "t.jsonl.gz", [ONE_SECOND])
-    argv = [sys.executable, "-m", "bunshin_async._cli", "replay-server", "--trajectories", str(path)]
+    argv = [sys.executable, "-m", "bunshin_async", "replay-server", "--trajectories", str(path)]
     argv += ["--port", "0", "--time-model", "recorded", "--ttft", "0.2"]
     async with await anyio.open_process(argv) as proc:
         try:

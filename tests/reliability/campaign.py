@@ -17,9 +17,10 @@ import anyio
 import msgspec
 import psutil
 
-from bunshin_async import Workspace, _paths
-from bunshin_async._fork._layers import snapshot_dir
-from bunshin_async._kernel import CGROUP_ROOT, parent_name
+from bunshin_async import Workspace
+from bunshin_async._host import _paths
+from bunshin_async._host._kernel import CGROUP_ROOT, parent_name
+from bunshin_async._host._snapstore import snapshot_dir
 
 STATE_MIB = 50
 HOLDER = (

@@ -14,9 +14,13 @@ import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bunshin_async import Snapshot, Workspace, _criu  # noqa: E402
-from bunshin_async._core import WorkspaceCore  # noqa: E402
-from bunshin_async._fork import _layers, _quiesce, _restore  # noqa: E402
+from bunshin_async import Snapshot, Workspace
+from bunshin_async._fork import _quiesce, _restore  # noqa: E402
+from bunshin_async._host import (
+    _criu,  # noqa: E402
+    _snapstore,
+)
+from bunshin_async._workspace._core import WorkspaceCore  # noqa: E402
 from bunshin_async.cache import ForkStateProvider  # noqa: E402
 from tests.reliability.campaign import holding_workspace  # noqa: E402
 
@@ -62,14 +66,14 @@ async def main(stage: str) -> None:
 
             _quiesce.drain = drain  # type: ignore[assignment]
         if point == "post-dump":
-            real_copy = _layers.copy_tree
+            real_copy = _snapstore.copy_tree
 
             async def copy_tree(src: Path, dst: Path, **kw: Any) -> None:
                 await real_copy(src, dst, **kw)
                 if src.name == "upper" and dst.name == "upper":
                     die()
 
-            _layers.copy_tree = copy_tree  # type: ignore[assignment]
+            _snapstore.copy_tree = copy_tree  # type: ignore[assignment]
         if point == "restored":
             real_restore = _restore.restore_into
 

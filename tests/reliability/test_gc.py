@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from bunshin_async import _gc, _paths
 from bunshin_async._config import Config
-from bunshin_async._fork._layers import snapshot_dir
-from bunshin_async._kernel import CGROUP_ROOT, Cgroup, Limits, parent_name
+from bunshin_async._host import _paths
+from bunshin_async._host._kernel import CGROUP_ROOT, Cgroup, Limits, parent_name
+from bunshin_async._host._snapstore import snapshot_dir
+from bunshin_async._workspace import _gc
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -53,7 +54,7 @@ def test_gc_unmounts_thaws_and_reports() -> None:
         assert not ws_dir.exists() and not snap.exists()
         assert not frozen.pids() and not any(d.exists() for d in [*frozen.dirs, *orphan.dirs])
         assert os.path.ismount(snapshot_dir()), "the snapshot store itself stays mounted"
-        cli = subprocess.run([sys.executable, "-m", "bunshin_async._cli", "gc"], capture_output=True, text=True)
+        cli = subprocess.run([sys.executable, "-m", "bunshin_async", "gc"], capture_output=True, text=True)
         assert cli.returncode == 0 and "removed" not in cli.stdout, cli.stdout  # nothing left to remove
     finally:
         sleeper.kill()

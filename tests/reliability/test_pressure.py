@@ -13,7 +13,7 @@ import anyio
 import pytest
 
 from bunshin_async import ToolTimeout, Workspace
-from bunshin_async._kernel import CGROUP_ROOT, V1_CONTROLLERS, cgroup_version, parent_name
+from bunshin_async._host._kernel import CGROUP_ROOT, V1_CONTROLLERS, cgroup_version, parent_name
 from tests.reliability.campaign import holding_workspace
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]

@@ -14,7 +14,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from bunshin_async._kernel import CGROUP_ROOT
+from bunshin_async._host._kernel import CGROUP_ROOT
 from tests.reliability.campaign import host_processes, host_state
 from tests.reliability.kill_driver import STAGES
 
@@ -44,7 +44,7 @@ async def test_sdk_killed_at_stage(stage: str, monkeypatch: pytest.MonkeyPatch) 
             while os.path.exists(f"/proc/{pid1}") and "zombie" not in _state(pid1):
                 await anyio.sleep(0.02)
         gc = subprocess.run(
-            [sys.executable, "-m", "bunshin_async._cli", "gc"], env=env, cwd=ROOT, capture_output=True, text=True
+            [sys.executable, "-m", "bunshin_async", "gc"], env=env, cwd=ROOT, capture_output=True, text=True
         )
         assert gc.returncode == 0, gc.stderr
         after = host_state()

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from bunshin_async import ForkError, StoreFull, Workspace, _paths
-from bunshin_async._fork._layers import STORE_OPTIONS
+from bunshin_async import ForkError, StoreFull, Workspace
+from bunshin_async._host import _paths
+from bunshin_async._host._snapstore import STORE_OPTIONS
 from tests.reliability.campaign import holding_workspace
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]

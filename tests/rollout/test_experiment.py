@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from bunshin_async import Workspace
-from bunshin_async._cli import main as cli_main
+from bunshin_async._cli._main import main as cli_main
 from bunshin_async._experiment._bundled import calc_task, calc_trajectories
 from bunshin_async._experiment._cli import _padded_bash, trajectory_groups
 from bunshin_async._experiment._runner import CONFIGS, ReplayAgent, markdown_table, run_experiment, write_outputs

@@ -17,7 +17,7 @@ import pytest
 
 from bunshin_async._config import Config
 from bunshin_async._experiment._runner import ExperimentResult, run_experiment
-from bunshin_async._kernel import CGROUP_ROOT, cgroup_version
+from bunshin_async._host._kernel import CGROUP_ROOT, cgroup_version
 from bunshin_async.rollout import Step, Task, Trajectory
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from bunshin_async import _paths
+from bunshin_async._host import _paths
 from bunshin_async.rollout import Budget, GroupRollout, RolloutContext, Step, Task, Trajectory, WorkspaceLimiter
 
 TASK = Task(

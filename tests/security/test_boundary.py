@@ -11,8 +11,8 @@ import anyio
 import pytest
 
 from bunshin_async import Limits, Security, SecurityError, Workspace
-from bunshin_async._doctor import security_checks
-from bunshin_async._security import CAPABILITIES, DEFAULT_CAPABILITIES, DEFAULT_DEVICES
+from bunshin_async._cli._doctor import security_checks
+from bunshin_async._host._security import CAPABILITIES, DEFAULT_CAPABILITIES, DEFAULT_DEVICES
 
 FORBIDDEN = ("SYS_ADMIN", "SYS_MODULE", "SYS_RAWIO", "SYS_PTRACE", "SYS_TIME", "SYS_BOOT", "MAC_ADMIN", "NET_ADMIN",
              "BPF", "PERFMON", "SYSLOG", "NET_RAW", "DAC_READ_SEARCH", "SYS_RESOURCE")  # fmt: skip

@@ -20,9 +20,10 @@ from pathlib import Path
 import pytest
 
 import bunshin_async
-from bunshin_async import BunshinError, _paths
-from bunshin_async._kernel import CGROUP_ROOT
-from bunshin_async._security import CAPABILITIES, DEFAULT_CAPABILITIES
+from bunshin_async import BunshinError
+from bunshin_async._host import _paths
+from bunshin_async._host._kernel import CGROUP_ROOT
+from bunshin_async._host._security import CAPABILITIES, DEFAULT_CAPABILITIES
 
 from .conftest import Box, Host
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bunshin_async import BunshinError, Limits
-from bunshin_async._kernel import mount_options
+from bunshin_async._host._kernel import mount_options
 
 from .conftest import Box, Host, host_root_device, inside
 

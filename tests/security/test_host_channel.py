@@ -17,8 +17,8 @@ import anyio
 import pytest
 
 from bunshin_async import AgentError, PathTooLong, Workspace
-from bunshin_async._client import AgentClient
 from bunshin_async._compat import BaseExceptionGroup
+from bunshin_async._host._client import AgentClient
 
 from .conftest import Box
 

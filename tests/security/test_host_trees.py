@@ -22,8 +22,10 @@ from typing import Any
 
 import pytest
 
-from bunshin_async import BunshinError, TransferError, Workspace, _gc, _paths
-from bunshin_async._kernel import DEFAULT_DISK, mount_options
+from bunshin_async import BunshinError, TransferError, Workspace
+from bunshin_async._host import _paths
+from bunshin_async._host._kernel import DEFAULT_DISK, mount_options
+from bunshin_async._workspace import _gc
 from bunshin_async.cache import ForkStateProvider
 from bunshin_async.transfer import export_snapshot, import_snapshot
 

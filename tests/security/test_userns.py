@@ -14,8 +14,9 @@ import anyio
 import msgspec
 import pytest
 
-from bunshin_async import Security, Workspace, _kernel, _userns
-from bunshin_async._userns import DEFAULT_IDMAP, IdMap, shifted
+from bunshin_async import Security, Workspace
+from bunshin_async._host import _kernel, _userns
+from bunshin_async._host._userns import DEFAULT_IDMAP, IdMap, shifted
 
 from .conftest import Box, Host, host_root_device, inside
 

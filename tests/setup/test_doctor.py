@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from bunshin_async import _doctor
+from bunshin_async._cli import _doctor
 
 
 def test_every_package_the_setup_installs_is_present() -> None:

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from bunshin_async import CapabilityMissing, _criu, _doctor, _hostsetup, _paths
+from bunshin_async import CapabilityMissing
+from bunshin_async._cli import _doctor
 from bunshin_async._fork import _modes
+from bunshin_async._host import _criu, _hostsetup, _paths
 
 
 @pytest.mark.unit

@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 HARNESS = """\
 import json, sys
 import bunshin_async
-from bunshin_async import Workspace, _paths
+from bunshin_async import Workspace
+from bunshin_async._host import _paths
 
 GET = "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/')"
 SERVER = (  # waits for the server to answer, then names its pid

@@ -9,7 +9,7 @@ from typing import Any
 import openai
 import pytest
 
-from bunshin_async._paths import criu_binary
+from bunshin_async._host._paths import criu_binary
 from bunshin_async.llm import RecordedTiming, ReplayServer
 from bunshin_async.rollout import Step, Trajectory
 from tests.conftest import is_unit

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from bunshin_async._tools import builtin_tools
+from bunshin_async._tools._tools import builtin_tools
 from bunshin_async.speculation import BranchRecord, Speculation
 from speculator import CostAwarePolicy, Rule, RulePredictor
 

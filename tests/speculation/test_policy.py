@@ -8,7 +8,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from bunshin_async._tools import Effect, bash_tool
+from bunshin_async._tools._tools import Effect, bash_tool
 from bunshin_async.speculation import CallKey, Candidate, Launch
 from speculator import CostAwarePolicy
 

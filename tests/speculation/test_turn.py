@@ -11,8 +11,8 @@ import anyio
 import pytest
 
 from bunshin_async import Workspace
-from bunshin_async._accounting import workspace_memory
 from bunshin_async._llm._openai import tap_openai_stream
+from bunshin_async._workspace._accounting import workspace_memory
 from bunshin_async.llm import FixedTiming, MessageFinished, TapEvent
 from bunshin_async.speculation import (
     CallKey,

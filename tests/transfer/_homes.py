@@ -12,8 +12,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from bunshin_async import _paths
-from bunshin_async._kernel import CGROUP_ROOT
+from bunshin_async._host import _paths
+from bunshin_async._host._kernel import CGROUP_ROOT
 
 SYSTEM_IMAGES = Path("/var/lib/bunshin/images")
 
@@ -34,7 +34,7 @@ class Home:
             "BUNSHIN_CGROUP_PARENT": self.cgroup_parent,
         }
         with self.active():
-            from bunshin_async._fork._layers import prepare_snapshot_store
+            from bunshin_async._host._snapstore import prepare_snapshot_store
 
             prepare_snapshot_store()
 

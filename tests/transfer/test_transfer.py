@@ -10,8 +10,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from bunshin_async import TransferError, Workspace, _transfer
-from bunshin_async._fork._layers import layers_dir, snapshot_dir
+from bunshin_async import TransferError, Workspace
+from bunshin_async._fork import _transfer
+from bunshin_async._host._snapstore import layers_dir, snapshot_dir
 from bunshin_async.transfer import export_snapshot, import_snapshot
 from tests.transfer._homes import Home
 

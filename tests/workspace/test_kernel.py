@@ -1,4 +1,4 @@
-"""Host-side kernel helpers (``bunshin_async._kernel``) that need no workspace."""
+"""Host-side kernel helpers (``bunshin_async._host._kernel``) that need no workspace."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bunshin_async._kernel import Cgroup, mount_options, prime_cgroup_attach
+from bunshin_async._host._kernel import Cgroup, mount_options, prime_cgroup_attach
 from bunshin_async._native import mount
 
 

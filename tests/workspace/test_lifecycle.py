@@ -115,7 +115,8 @@ async def test_gc_removes_workspaces_of_a_dead_owner(tmp_path) -> None:  # type:
     import subprocess
     import sys
 
-    from bunshin_async import _gc, _paths
+    from bunshin_async._host import _paths
+    from bunshin_async._workspace import _gc
 
     script = tmp_path / "owner.py"
     script.write_text(

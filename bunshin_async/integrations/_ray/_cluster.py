@@ -9,9 +9,9 @@ from typing import Any
 import anyio
 
 from ..._exceptions import HostError, InvalidValue
-from ..._image import Image
-from ..._kernel import Limits
-from ..._transfer import TransferStats
+from ..._fork._transfer import TransferStats
+from ..._host._kernel import Limits
+from ..._images._image import Image
 from . import _remote
 from ._handles import HostRef, RemoteSnapshot, RemoteWorkspace
 from ._host import WorkspaceHost

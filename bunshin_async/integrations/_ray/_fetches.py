@@ -10,7 +10,7 @@ from typing import Any
 import anyio
 
 from ..._fork._snapshot import Snapshot
-from ..._transfer import TransferStats, import_snapshot
+from ..._fork._transfer import TransferStats, import_snapshot
 from ._holdings import Holdings, snapshot_bytes
 from ._placement import mean_update
 from ._remote import pull

@@ -11,10 +11,10 @@ from typing import Any
 import anyio
 import msgspec
 
-from ..._image import Image
-from ..._kernel import Limits
-from ..._rollout import Budget, GroupRollout, RolloutAgent, RolloutContext, RolloutResult, Task, prepare
-from ..._transfer import TransferStats
+from ..._fork._transfer import TransferStats
+from ..._host._kernel import Limits
+from ..._images._image import Image
+from ..._rollout._rollout import Budget, GroupRollout, RolloutAgent, RolloutContext, RolloutResult, Task, prepare
 from ._cluster import RayCluster
 from ._handles import HostRef, RemoteSnapshot
 from ._placement import Plan, mean_update, plan_group, with_bandwidth

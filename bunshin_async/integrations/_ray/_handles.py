@@ -10,7 +10,7 @@ from typing import Any
 import anyio
 
 from ..._exceptions import HostError, InvalidValue, WorkspaceClosed
-from ..._protocol import DirEntry, ExecResult
+from ..._host._protocol import DirEntry, ExecResult
 from . import _remote
 from ._model import HostInfo, Reply
 

@@ -7,11 +7,11 @@ import time
 
 import anyio
 
-from ..._accounting import tree_bytes
 from ..._exceptions import ForkError, WorkspaceClosed
 from ..._fork._snapshot import Snapshot
-from ..._rollout import WorkspaceLimiter
-from ..._workspace import Workspace
+from ..._rollout._rollout import WorkspaceLimiter
+from ..._workspace._accounting import tree_bytes
+from ..._workspace._facade import Workspace
 
 
 class Holdings:

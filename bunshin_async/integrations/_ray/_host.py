@@ -17,15 +17,15 @@ from typing import Any
 
 import anyio
 
-from ... import _gc, _paths
-from ..._accounting import held_memory
 from ..._exceptions import BunshinError, WorkspaceClosed
-from ..._fork import _layers
 from ..._fork._snapshot import Snapshot
-from ..._image import Image
-from ..._kernel import Limits
-from ..._transfer import TransferStats, export_snapshot
-from ..._workspace import BackgroundProcess, Workspace
+from ..._fork._transfer import TransferStats, export_snapshot
+from ..._host import _paths, _snapstore
+from ..._host._kernel import Limits
+from ..._images._image import Image
+from ..._workspace import _gc
+from ..._workspace._accounting import held_memory
+from ..._workspace._facade import BackgroundProcess, Workspace
 from ._fetches import Fetches
 from ._holdings import Holdings, snapshot_bytes
 from ._hostcache import HostCache
@@ -64,7 +64,7 @@ class WorkspaceHost:
         self.fetches = Fetches(self.held, self._snap)
         self.cache = HostCache(self.held, self.fetches, config.redis_url)
         self._reaper: asyncio.Task[None] | None = None
-        _layers.prepare_snapshot_store()
+        _snapstore.prepare_snapshot_store()
         self.collected = _gc.collect()  # what a host killed on this node left behind
 
     # ------------------------------------------------------------------------------------------------ plumbing
@@ -133,7 +133,7 @@ class WorkspaceHost:
 
     async def info(self) -> HostInfo:
         held = [ws for ws, _ in self.held.workspaces.values()]
-        memory = await anyio.to_thread.run_sync(held_memory, held, [_layers.snapshot_dir()])
+        memory = await anyio.to_thread.run_sync(held_memory, held, [_snapstore.snapshot_dir()])
         return HostInfo(
             name=self.name,
             node_id=node_id(),
@@ -264,8 +264,8 @@ class WorkspaceHost:
 
     async def leftovers(self) -> list[str]:
         """What of workspaces and snapshots is on this host's disk (blocking listing, small)."""
-        snaps = _layers.snapshot_dir()
-        layers = _layers.layers_dir()
+        snaps = _snapstore.snapshot_dir()
+        layers = _snapstore.layers_dir()
         left = [f"snapshot {p.name}" for p in snaps.iterdir() if p != layers] if snaps.exists() else []
         base = _paths.workspaces_dir()
         left += [f"dir {p.name}" for p in base.iterdir() if p.name != ".layers"] if base.exists() else []

@@ -10,7 +10,7 @@ import msgspec
 
 from ..._exceptions import BunshinError, ForkError, HostError
 from ..._fork._snapshot import Snapshot
-from ..._workspace import Workspace
+from ..._workspace._facade import Workspace
 from ...cache import CachedSession, LayeredStore, MemoryStore, RedisStore, SnapshotRef, ToolCache
 from ._fetches import Fetches
 from ._holdings import Holdings, snapshot_bytes

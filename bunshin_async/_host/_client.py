@@ -1,0 +1,278 @@
+"""The host end of the agent protocol: one Unix-socket connection per request in flight, pooled when idle.
+
+A request cancelled mid-flight closes its connection; the agent sees the hang-up and kills the command it was
+running, so cancellation leaves no process behind.
+
+Reaching the socket: the agent listens on ``/run/bunshin/agent.sock`` inside the workspace, and the host never
+looks that name up itself. ``connect("/proc/<pid>/root/run/bunshin/agent.sock")`` would follow the workspace's
+absolute symlinks against the *host's* root (``agent.sock -> /run/docker.sock`` would make the host, as root,
+connect to Docker). Each new connection instead opens pid 1's root (``/proc/<pid>/root``, ``O_PATH``; the pidfd
+then shows the pid still names our pid 1), looks the socket up below it with ``openat2(RESOLVE_IN_ROOT |
+RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV)`` and ``O_PATH | O_NOFOLLOW``, checks that what it found is a socket
+(``fstat``) and connects to ``/proc/self/fd/<n>``: connect(2) follows that magic link to the inode it holds
+(``unix_find_bsd``), so no name inside the workspace is resolved by the host. The root is opened per connection,
+not kept: a held reference to a workspace's root keeps its overlay mounted after pid 1 is gone (overlayfs then
+finds the upper and work dirs in use). No connection stays open across a dump (``quiesce``), so CRIU never meets
+one, and a restored copy, a rollback or a warm spare reaches its own agent through its own pid 1.
+
+Whatever answers on the socket is untrusted: every answer is bounded by what its request can legitimately return
+(``answer_limit``), a frame begun must keep arriving (``stall_timeout``), and a frame over its bound, one that
+stalls, or a body that is not the answer the request expects is an ``AgentError`` that closes that connection
+(the workspace stays usable through its others). A hang-up is a ``WorkspaceClosed``.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import stat
+import struct
+
+import anyio
+from anyio.abc import SocketStream
+
+from .. import _native
+from .._exceptions import AgentError, WorkspaceClosed
+from . import _protocol as P
+
+__all__ = ["MIN_RATE", "SOCKET", "STALL_TIMEOUT", "AgentClient", "answer_limit"]
+
+SOCKET = "run/bunshin/agent.sock"
+"""The agent's socket, below the workspace's root (agent.c SOCKET_PATH)."""
+STALL_TIMEOUT = 10.0
+"""Seconds a frame that has begun may pause before the rest arrives (the agent cuts a stalled request as soon)."""
+MIN_RATE = 1 << 20
+"""Bytes per second an answer must arrive at, on average, once it has begun (the agent writes as fast as the host
+reads: a 512 MiB read gets over 8 minutes)."""
+CONTROL_FRAME = 64 << 10
+"""Bound of an answer without payload (``Pong``, ``Ok``, ``Spawned``, ...) and of a ``Failure``'s own fields: the
+agent's messages are under 1 KiB; the path a failure echoes is counted with the request (``answer_limit``)."""
+FILE_DATA_MAX = 512 << 20
+"""Largest ``read_file`` answer without ``max_bytes`` (agent.c MAX_FILE_DATA)."""
+LISTING_MAX = 64 << 20
+"""Largest ``list_dir`` answer (agent.c MAX_LISTING); a larger directory is refused by the agent."""
+UTF8_GROWTH = 3
+"""Output is sent as UTF-8 with replacement: each byte that is not UTF-8 becomes U+FFFD, three bytes."""
+
+_header = struct.Struct(">I")
+_RESOLVE = _native.RESOLVE_IN_ROOT | _native.RESOLVE_NO_MAGICLINKS | _native.RESOLVE_NO_XDEV
+_EXPECTED: dict[type[P.Request], type[P.Response]] = {
+    P.Ping: P.Pong,
+    P.Exec: P.ExecResult,
+    P.ShellOpen: P.ShellOpened,
+    P.ShellRun: P.ExecResult,
+    P.ShellClose: P.Ok,
+    P.ReadFile: P.FileData,
+    P.WriteFile: P.Ok,
+    P.ListDir: P.DirListing,
+    P.Remove: P.Ok,
+    P.Spawn: P.Spawned,
+    P.Signal: P.Ok,
+    P.Poll: P.PollResult,
+}
+_KINDS = {
+    stat.S_IFLNK: "a symlink",
+    stat.S_IFREG: "a regular file",
+    stat.S_IFDIR: "a directory",
+    stat.S_IFIFO: "a fifo",
+}
+
+
+def answer_limit(req: P.Request, request_bytes: int) -> int:
+    """The largest answer ``req`` (``request_bytes`` long, without its bulk data) can legitimately get, in bytes.
+
+    A ``Failure`` may echo one of the request's strings (a path, a cwd) and carry a timed-out command's output, so
+    every bound includes the request's own size and ``CONTROL_FRAME``."""
+    limit = CONTROL_FRAME + request_bytes
+    if isinstance(req, P.Exec | P.ShellRun):
+        return limit + 2 * UTF8_GROWTH * max(req.max_output, 0)  # stdout and stderr
+    if isinstance(req, P.ReadFile):
+        wanted = FILE_DATA_MAX if req.max_bytes is None else min(max(req.max_bytes, 0), FILE_DATA_MAX)
+        return limit + wanted
+    if isinstance(req, P.ListDir):
+        return limit + LISTING_MAX
+    return limit
+
+
+def _bulk(req: P.Request) -> int:
+    """Bytes of ``req`` that no answer echoes (a write's data, a command's stdin)."""
+    if isinstance(req, P.WriteFile):
+        return len(req.data)
+    if isinstance(req, P.Exec) and req.stdin is not None:
+        return len(req.stdin)
+    return 0
+
+
+class AgentClient:
+    """Connections to the agent of the workspace whose pid 1 is ``pid`` (host pid). ``pidfd`` is that pid 1's
+    pidfd, borrowed: its owner (the workspace core) closes the client before it closes the pidfd."""
+
+    def __init__(self, pid: int, pidfd: int, workspace_id: str, *, stall_timeout: float = STALL_TIMEOUT) -> None:
+        self.pid = pid
+        self.pidfd = pidfd
+        self.workspace_id = workspace_id
+        self.stall_timeout = stall_timeout
+        self._idle: list[SocketStream] = []
+        self._closed = False
+        self._open = anyio.Event()  # cleared while a snapshot quiesces the client
+        self._open.set()
+        self._in_flight = 0
+        self._drained = anyio.Event()
+
+    def _error(self, message: str, reason: str, req: P.Request | None = None) -> AgentError:
+        request = type(req).__name__ if req is not None else ""
+        return AgentError(
+            f"workspace {self.workspace_id}: {message}", workspace_id=self.workspace_id, reason=reason, request=request
+        )
+
+    def _closed_error(self, exc: OSError) -> WorkspaceClosed:
+        return WorkspaceClosed(f"workspace {self.workspace_id} does not answer: {exc}", workspace_id=self.workspace_id)
+
+    def _open_socket(self) -> int:
+        """An ``O_PATH`` descriptor of the agent's socket inode, found below pid 1's root without following
+        anything out of it (module doc). Quick (procfs and one lookup that cannot leave the workspace's root
+        mount), so it runs on the event loop as connect(2) on a path did."""
+        try:
+            root = os.open(f"/proc/{self.pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as exc:  # pid 1 is gone
+            raise self._closed_error(exc) from exc
+        try:
+            try:
+                signal.pidfd_send_signal(self.pidfd, 0)  # the pid was ours when its root was opened
+            except ProcessLookupError as exc:
+                raise self._closed_error(exc) from exc
+            try:
+                fd = _native.openat2(root, SOCKET, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, _RESOLVE)
+            except OSError as exc:
+                if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+                    raise self._error(f"the agent socket /{SOCKET} is gone: {exc.strerror}", "socket") from exc
+                if exc.errno in (errno.ELOOP, errno.EXDEV):
+                    raise self._error(
+                        f"the way to the agent socket /{SOCKET} was replaced (a symlink or mount leading out of "
+                        f"the workspace's root: {exc.strerror}); the host does not follow it",
+                        "socket",
+                    ) from exc
+                raise self._closed_error(exc) from exc
+        finally:
+            os.close(root)
+        try:
+            mode = os.fstat(fd).st_mode
+        except OSError as exc:
+            os.close(fd)
+            raise self._closed_error(exc) from exc
+        if not stat.S_ISSOCK(mode):
+            os.close(fd)
+            kind = _KINDS.get(stat.S_IFMT(mode), "not a socket")
+            raise self._error(
+                f"the agent socket /{SOCKET} was replaced by {kind}; the host does not follow or open it", "socket"
+            )
+        return fd
+
+    async def _connect(self) -> SocketStream:
+        if self._idle:
+            return self._idle.pop()
+        fd = self._open_socket()
+        try:
+            return await anyio.connect_unix(f"/proc/self/fd/{fd}")
+        except OSError as exc:
+            raise self._closed_error(exc) from exc
+        finally:
+            os.close(fd)
+
+    async def request(self, req: P.Request) -> P.Response:
+        while not self._open.is_set():
+            await self._open.wait()
+        self._in_flight += 1
+        try:
+            return await self._request(req)
+        finally:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._drained.set()
+
+    async def quiesce(self) -> None:
+        """Let calls in flight finish, hold new ones until ``resume`` and close every idle connection, so that the
+        agent holds no connection to the host (CRIU cannot dump one: a snapshot quiesces its workspace's client)."""
+        self._open = anyio.Event()
+        while self._in_flight:
+            self._drained = anyio.Event()
+            await self._drained.wait()
+        await self._close_idle()
+
+    def resume(self) -> None:
+        self._open.set()
+
+    async def _request(self, req: P.Request) -> P.Response:
+        if self._closed:
+            raise WorkspaceClosed(f"workspace {self.workspace_id} is closed", workspace_id=self.workspace_id)
+        payload = P.request_encoder.encode(req)
+        limit = answer_limit(req, len(payload) - _bulk(req))
+        conn = await self._connect()
+        resp: P.Response | None = None
+        try:
+            await conn.send(_header.pack(len(payload)) + payload)
+            body = await self._receive_frame(conn, req, limit)
+            try:
+                resp = P.response_decoder.decode(body)
+            except Exception as exc:
+                raise self._error(f"undecodable answer to {type(req).__name__}: {exc}", "protocol", req) from exc
+            if not isinstance(resp, P.Failure | _EXPECTED[type(req)]):
+                kind = type(resp).__name__
+                resp = None
+                raise self._error(f"the agent answered {type(req).__name__} with {kind}", "protocol", req)
+        except (OSError, anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+            raise WorkspaceClosed(
+                f"workspace {self.workspace_id} went away during {type(req).__name__}: {exc!r}",
+                workspace_id=self.workspace_id,
+            ) from exc
+        finally:
+            if resp is not None and not self._closed:
+                self._idle.append(conn)
+            else:  # failed, cancelled or bad: this connection is done, the workspace's others are not
+                with anyio.CancelScope(shield=True):
+                    await conn.aclose()
+        assert resp is not None
+        return resp
+
+    async def _receive_frame(self, conn: SocketStream, req: P.Request, limit: int) -> bytearray:
+        """One answer frame. Its first byte may take as long as the command runs; from then on the frame must
+        keep arriving (``stall_timeout``, and ``MIN_RATE`` over the whole frame) and stay within ``limit``."""
+        head = bytearray(await conn.receive(4))
+        body = bytearray()
+        try:
+            while len(head) < 4:
+                with anyio.fail_after(self.stall_timeout):
+                    head += await conn.receive(4 - len(head))
+            size = _header.unpack(head)[0]
+            if size > limit:
+                raise self._error(
+                    f"the agent announced a {size}-byte answer to {type(req).__name__}, over the {limit} bytes "
+                    "it can legitimately take",
+                    "oversized",
+                    req,
+                )
+            whole = self.stall_timeout + size / MIN_RATE  # a trickle that never pauses long is cut too
+            with anyio.fail_after(whole):
+                while len(body) < size:
+                    with anyio.fail_after(self.stall_timeout):
+                        body += await conn.receive(min(size - len(body), 1 << 20))
+        except TimeoutError as exc:
+            raise self._error(
+                f"the answer to {type(req).__name__} stalled: nothing arrived for {self.stall_timeout} s mid-frame, "
+                f"or it came slower than {MIN_RATE >> 10} KiB/s",
+                "stalled",
+                req,
+            ) from exc
+        except anyio.EndOfStream as exc:
+            raise self._error(f"the answer to {type(req).__name__} was cut off mid-frame", "truncated", req) from exc
+        return body
+
+    async def _close_idle(self) -> None:
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            await conn.aclose()
+
+    async def aclose(self) -> None:
+        self._closed = True
+        await self._close_idle()

@@ -1,0 +1,406 @@
+"""Memory and CPU accounting by the kernel's own counters, over everything a run creates.
+
+A run (an experiment's configuration, a user's batch of rollout groups) is measured whole by giving it a subtree
+of its own (``accounting_scope``): one cgroup parent under which every workspace it creates lives (its bases, copies,
+speculative branches, restored cache hits, warm spares, everything made by ``Workspace`` while the scope is in
+force, in this task and the tasks and threads it starts) and one snapshot directory for every snapshot it takes.
+``Subtree.read()`` then reads, with no list of objects anyone has to remember:
+
+- memory: the summed PSS of every process in every cgroup of the subtree (shared pages divided among their sharers,
+  so copy-on-write copies are not counted twice), plus what PSS cannot see: the page images that copy-on-write
+  copies map (resident in full on tmpfs, unlinked or not, however few pages were touched) and the bytes of the
+  run's snapshot directory (``memory_bytes``);
+- CPU: the subtree's own CPU counter (v1 ``cpuacct.usage``, v2 ``cpu.stat``): exact, hierarchical, and it keeps what
+  processes and cgroups that are gone were charged.
+
+``ResourceMonitor`` samples a subtree (or, without one, the workspaces it was told to ``track``) every ``interval``
+seconds and reports the peak, the integral over time (GiB-seconds: "total memory consumption") and the CPU seconds.
+
+One reader per kernel figure serves the whole package: PSS (``pss_bytes``), copy-on-write page images
+(``mapped_image_bytes``), file bytes (``tree_bytes``) here; a cgroup's own counters (``Cgroup.cpu_seconds``,
+``memory_usage``, ``memory_peak``) in ``_kernel``.
+
+    with accounting_scope("my-run") as subtree:                  # sync: set-up and removal are a few mkdir/rmdir
+        async with ResourceMonitor(subtree=subtree) as monitor:
+            ...                                         # create and run workspaces
+        report = monitor.report()                       # peak_bytes, gib_seconds, cpu_seconds
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import re
+import stat
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+import anyio
+import msgspec
+
+from .._config import Config
+from .._host import _kernel, _tree
+
+if TYPE_CHECKING:
+    from ._facade import Workspace
+
+__all__ = [
+    "MemoryReport",
+    "MemorySample",
+    "ResourceMonitor",
+    "Subtree",
+    "Usage",
+    "mapped_image_bytes",
+    "pss_bytes",
+    "rollup_bytes",
+    "accounting_scope",
+    "held_memory",
+    "tree_bytes",
+    "workspace_memory",
+]
+
+
+class MemorySample(msgspec.Struct, frozen=True, array_like=True):
+    """One sample: memory is ``pss_bytes + extra_bytes``."""
+
+    t: float  # seconds since the monitor started
+    pss_bytes: int
+    extra_bytes: int  # snapshots on tmpfs and copy-on-write page images, beyond what PSS shows
+    workspaces: int  # cgroups in the subtree (or workspaces tracked)
+    cpu_seconds: float = 0.0  # CPU charged since the monitor started (the subtree's counter; tracked: alive only)
+
+
+class MemoryReport(msgspec.Struct, frozen=True):
+    """What a ``ResourceMonitor`` saw: ``peak_bytes`` (the largest sample), ``gib_seconds`` (memory integrated over
+    the run), ``cpu_seconds`` (charged during it), ``duration`` and ``interval`` in seconds, and every sample."""
+
+    interval: float
+    duration: float
+    peak_bytes: int
+    gib_seconds: float
+    cpu_seconds: float
+    samples: list[MemorySample]
+
+
+class Usage(msgspec.Struct, frozen=True):
+    """One reading of a subtree. Bytes now; ``cpu_seconds`` cumulative since the subtree's parent was made (None
+    without CPU accounting)."""
+
+    pss_bytes: int
+    image_bytes: int  # page images its processes map copy-on-write, beyond their PSS
+    snapshot_bytes: int  # in its snapshot directory, not counting the images above again
+    cpu_seconds: float | None
+    processes: int
+    cgroups: int
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.pss_bytes + self.image_bytes + self.snapshot_bytes
+
+
+def rollup_bytes(pids: Iterable[int], *fields: str) -> int:
+    """The sum over ``pids`` of the /proc/PID/smaps_rollup lines named ``fields`` (``"Pss"``, ``"Private_Dirty"``,
+    ...), in bytes; a process gone meanwhile counts 0. Blocking."""
+    names = {f.encode() + b":" for f in fields}
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+                for line in f:
+                    if line.split(None, 1)[0] in names:
+                        total += int(line.split()[1]) * 1024
+        except (OSError, ValueError, IndexError):
+            pass
+    return total
+
+
+def pss_bytes(pids: Iterable[int]) -> int:
+    """Summed proportional set size of ``pids`` (shared pages divided among their sharers). Blocking."""
+    return rollup_bytes(pids, "Pss")
+
+
+def mapped_image_bytes(pids: Iterable[int], marker: bytes = b"/pages-") -> tuple[int, set[tuple[int, int]]]:
+    """Memory held by page-image files that ``pids`` map copy-on-write and that PSS does not show.
+
+    A copy-on-write restore maps its CRIU page image (a tmpfs file, often already unlinked) MAP_PRIVATE: the whole
+    file stays in RAM while any copy maps it, but PSS only counts the pages a process has touched. For each such
+    file (by inode) this returns its size minus the PSS of every mapping of it (so no page is counted twice), and
+    the inodes seen, so that a caller also walking the snapshot directory can skip them. Blocking."""
+    sizes: dict[tuple[int, int], int] = {}
+    pss: dict[tuple[int, int], int] = {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/smaps", "rb") as f:
+                key: tuple[int, int] | None = None
+                for line in f:
+                    if line[:1].isdigit() or line[:1] in b"abcdef":
+                        fields = line.split(None, 5)
+                        key = None
+                        if len(fields) == 6 and marker in fields[5] and b".img" in fields[5]:
+                            major, minor = (int(x, 16) for x in fields[3].split(b":"))
+                            key = (os.makedev(major, minor), int(fields[4]))
+                            if key not in sizes:
+                                # maps pads addresses to 8 digits, map_files names them without leading zeros
+                                lo, hi = (int(x, 16) for x in fields[0].split(b"-"))
+                                try:
+                                    sizes[key] = os.stat(f"/proc/{pid}/map_files/{lo:x}-{hi:x}").st_size
+                                except OSError:
+                                    sizes[key] = 0
+                    elif key is not None and line.startswith(b"Pss:"):
+                        pss[key] = pss.get(key, 0) + int(line.split()[1]) * 1024
+        except (OSError, ValueError):
+            pass
+    return sum(max(0, sizes[k] - pss.get(k, 0)) for k in sizes), set(sizes)
+
+
+def tree_bytes(path: Path, skip: set[tuple[int, int]] = frozenset()) -> int:  # type: ignore[assignment]
+    """Allocated bytes of the files under ``path`` (st_blocks, so sparse files count what they hold). Blocking."""
+    total = 0
+    try:
+        for e in _tree.walk(path):  # a workspace's tree: from descriptors, any depth, nothing followed
+            st = e.st
+            if not stat.S_ISDIR(st.st_mode) and (st.st_dev, st.st_ino) not in skip:
+                total += st.st_blocks * 512
+    except OSError:  # gone, or changing under a live workspace: what was counted
+        pass
+    return total
+
+
+def workspace_memory(ws: Workspace) -> int:
+    """The memory one running workspace holds, as a subtree reading counts it: its processes' PSS, the page images
+    they map copy-on-write (its cgroup is not charged for them, so a restored copy's cgroup peak can be a tenth of
+    what it holds) and its private upper dir (on tmpfs when ``Limits.disk`` is set; written pages either way).
+    Blocking."""
+    return held_memory([ws])
+
+
+def held_memory(workspaces: Iterable[Workspace], dirs: Iterable[Path] = ()) -> int:
+    """The memory ``workspaces`` hold together (each as ``workspace_memory`` counts it, a page image mapped by
+    several counted once) plus the bytes of ``dirs`` (a snapshot store) not counted already: what a host holding
+    them holds, without a subtree of its own. Blocking."""
+    held = list(workspaces)
+    pids = [pid for ws in held if ws.cgroup is not None for pid in ws.cgroup.pids()]
+    images, inodes = mapped_image_bytes(pids)
+    trees = [Path(ws.directory / "upper") for ws in held] + list(dirs)
+    return pss_bytes(pids) + images + sum(tree_bytes(d, inodes) for d in trees if d.exists())
+
+
+class Subtree:
+    """The cgroups under one parent (``parent``, relative to each hierarchy, as ``Config.cgroup_parent``) and one
+    snapshot directory: everything a run made, read by the kernel's counters (``read``). Blocking methods."""
+
+    def __init__(self, parent: str, snapshot_dir: Path | None = None) -> None:
+        self.parent = parent.strip("/")
+        self.snapshot_dir = snapshot_dir
+
+    def __repr__(self) -> str:
+        return f"Subtree({self.parent!r}, {self.snapshot_dir!r})"
+
+    def roots(self) -> list[Path]:
+        """The parent's directory in each hierarchy that has it (v2: one; v1: one per mounted controller)."""
+        version = _kernel.cgroup_version()
+        if version == 2:
+            bases = [_kernel.CGROUP_ROOT]
+        else:
+            bases, seen = [], set()
+            for ctrl in _kernel.V1_CONTROLLERS:
+                base = _kernel.CGROUP_ROOT / ctrl
+                if (base / "cgroup.procs").exists() and (real := base.resolve()) not in seen:
+                    seen.add(real)
+                    bases.append(base)
+        return [b / self.parent for b in bases if (b / self.parent).is_dir()]
+
+    def cgroups(self) -> list[Path]:
+        """Every cgroup directory of the subtree, the parent's included, in every hierarchy."""
+        out: list[Path] = []
+        for root in self.roots():
+            for d, subdirs, _files in os.walk(root):
+                out.append(Path(d))
+                subdirs.sort()
+        return out
+
+    def pids(self) -> list[int]:
+        """Every process in any cgroup of the subtree (in any hierarchy: a process joined to some only counts)."""
+        out: set[int] = set()
+        for d in self.cgroups():
+            try:
+                out.update(int(x) for x in (d / "cgroup.procs").read_text().split())
+            except (OSError, ValueError):  # removed meanwhile
+                pass
+        return sorted(out)
+
+    def cpu_seconds(self) -> float | None:
+        """CPU time charged to the subtree since its parent was made, exited processes and removed cgroups included
+        (cgroup v1 cpuacct charges every ancestor as it charges a task; v2 flushes a removed child into its
+        parent); None without CPU accounting."""
+        roots = self.roots()
+        return _kernel.Cgroup(_kernel.cgroup_version() or 1, roots).cpu_seconds() if roots else None
+
+    def read(self, extra_dirs: Iterable[Path] = ()) -> Usage:
+        """Memory and CPU of the subtree now (``extra_dirs``: more directories whose bytes the run holds)."""
+        cgroups = self.cgroups()
+        pids = self.pids()
+        images, inodes = mapped_image_bytes(pids)
+        dirs = [d for d in (self.snapshot_dir, *extra_dirs) if d is not None and d.exists()]
+        return Usage(
+            pss_bytes=pss_bytes(pids),
+            image_bytes=images,
+            snapshot_bytes=sum(tree_bytes(d, inodes) for d in dirs),
+            cpu_seconds=self.cpu_seconds(),
+            processes=len(pids),
+            cgroups=sum(1 for d in cgroups if d.is_relative_to(cgroups[0])) - 1 if cgroups else 0,  # not the parent
+        )
+
+    def remove(self) -> list[Path]:
+        """Remove the subtree's cgroup directories that are empty, deepest first; returns those left (busy).
+        Blocking."""
+        left = []
+        for d in sorted(self.cgroups(), key=lambda p: len(p.parts), reverse=True):
+            try:
+                d.rmdir()
+            except FileNotFoundError:
+                pass
+            except OSError:  # EBUSY: processes or child cgroups remain
+                left.append(d)
+        return left
+
+
+_scopes = itertools.count()
+
+
+@contextlib.contextmanager
+def accounting_scope(label: str = "run") -> Iterator[Subtree]:
+    """``with accounting_scope("fork+cache") as subtree:`` everything this task (and the tasks and threads it
+    starts) creates meanwhile lives under a fresh cgroup parent ``<cgroup_parent>/<label>-<pid>-<n>`` and a fresh
+    snapshot directory of the same name in the snapshot store (``Config.scoped``), which ``subtree`` reads. On exit,
+    once the run's workspaces and snapshots are closed, both are removed; what is still busy stays (``bunshin gc``).
+
+    Snapshots taken inside live in the scope's directory: use them inside (a copy restored outside the scope from
+    one taken inside, or the reverse, is not counted here). Blocking set-up and removal (a few mkdir/rmdir)."""
+    config = Config.current()
+    name = f"{re.sub(r'[^A-Za-z0-9_.+-]', '-', label)[:40]}-{os.getpid()}-{next(_scopes)}"
+    parent = f"{config.cgroup_parent.strip('/')}/{name}"
+    snaps = config.snapshot_dir / name
+    snaps.mkdir(parents=True)
+    # gc: a snapshot directory without a live user is collectable; this process holds the run's while it runs.
+    users = config.snapshot_dir / f"{name}.users"
+    users.mkdir(exist_ok=True)
+    (users / "scope").write_text(_kernel.owner_token(os.getpid()))
+    subtree = Subtree(parent, snaps)
+    try:
+        _kernel.Cgroup.make_parent(parent)  # its counters start at zero now, before the run's first workspace
+        with Config.scoped(cgroup_parent=parent, snapshot_dir=snaps):
+            yield subtree
+    finally:
+        subtree.remove()
+        try:
+            snaps.rmdir()
+        except OSError:  # snapshots outlive the scope: keep the directory held while this process lives
+            pass
+        else:
+            with contextlib.suppress(OSError):
+                (users / "scope").unlink()
+                users.rmdir()
+
+
+def _cpu_seconds(pids: Iterable[int]) -> float:
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])
+        except (OSError, ValueError, IndexError):
+            pass
+    return total / tick
+
+
+class ResourceMonitor:
+    """Samples memory and CPU in the background: ``async with ResourceMonitor(subtree=s) as mon:``, then
+    ``mon.report()``. With a ``subtree`` (``accounting_scope``) it reads everything the run made, by the kernel's
+    counters; ``track``/``untrack`` are then not needed and change nothing. Without one it samples the workspaces it
+    was told to ``track`` (what they alone hold; CPU seconds of processes alive at a sample, a lower bound).
+    ``extra_dirs``: more directories whose bytes count (e.g. a snapshot store shared with nothing else)."""
+
+    def __init__(self, interval: float = 0.1, extra_dirs: Iterable[Path] = (), subtree: Subtree | None = None) -> None:
+        self.interval = interval
+        self.extra_dirs = list(extra_dirs)
+        self.subtree = subtree
+        self._workspaces: set[Workspace] = set()
+        self._samples: list[MemorySample] = []
+        self._cpu: dict[int, float] = {}
+        self._cpu0: float | None = None
+        self._t0 = 0.0
+        self._t1: float | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+
+    def track(self, ws: Workspace) -> None:
+        self._workspaces.add(ws)
+
+    def untrack(self, ws: Workspace) -> None:
+        self._workspaces.discard(ws)
+
+    def _sample(self) -> MemorySample:
+        t = time.monotonic() - self._t0
+        if self.subtree is not None:
+            u = self.subtree.read(self.extra_dirs)
+            t = (t + time.monotonic() - self._t0) / 2  # a reading takes a while on a busy machine: its middle
+            cpu = 0.0
+            if u.cpu_seconds is not None:
+                if self._cpu0 is None:
+                    self._cpu0 = u.cpu_seconds
+                cpu = u.cpu_seconds - self._cpu0
+            return MemorySample(t, u.pss_bytes, u.image_bytes + u.snapshot_bytes, u.cgroups, cpu)
+        pids = [pid for ws in list(self._workspaces) if ws.cgroup is not None for pid in ws.cgroup.pids()]
+        for pid in pids:
+            self._cpu[pid] = _cpu_seconds([pid])
+        images, inodes = mapped_image_bytes(pids)
+        extra = images + sum(tree_bytes(d, inodes) for d in self.extra_dirs if d.exists())
+        return MemorySample(t, pss_bytes(pids), extra, len(self._workspaces), sum(self._cpu.values()))
+
+    async def _run(self) -> None:
+        while True:  # every ``interval`` from the start of the last reading (not after it: readings take time)
+            start = anyio.current_time()
+            self._samples.append(await anyio.to_thread.run_sync(self._sample))
+            await anyio.sleep(max(0.0, start + self.interval - anyio.current_time()))
+
+    async def __aenter__(self) -> ResourceMonitor:
+        self._t0 = time.monotonic()
+        if self.subtree is not None:  # the CPU counter's value at the start (the parent may hold earlier runs')
+            self._cpu0 = await anyio.to_thread.run_sync(self.subtree.cpu_seconds) or 0.0
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        self._tg.start_soon(self._run)
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        assert self._tg is not None
+        try:
+            with anyio.CancelScope(shield=True):  # the last sample, also when the body was cancelled
+                self._samples.append(await anyio.to_thread.run_sync(self._sample))
+        finally:  # always leave the task group (a scope left entered breaks every scope around it)
+            self._tg.cancel_scope.cancel()
+            await self._tg.__aexit__(exc_type, exc, tb)
+            self._t1 = time.monotonic()
+
+    def report(self) -> MemoryReport:
+        samples = sorted(self._samples, key=lambda s: s.t)
+        gib_s = 0.0
+        for a, b in zip(samples, samples[1:], strict=False):
+            gib_s += (a.pss_bytes + a.extra_bytes + b.pss_bytes + b.extra_bytes) / 2 * (b.t - a.t)
+        end = (self._t1 or time.monotonic()) - self._t0
+        return MemoryReport(
+            interval=self.interval,
+            duration=end,
+            peak_bytes=max((s.pss_bytes + s.extra_bytes for s in samples), default=0),
+            gib_seconds=gib_s / (1 << 30),
+            cpu_seconds=max((s.cpu_seconds for s in samples), default=0.0),
+            samples=samples,
+        )
