@@ -244,17 +244,27 @@ def open_for_write(path: str) -> None:
     out(True, detail=f"opened {path} for writing")
 
 
+def writable_files(tops: list[str], only: tuple[str, ...] = ()) -> tuple[list[str], dict[str, int]]:
+    """Every file below ``tops`` (those named in ``only``, if given) opened for writing, nothing written: the ones
+    that opened, and how many were refused with each errno."""
+    opened, refused = [], {}
+    for top_dir in tops:
+        for top, _dirs, files in os.walk(top_dir):
+            for name in files:
+                if only and name not in only:
+                    continue
+                path = os.path.join(top, name)
+                err = errno_of(lambda p: os.close(os.open(p, os.O_WRONLY | os.O_NOFOLLOW)), path)
+                if err is None:
+                    opened.append(path)
+                else:
+                    refused[err] = refused.get(err, 0) + 1
+    return opened, refused
+
+
 def proc_sys_writable() -> None:
     """Every file under /proc/sys opened for writing (and nothing written)."""
-    writable, refused = [], {}
-    for top, _dirs, files in os.walk("/proc/sys"):
-        for name in files:
-            path = os.path.join(top, name)
-            err = errno_of(lambda p: os.close(os.open(p, os.O_WRONLY | os.O_NOFOLLOW)), path)
-            if err is None:
-                writable.append(path)
-            else:
-                refused[err] = refused.get(err, 0) + 1
+    writable, refused = writable_files(["/proc/sys"])
     report(writable=writable, refused=refused)
 
 
@@ -383,17 +393,7 @@ def cgroup_control() -> None:
     control = ("release_agent", "notify_on_release", "cgroup.procs", "tasks", "devices.allow", "cgroup.subtree_control")
     with open("/proc/self/mountinfo") as f:
         points = [line.split()[4] for line in f if " - cgroup" in line]
-    opened, refused = [], {}
-    for point in [*points, "/sys/fs/cgroup"]:
-        for top, _dirs, files in os.walk(point):
-            for name in files:
-                if name in control:
-                    path = os.path.join(top, name)
-                    err = errno_of(lambda p: os.close(os.open(p, os.O_WRONLY | os.O_NOFOLLOW)), path)
-                    if err is None:
-                        opened.append(path)
-                    else:
-                        refused[err] = refused.get(err, 0) + 1
+    opened, refused = writable_files([*points, "/sys/fs/cgroup"], control)
     report(steps=steps, cgroup_mounts=points, opened=opened, refused=refused)
 
 
