@@ -16,7 +16,8 @@ served and when.
 
 from __future__ import annotations
 
-from ._cache._cache import CachedSession, CallRecord, ToolCache
+from ._cache._cache import CachedSession, ToolCache
+from ._cache._calls import CallRecord
 from ._cache._keys import SCHEMA_VERSION
 from ._cache._metrics import AuditMismatch, CacheMetrics, ToolStats
 from ._cache._redis import RedisStore

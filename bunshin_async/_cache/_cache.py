@@ -1,4 +1,5 @@
-"""``ToolCache`` (shared by many rollouts) and ``CachedSession`` (one rollout's view: its workspace and state chain).
+"""``ToolCache`` (shared by many rollouts) and ``CachedSession`` (one rollout's view: its workspace and state chain;
+its calls go through ``_calls.Calls``, its place in the state tree is a ``_position.Position``).
 
 Every tool call of an agent loop goes through ``await session.call(name, args)``: the session classifies the call,
 keys it on its state chain, looks it up, executes it on a miss, stores the entry, and advances the chain on writes.
@@ -19,20 +20,20 @@ random share of hits and reports disagreements in ``metrics().audit_mismatches``
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import msgspec
 
-from .._exceptions import BunshinError, InvalidValue, ToolCallError, ToolError
+from .._exceptions import InvalidValue, ToolCallError, ToolError
 from .._runtime._handle import WorkspaceSlot
 from .._tools._tools import CallClass, Effect, Tool, builtin_tools, lookup
+from ._calls import CallRecord, Calls
 from ._keys import SCHEMA_VERSION, BaseState, StateChain, encode_call, pure_key
-from ._metrics import AuditMismatch, CacheMetrics
-from ._records import CorruptRecord, Entry, error_record, rebuild_error
+from ._metrics import CacheMetrics
+from ._position import Position
 from ._shared import CacheState
 from ._state import StateProvider, StateTree
 from ._store import MemoryStore, Store
@@ -40,30 +41,7 @@ from ._store import MemoryStore, Store
 if TYPE_CHECKING:
     from .._workspace._facade import Workspace
 
-Source = Literal["executed", "cache", "shared", "restored", "uncacheable", "adopted"]
-
-_result_encoder = msgspec.msgpack.Encoder()
-_MAX_MISMATCHES = 100
-
-
-class CallRecord(msgspec.Struct, frozen=True):
-    """What one call did. ``source``: ``executed`` (a miss), ``cache`` (a stored hit), ``shared`` (a concurrent
-    identical call's result), ``restored`` (a write hit served by the state provider), ``uncacheable`` or
-    ``adopted`` (run elsewhere, by a speculative branch, and handed to ``CachedSession.adopt``).
-    ``duration`` is the recorded run time of the call (seconds), also for hits; ``key`` is the hex cache key."""
-
-    tool: str
-    effect: Effect
-    source: Source
-    result: Any
-    duration: float
-    key: str | None = None
-    #: A write found in the cache but executed, because no ``StateProvider`` can restore its state.
-    unserved_hit: bool = False
-
-    @property
-    def hit(self) -> bool:
-        return self.source in ("cache", "shared", "restored")
+__all__ = ["CachedSession", "CallRecord", "ToolCache"]
 
 
 class ToolCache:
@@ -190,10 +168,7 @@ class CachedSession:
     ) -> None:
         self.cache = cache
         self._shared = cache._shared  # what the cache's sessions share (the cache's own: one module)
-        self.capture = capture
-        self._slot = WorkspaceSlot(workspace, own=own)  # the current workspace and whether the session closes it
         self.tools: dict[str, Tool] = {t.name: t for t in (builtin_tools() if tools is None else tools)}
-        self._decoders = {name: msgspec.msgpack.Decoder(t.result_type) for name, t in self.tools.items()}
         base = BaseState(
             schema=SCHEMA_VERSION,
             image=workspace.image.digest,
@@ -202,31 +177,37 @@ class CachedSession:
             max_output=workspace.max_output,
             salt=salt,
         )
-        self._chain = StateChain.root(base)
+        chain = StateChain.root(base)
         for name, args in setup:
             tool = self.tools.get(name)
             norm = tool.normalize(args) if tool else dict(args)
-            self._chain.advance(encode_call(name, tool.version if tool else "", norm))
-        self._state = self._chain.key
-        self._shared.tree.pin(self._state)
+            chain.advance(encode_call(name, tool.version if tool else "", norm))
+        # the state it stands on and the current workspace (with whether the session closes it)
+        self._pos = Position(self._shared, chain, WorkspaceSlot(workspace, own=own))
+        self._calls = Calls(self._shared, self._pos, self.tools, capture=capture)
         self._lock = anyio.Lock()
         self._closed = False
         self.history: list[CallRecord] = []
+
+    @property
+    def capture(self) -> bool:
+        """Whether this session's writes are snapshotted for its siblings."""
+        return self._calls.capture
 
     # ------------------------------------------------------------------------------------------ public surface
 
     @property
     def workspace(self) -> Workspace:
-        return self._slot.workspace
+        return self._pos.workspace
 
     def detach(self) -> Workspace:
         """The current workspace, from now on the caller's to close (the session stays usable)."""
-        return self._slot.detach()
+        return self._pos.slot.detach()
 
     @property
     def state(self) -> str:
         """Hex name of the current state (equal across rollouts that made the same writes from the same base)."""
-        return self._state.hex()
+        return self._pos.key.hex()
 
     async def call(
         self, tool: str, args: Mapping[str, Any] | None = None, *, effect: Effect | str | None = None
@@ -257,7 +238,7 @@ class CachedSession:
         async with self._lock:
             if self._closed:
                 raise ToolError("the cached session is closed", tool=tool)
-            record = await self._dispatch(t, norm, cls)
+            record = await self._calls.dispatch(t, norm, cls)
         self.history.append(record)
         return record
 
@@ -281,9 +262,9 @@ class CachedSession:
         if cls.effect is Effect.WRITE:
             if cache.provider is None:
                 return False
-            key = self._chain.write_key(call)
+            key = self._pos.chain.write_key(call)
             return cache.flights.get(key) is not None or cache.tree.snapshot(key) is not None
-        return cache.known(pure_key(call) if cls.effect is Effect.PURE else self._chain.read_key(call))
+        return cache.known(pure_key(call) if cls.effect is Effect.PURE else self._pos.chain.read_key(call))
 
     async def adopt(
         self, workspace: Workspace, tool: str, args: Mapping[str, Any], result: Any, duration: float
@@ -296,11 +277,11 @@ class CachedSession:
         the ``CallRecord`` (also in ``history``); the ``ToolError`` is not raised."""
         t = lookup(self.tools, tool)
         async with self._lock:
-            await self._slot.swap(workspace)  # first: whatever fails below, the fork has an owner
+            await self._pos.slot.swap(workspace)  # first: whatever fails below, the fork has an owner
             if self._closed:
                 raise ToolError("the cached session is closed", tool=tool)
             norm = t.normalize(args)
-            record = await self._adopt(t, norm, t.classify_call(norm), result, duration)
+            record = await self._calls.adopt(t, norm, t.classify_call(norm), result, duration)
         self.history.append(record)
         return record
 
@@ -309,10 +290,7 @@ class CachedSession:
         if self._closed:
             return
         self._closed = True
-        tree = self._shared.tree
-        tree.unpin(self._state)
-        await self._shared.discard(tree.evict())
-        await self._slot.aclose()
+        await self._pos.leave()
 
     async def __aenter__(self) -> CachedSession:
         return self
@@ -321,323 +299,3 @@ class CachedSession:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.aclose()
-
-    # ------------------------------------------------------------------------------------------ dispatch
-
-    async def _dispatch(self, tool: Tool, args: dict[str, Any], cls: CallClass) -> CallRecord:
-        m = self._shared.metrics
-        ts, es = m.stats_for(tool.name, cls.effect.value)
-        ts.calls += 1
-        es.calls += 1
-        call = encode_call(tool.name, tool.version, args)
-        if not cls.cacheable:
-            ts.uncacheable += 1
-            es.uncacheable += 1
-            changes_state = cls.effect is Effect.WRITE or (cls.effect is Effect.EXTERNAL and tool.touches_workspace)
-            try:
-                result, duration = await self._execute(tool, args)
-            finally:
-                if changes_state:
-                    await self._move(self._chain.taint)
-            ts.executed_seconds += duration
-            es.executed_seconds += duration
-            return CallRecord(tool.name, cls.effect, "uncacheable", result, duration)
-        if cls.effect is Effect.WRITE:
-            return await self._write(tool, args, call)
-        key = pure_key(call) if cls.effect is Effect.PURE else self._chain.read_key(call)
-        return await self._read(tool, args, cls.effect, key)
-
-    async def _execute(self, tool: Tool, args: dict[str, Any]) -> tuple[Any, float]:
-        if tool.handler is None:
-            raise ToolError(f"tool {tool.name!r} has no handler", tool=tool.name)
-        t0 = time.perf_counter()
-        result = await tool.handler(self._slot.workspace, args)
-        return result, time.perf_counter() - t0
-
-    async def _run_for_entry(self, tool: Tool, args: dict[str, Any], effect: Effect) -> tuple[Entry | None, Any]:
-        """Execute and build the entry. Returns ``(entry, result)``; ``entry`` is None when the outcome may not be
-        cached (an unencodable result). A deterministic tool error becomes an entry; other errors propagate."""
-        t0 = time.perf_counter()
-        try:
-            result, duration = await self._execute(tool, args)
-        except ToolError as exc:
-            rec = error_record(exc)
-            if rec is None:
-                raise
-            duration = time.perf_counter() - t0
-            return Entry(tool.name, effect.value, None, duration, time.time(), error=rec), exc
-        try:
-            raw = _result_encoder.encode(result)
-        except (TypeError, msgspec.EncodeError):
-            return None, result
-        return Entry(tool.name, effect.value, raw, duration, time.time()), result
-
-    def _decode(self, tool: Tool, entry: Entry) -> Any:
-        """The result (or the exception to raise) an entry holds; raises ``CorruptRecord``."""
-        if entry.error is not None:
-            return rebuild_error(entry.error, tool.name)
-        if entry.result is None:
-            raise CorruptRecord("entry without a result")
-        try:
-            return self._decoders[tool.name].decode(entry.result)
-        except msgspec.DecodeError as exc:  # the tool's result type changed without a version bump
-            raise CorruptRecord(str(exc)) from exc
-
-    def _hit(
-        self, tool: Tool, effect: Effect, entry: Entry, source: Source, key: bytes, *, shared: bool = False
-    ) -> CallRecord:
-        m = self._shared.metrics
-        ts, es = m.stats_for(tool.name, effect.value)
-        for s in (ts, es):
-            s.hits += 1
-            s.shared += shared or source == "shared"
-            s.saved_seconds += entry.duration
-        m.hits += 1
-        m.saved_seconds += entry.duration
-        result = self._decode(tool, entry)
-        if isinstance(result, BaseException):
-            raise result
-        return CallRecord(tool.name, effect, source, result, entry.duration, key.hex())
-
-    def _miss(self, tool: Tool, effect: Effect, entry: Entry | None, duration: float | None) -> None:
-        m = self._shared.metrics
-        ts, es = m.stats_for(tool.name, effect.value)
-        d = entry.duration if entry is not None else (duration or 0.0)
-        for s in (ts, es):
-            s.misses += 1
-            s.executed_seconds += d
-        m.misses += 1
-
-    async def _read(self, tool: Tool, args: dict[str, Any], effect: Effect, key: bytes) -> CallRecord:
-        cache = self._shared
-        while True:
-            flight = cache.flights.get(key)
-            if flight is not None:
-                await flight.done.wait()
-                if flight.entry is not None:
-                    return self._hit(tool, effect, flight.entry, "shared", key)
-                continue  # the leader failed without a result: go round, maybe as the leader
-            entry = await cache.lookup(key)
-            if entry is not None:
-                try:
-                    self._decode(tool, entry)
-                except CorruptRecord:
-                    cache.metrics.corrupt += 1
-                    await cache.delete(key)
-                    entry = None
-            if entry is not None:
-                if cache.audit_draw():
-                    return await self._audit(tool, args, effect, key, entry)
-                return self._hit(tool, effect, entry, "cache", key)
-            if cache.flights.get(key) is not None:
-                continue
-            flight = cache.flights.lead(key)
-            entry = None
-            try:
-                entry, result = await self._run_for_entry(tool, args, effect)
-                if entry is not None:
-                    await cache.put(key, entry)
-            finally:
-                cache.flights.finish(key, flight, entry)
-            self._miss(tool, effect, entry, None)
-            duration = entry.duration if entry is not None else 0.0
-            if isinstance(result, BaseException):
-                raise result
-            return CallRecord(tool.name, effect, "executed", result, duration, key.hex())
-
-    async def _audit(self, tool: Tool, args: dict[str, Any], effect: Effect, key: bytes, entry: Entry) -> CallRecord:
-        """Re-execute a hit and compare; the live outcome is returned (it is the truth either way)."""
-        m = self._shared.metrics
-        m.audits += 1
-        cached = self._decode(tool, entry)
-        try:
-            live, duration = await self._execute(tool, args)
-        except ToolError as exc:
-            live, duration = exc, 0.0
-
-        def view(x: Any) -> Any:
-            if isinstance(x, BaseException):
-                return (type(x).__name__, str(x))
-            return tool.fingerprint(x)
-
-        if view(cached) != view(live):
-            m.audit_mismatches += 1
-            if len(m.mismatches) < _MAX_MISMATCHES:
-                m.mismatches.append(AuditMismatch(tool.name, key.hex(), dict(args)))
-        self._miss(tool, effect, None, duration)
-        if isinstance(live, BaseException):
-            raise live
-        return CallRecord(tool.name, effect, "executed", live, duration, key.hex())
-
-    # ------------------------------------------------------------------------------------------ writes
-
-    async def _write(self, tool: Tool, args: dict[str, Any], call: bytes) -> CallRecord:
-        cache = self._shared
-        key = self._chain.write_key(call)
-        if cache.provider is None:
-            # No way to restore a state: run it, but tell the metrics what a fork provider would have served.
-            known = await cache.lookup(key)
-            record = (await self._write_miss(tool, args, call, key, capture=False))[0]
-            if known is not None:
-                cache.metrics.write_hits_unserved += 1
-                cache.metrics.write_seconds_unserved += known.duration
-                record = msgspec.structs.replace(record, unserved_hit=True)
-            return record
-        while True:
-            flight = cache.flights.get(key)
-            if flight is not None:
-                await flight.done.wait()
-                if flight.entry is not None and flight.entry.snapshot is not None:
-                    restored = await self._restore(tool, call, key, flight.entry, shared=True)
-                    if restored is not None:
-                        return restored
-                    return (await self._write_miss(tool, args, call, key, capture=True))[0]
-                if flight.entry is not None:
-                    return (await self._write_miss(tool, args, call, key, capture=True))[0]
-                continue
-            entry = await cache.lookup(key)
-            if entry is not None and entry.snapshot is not None:
-                restored = await self._restore(tool, call, key, entry, shared=False)
-                if restored is not None:
-                    return restored
-            if cache.flights.get(key) is not None:
-                continue
-            flight = cache.flights.lead(key)
-            published: Entry | None = None
-            try:
-                record, published = await self._write_miss(tool, args, call, key, capture=True)
-            finally:
-                cache.flights.finish(key, flight, published)
-            return record
-
-    async def _write_miss(
-        self, tool: Tool, args: dict[str, Any], call: bytes, key: bytes, *, capture: bool
-    ) -> tuple[CallRecord, Entry | None]:
-        """Run a write, advance the chain, capture the new state if asked, store the entry. A deterministic tool
-        error is raised after all that (the error is the cached outcome); the entry is returned for waiters."""
-        cache = self._shared
-        try:
-            entry, result = await self._run_for_entry(tool, args, Effect.WRITE)
-        except BaseException:
-            await self._move(self._chain.taint)  # the call may have changed the workspace in a way nobody can name
-            raise
-        if entry is None:
-            await self._move(self._chain.taint)
-            self._miss(tool, Effect.WRITE, None, None)
-            return CallRecord(tool.name, Effect.WRITE, "executed", result, 0.0, None), None
-        await self._move(lambda: self._chain.advance(call))
-        assert self._state == key
-        if capture:
-            entry = await self._capture(key, entry)
-        await cache.put(key, entry)
-        self._miss(tool, Effect.WRITE, entry, None)
-        if isinstance(result, BaseException):
-            raise result
-        return CallRecord(tool.name, Effect.WRITE, "executed", result, entry.duration, key.hex()), entry
-
-    async def _restore(self, tool: Tool, call: bytes, key: bytes, entry: Entry, *, shared: bool) -> CallRecord | None:
-        """Serve a write hit by restoring its snapshot; None when the provider could not (then the call runs)."""
-        cache = self._shared
-        assert cache.provider is not None and entry.snapshot is not None
-        try:
-            self._decode(tool, entry)
-        except CorruptRecord:
-            cache.metrics.corrupt += 1
-            await cache.delete(key)
-            return None
-        tree = cache.tree
-        tree.pin(key, self._state)  # the snapshot must outlive the restore
-        tree.restoring(key, +1)
-        t0 = time.perf_counter()
-        try:
-            try:
-                ws = await cache.provider.restore(self._slot.workspace, entry.snapshot)
-            except BunshinError:
-                cache.metrics.restore_failures += 1
-                return None
-            cache.metrics.restores += 1
-            cache.metrics.restore_seconds += time.perf_counter() - t0
-            await self._slot.swap(ws)
-            await self._move(lambda: self._chain.advance(call))
-        finally:
-            tree.restoring(key, -1)
-            tree.unpin(key)
-            await cache.discard(tree.evict())  # the last sibling that could use it has it now
-        return self._hit(tool, Effect.WRITE, entry, "restored", key, shared=shared)
-
-    async def _adopt(
-        self, tool: Tool, args: dict[str, Any], cls: CallClass, outcome: Any, duration: float
-    ) -> CallRecord:
-        m = self._shared.metrics
-        ts, es = m.stats_for(tool.name, cls.effect.value)
-        ts.calls += 1
-        es.calls += 1
-        result = None if isinstance(outcome, ToolError) else outcome
-        changes_state = cls.effect is Effect.WRITE or (cls.effect is Effect.EXTERNAL and tool.touches_workspace)
-        entry: Entry | None = None
-        if cls.cacheable:
-            if isinstance(outcome, ToolError):
-                rec = error_record(outcome)
-                if rec is not None:
-                    entry = Entry(tool.name, cls.effect.value, None, duration, time.time(), error=rec)
-            else:
-                try:
-                    raw = _result_encoder.encode(outcome)
-                except (TypeError, msgspec.EncodeError):
-                    pass
-                else:
-                    entry = Entry(tool.name, cls.effect.value, raw, duration, time.time())
-        if entry is None:  # like a live run whose outcome may not be cached
-            if changes_state:
-                await self._move(self._chain.taint)
-            if not cls.cacheable:
-                ts.uncacheable += 1
-                es.uncacheable += 1
-            else:
-                self._miss(tool, cls.effect, None, duration)
-            return CallRecord(tool.name, cls.effect, "adopted", result, duration)
-        call = encode_call(tool.name, tool.version, args)
-        cache = self._shared
-        if cls.effect is Effect.WRITE:
-            key = self._chain.write_key(call)
-            await self._move(lambda: self._chain.advance(call))
-            known = cache.tree.snapshot(key)
-            if known is not None:  # a sibling captured this state already: keep its snapshot in the entry
-                entry = msgspec.structs.replace(entry, snapshot=known)
-            else:
-                entry = await self._capture(key, entry)
-        else:
-            key = pure_key(call) if cls.effect is Effect.PURE else self._chain.read_key(call)
-        await cache.put(key, entry)
-        self._miss(tool, cls.effect, entry, None)
-        return CallRecord(tool.name, cls.effect, "adopted", result, duration, key.hex())
-
-    async def _capture(self, key: bytes, entry: Entry) -> Entry:
-        """Snapshot the workspace as a write left it, if the write took long enough to be worth a restore; the
-        returned entry references the snapshot, which the state tree now holds."""
-        cache = self._shared
-        provider = cache.provider
-        if provider is None or not self.capture or entry.duration < cache.capture_min_duration:
-            return entry
-        if cache.tree.release_unreachable and not cache.tree.reachable(key):  # no other session could ask for it
-            cache.metrics.captures_skipped += 1
-            return entry
-        try:
-            ref = await provider.capture(self._slot.workspace)
-        except BunshinError:
-            cache.metrics.capture_failures += 1
-            return entry
-        cache.metrics.captures += 1
-        await cache.discard(cache.tree.attach(key, ref))
-        return msgspec.structs.replace(entry, snapshot=ref)
-
-    async def _move(self, step: Any) -> None:
-        """Apply ``step`` to the chain and move this session's pin to the new state (the old state's snapshot may
-        then be evicted)."""
-        old = self._state
-        step()
-        self._state = self._chain.key
-        tree = self._shared.tree
-        tree.pin(self._state, old)
-        tree.unpin(old)
-        await self._shared.discard(tree.evict())

@@ -65,3 +65,33 @@ class CacheMetrics(msgspec.Struct, kw_only=True):
         if e is None:
             e = self.by_effect[effect] = ToolStats()
         return t, e
+
+    def count_call(self, tool: str, effect: str) -> None:
+        for s in self.stats_for(tool, effect):
+            s.calls += 1
+
+    def count_uncacheable(self, tool: str, effect: str) -> None:
+        for s in self.stats_for(tool, effect):
+            s.uncacheable += 1
+
+    def count_executed(self, tool: str, effect: str, seconds: float) -> None:
+        """Run time of a call that ran (an uncacheable one: misses count theirs in ``count_miss``)."""
+        for s in self.stats_for(tool, effect):
+            s.executed_seconds += seconds
+
+    def count_hit(self, tool: str, effect: str, saved_seconds: float, *, shared: bool) -> None:
+        """A served call: ``saved_seconds`` its recorded run time, ``shared`` when a concurrent identical call
+        served it."""
+        for s in self.stats_for(tool, effect):
+            s.hits += 1
+            s.shared += shared
+            s.saved_seconds += saved_seconds
+        self.hits += 1
+        self.saved_seconds += saved_seconds
+
+    def count_miss(self, tool: str, effect: str, seconds: float) -> None:
+        """A cacheable call that ran (``seconds``: its run time)."""
+        for s in self.stats_for(tool, effect):
+            s.misses += 1
+            s.executed_seconds += seconds
+        self.misses += 1

@@ -7,6 +7,7 @@ is detected and treated as a miss.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import msgspec
@@ -109,3 +110,33 @@ def rebuild_error(rec: ErrorRecord, tool: str) -> ToolError:
         return InvalidArgument(rec.message, tool=tool)
     kwargs: dict[str, Any] = {"tool": tool, "path": rec.path or ""}
     return cls(rec.message, **kwargs)
+
+
+_result_encoder = msgspec.msgpack.Encoder()
+
+
+def entry_of(tool: str, effect: str, outcome: Any, duration: float) -> Entry | None:
+    """The entry recording a call's ``outcome`` (its result, or the ``ToolError`` it raised) and run time
+    (seconds); None when it may not be cached (an error that is not a function of the call and the state, or a
+    result msgpack cannot encode)."""
+    if isinstance(outcome, ToolError):
+        rec = error_record(outcome)
+        return None if rec is None else Entry(tool, effect, None, duration, time.time(), error=rec)
+    try:
+        raw = _result_encoder.encode(outcome)
+    except (TypeError, msgspec.EncodeError):
+        return None
+    return Entry(tool, effect, raw, duration, time.time())
+
+
+def outcome_of(entry: Entry, decoder: msgspec.msgpack.Decoder[Any], tool: str) -> Any:
+    """The result an entry holds (decoded by the tool's ``decoder``), or the ``ToolError`` to raise; raises
+    ``CorruptRecord``."""
+    if entry.error is not None:
+        return rebuild_error(entry.error, tool)
+    if entry.result is None:
+        raise CorruptRecord("entry without a result")
+    try:
+        return decoder.decode(entry.result)
+    except msgspec.DecodeError as exc:  # the tool's result type changed without a version bump
+        raise CorruptRecord(str(exc)) from exc

@@ -5,8 +5,10 @@ it to each ``CachedSession``, which uses it through these methods only."""
 from __future__ import annotations
 
 import random
+from typing import TYPE_CHECKING
 
 import anyio
+import msgspec
 
 from .._exceptions import BunshinError, StoreUnavailable
 from ._flight import SingleFlight
@@ -14,6 +16,9 @@ from ._metrics import CacheMetrics
 from ._records import CorruptRecord, Entry, seal, unseal
 from ._state import SnapshotRef, StateProvider, StateTree
 from ._store import LayeredStore, MemoryStore, Store
+
+if TYPE_CHECKING:
+    from .._workspace._facade import Workspace
 
 __all__ = ["CacheState"]
 
@@ -95,3 +100,21 @@ class CacheState:
             return True
         layers = self.store.layers if isinstance(self.store, LayeredStore) else (self.store,)
         return any(isinstance(layer, MemoryStore) and layer.holds(key) for layer in layers)
+
+    async def capture(self, ws: Workspace, key: bytes, entry: Entry) -> Entry:
+        """Snapshot ``ws`` as a write left it (state ``key``), if the write took long enough to be worth a restore
+        and another session could ask for the state; the returned entry references the snapshot, which the tree
+        now holds. A failed capture is counted, not raised (the entry is then stored without a snapshot)."""
+        if self.provider is None or entry.duration < self.capture_min_duration:
+            return entry
+        if self.tree.release_unreachable and not self.tree.reachable(key):  # no other session could ask for it
+            self.metrics.captures_skipped += 1
+            return entry
+        try:
+            ref = await self.provider.capture(ws)
+        except BunshinError:
+            self.metrics.capture_failures += 1
+            return entry
+        self.metrics.captures += 1
+        await self.discard(self.tree.attach(key, ref))
+        return msgspec.structs.replace(entry, snapshot=ref)
