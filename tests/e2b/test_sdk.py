@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import anyio
 import e2b
@@ -23,6 +22,7 @@ from e2b import (
 )
 
 from bunshin_async._e2b._backends import LocalHandle
+from bunshin_async._workspace._accounting import pss_bytes
 
 from .conftest import Served
 
@@ -213,12 +213,7 @@ def _pss_kib(served: Served, sandbox_id: str) -> int:
     assert isinstance(handle, LocalHandle)
     ws = handle.workspace
     assert ws.cgroup is not None
-    total = 0
-    for pid in ws.cgroup.pids():
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
-                total += int(line.split()[1])
-    return total
+    return pss_bytes(ws.cgroup.pids()) // 1024
 
 
 async def test_async_snapshot_and_pause_resume(e2b_server: Served) -> None:

@@ -13,6 +13,7 @@ import pytest
 from bunshin_async import Snapshot, Workspace
 from bunshin_async._fork import _dump, _modes
 from bunshin_async._host import _snapstore
+from bunshin_async._workspace._accounting import pss_bytes
 
 HERE = Path(__file__).parent
 HEAP_MIB = 100
@@ -24,15 +25,7 @@ def _pids(ws: Workspace) -> list[int]:
 
 
 def _pss_kib(ws: Workspace) -> int:
-    total = 0
-    for pid in _pids(ws):
-        try:
-            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-                if line.startswith("Pss:"):
-                    total += int(line.split()[1])
-        except OSError:
-            pass
-    return total
+    return pss_bytes(_pids(ws)) // 1024
 
 
 def _image_maps(pid: int) -> list[tuple[int, int, str]]:
