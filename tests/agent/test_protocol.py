@@ -1,4 +1,4 @@
-"""The host-agent protocol (``bunshin_async._protocol``) as pure data, without a workspace: every message
+"""The host-agent protocol (``bunshin_async._host._protocol``) as pure data, without a workspace: every message
 round-trips through the one encoder and decoders in the shape the agent reads (a msgpack map tagged by ``op`` or
 ``kind``), unknown shapes are refused, and the C agent's tables (native/agent.c: op names, each op's fields with
 their types and nullability, the version, the largest request) agree with ``_protocol.py``, the one definition."""
@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from bunshin_async import _protocol as P
+from bunshin_async._host import _protocol as P
 
 pytestmark = pytest.mark.unit
 
