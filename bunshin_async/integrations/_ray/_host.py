@@ -168,8 +168,8 @@ class WorkspaceHost:
         async def go() -> tuple[str, str]:
             await self.held.acquire(1)
             more: dict[str, Any] = {} if max_output is None else {"max_output": max_output}
-            ws = Workspace(image, limits=limits, env=env, workdir=workdir, **more)
-            try:
+            try:  # the constructor refuses an unknown image name or a bad workdir: the slot is freed either way
+                ws = Workspace(image, limits=limits, env=env, workdir=workdir, **more)
                 await ws.start()
             except BaseException:
                 await self.held.release()
