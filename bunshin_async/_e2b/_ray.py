@@ -14,9 +14,10 @@ template) is placed the same way, a host that already holds a copy of the snapsh
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import anyio
 import msgspec
@@ -57,6 +58,13 @@ class RemoteHandle:
     def _gone(self, exc: HostError) -> WorkspaceClosed:
         return WorkspaceClosed(f"workspace {self.id} is gone with its host: {exc}", workspace_id=self.id)
 
+    @contextlib.contextmanager
+    def _host(self) -> Iterator[None]:
+        try:
+            yield
+        except HostError as exc:
+            raise self._gone(exc) from exc
+
     async def exec(
         self,
         cmd: str | Sequence[str],
@@ -66,10 +74,8 @@ class RemoteHandle:
         timeout: float | None = None,
         user: str | None = None,
     ) -> ExecResult:
-        try:
+        with self._host():
             return await self.remote.exec(cmd, cwd=cwd, stdin=stdin, timeout=timeout, user=user)
-        except HostError as exc:
-            raise self._gone(exc) from exc
 
     async def spawn(
         self,
@@ -79,34 +85,24 @@ class RemoteHandle:
         env: Mapping[str, str] | None = None,
         user: str | None = None,
     ) -> int:
-        try:
+        with self._host():
             return await self.remote.spawn(list(cmd), cwd=cwd, env=dict(env) if env else None, user=user)
-        except HostError as exc:
-            raise self._gone(exc) from exc
 
     async def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
-        try:
+        with self._host():
             return await self.remote.read_file(path, max_bytes=max_bytes)
-        except HostError as exc:
-            raise self._gone(exc) from exc
 
     async def poll(self, pid: int) -> int | None:
-        try:
+        with self._host():
             return await self.remote.poll(pid)
-        except HostError as exc:
-            raise self._gone(exc) from exc
 
     async def signal(self, pid: int, sig: int) -> None:
-        try:
+        with self._host():
             await self.remote.signal(pid, sig)
-        except HostError as exc:
-            raise self._gone(exc) from exc
 
     async def configure(self, *, env: Mapping[str, str] | None = None, user: str | None = None) -> None:
-        try:
+        with self._host():
             await self.remote.configure(env=env, user=user)
-        except HostError as exc:
-            raise self._gone(exc) from exc
 
     async def aclose(self) -> None:
         await self.remote.aclose()
@@ -269,10 +265,8 @@ class RayBackend:
         home = next((i for i in await self._infos() if i.name == ws.node), None)
         free = 0 if home is None else room(home, cluster.pending)
         if n <= free:  # live copies beside the parent
-            try:
+            with ws._host():
                 return [RemoteHandle(c) for c in await ws.remote.fork(n)]
-            except HostError as exc:
-                raise ws._gone(exc) from exc
         snap = await self.snapshot(ws)
         out: list[Handle | BunshinError] = []
         try:
