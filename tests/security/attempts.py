@@ -327,14 +327,18 @@ def capabilities() -> None:
 
 
 def sockets(targets_file: str) -> None:
-    """Connect to each Unix socket named in ``targets_file`` (one per line, ``@`` for an abstract name), and list
-    every socket this workspace's tree and its network namespace show."""
+    """Connect to each socket named in ``targets_file`` (one per line: a Unix socket's path, ``@`` and an abstract
+    name, or ``tcp:ADDRESS:PORT``), and list every Unix socket this workspace's tree and network namespace show."""
     with open(targets_file) as f:
         targets = [t for t in f.read().split("\n") if t]
     reached, refused = [], {}
     for t in targets:
-        addr = "\0" + t[1:] if t.startswith("@") else t
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        if t.startswith("tcp:"):
+            host, port = t[4:].rsplit(":", 1)
+            s, addr = socket.socket(socket.AF_INET, socket.SOCK_STREAM), (host, int(port))
+        else:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            addr = "\0" + t[1:] if t.startswith("@") else t
         s.settimeout(2)
         try:
             s.connect(addr)

@@ -57,13 +57,15 @@ async def test_privileged_settings_are_off(box: Box) -> None:
 
 @pytest.fixture
 def host_listeners() -> Iterator[list[socket.socket]]:
-    """A Unix socket listening on the host at a path and one under an abstract name: no workspace may reach them
-    (connections queue in the backlog without an accept, so a reached one is seen)."""
+    """A Unix socket listening on the host at a path, one under an abstract name, and a TCP one on every address:
+    no workspace may reach them (connections queue in the backlog without an accept, so a reached one is seen)."""
     name = f"bunshin-sec-{uuid.uuid4().hex}"
     path = Path(f"/run/{name}.sock")
     socks = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(2)]
+    socks.append(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
     socks[0].bind(str(path))
     socks[1].bind("\0" + name)
+    socks[2].bind(("0.0.0.0", 0))
     for s in socks:
         s.listen(16)
         s.setblocking(False)
@@ -89,17 +91,34 @@ def _host_listening_unix_sockets() -> list[str]:
     return names
 
 
+def _host_tcp_targets(extra_port: int) -> list[str]:
+    """Every listening TCP port of the host's network namespace (Docker's 2375/2376 where it listens, Redis, Ray,
+    the MCP server...), at loopback and at the host's outward address, as ``tcp:ADDRESS:PORT``."""
+    ports = {extra_port}
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        if state == "0A":  # TCP_LISTEN
+            ports.add(int(local.split(":")[1], 16))
+    addresses = ["127.0.0.1"]
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe, contextlib.suppress(OSError):
+        probe.connect(("192.0.2.1", 9))  # no packet: only picks the address of the route out
+        addresses.append(probe.getsockname()[0])
+    return [f"tcp:{a}:{p}" for a in addresses for p in sorted(ports)]
+
+
 async def test_no_runtime_or_host_socket_is_reachable(box: Box, host_listeners: list[socket.socket]) -> None:
-    """Docker's, containerd's, podman's and Bunshin's sockets, every listener of the host (by path and abstract
-    name), and two made for the test: none connects; the workspace's tree and network namespace hold its agent's
-    socket only."""
+    """Docker's, containerd's, podman's and Bunshin's sockets, every listener of the host (Unix sockets by path and
+    abstract name, TCP ports at loopback and the host's address), and three made for the test: none connects; the
+    workspace's tree and network namespace hold its agent's socket only."""
     own = [host_listeners[0].getsockname(), "@" + host_listeners[1].getsockname()[1:].decode()]
     targets = sorted({*RUNTIME_SOCKETS, *_host_listening_unix_sockets(), *own})
+    targets += _host_tcp_targets(host_listeners[2].getsockname()[1])
     assert len(targets) > len(RUNTIME_SOCKETS)
     await box.ws.write_file("/workspace/targets", "\n".join(targets) + "\n")
     res = await box.attempt("sockets", "/workspace/targets")
     assert res["reached"] == [], res
-    assert set(res["refused"]) <= {"ENOENT", "ECONNREFUSED"} and sum(res["refused"].values()) == len(targets), res
+    assert set(res["refused"]) <= {"ENOENT", "ECONNREFUSED", "ENETUNREACH"}, res
+    assert sum(res["refused"].values()) == len(targets), res
     assert res["listed"] == res["in_tree"] == ["/run/bunshin/agent.sock"], res
 
 
