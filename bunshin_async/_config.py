@@ -28,6 +28,9 @@ def _env(name: str, default: str) -> str:
     return os.environ.get(name, "").strip() or default
 
 
+_YES = ("1", "true", "yes", "on")
+
+
 def _names(text: str) -> frozenset[str]:
     return frozenset(n.strip().lower() for n in text.split(",") if n.strip())
 
@@ -47,7 +50,9 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     (``BUNSHIN_CGROUP_PARENT``): the cgroup all workspaces live under. ``allow_missing``
     (``BUNSHIN_ALLOW_MISSING``, comma-separated): capabilities the runtime may go on without, with one warning each,
     instead of raising ``CapabilityMissing`` (``"all"`` for every one; names as in ``CapabilityMissing.capability``:
-    ``criu``, ``criu-cow``, ``snapshot store``, ``cgroup memory``, ...)."""
+    ``criu``, ``criu-cow``, ``snapshot store``, ``cgroup memory``, ...). ``track_writes``
+    (``BUNSHIN_TRACK_WRITES``, off by default): dumps of a workspace that is no CoW copy track its writes
+    (criu/patches/0013), so the next snapshot of it writes, and pauses it for, only the pages written since."""
 
     fork_mode: str = msgspec.field(default_factory=lambda: _env("BUNSHIN_FORK_MODE", "cow").lower())
     snapshot_dir: Path = msgspec.field(default_factory=lambda: Path(_env("BUNSHIN_SNAPDIR", "/dev/shm/bunshin-snap")))
@@ -55,6 +60,7 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     run_dir: Path = msgspec.field(default_factory=_run_dir)
     cgroup_parent: str = msgspec.field(default_factory=lambda: _env("BUNSHIN_CGROUP_PARENT", "bunshin"))
     allow_missing: frozenset[str] = msgspec.field(default_factory=lambda: _names(_env("BUNSHIN_ALLOW_MISSING", "")))
+    track_writes: bool = msgspec.field(default_factory=lambda: _env("BUNSHIN_TRACK_WRITES", "0") in _YES)
 
     @staticmethod
     def current() -> Config:

@@ -17,6 +17,7 @@ from .._host._client import AgentClient
 from .._host._criu import CriuBackend, rpc
 from .._host._kernel import task_status
 from .._host._snapstore import MAX_MEM_CHAIN, chain_layers, hold_layers, mem_chain_depth, store_full
+from .._host._wptrack import tracking_wanted
 from .._images._image import agent_layer
 from .._workspace._core import WorkspaceCore
 from . import _quiesce, _restore
@@ -105,7 +106,7 @@ async def _snapshot(ws: WorkspaceCore, backend: CriuBackend | None) -> Snapshot:
     )
     gated: AgentClient | None = None
     try:
-        parent = await anyio.to_thread.run_sync(_open, ws, snap)
+        parent, track = await anyio.to_thread.run_sync(_open, ws, snap)
         gated = await _quiesce.drain(ws)
         if snap.mode == "fs":
             await _fs_copy(ws, snap)
@@ -114,7 +115,9 @@ async def _snapshot(ws: WorkspaceCore, backend: CriuBackend | None) -> Snapshot:
             if blocked:
                 raise ForkError(f"workspace {ws.id}: {blocked}", workspace_id=ws.id)
             try:
-                await _dump(ws, snap, backend, parent, netns, env)
+                if track:
+                    env = {**env, "CRIU_WP_TRACK": "1"}
+                await _dump(ws, snap, backend, parent, netns, env, track)
             except ForkError as exc:
                 if blocked := await anyio.to_thread.run_sync(_undumpable, ws, True):
                     raise ForkError(f"workspace {ws.id}: {blocked}; {exc}", **exc.fields) from exc
@@ -133,12 +136,18 @@ async def _snapshot(ws: WorkspaceCore, backend: CriuBackend | None) -> Snapshot:
     return snap
 
 
-def _open(ws: WorkspaceCore, snap: Snapshot) -> Path | None:
+def _open(ws: WorkspaceCore, snap: Snapshot) -> tuple[Path | None, bool]:
     """Make the snapshot's directory and take its references; the directory its dump is incremental on, if any
-    (``_dump_parent``; blocking)."""
+    (``_dump_parent``), and whether the dump tracks writes (``_tracked_parent``; blocking)."""
     (snap.path if snap.mode == "fs" else snap.images).mkdir(parents=True)
     hold_layers([snap.path, *chain_layers(snap.lower)], snap.holder)
-    return None if snap.mode == "fs" else _dump_parent(ws, snap)
+    if snap.mode == "fs":
+        return None, False
+    parent = _dump_parent(ws, snap)
+    if parent is not None or ws.mem_parent is not None or not tracking_wanted():
+        ws.tracking.drop()  # a CoW copy's dumps are incremental on the memory it maps (criu/patches/0002)
+        return parent, False
+    return _tracked_parent(ws, snap), True
 
 
 def _before_dump(ws: WorkspaceCore) -> tuple[str, int | None, dict[str, str]]:
@@ -164,10 +173,11 @@ async def _dump(
     parent: Path | None,
     netns: int | None,
     env: dict[str, str],
+    track: bool = False,
 ) -> None:
     """CRIU dump of the drained workspace into ``snap.images``, the upper dir copied in the post-dump notification
     (``parent``: the snapshot directory the dump is incremental on, see ``_dump_parent``; ``netns``, ``env``: see
-    ``_before_dump``)."""
+    ``_before_dump``; ``track``: CRIU tracks writes and hands us the uffds, ``WriteTracking``)."""
     assert ws.pid is not None
     freezer = ws.cgroup.freezer_dir if ws.cgroup is not None else None
     req = rpc.criu_req(type=rpc.DUMP)
@@ -192,6 +202,15 @@ async def _dump(
         if name == "post-dump":
             await _snapstore.copy_tree(ws.dir / "upper", snap.upper, workspace_id=ws.id)
 
+    uffds: list[int] = []
+
+    def on_fd(name: str, pid: int, fd: int) -> None:
+        if name == "wp-uffd" and track:
+            uffds.append(fd)
+        else:
+            os.close(fd)
+
+    adopted = False
     fd = os.open(snap.images, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         req.opts.images_dir_fd = fd
@@ -209,13 +228,21 @@ async def _dump(
                 notify=on_notify,
                 env=env,
                 timeout=DUMP_TIMEOUT,
+                on_fd=on_fd,
             )
         snap.dump_ms = (time.monotonic() - t0) * 1000
+        await anyio.lowlevel.checkpoint()  # a cancellation during the dump: the caller removes the snapshot
+        if not snap.upper.is_dir():
+            raise ForkError(f"workspace {ws.id}: CRIU never sent post-dump", workspace_id=ws.id)
+        if track:
+            ws.tracking.adopt(uffds, snap.path)
+            adopted = True
     finally:
         os.close(fd)
-    await anyio.lowlevel.checkpoint()  # a cancellation that came during the dump: the caller removes the snapshot
-    if not snap.upper.is_dir():
-        raise ForkError(f"workspace {ws.id}: CRIU never sent post-dump", workspace_id=ws.id)
+        if track and not adopted:  # the dump may have consumed written sets this snapshot will not keep
+            ws.tracking.drop()
+            for u in uffds:
+                os.close(u)
 
 
 async def _fs_copy(ws: WorkspaceCore, snap: Snapshot) -> None:
@@ -286,6 +313,23 @@ def _dump_parent(ws: WorkspaceCore, snap: Snapshot) -> Path | None:
     if ws.fork_mode != "criu-cow" or parent is None or not (parent / "images").is_dir():
         return None
     if mem_chain_depth(parent) >= MAX_MEM_CHAIN:
+        return None
+    (snap.path / "parent").write_text(parent.name)
+    hold_layers([parent], f"child-{snap.id}")
+    return parent
+
+
+def _tracked_parent(ws: WorkspaceCore, snap: Snapshot) -> Path | None:
+    """The snapshot whose dump last consumed ``ws``'s written pages, when the next dump can be incremental on
+    it (``WriteTracking``): still there and the chain not too long; ``snap`` then holds it. Otherwise the
+    tracking starts afresh and the dump is whole (blocking)."""
+    tracking = ws.tracking
+    parent = tracking.parent
+    if parent is None or not (parent / "images").is_dir() or tracking.full():
+        tracking.drop()
+        return None
+    if mem_chain_depth(parent) >= MAX_MEM_CHAIN:
+        tracking.drop()
         return None
     (snap.path / "parent").write_text(parent.name)
     hold_layers([parent], f"child-{snap.id}")

@@ -38,6 +38,7 @@ from . import _hostsetup, _paths
 __all__ = [
     "COW_RESTORE",
     "CriuBackend",
+    "FdHandler",
     "NotifyHandler",
     "SwrkCriu",
     "criu_features",
@@ -57,6 +58,10 @@ except ImportError:  # pragma: no cover - depends on the build
 NotifyHandler = Callable[[str, int], Awaitable[None]]
 """Called with the notification's name (``post-dump``, ``setup-namespaces``, ...) and its pid (0 when none); raising
 fails the CRIU call."""
+
+FdHandler = Callable[[str, int, int], None]
+"""Called with a notification's name, its pid and a descriptor CRIU attached to it (``wp-uffd``,
+criu/patches/0013), which it then owns; without one such descriptors are closed."""
 
 MAX_MSG = 1 << 20
 LOG_TAIL = 4000
@@ -231,6 +236,7 @@ class CriuBackend(Protocol):
         wrapper: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
         timeout: float = 120.0,
+        on_fd: FdHandler | None = None,
     ) -> Any: ...
 
 
@@ -252,6 +258,7 @@ class SwrkCriu:
         wrapper: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
         timeout: float = 120.0,
+        on_fd: FdHandler | None = None,
     ) -> Any:
         pb = _require_rpc()
         if "/" in log_name:
@@ -285,7 +292,7 @@ class SwrkCriu:
             if self.on_spawn is not None:
                 await self.on_spawn(proc.pid)
             with anyio.fail_after(timeout):
-                resp = await self._converse_while_alive(proc, ours, req, notify, pb)
+                resp = await self._converse_while_alive(proc, ours, req, notify, on_fd, pb)
             if not resp.success:
                 raise self._error(
                     f"criu {what} failed", work_dir / log_name, workspace_id, resp.cr_errno, resp.cr_errmsg
@@ -321,7 +328,13 @@ class SwrkCriu:
                     await _reap(proc, kill=not done)
 
     async def _converse_while_alive(
-        self, proc: Process, sk: socket.socket, req: Any, notify: NotifyHandler | None, pb: Any
+        self,
+        proc: Process,
+        sk: socket.socket,
+        req: Any,
+        notify: NotifyHandler | None,
+        on_fd: FdHandler | None,
+        pb: Any,
     ) -> Any:
         """The conversation, ended early if CRIU dies: a task CRIU already cloned may hold a copy of its socket,
         so its death does not always show as end-of-stream."""
@@ -331,7 +344,7 @@ class SwrkCriu:
 
             async def converse() -> None:
                 try:
-                    outcome.append(await self._converse(sk, req, notify, pb))
+                    outcome.append(await self._converse(sk, req, notify, on_fd, pb))
                 except Exception as exc:
                     errors.append(exc)
                 tg.cancel_scope.cancel()
@@ -349,14 +362,30 @@ class SwrkCriu:
             raise anyio.EndOfStream
         return outcome[0]
 
-    async def _converse(self, sk: socket.socket, req: Any, notify: NotifyHandler | None, pb: Any) -> Any:
+    async def _converse(
+        self, sk: socket.socket, req: Any, notify: NotifyHandler | None, on_fd: FdHandler | None, pb: Any
+    ) -> Any:
         await _send(sk, req.SerializeToString())
         while True:
-            data = await _recv(sk)
+            data, fds = await _recv(sk)
             resp = pb.criu_resp()
-            resp.ParseFromString(data)
+            try:
+                resp.ParseFromString(data)
+            except Exception:
+                _close_all(fds)
+                raise
             if resp.type != pb.NOTIFY:
+                _close_all(fds)
                 return resp
+            for i, fd in enumerate(fds):
+                if on_fd is None:
+                    os.close(fd)
+                    continue
+                try:
+                    on_fd(resp.notify.script, resp.notify.pid, fd)
+                except BaseException:
+                    _close_all(fds[i + 1 :])
+                    raise
             if notify is not None:
                 try:
                     await notify(resp.notify.script, resp.notify.pid)
@@ -392,23 +421,28 @@ async def _send(sk: socket.socket, data: bytes) -> None:
             await anyio.wait_writable(sk)
 
 
-async def _recv(sk: socket.socket) -> bytes:
-    """One packet; descriptors CRIU attaches (orphan-pts-master) are closed: we never ask for them."""
+async def _recv(sk: socket.socket) -> tuple[bytes, list[int]]:
+    """One packet and the descriptors CRIU attached to it (close-on-exec), which the caller owns."""
     fds = array.array("i")
     while True:
         try:
-            data, anc, _flags, _addr = sk.recvmsg(MAX_MSG, socket.CMSG_SPACE(4 * fds.itemsize))
+            data, anc, _flags, _addr = sk.recvmsg(MAX_MSG, socket.CMSG_SPACE(4 * fds.itemsize), socket.MSG_CMSG_CLOEXEC)
             break
         except BlockingIOError:
             await anyio.wait_readable(sk)
     for level, kind, payload in anc:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
-    for fd in fds:
-        os.close(fd)
     if not data:
+        _close_all(list(fds))
         raise anyio.EndOfStream
-    return data
+    return data, list(fds)
+
+
+def _close_all(fds: Sequence[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 async def _reap(proc: Process, kill: bool) -> None:

@@ -45,6 +45,7 @@ from .._host._client import AgentClient
 from .._host._kernel import Cgroup, Limits, devices_controller, mount_disk, unmount_disk
 from .._host._security import Security
 from .._host._snapstore import chain_layers, hold_layers, release_layers
+from .._host._wptrack import WriteTracking
 from .._images._image import AGENT_DIR, Image, agent_layer
 
 log = logging.getLogger("bunshin_async.workspace")
@@ -163,6 +164,7 @@ class WorkspaceCore:
         self.client: AgentClient | None = None
         self.lower: str | None = None  # overlay lowerdir chain: snapshot layers (forks), agent layer, image
         self.mem_parent: Path | None = None  # snapshot dir a CoW copy's memory is mapped from (held while alive)
+        self.tracking = WriteTracking()  # uffds tracking its tasks' writes between dumps (Config.track_writes)
         self.setup: list[tuple[SetupStep, int]] = []  # every spawn in order, with its in-workspace pid
         self.restarted: list[tuple[SetupStep, int]] = []  # a filesystem-only copy's restarted spawns
         self.fork_mode = "fresh"
@@ -348,7 +350,8 @@ class WorkspaceCore:
     def map_from(self, snap_dir: Path | None) -> None:
         """Make ``snap_dir`` the snapshot this workspace's memory is mapped from (``None``: private memory): it is
         held while the workspace lives, so that dumps can be incremental on its images (blocking). Its processes
-        are gone or not yet there, so the old one is let go first."""
+        are gone or not yet there, so the old one is let go first, and so is the tracking of their writes."""
+        self.tracking.drop()
         if self.mem_parent is not None:
             release_layers([self.mem_parent], self.id)
             self.mem_parent = None

@@ -1,0 +1,54 @@
+"""Write tracking between dumps (``Config.track_writes``; criu/patches/0013, docs/concepts/fork-pause.md): a dump
+with ``CRIU_WP_TRACK=1`` registers the workspace's private memory with a userfaultfd in asynchronous
+write-protect mode and hands each task's uffd to us; while we hold them, the next dump (incremental on that
+snapshot) asks the kernel which pages were written since and writes only those, so the source's pause follows
+what it wrote, not what it holds. Closing the uffds unregisters everything (``fs/userfaultfd.c``,
+``userfaultfd_release()``): dropping the tracking is always safe, the next dump is then whole."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+from .._config import Config
+from . import _criu
+
+__all__ = ["WP_TRACK", "WriteTracking", "tracking_wanted"]
+
+WP_TRACK = "wp-track"
+"""The feature criu/patches/0013 adds (``criu --version`` prints ``Features: wp-track``)."""
+
+MAX_UFFDS = 512
+"""Descriptors held per workspace before the tracking is started afresh (one per task per dump that found
+memory to arm): a workspace with many processes or many new mappings must not exhaust this process's fds."""
+
+
+class WriteTracking:
+    """The uffds a workspace's tasks are tracked by and the snapshot whose dump last consumed their written set
+    (``parent``: the next dump may be incremental on it). Owned by the ``WorkspaceCore``; changed by the dump."""
+
+    def __init__(self) -> None:
+        self.uffds: list[int] = []
+        self.parent: Path | None = None
+
+    def adopt(self, uffds: list[int], parent: Path) -> None:
+        """A dump armed ``uffds`` and consumed every written set into ``parent``."""
+        self.uffds.extend(uffds)
+        self.parent = parent
+
+    def drop(self) -> None:
+        """Stop tracking (idempotent): after a failed dump (it may have consumed written sets it did not keep),
+        when the tasks are replaced (a rollback) or gone, or before a dump that starts a new chain."""
+        uffds, self.uffds, self.parent = self.uffds, [], None
+        for fd in uffds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def full(self) -> bool:
+        return len(self.uffds) >= MAX_UFFDS
+
+
+def tracking_wanted() -> bool:
+    """Whether dumps track writes: ``Config.track_writes`` and a CRIU with criu/patches/0013."""
+    return Config.current().track_writes and WP_TRACK in _criu.criu_features()
