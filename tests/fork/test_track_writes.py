@@ -1,0 +1,135 @@
+"""Write tracking between dumps (``Config.track_writes``, criu/patches/0013, docs/concepts/fork-pause.md): a
+checkpoint of a workspace that keeps running writes only the pages written since the previous one, and every
+snapshot of the chain restores exactly; a failed dump drops the tracking (the tasks are unregistered) and the next
+dump is whole; without the setting nothing is tracked. Page counts from CRIU's stats and digests, never timings."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from bunshin_async import ForkError, Snapshot, Workspace
+from bunshin_async._criu import criu_features
+from bunshin_async._fork import _dump
+from bunshin_async._fork._wptrack import WP_TRACK
+
+from .conftest import HERE
+from .test_rollback_faults import KillCriuAt
+
+BUF_PAGES = 16 << 8  # track_guest.py's 16 MiB buffer
+
+
+@pytest.fixture
+async def guest(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Workspace]:
+    monkeypatch.setenv("BUNSHIN_TRACK_WRITES", "1")
+    assert WP_TRACK in criu_features(), "CRIU lacks criu/patches/0013: run criu/build.sh"
+    async with Workspace() as w:
+        await w.write_file("/workspace/track_guest.py", (HERE / "track_guest.py").read_bytes())
+        await w.spawn(["python3", "/workspace/track_guest.py"])
+        yield w
+
+
+class Guest:
+    """Requests to one workspace's track_guest.py (a copy continues its parent's numbering)."""
+
+    def __init__(self, ws: Workspace, n: int = 0) -> None:
+        self.ws, self.n = ws, n
+
+    async def ask(self, cmd: str) -> str:
+        n, self.n = self.n, self.n + 1
+        await self.ws.write_file(f"/workspace/req-{n}", cmd)
+        with anyio.fail_after(60):
+            while (r := await self.ws.exec(f"cat /workspace/ans-{n} 2>/dev/null")).exit_code:  # noqa: ASYNC110
+                await anyio.sleep(0.02)
+        return r.stdout.strip()
+
+
+def dump_stats(snap: Snapshot) -> dict[str, int]:
+    """CRIU's stats-dump image of the snapshot: pages written and pages left to the parent images."""
+    import pycriu.images  # on sys.path once bunshin_async._criu is imported
+
+    with open(snap.images / "stats-dump", "rb") as f:
+        entry: dict[str, Any] = pycriu.images.load(f)["entries"][0]["dump"]
+    return {k: int(entry.get(k, 0)) for k in ("pages_written", "pages_skipped_parent")}
+
+
+def tracked_vmas(ws: Workspace) -> int:
+    """VMAs of the workspace's processes registered with a userfaultfd in write-protect mode (smaps ``uw``)."""
+    assert ws.cgroup is not None
+    count = 0
+    for pid in ws.cgroup.pids():
+        try:
+            smaps = Path(f"/proc/{pid}/smaps").read_text()
+        except OSError:
+            continue
+        count += sum(1 for line in smaps.splitlines() if line.startswith("VmFlags:") and " uw" in line)
+    return count
+
+
+async def restored_digest(snap: Snapshot, n: int) -> str:
+    [copy] = await Workspace.from_snapshot(snap)
+    try:
+        return await Guest(copy, n).ask("digest")
+    finally:
+        await copy.aclose()
+
+
+async def test_checkpoints_write_only_what_changed(guest: Workspace) -> None:
+    g = Guest(guest)
+    d0 = await g.ask("digest")
+    async with await guest.snapshot() as s1:
+        first = dump_stats(s1)
+        assert first["pages_skipped_parent"] == 0 and first["pages_written"] > BUF_PAGES
+        assert guest._core.tracking.uffds and guest._core.tracking.parent == s1.path
+        assert tracked_vmas(guest) > 0
+        d1 = await g.ask("write 64")
+        async with await guest.snapshot() as s2:
+            second = dump_stats(s2)
+            # the buffer's unwritten pages are left to s1; what is written is the 64 pages and what the
+            # interpreter touched, far less than the buffer
+            assert second["pages_skipped_parent"] >= BUF_PAGES - 64
+            assert 64 <= second["pages_written"] < BUF_PAGES // 4
+            d2 = await g.ask("map 4")  # a new VMA: untracked, dumped whole, then armed
+            d3 = await g.ask("zap 16")  # dropped pages: zeros in the copy, not the parent's old content
+            async with await guest.snapshot() as s3:
+                third = dump_stats(s3)
+                assert third["pages_written"] >= 4 << 8 and third["pages_skipped_parent"] >= BUF_PAGES - 64 - 16
+                assert len({d0, d1, d2, d3}) == 4
+                assert await restored_digest(s3, g.n) == d3
+            assert await restored_digest(s2, g.n - 2) == d1
+        assert await restored_digest(s1, g.n - 3) == d0
+
+
+async def test_failed_dump_drops_tracking(guest: Workspace) -> None:
+    g = Guest(guest)
+    await g.ask("digest")
+    async with await guest.snapshot():
+        assert tracked_vmas(guest) > 0
+        d1 = await g.ask("write 64")
+        with pytest.raises(ForkError):
+            await _dump.snapshot(guest._core, KillCriuAt("post-dump"))
+        # The killed dump re-armed pages it never kept: the uffds are closed, which unregisters every VMA.
+        assert guest._core.tracking.uffds == [] and guest._core.tracking.parent is None
+        assert tracked_vmas(guest) == 0
+        async with await guest.snapshot() as s3:
+            assert dump_stats(s3)["pages_skipped_parent"] == 0  # whole again, and armed again
+            assert tracked_vmas(guest) > 0
+            assert await restored_digest(s3, g.n) == d1
+
+
+async def test_off_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("BUNSHIN_TRACK_WRITES", raising=False)
+    async with Workspace() as w:
+        await w.write_file("/workspace/track_guest.py", (HERE / "track_guest.py").read_bytes())
+        await w.spawn(["python3", "/workspace/track_guest.py"])
+        g = Guest(w)
+        await g.ask("digest")
+        async with await w.snapshot():
+            assert w._core.tracking.uffds == [] and tracked_vmas(w) == 0
+            await g.ask("write 64")
+            async with await w.snapshot() as s2:
+                assert dump_stats(s2)["pages_skipped_parent"] == 0
