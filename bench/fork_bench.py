@@ -19,7 +19,11 @@ Issue 39's split of a fork: ``pause_ms`` is how long the source was paused (``Sn
 call, within which the tree is frozen and its pages written to the store) and ``copy_first_exec_ms`` is the time from
 the snapshot to the first command answered in a copy (the restore plus one ``exec``), per fork and per nested fork.
 ``--dirty-mib N`` measures only checkpoints of a parent that keeps running and dirties N MiB before each snapshot,
-for each ``--mib`` size (comma-separated) and mode: the pause, the snapshot and the images' size per checkpoint.
+for each ``--mib`` size (comma-separated) and mode: the pause, the snapshot and the images' size per checkpoint, and
+CRIU's own split (frozen time, page reading and writing, pages written and left to the parent). ``--steps N`` runs
+issue 39's checkpoint-every-step workload (N steps of ``--dirty-mib`` MiB each followed by a snapshot, rollbacks to
+random recent steps) instead. A mode ``cow+track`` is the cow mode with write tracking (``Config.track_writes``,
+criu/patches/0013): ``--modes cow,cow+track`` compares it with today's mode in one run, the workspaces taking turns.
 
 The parent's server indexes its heap's pages (``/dirty/0``) before anything is measured, so that every copy shares
 that index and a copy's first ``/dirty`` allocates nothing.
@@ -39,7 +43,7 @@ from typing import Any
 
 import anyio
 
-from bunshin_async import Limits, Security, Workspace
+from bunshin_async import Config, Limits, Security, Snapshot, Workspace
 from bunshin_async._workspace._accounting import rollup_bytes
 
 GUEST = Path(__file__).resolve().parent.parent / "tests" / "fork" / "guest_state.py"
@@ -360,38 +364,166 @@ async def security_compare(mib: int, repeat: int, ns: tuple[int, ...]) -> None:
     print(json.dumps({"benchmark": "fork-security", **out}, indent=1))
 
 
+def _mode_env(mode: str) -> tuple[str, bool]:
+    """``--modes`` entry -> (``BUNSHIN_FORK_MODE``, ``Config.track_writes``): ``cow+track`` is the cow mode with
+    write tracking between dumps (criu/patches/0013)."""
+    base, _, extra = mode.partition("+")
+    return base, extra == "track"
+
+
+def _criu_stats(snap: Snapshot) -> dict[str, float]:
+    """CRIU's own split of a dump (stats-dump): how long the tree was frozen, how long reading and writing its
+    pages took (ms), how many pages were written and how many left to the parent images."""
+    import pycriu.images  # on sys.path once bunshin_async._criu is imported
+
+    with open(snap.images / "stats-dump", "rb") as f:
+        st = pycriu.images.load(f)["entries"][0]["dump"]
+    return {
+        "frozen_ms": st.get("frozen_time", 0) / 1000,
+        "memdump_ms": st.get("memdump_time", 0) / 1000,
+        "memwrite_ms": st.get("memwrite_time", 0) / 1000,
+        "pages_written": st.get("pages_written", 0),
+        "pages_skipped_parent": st.get("pages_skipped_parent", 0),
+    }
+
+
+async def _checkpoint(ws: Workspace, track: bool) -> tuple[Snapshot, dict[str, float]]:
+    t0 = time.monotonic()
+    with Config.scoped(track_writes=track):
+        snap = await ws.snapshot()
+    took = (time.monotonic() - t0) * 1000
+    image = await anyio.to_thread.run_sync(_tree_mib, snap.images)
+    return snap, {"pause": snap.dump_ms or snap.frozen_ms or 0.0, "snapshot": took, "image": image,
+                  **_criu_stats(snap)}  # fmt: skip
+
+
+def _summary(rows: list[dict[str, float]]) -> dict[str, Any]:
+    keys = ("pause", "snapshot", "frozen_ms", "memdump_ms", "memwrite_ms")
+    out: dict[str, Any] = {f"{k.removesuffix('_ms')}_ms": _stats([r[k] for r in rows]) for k in keys}
+    out["image_mib"] = round(statistics.median(r["image"] for r in rows), 1)
+    out["pages_written"] = statistics.median(r["pages_written"] for r in rows)
+    out["pages_skipped_parent"] = statistics.median(r["pages_skipped_parent"] for r in rows)
+    return out
+
+
 async def checkpoints(mibs: list[int], repeat: int, dirty_mib: int, modes: list[str]) -> None:
-    """Checkpoints of a workspace that keeps running (``--dirty-mib``): per memory size and mode, the parent dirties
-    ``dirty_mib`` MiB of its heap (the same pages each time), then is snapshotted, ``repeat`` times; the source's
-    pause, the whole snapshot and the images' size per checkpoint (issue 39: a checkpoint with 8 MiB dirtied)."""
-    out: dict[str, Any] = {"dirty_mib": dirty_mib, "repeat": repeat}
-    for mode in modes:
-        os.environ["BUNSHIN_FORK_MODE"] = mode
-        for mib in mibs:
-            ws, _ = await _with_state(mib)
-            pause: list[float] = []
-            snapshot: list[float] = []
-            image: list[float] = []
-            try:
-                await _http(ws, "/dirty/0")
-                for _ in range(repeat):
-                    await _http(ws, f"/dirty/{dirty_mib}")
-                    t0 = time.monotonic()
-                    snap = await ws.snapshot()
-                    snapshot.append((time.monotonic() - t0) * 1000)
-                    try:
-                        pause.append(snap.dump_ms or snap.frozen_ms or 0.0)
-                        image.append(await anyio.to_thread.run_sync(_tree_mib, snap.images))
-                    finally:
-                        await snap.aclose()
-            finally:
+    """Checkpoints of a workspace that keeps running (``--dirty-mib``): per memory size, one workspace per mode,
+    taking turns (so that a shared machine's load falls on every mode alike): each dirties ``dirty_mib`` MiB of its
+    heap (the same pages each time), then is snapshotted, ``repeat`` times after a first checkpoint; the previous
+    snapshot is kept until the next is taken (a write-tracked dump is incremental on it). Per mode: the source's
+    pause (the CRIU call), CRIU's frozen time and page split, the images' size per checkpoint, and the first
+    (whole) checkpoint apart (issue 39: a checkpoint with 8 MiB dirtied)."""
+    out: dict[str, Any] = {"dirty_mib": dirty_mib, "repeat": repeat, "load_avg": os.getloadavg()}
+    for mib in mibs:
+        spaces: dict[str, Workspace] = {}
+        rows: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
+        first: dict[str, dict[str, float]] = {}
+        last: dict[str, Snapshot] = {}
+        digest: dict[str, str] = {}
+        restored: dict[str, dict[str, Any]] = {}
+        try:
+            for mode in modes:
+                os.environ["BUNSHIN_FORK_MODE"] = _mode_env(mode)[0]
+                spaces[mode], _ = await _with_state(mib)
+                await _http(spaces[mode], "/dirty/0")
+            for i in range(repeat + 1):
+                for mode in modes:
+                    os.environ["BUNSHIN_FORK_MODE"] = _mode_env(mode)[0]
+                    ws = spaces[mode]
+                    [digest[mode]] = await _http(ws, f"/dirty/{dirty_mib}")
+                    snap, row = await _checkpoint(ws, _mode_env(mode)[1])
+                    if mode in last:
+                        await last.pop(mode).aclose()
+                    last[mode] = snap
+                    if i == 0:
+                        first[mode] = row
+                    else:
+                        rows[mode].append(row)
+            for mode in modes:  # a copy of the last checkpoint (an incremental chain when tracked)
+                os.environ["BUNSHIN_FORK_MODE"] = _mode_env(mode)[0]
+                t0 = time.monotonic()
+                [copy] = await Workspace.from_snapshot(last[mode])
+                try:
+                    await copy.exec("true")
+                    took = (time.monotonic() - t0) * 1000
+                    restored[mode] = {"copy_first_exec_ms": round(took, 1),
+                                      "digest_ok": await _http(copy, "/") == [digest[mode]]}  # fmt: skip
+                finally:
+                    await copy.aclose()
+        finally:
+            for snap in last.values():
+                await snap.aclose()
+            for ws in spaces.values():
                 await ws.aclose()
+        for mode in modes:
             out.setdefault(mode, {})[f"{mib}_mib"] = {
-                "pause_ms": _stats(pause),
-                "snapshot_ms": _stats(snapshot),
-                "image_mib": round(statistics.median(image), 1),
+                "first": _summary([first[mode]]),
+                **_summary(rows[mode]),
+                **restored.get(mode, {}),
             }
+    out["load_avg_end"] = os.getloadavg()
     print(json.dumps({"benchmark": "fork-checkpoints", **out}, indent=1))
+
+
+async def tree_search(mib: int, steps: int, dirty_mib: int, modes: list[str], window: int, seed: int) -> None:
+    """Issue 39's checkpoint-every-step workload (``--steps``): a workspace holding ``mib`` MiB takes ``steps``
+    steps, each dirtying ``dirty_mib`` MiB and followed by a snapshot; about one step in five instead rolls back to
+    a random one of the last ``window`` snapshots first (older ones are closed: a search keeps a frontier). One
+    workspace per mode, taking turns step by step, the same random choices for each. Per mode: the pause and
+    snapshot time per step, the rollback time, the wall time of the whole run and the images written."""
+    import random
+
+    out: dict[str, Any] = {"mib": mib, "steps": steps, "dirty_mib": dirty_mib, "window": window,
+                           "load_avg": os.getloadavg()}  # fmt: skip
+    rng = random.Random(seed)
+    plan = [rng.random() < 0.2 for _ in range(steps)]
+    picks = [rng.random() for _ in range(steps)]
+    spaces: dict[str, Workspace] = {}
+    kept: dict[str, list[Snapshot]] = {m: [] for m in modes}
+    rows: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
+    rollbacks: dict[str, list[float]] = {m: [] for m in modes}
+    wall: dict[str, float] = dict.fromkeys(modes, 0.0)
+    try:
+        for mode in modes:
+            os.environ["BUNSHIN_FORK_MODE"] = _mode_env(mode)[0]
+            spaces[mode], _ = await _with_state(mib)
+            await _http(spaces[mode], "/dirty/0")
+        for step in range(steps):
+            for mode in modes:
+                os.environ["BUNSHIN_FORK_MODE"] = _mode_env(mode)[0]
+                ws, snaps = spaces[mode], kept[mode]
+                t0 = time.monotonic()
+                if plan[step] and snaps:
+                    t1 = time.monotonic()
+                    await ws.rollback(snaps[int(picks[step] * len(snaps))])
+                    rollbacks[mode].append((time.monotonic() - t1) * 1000)
+                await _http(ws, f"/dirty/{dirty_mib}")
+                snap, row = await _checkpoint(ws, _mode_env(mode)[1])
+                rows[mode].append(row)
+                snaps.append(snap)
+                if len(snaps) > window:
+                    await snaps.pop(0).aclose()
+                wall[mode] += (time.monotonic() - t0) * 1000
+    finally:
+        for mode in modes:
+            for snap in kept[mode]:
+                await snap.aclose()
+        for ws in spaces.values():
+            await ws.aclose()
+    for mode in modes:
+        out[mode] = {
+            **_summary(rows[mode]),
+            "rollback_ms": _stats(rollbacks[mode]) if rollbacks[mode] else None,
+            "rollbacks": len(rollbacks[mode]),
+            "pause_total_ms": round(sum(r["pause"] for r in rows[mode]), 1),
+            "wall_ms": round(wall[mode], 1),
+            "image_total_mib": round(sum(r["image"] for r in rows[mode]), 1),
+        }
+    base = out[modes[0]]
+    for mode in modes[1:]:
+        out[mode]["pause_total_vs_" + modes[0]] = round(out[mode]["pause_total_ms"] / base["pause_total_ms"], 3)
+    out["load_avg_end"] = os.getloadavg()
+    print(json.dumps({"benchmark": "fork-tree-search", **out}, indent=1))
 
 
 async def disk_compare(mib: int, repeat: int, nested_mib: int, files: int) -> None:
@@ -539,6 +671,9 @@ if __name__ == "__main__":
     ap.add_argument("--ns", default="1,4,8,16", help="comma-separated numbers of copies per fork")
     ap.add_argument("--nested-mib", type=int, default=8, help="MiB of its heap a copy dirties before it is forked")
     ap.add_argument("--dirty-mib", type=int, default=0, help="only checkpoints of a running parent dirtying this")
+    ap.add_argument("--steps", type=int, default=0, help="only the checkpoint-every-step run (--dirty-mib per step)")
+    ap.add_argument("--window", type=int, default=8, help="--steps: snapshots kept for rollbacks")
+    ap.add_argument("--seed", type=int, default=39, help="--steps: the rollbacks' random choices")
     ap.add_argument(
         "--security", choices=("on", "both"), default="on", help="both: only the boundary on vs off comparison"
     )
@@ -550,7 +685,10 @@ if __name__ == "__main__":
     mibs = [int(x) for x in args.mib.split(",")]
     mib = mibs[0]
     try:
-        if args.dirty_mib:
+        if args.steps:
+            modes = args.modes.split(",")
+            anyio.run(tree_search, mib, args.steps, args.dirty_mib or 1, modes, args.window, args.seed)
+        elif args.dirty_mib:
             anyio.run(checkpoints, mibs, args.repeat, args.dirty_mib, args.modes.split(","))
         elif args.copier == "both":
             anyio.run(copier_compare, args.files, args.repeat)
