@@ -374,7 +374,7 @@ def _mode_env(mode: str) -> tuple[str, bool]:
 def _criu_stats(snap: Snapshot) -> dict[str, float]:
     """CRIU's own split of a dump (stats-dump): how long the tree was frozen, how long reading and writing its
     pages took (ms), how many pages were written and how many left to the parent images."""
-    import pycriu.images  # on sys.path once bunshin_async._criu is imported
+    import pycriu.images  # on sys.path once bunshin_async._host._criu is imported
 
     with open(snap.images / "stats-dump", "rb") as f:
         st = pycriu.images.load(f)["entries"][0]["dump"]

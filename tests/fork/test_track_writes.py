@@ -13,9 +13,9 @@ import anyio
 import pytest
 
 from bunshin_async import ForkError, Snapshot, Workspace
-from bunshin_async._criu import criu_features
 from bunshin_async._fork import _dump
-from bunshin_async._fork._wptrack import WP_TRACK
+from bunshin_async._host._criu import criu_features
+from bunshin_async._host._wptrack import WP_TRACK
 
 from .conftest import HERE
 from .test_rollback_faults import KillCriuAt
@@ -50,7 +50,7 @@ class Guest:
 
 def dump_stats(snap: Snapshot) -> dict[str, int]:
     """CRIU's stats-dump image of the snapshot: pages written and pages left to the parent images."""
-    import pycriu.images  # on sys.path once bunshin_async._criu is imported
+    import pycriu.images  # on sys.path once bunshin_async._host._criu is imported
 
     with open(snap.images / "stats-dump", "rb") as f:
         entry: dict[str, Any] = pycriu.images.load(f)["entries"][0]["dump"]
