@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The agent harnesses' own virtual environments (the main venv's pins do not admit them; see each lock's header):
 #   .venv-harness  inspect-ai and mini-swe-agent (requirements-harness.lock), on the set-up's Python;
+#   .venv-verifiers verifiers[e2b] (requirements-verifiers.lock), the second client of the E2B server's tests;
 #   .venv-harbor   Harbor (requirements-harbor.lock), only when the set-up's Python is 3.12 or later (Harbor's
 #                  floor): Debian 13's 3.13, which the clean-root check's trixie root runs its FRESH_TESTS on.
 # Idempotent, as scripts/verl-env.sh: each is built once per lock under the Bunshin home and linked into the tree;
@@ -44,10 +45,12 @@ PY
 }
 
 if [[ -n "${BUNSHIN_CLEAN_ROOT_CHECK:-}" ]]; then
-    echo "skipped (clean-root check): the inspect-ai/mini-swe-agent environment (.venv-harness)"
+    echo "skipped (clean-root check): .venv-harness (inspect-ai, mini-swe-agent) and .venv-verifiers (verifiers)"
 else
     build_env harness requirements-harness.lock .venv-harness
     MSWEA_SILENT_STARTUP=1 .venv-harness/bin/python -c 'import inspect_ai, minisweagent, bunshin_async' >/dev/null
+    build_env verifiers requirements-verifiers.lock .venv-verifiers
+    .venv-verifiers/bin/python -c 'import verifiers.v1.runtimes.e2b, e2b' >/dev/null
 fi
 
 if "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 12))'; then
