@@ -15,7 +15,7 @@ from .._rollout._rollout import Budget, RolloutContext, Task
 from .._rollout._trajectory import Trajectory, load_trajectories
 from .._tools._tools import Tool, bash_tool
 from ._bundled import calc_task, calc_trajectories
-from ._runner import CONFIGS, markdown_table, run_experiment, write_outputs
+from ._runner import ABLATION, CONFIGS, config, markdown_table, run_experiment, write_outputs
 from ._terminal import PADS, padded_seconds, terminal_task, terminal_trajectories
 
 
@@ -51,6 +51,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--group-by", choices=["task", "rollout"], default=None,
         help="--trajectories: 'task' replays the rollouts of one task_id as a GRPO group (one set-up, forked); "
         "'rollout' makes each trajectory its own group (default: 'task' when some task has several rollouts)",
+    )  # fmt: skip
+    p.add_argument("--max-groups", type=int, help="--trajectories: replay only the first N groups (file order)")
+    p.add_argument(
+        "--max-rollout-seconds", type=float,
+        help="--trajectories: replay only the groups whose longest rollout's recorded LLM + tool time is at most "
+        "this (before --time-scale): a subset that fits a time budget, stated in the output",
     )  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("bench/results"))
@@ -113,21 +119,39 @@ def trajectory_groups(trajs: list[Trajectory], group_by: str) -> list[tuple[Task
     return groups
 
 
+def recorded_seconds(t: Trajectory) -> float:
+    """A recording's LLM + tool time (its length when replayed at time scale 1, set-up aside)."""
+    return sum((s.llm_seconds or 0.0) + (s.tool_seconds or 0.0) for s in t.steps)
+
+
+def select_groups(
+    groups: list[tuple[Task, list[Trajectory]]], max_groups: int | None, max_rollout_seconds: float | None
+) -> list[tuple[Task, list[Trajectory]]]:
+    """The groups whose longest rollout lasts at most ``max_rollout_seconds`` (recorded), then the first
+    ``max_groups`` of them."""
+    if max_rollout_seconds is not None:
+        groups = [(task, ts) for task, ts in groups if max(map(recorded_seconds, ts)) <= max_rollout_seconds]
+    return groups[:max_groups] if max_groups is not None else groups
+
+
 def main(args: argparse.Namespace) -> int:
     configs = [c for c in args.configs.split(",") if c]
-    unknown = [c for c in configs if c not in CONFIGS]
+    unknown = [c for c in configs if config(c) is None]
     if unknown:
-        print(f"unknown configuration(s) {unknown}; choose from {list(CONFIGS)}", file=sys.stderr)
+        print(f"unknown configuration(s) {unknown}; choose from {list(CONFIGS)} or {ABLATION}NAME[+NAME]",
+              file=sys.stderr)  # fmt: skip
         return 2
     groups: list[tuple[Task, list[Trajectory]]]
     tools_for = None
     if args.trajectories:
         trajs = load_trajectories(args.trajectories)[: args.limit]
         group_by = args.group_by or ("task" if len({t.task_id for t in trajs}) < len(trajs) else "rollout")
-        groups = trajectory_groups(trajs, group_by)
+        groups = select_groups(trajectory_groups(trajs, group_by), args.max_groups, args.max_rollout_seconds)
         workload = {"kind": "trajectory file", "path": str(args.trajectories), "trajectories": len(trajs),
                     "groups": len(groups), "group_by": group_by, "time_scale": args.time_scale,
-                    "pad_tools": args.pad_tools}  # fmt: skip
+                    "pad_tools": args.pad_tools, "rollouts": sum(len(ts) for _, ts in groups),
+                    "tasks": [task.task_id for task, _ in groups], "max_groups": args.max_groups,
+                    "max_rollout_seconds": args.max_rollout_seconds}  # fmt: skip
         if args.pad_tools:
             tools_for = _padded_bash(_recorded_pads(groups), args.time_scale)
     else:

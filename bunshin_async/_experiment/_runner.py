@@ -30,13 +30,14 @@ import platform
 import re
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
 import anyio
 import msgspec
 
+from .._exceptions import InvalidValue
 from .._llm._replay import ReplayServer, build_turns
 from .._llm._timing import RecordedTiming
 from .._rollout._rollout import Budget, GroupRollout, RolloutContext, RolloutResult, Task
@@ -47,7 +48,7 @@ from .._workspace._facade import Workspace
 from ..agent import WorkspaceExecutor, run_agent
 from ..cache import ForkStateProvider, ToolCache
 
-__all__ = ["CONFIGS", "Config", "ConfigResult", "ExperimentResult", "run_experiment"]
+__all__ = ["CONFIGS", "Config", "ConfigResult", "ExperimentResult", "config", "run_experiment"]
 
 
 class Config(msgspec.Struct, frozen=True):
@@ -56,6 +57,7 @@ class Config(msgspec.Struct, frozen=True):
     cache: bool
     speculation: bool
     oracle: bool = False
+    without: frozenset[str] = frozenset()  # predictors (by name) left out: the ablation's configurations
 
 
 CONFIGS = {
@@ -68,6 +70,20 @@ CONFIGS = {
         Config("oracle", fork=True, cache=True, speculation=True, oracle=True),
     )
 }
+
+
+ABLATION = "fork+cache+spec-without-"
+
+
+def config(name: str) -> Config | None:
+    """The configuration ``name`` names: one of ``CONFIGS``, or ``fork+cache+spec-without-A+B`` (speculation
+    without the predictors named ``A`` and ``B``: an ablation). None for anything else."""
+    if name in CONFIGS:
+        return CONFIGS[name]
+    if name.startswith(ABLATION) and len(name) > len(ABLATION):
+        without = frozenset(name[len(ABLATION) :].split("+"))
+        return Config(name, fork=True, cache=True, speculation=True, without=without)
+    return None
 
 
 class RolloutSummary(msgspec.Struct):
@@ -99,6 +115,8 @@ class ConfigResult(msgspec.Struct):
     memory_timeline: list[tuple[float, float]]  # (t, MiB)
     extra: dict[str, Any] = msgspec.field(default_factory=dict)
     final_states: dict[str, str] = msgspec.field(default_factory=dict)  # "task:rollout" -> workspace_state
+    #: Per group (task id): seconds from the run's start to the group's last rollout (its straggler).
+    group_latencies: dict[str, float] = msgspec.field(default_factory=dict)
 
 
 class Spread(msgspec.Struct, frozen=True):
@@ -117,6 +135,12 @@ class ConfigSummary(msgspec.Struct):
     cpu_seconds: Spread
     sdk_cpu_seconds: Spread
     spec: dict[str, float] = msgspec.field(default_factory=dict)
+    #: The mean over groups of each group's latency (its straggler's end): what a GRPO step waits for per group,
+    #: less dominated than ``group_latency_s`` by the one longest group.
+    mean_group_latency_s: Spread | None = None
+    #: Per predictor (``Candidate.source``): its branches' committed, wasted and failed counts, saved seconds and
+    #: wasted CPU seconds, summed over the repeats (which predictor's guesses paid).
+    by_source: dict[str, dict[str, float]] = msgspec.field(default_factory=dict)
 
 
 class ExperimentResult(msgspec.Struct):
@@ -133,6 +157,15 @@ class ExperimentResult(msgspec.Struct):
     #: Where a configuration differs from the first: "config task:rollout: what" (calls, results or final state,
     #: with the first differing line of the state).
     differences: list[str] = msgspec.field(default_factory=list)
+    #: Against ``fork+cache`` (when it ran, and the ``oracle``): per configuration, paired per repeat, the latency
+    #: gain (1 - config / fork+cache, of the whole run's latency and of the mean group latency; median, min, max
+    #: over repeats), the oracle's gain beside it, the share of the oracle's gain captured (median gain over the
+    #: oracle's median gain) and the GiB·s ratio to fork+cache (median, min, max over repeats).
+    vs_fork_cache: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
+    #: Steps (``task:rollout#step``) and final states (``task:rollout final state``) whose result differed between
+    #: repeats of the *baseline itself* (random keys, clocks): the equivalence check skips them, and says so here.
+    #: Found only with ``repeats`` >= 2; with one repeat every difference counts.
+    nondeterministic: list[str] = msgspec.field(default_factory=list)
 
 
 class ReplayAgent:
@@ -322,6 +355,7 @@ async def _run_config_in(
 ) -> ConfigResult:
     trajectories = [t for _, ts in groups for t in ts]
     results: list[RolloutResult] = []
+    ends: dict[str, float] = {}
     setup: list[float] = []
     caches: list[ToolCache] = []
     unfinished = {t.key: len(turns) for t in trajectories if not (turns := build_turns(t)) or not turns[-1].final}
@@ -342,7 +376,7 @@ async def _run_config_in(
             tools_for,
             lambda ctx: f"replay:{ctx.task.task_id}:{ctx.rollout}",
             cache=cache,
-            speculation=(_oracle_factory(trajectories) if config.oracle else _speculation_factory())
+            speculation=(_oracle_factory(trajectories) if config.oracle else _speculation_factory(config.without))
             if config.speculation
             else None,
             turns_for=lambda ctx: unfinished.get(f"{ctx.task.task_id}:{ctx.rollout}"),
@@ -356,6 +390,7 @@ async def _run_config_in(
                     async with GroupRollout(task, n, agent, budget=budget, fork=config.fork) as group:
                         async for r in group:
                             results.append(r)
+                            ends[task.task_id] = round(time.monotonic() - t0, 3)  # the last one is the straggler
                             progress(
                                 f"  [{config.name}] {task.task_id}#{r.rollout} {r.status} reward={r.reward} "
                                 f"{r.wall_seconds:.1f}s"
@@ -378,6 +413,7 @@ async def _run_config_in(
     extra: dict[str, Any] = {}
     if agent.specs:
         extra["spec"] = _spec_counts(agent.specs)
+        extra["by_source"] = _by_source(agent.specs)
     if caches:
         m = caches[0].metrics()
         extra["cache"] = {
@@ -402,14 +438,15 @@ async def _run_config_in(
         sdk_cpu_seconds=round(sdk_cpu, 2),
         rollouts=[_summary(r, _digest(agent.final_states.get((r.task_id, r.rollout), ""))) for r in results],
         final_states={f"{t}:{i}": text for (t, i), text in agent.final_states.items()},
+        group_latencies=ends,
         memory_timeline=[(round(s.t, 2), round((s.pss_bytes + s.extra_bytes) / (1 << 20), 1)) for s in report.samples],
         extra=extra,
     )
 
 
-def _speculation_factory() -> Callable[[RolloutContext], Any]:
+def _speculation_factory(without: frozenset[str] = frozenset()) -> Callable[[RolloutContext], Any]:
     """Per rollout: the default predictors (stream tap, siblings of the same group, n-gram history of the public
-    traces (the bundled table), cost-aware policy shared by all rollouts)."""
+    traces (the bundled table), cost-aware policy shared by all rollouts), but those named in ``without``."""
     from speculator import CostAwarePolicy, SiblingTable, default_ngram, default_speculation
 
     model = default_ngram()
@@ -418,7 +455,7 @@ def _speculation_factory() -> Callable[[RolloutContext], Any]:
 
     def make(ctx: RolloutContext) -> Any:
         table = tables.setdefault(ctx.task.task_id, SiblingTable())
-        return default_speculation(group=ctx.task.task_id, table=table, policy=policy, model=model)
+        return default_speculation(group=ctx.task.task_id, table=table, policy=policy, model=model, without=without)
 
     return make
 
@@ -458,6 +495,24 @@ def _spec_counts(specs: Sequence[Any]) -> dict[str, float]:
     return out
 
 
+def _by_source(specs: Sequence[Any]) -> dict[str, dict[str, float]]:
+    """Per predictor: what its branches did (``BranchRecord``s of every turn)."""
+    out: dict[str, dict[str, float]] = {}
+    for spec in specs:
+        for turn in spec.turns:
+            for b in turn.branches:
+                acc = out.setdefault(b.source or "?", dict.fromkeys(_SOURCE_FIELDS, 0.0))
+                acc["launched"] += 1
+                acc[b.outcome] += 1
+                acc["saved_seconds"] += b.saved_seconds
+                if b.outcome != "committed":
+                    acc["wasted_cpu_seconds"] += b.cpu_seconds
+    return {k: {f: round(v, 3) for f, v in acc.items()} for k, acc in sorted(out.items())}
+
+
+_SOURCE_FIELDS = ("launched", "committed", "wasted", "failed", "saved_seconds", "wasted_cpu_seconds")
+
+
 def _spread(xs: Sequence[float]) -> Spread:
     return Spread(round(statistics.median(xs), 3), round(min(xs), 3), round(max(xs), 3))
 
@@ -473,6 +528,13 @@ def _summaries(runs: list[list[ConfigResult]]) -> list[ConfigSummary]:
         if spec:
             spec["hit_rate"] = round(spec["committed"] / spec["calls"], 3) if spec["calls"] else 0.0
             spec["launch_precision"] = round(spec["committed"] / spec["launched"], 3) if spec["launched"] else 0.0
+        by_source: dict[str, dict[str, float]] = {}
+        for c in cs:
+            for source, counts in c.extra.get("by_source", {}).items():
+                acc = by_source.setdefault(source, {})
+                for f, v in counts.items():
+                    acc[f] = round(acc.get(f, 0.0) + v, 3)
+        means = [statistics.mean(c.group_latencies.values()) for c in cs if c.group_latencies]
         out.append(
             ConfigSummary(
                 name=first.name,
@@ -482,6 +544,8 @@ def _summaries(runs: list[list[ConfigResult]]) -> list[ConfigSummary]:
                 cpu_seconds=_spread([c.cpu_seconds for c in cs]),
                 sdk_cpu_seconds=_spread([c.sdk_cpu_seconds for c in cs]),
                 spec=spec,
+                mean_group_latency_s=_spread(means) if len(means) == len(cs) else None,
+                by_source=by_source,
             )
         )
     return out
@@ -514,12 +578,20 @@ async def run_experiment(
         out: list[ConfigResult] = []
         for name in configs:
             progress(f"configuration {name}" + (f" (repeat {rep + 1} of {repeats})" if repeats > 1 else ""))
-            out.append(await run_config(CONFIGS[name], groups, time_scale=time_scale, budget=budget,
+            out.append(await run_config(_config(name), groups, time_scale=time_scale, budget=budget,
                                         tools_for=tools_for, progress=progress))  # fmt: skip
         runs.append(out)
         if on_repeat is not None and rep + 1 < repeats:
             on_repeat(_result(runs, workload, time_scale))
     return _result(runs, workload, time_scale)
+
+
+def _config(name: str) -> Config:
+    c = config(name)
+    if c is None:
+        raise InvalidValue(f"unknown configuration {name!r}; choose from {list(CONFIGS)} or {ABLATION}NAME",
+                           argument="configs")  # fmt: skip
+    return c
 
 
 def _result(runs: list[list[ConfigResult]], workload: dict[str, Any] | None, time_scale: float) -> ExperimentResult:
@@ -534,7 +606,8 @@ def _result(runs: list[list[ConfigResult]], workload: dict[str, Any] | None, tim
         }
         for c in summary[1:]
     }
-    key = [[(r.calls, r.results_digest, r.final_state) for r in c.rollouts] for run in runs for c in run]
+    volatile = _nondeterministic([run[0] for run in runs])
+    differences = [d for run in runs for d in _differences([runs[0][0], *run], volatile)]
     return ExperimentResult(
         date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         machine={
@@ -560,28 +633,99 @@ def _result(runs: list[list[ConfigResult]], workload: dict[str, Any] | None, tim
         },
         configs=out,
         vs_baseline=vs,
-        same_calls_and_results=all(k == key[0] for k in key),
-        differences=[d for run in runs for d in _differences([runs[0][0], *run])],
+        same_calls_and_results=not differences,
+        differences=differences,
         repeats=len(runs),
         summary=summary,
         later_repeats=runs[1:],
+        vs_fork_cache=_vs_fork_cache(runs),
+        nondeterministic=sorted(volatile),
     )
 
 
-def _differences(configs: list[ConfigResult]) -> list[str]:
+def _vs_fork_cache(runs: list[list[ConfigResult]]) -> dict[str, dict[str, Any]]:
+    """``ExperimentResult.vs_fork_cache``: gains paired per repeat (each repeat's configurations ran back to back)."""
+    names = [c.name for c in runs[0]]
+    if "fork+cache" not in names:
+        return {}
+    ref, oracle = names.index("fork+cache"), names.index("oracle") if "oracle" in names else None
+
+    def gains(k: int, figure: Callable[[ConfigResult], float | None]) -> list[float]:
+        out = []
+        for run in runs:
+            base, new = figure(run[ref]), figure(run[k])
+            if base and new is not None:
+                out.append(1 - new / base)
+        return out
+
+    def mean_group(c: ConfigResult) -> float | None:
+        return statistics.mean(c.group_latencies.values()) if c.group_latencies else None
+
+    def latency(c: ConfigResult) -> float:
+        return c.group_latency_s
+
+    def memory(c: ConfigResult) -> float:
+        return c.total_memory_gib_s
+
+    out: dict[str, dict[str, Any]] = {}
+    for k, name in enumerate(names):
+        if name in ("baseline", "fork", "fork+cache"):
+            continue
+        entry: dict[str, Any] = {}
+        for label, figure in (("latency", latency), ("mean_group_latency", mean_group)):
+            mine = gains(k, figure)
+            if not mine:
+                continue
+            entry[f"{label}_gain"] = _spread(mine)
+            if oracle is not None:
+                theirs = gains(oracle, figure)
+                entry[f"oracle_{label}_gain"] = _spread(theirs)
+                best = statistics.median(theirs)
+                entry[f"{label}_oracle_share"] = round(statistics.median(mine) / best, 3) if best > 0 else None
+        ratios = [r[k].total_memory_gib_s / r[ref].total_memory_gib_s for r in runs if r[ref].total_memory_gib_s]
+        if ratios:
+            entry["gib_s_ratio"] = _spread(ratios)
+        out[name] = entry
+    return out
+
+
+def _nondeterministic(baselines: list[ConfigResult]) -> set[str]:
+    """What differed between repeats of the first configuration (the baseline) itself: a step's result
+    (``task:rollout#step``) or a final state (``task:rollout final state``)."""
+    found: set[str] = set()
+    first = {(r.task_id, r.rollout): r for r in baselines[0].rollouts}
+    for later in baselines[1:]:
+        for r in later.rollouts:
+            a = first.get((r.task_id, r.rollout))
+            if a is None:
+                continue
+            for i, (x, y) in enumerate(zip(a.step_digests, r.step_digests, strict=False)):
+                if x != y:
+                    found.add(f"{r.task_id}:{r.rollout}#{i}")
+            if a.final_state != r.final_state:
+                found.add(f"{r.task_id}:{r.rollout} final state")
+    return found
+
+
+def _differences(configs: list[ConfigResult], volatile: Collection[str] = ()) -> list[str]:
+    """Where each of ``configs[1:]`` differs from ``configs[0]``, but in ``volatile`` (``_nondeterministic``)."""
     base = configs[0]
     found: list[str] = []
     for c in configs[1:]:
         for a, b in zip(base.rollouts, c.rollouts, strict=False):
             where = f"{c.name} {a.task_id}#{a.rollout}"
+            steps = [
+                i
+                for i, (x, y) in enumerate(zip(a.step_digests, b.step_digests, strict=False))
+                if x != y and f"{a.task_id}:{a.rollout}#{i}" not in volatile
+            ]
             if a.calls != b.calls:
                 found.append(f"{where}: calls differ")
-            elif a.results_digest != b.results_digest:
-                at = next(
-                    (i for i, (x, y) in enumerate(zip(a.step_digests, b.step_digests, strict=False)) if x != y), None
-                )
-                found.append(f"{where}: results differ" + (f" from step {at}" if at is not None else ""))
-            elif a.final_state != b.final_state:
+            elif len(a.step_digests) != len(b.step_digests) or (
+                a.results_digest != b.results_digest and (steps or not a.step_digests)
+            ):
+                found.append(f"{where}: results differ" + (f" from step {steps[0]}" if steps else ""))
+            elif a.final_state != b.final_state and f"{a.task_id}:{a.rollout} final state" not in volatile:
                 sa = next((v for k, v in base.final_states.items() if _digest(v) == a.final_state), "").splitlines()
                 sb = next((v for k, v in c.final_states.items() if _digest(v) == b.final_state), "").splitlines()
                 diff = [f"-{x}" for x in sa if x not in sb][:3] + [f"+{x}" for x in sb if x not in sa][:3]
@@ -635,6 +779,54 @@ def markdown_table(result: ExperimentResult) -> str:
         )
     if n > 1:
         rows.append(f"\n{n} paired repeats: medians [min-max]; speculation counts summed over the repeats.")
+    if result.vs_fork_cache:
+        rows += ["", _vs_fork_cache_table(result)]
+    sources = [(c.name, src, v) for c in summary for src, v in c.by_source.items()]
+    if sources:
+        rows += [
+            "",
+            "| configuration | predictor | launched | committed | wasted | failed | saved s | wasted CPU s |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        rows += [
+            f"| {name} | {src} | {v['launched']:.0f} | {v['committed']:.0f} | {v['wasted']:.0f} | {v['failed']:.0f} "
+            f"| {v['saved_seconds']:.1f} | {v['wasted_cpu_seconds']:.1f} |"
+            for name, src, v in sources
+        ]
+    if result.nondeterministic:
+        rows.append(
+            f"\nNot compared (differed between repeats of the baseline itself): {len(result.nondeterministic)} "
+            f"results or final states, e.g. {', '.join(result.nondeterministic[:4])}."
+        )
+    return "\n".join(rows)
+
+
+def _pct(x: Any) -> str:
+    if not isinstance(x, dict):
+        return "-"
+    return f"{100 * x['median']:+.1f}% [{100 * x['min']:+.1f}..{100 * x['max']:+.1f}]"
+
+
+def _vs_fork_cache_table(result: ExperimentResult) -> str:
+    """The configurations against fork+cache: latency gains, the oracle's beside them, the share captured."""
+    rows = [
+        "| vs fork+cache | latency gain | oracle's | share of oracle's | mean group latency gain | oracle's "
+        "| share of oracle's | GiB·s ratio |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, e in msgspec.to_builtins(result.vs_fork_cache).items():
+        share = [
+            "-" if (x := e.get(f"{k}_oracle_share")) is None else f"{100 * x:.0f}%"
+            for k in ("latency", "mean_group_latency")
+        ]
+        ratio = e.get("gib_s_ratio")
+        memory = "-" if ratio is None else f"{ratio['median']:.2f} [{ratio['min']:.2f}-{ratio['max']:.2f}]"
+        rows.append(
+            f"| {name} | {_pct(e.get('latency_gain'))} | {_pct(e.get('oracle_latency_gain'))} "
+            f"| {share[0]} | {_pct(e.get('mean_group_latency_gain'))} "
+            f"| {_pct(e.get('oracle_mean_group_latency_gain'))} | {share[1]} "
+            f"| {memory} |"
+        )
     return "\n".join(rows)
 
 

@@ -13,7 +13,20 @@ from bunshin_async import Workspace
 from bunshin_async._cli._main import main as cli_main
 from bunshin_async._experiment._bundled import calc_task, calc_trajectories
 from bunshin_async._experiment._cli import _padded_bash, trajectory_groups
-from bunshin_async._experiment._runner import CONFIGS, ReplayAgent, markdown_table, run_experiment, write_outputs
+from bunshin_async._experiment._runner import (
+    CONFIGS,
+    Config,
+    ConfigResult,
+    ReplayAgent,
+    RolloutSummary,
+    _result,
+    markdown_table,
+    run_experiment,
+    write_outputs,
+)
+from bunshin_async._experiment._runner import (
+    config as named_config,
+)
 from bunshin_async._experiment._terminal import BUILD, PIP, TESTS, call_kind, padded_seconds
 from bunshin_async._llm._replay import ReplayServer
 from bunshin_async._llm._timing import RecordedTiming
@@ -189,3 +202,80 @@ def test_scrubbing_hides_a_directorys_size_in_ls_and_not_a_files() -> None:
     assert scrub(parent) == scrub(copy)
     assert scrub(copy) != scrub(copy.replace(" 12 ", " 13 "))  # a file's size is still compared
     assert scrub(copy) != scrub(copy.replace("drwxr-xr-x", "drwx------"))  # and a directory's mode
+
+
+def _config_result(name: str, latency: float, groups: dict[str, float], gib_s: float, digests: list[str],
+                   state: str = "s") -> ConfigResult:  # fmt: skip
+    rollouts = [RolloutSummary(rollout=0, status="finished", reason=None, reward=1.0, wall_seconds=latency,
+                               llm_seconds=0, tool_seconds=0, calls=["a", "b"], call_seconds=[0, 0],
+                               results_digest="".join(digests), final_state=state, task_id="t",
+                               step_digests=digests)]  # fmt: skip
+    return ConfigResult(name=name, group_latency_s=latency, rollout_latency_s={}, setup_seconds=None,
+                        peak_memory_mib=1, total_memory_gib_s=gib_s, cpu_seconds=1, rollouts=rollouts,
+                        sdk_cpu_seconds=1, memory_timeline=[], group_latencies=groups)  # fmt: skip
+
+
+@pytest.mark.unit
+def test_the_share_of_the_oracles_gain_is_paired_per_repeat_and_volatile_results_are_named() -> None:
+    """Per repeat, spec's gain over fork+cache and the oracle's; the share is the median gain over the oracle's.
+    A step whose result differed between repeats of the baseline itself is not a difference (and is listed)."""
+    runs = [
+        [_config_result("baseline", 110, {"t": 110, "u": 60}, 2.0, ["x", "r1"]),
+         _config_result("fork+cache", 100, {"t": 100, "u": 50}, 1.0, ["x", "r1"]),
+         _config_result("fork+cache+spec", 95, {"t": 95, "u": 50}, 1.1, ["x", "r1"]),
+         _config_result("oracle", 90, {"t": 90, "u": 40}, 1.2, ["x", "r1"])],
+        [_config_result("baseline", 110, {"t": 110, "u": 60}, 2.0, ["x", "r2"]),
+         _config_result("fork+cache", 100, {"t": 100, "u": 50}, 1.0, ["x", "r2"]),
+         _config_result("fork+cache+spec", 97, {"t": 97, "u": 50}, 0.9, ["x", "r3"]),
+         _config_result("oracle", 80, {"t": 80, "u": 40}, 1.0, ["x", "r2"], state="other")],
+    ]  # fmt: skip
+    result = _result(runs, {}, 1.0)
+    spec = result.vs_fork_cache["fork+cache+spec"]
+    assert spec["latency_gain"].median == pytest.approx(0.04) and spec["latency_gain"].min == pytest.approx(0.03)
+    assert spec["oracle_latency_gain"].median == pytest.approx(0.15)
+    assert spec["latency_oracle_share"] == pytest.approx(0.04 / 0.15, abs=1e-3)
+    assert spec["mean_group_latency_gain"].median == pytest.approx(1 - 73 / 75, abs=1e-3)
+    assert spec["gib_s_ratio"].median == pytest.approx(1.0)
+    assert result.vs_fork_cache["oracle"]["latency_oracle_share"] == 1.0
+    assert result.nondeterministic == ["t:0#1"]
+    assert result.differences == ["oracle t#0: final state differs: "]  # step 1 is volatile; the state is not
+    assert not result.same_calls_and_results
+    table = markdown_table(result)
+    assert "| fork+cache+spec | +4.0% [+3.0..+5.0] | +15.0% [+10.0..+20.0] | 27% |" in table
+    assert "Not compared" in table
+    assert named_config("fork+cache+spec-without-siblings+recent") == Config(
+        "fork+cache+spec-without-siblings+recent", fork=True, cache=True, speculation=True,
+        without=frozenset({"siblings", "recent"}))  # fmt: skip
+    assert named_config("fork+cache+spec-without-") is None and named_config("nope") is None
+
+
+@pytest.mark.timeout(1200)
+def test_a_grouped_replay_reports_the_share_of_the_oracles_gain(tmp_path: Path) -> None:
+    """A trajectory file replayed as GRPO groups (`--group-by task --pad-tools`), the configurations the issue
+    compares: the report gives spec's and the oracle's latency gains over fork+cache, the share, per-group
+    latencies, what each predictor's branches did, and the equivalence check holds."""
+    slow = "sleep 0.3; echo done > out.txt"
+    trajs = [
+        Trajectory(task_id="t", rollout=i, steps=[_bash("ls"), _bash(f"echo {i} > f{i}"),
+                                                   Step("bash", {"command": slow}, llm_seconds=0.5, tool_seconds=0.4),
+                                                   _bash("cat out.txt"), Step(None, None, llm_seconds=0.02)])
+        for i in range(2)
+    ]  # fmt: skip
+    path = dump_trajectories(tmp_path / "t.jsonl", trajs)
+    configs = "baseline,fork+cache,fork+cache+spec,oracle"
+    assert cli_main(["bench", "--trajectories", str(path), "--group-by", "task", "--pad-tools", "--configs", configs,
+                     "--out", str(tmp_path / "out")]) == 0  # fmt: skip
+    result = json.loads((tmp_path / "out" / "experiment.json").read_text())
+    assert result["same_calls_and_results"] is True, result["differences"]
+    assert result["workload"]["tasks"] == ["t"] and result["workload"]["rollouts"] == 2
+    for name in ("fork+cache+spec", "oracle"):
+        entry = result["vs_fork_cache"][name]
+        assert {"latency_gain", "oracle_latency_gain", "latency_oracle_share", "gib_s_ratio"} <= set(entry)
+    assert result["vs_fork_cache"]["oracle"]["latency_oracle_share"] == 1.0 or (
+        result["vs_fork_cache"]["oracle"]["oracle_latency_gain"]["median"] <= 0
+    )
+    by_name = {c["name"]: c for c in result["summary"]}
+    assert set(by_name["oracle"]["by_source"]) == {"oracle"}
+    assert by_name["oracle"]["by_source"]["oracle"]["committed"] > 0
+    assert all(set(c["group_latencies"]) == {"t"} for c in result["configs"])
+    assert "share of oracle's" in (tmp_path / "out" / "experiment.md").read_text()
