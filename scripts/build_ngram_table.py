@@ -3,6 +3,11 @@
 
 Usage: .venv/bin/python scripts/build_ngram_table.py [TRACES] [OUT]  (defaults: the shared SWE-bench traces beside
 the checkout, ../shared/traces, and the package data file).
+
+The table's calibration is measured out of sample: the trajectories are split in two halves (by task); a model
+trained on one half predicts the other (each trajectory replayed as its own group, ``speculator._offline``), and
+each predictor's stated probabilities are mapped to the hit rates they scored there. The shipped counts are then
+trained on every trajectory. Never build it from the traces you measure the product on.
 """
 
 from __future__ import annotations
@@ -13,16 +18,57 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from speculator import NGRAM_TABLE, train_ngram  # noqa: E402
+from speculator import NGRAM_TABLE, NgramModel, SiblingTable, default_speculation, train_ngram  # noqa: E402
+from speculator._offline import calibration, evaluate, load_groups  # noqa: E402
+
+
+def held_out_calibration(traces: Path) -> dict[str, list[float]]:
+    groups = load_groups(traces, group_by="rollout")
+    names = sorted(groups)
+    halves = [{n: groups[n] for n in names[k::2]} for k in (0, 1)]
+    merged: dict[str, list[tuple[float, int, int]]] = {}
+    for train, test in ((halves[0], halves[1]), (halves[1], halves[0])):
+        model = NgramModel(3)
+        for records in train.values():
+            for r in records:
+                model.add_sequence(
+                    (s["tool"], s.get("args") or {})
+                    for s in r.get("steps", ())
+                    if s.get("tool") and s.get("kind") != "format_error" and s.get("tool") != "submit"
+                )
+
+        def make(task: str, model: NgramModel = model) -> object:
+            table = SiblingTable()
+            return lambda: list(default_speculation(group=task, table=table, model=model).predictors)
+
+        report = evaluate(test, make)  # type: ignore[arg-type]
+        for source, bins in report.calibration.items():
+            acc = {lo: [n, h] for lo, n, h in merged.get(source, [])}
+            for lo, n, h in bins:
+                a = acc.setdefault(lo, [0, 0])
+                a[0] += n
+                a[1] += h
+            merged[source] = [(lo, n, h) for lo, (n, h) in sorted(acc.items())]
+    report.calibration = merged
+    return calibration(report)
 
 
 def main() -> int:
-    traces = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT.parent / "shared/traces/swebench-gemini-3-pro.jsonl.gz"
+    default = next(
+        (p for p in (d / "shared/traces/swebench-gemini-3-pro.jsonl.gz" for d in ROOT.parents) if p.exists()), None
+    )
+    traces = Path(sys.argv[1]) if len(sys.argv) > 1 else default
+    if traces is None:
+        print("no trace file given and none found in a shared/traces beside the checkout", file=sys.stderr)
+        return 2
     out = Path(sys.argv[2]) if len(sys.argv) > 2 else ROOT / "speculator" / NGRAM_TABLE
     model = train_ngram(traces)
+    model.calibration = {k: v for k, v in held_out_calibration(traces).items() if k in ("history", "signatures")}
     data = model.to_table()
     out.write_bytes(data)
     print(f"{out}: {len(data)} bytes, {len(model.counts)} contexts trained from {traces}")
+    for source, rates in model.calibration.items():
+        print(f"  calibration of {source} (hit rate per tenth of stated probability): {rates}")
     return 0
 
 

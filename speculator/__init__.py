@@ -4,7 +4,8 @@
 start as soon as their arguments are complete), siblings (what other rollouts of the group did next from the same
 history), observations (the module an import error names, filled into the calls that followed such errors, and
 into the commands a README quoted), the rollout's own recent runs, history (an n-gram model over call signatures,
-optionally trained on traces) and user rules, under a cost-aware policy.
+optionally trained on traces), signatures (what that model says comes next, made concrete from the group's calls)
+and user rules, under a cost-aware policy.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from ._predictors import (
     RulePredictor,
     SiblingPredictor,
     SiblingTable,
+    SignaturePredictor,
 )
 from ._signature import command_program, signature
 
@@ -44,6 +46,7 @@ __all__ = [
     "RulePredictor",
     "SiblingPredictor",
     "SiblingTable",
+    "SignaturePredictor",
     "command_program",
     "cpu_contention",
     "loop_load",
@@ -82,9 +85,11 @@ def default_speculation(
     policy: Policy | None = None,
     extra: Sequence[Predictor] = (),
     tap: bool = True,
+    without: Iterable[str] = (),
 ) -> Speculation:
     """A ``Speculation`` for one rollout of ``group``: share ``table`` (and ``policy``, to share what it learns)
-    among the rollouts of the group. ``tap=False`` waits for the message to end before running calls."""
+    among the rollouts of the group. ``tap=False`` waits for the message to end before running calls; ``without``
+    leaves out the predictors of those names (an ablation)."""
     table = table if table is not None else SiblingTable()
     predictors: list[Predictor] = [
         SiblingPredictor(table),
@@ -93,11 +98,13 @@ def default_speculation(
         RecentPredictor(),
     ]
     if model is not None:
-        predictors.append(HistoryPredictor(model))
+        predictors += [HistoryPredictor(model), SignaturePredictor(model, table)]
     rule_list = list(rules)
     if rule_list:
         predictors.append(RulePredictor(rule_list))
     predictors.extend(extra)
+    leave_out = set(without)
+    predictors = [p for p in predictors if p.name not in leave_out]
     return Speculation(
         predictors=predictors, policy=policy if policy is not None else CostAwarePolicy(), group=group, early=tap
     )

@@ -29,6 +29,7 @@ __all__ = [
     "RulePredictor",
     "SiblingPredictor",
     "SiblingTable",
+    "SignaturePredictor",
 ]
 
 
@@ -55,6 +56,9 @@ class SiblingTable:
         self.after: dict[CallKey | None, Counter[CallKey]] = defaultdict(Counter)
         self.seen: dict[tuple[CallKey | None, bytes], Counter[CallKey]] = defaultdict(Counter)
         self.templates: dict[str, Counter[tuple[str, str]]] = defaultdict(Counter)
+        #: Every call the group made, by signature (``tool:program``; kept by ``SignaturePredictor``): which
+        #: concrete call a predicted signature most likely is, for a rollout that never made one.
+        self.by_signature: dict[str, Counter[CallKey]] = defaultdict(Counter)
 
     def add(self, chain: bytes, call: CallKey, previous: CallKey | None = None, output: str | None = None) -> None:
         self.next[chain][call] += 1
@@ -344,6 +348,16 @@ class NgramModel:
         self.counts: dict[tuple[str, ...], Counter[str]] = defaultdict(Counter)
         self.repeat: Counter[str] = Counter()
         self.seen: Counter[str] = Counter()
+        #: Observed hit rate per decile of a predictor's stated probability (``calibrate``): index ``int(10 p)``.
+        self.calibration: dict[str, list[float]] = {}
+
+    def calibrated(self, source: str, probability: float) -> float:
+        """``probability`` as ``source``'s guesses with that stated probability turned out, where measured
+        (``calibrate``); unchanged otherwise."""
+        table = self.calibration.get(source)
+        if not table:
+            return probability
+        return table[min(len(table) - 1, int(probability * len(table)))]
 
     def add_sequence(self, calls: Iterable[tuple[str, Mapping[str, Any]]]) -> None:
         sigs: list[str] = []
@@ -386,6 +400,7 @@ class NgramModel:
             ],
             repeat=dict(self.repeat),
             seen={s: n for s, n in self.seen.items() if n >= min_count},
+            calibration=self.calibration,
         )
         return gzip.compress(_table_encoder.encode(table), mtime=0)
 
@@ -401,6 +416,7 @@ class NgramModel:
             model.counts[tuple(ctx)].update(nexts)
         model.repeat.update({s: n for s, n in table.repeat.items() if s in table.seen})
         model.seen.update(table.seen)
+        model.calibration = {k: list(v) for k, v in table.calibration.items()}
         return model
 
     def train_file(self, path: str | os.PathLike[str], limit: int | None = None) -> int:
@@ -430,6 +446,7 @@ class _NgramTable(msgspec.Struct):
     contexts: list[tuple[list[str], dict[str, int]]]
     repeat: dict[str, int]
     seen: dict[str, int]
+    calibration: dict[str, list[float]] = msgspec.field(default_factory=dict)
 
 
 _table_encoder = msgspec.json.Encoder(order="deterministic")
@@ -458,7 +475,7 @@ class HistoryPredictor:
             prev = latest.get(sig)
             if prev is None:
                 continue
-            prob = p * self.model.repeat_probability(sig)
+            prob = self.model.calibrated(self.name, p * self.model.repeat_probability(sig))
             out.append(Candidate(name=prev.name, arguments=prev.arguments(), probability=prob, source=self.name))
             if len(out) >= self.top:
                 break
@@ -473,6 +490,55 @@ class HistoryPredictor:
             if n <= len(history):
                 key = tuple(history[len(history) - n :]) if n else ()
                 self.model.counts[key][sig] += 1
+
+
+class SignaturePredictor:
+    """Calls that recur by program signature, across tasks: an ``NgramModel`` (learned from trajectory corpora)
+    says which signatures come next (after an edit, the test run; after a failed import, an install), and the group
+    says which concrete call each one is: the rollout's own latest call with that signature (probability: P(next
+    signature) x P(it repeats exactly)), else the calls siblings made with it (P(next signature) x P(not a repeat)
+    x their share of the group's calls with that signature). Probabilities go through the model's calibration for
+    this source (``NgramModel.calibrate``: what such guesses scored on held-out traces). Where the same call is
+    both, it keeps the larger."""
+
+    name = "signatures"
+
+    def __init__(self, model: NgramModel, table: SiblingTable | None = None, *, top: int = 3) -> None:
+        self.model = model
+        self.table = table if table is not None else SiblingTable()
+        self.top = top
+
+    def predict(self, ctx: PredictionContext) -> Sequence[Candidate]:
+        history = [*ctx.history, *ctx.decided[: ctx.position]]
+        sigs = [key_signature(c) for c in history]
+        latest: dict[str, CallKey] = {}
+        for sig, call in zip(sigs, history, strict=True):
+            latest[sig] = call
+        scored: dict[CallKey, float] = {}
+        for sig, p in self.model.next_signatures(sigs, top=8):
+            repeat = self.model.repeat_probability(sig)
+            own = latest.get(sig)
+            if own is not None:
+                scored[own] = max(scored.get(own, 0.0), p * repeat)
+            group = self.table.by_signature.get(sig)
+            if group:
+                fresh = 1.0 - repeat if own is not None else 1.0
+                total = sum(group.values())
+                for call, n in group.most_common(self.top):
+                    scored[call] = max(scored.get(call, 0.0), p * fresh * n / total)
+        best = sorted(scored.items(), key=lambda x: -x[1])[: self.top]
+        return [
+            Candidate(
+                name=k.name,
+                arguments=k.arguments(),
+                probability=self.model.calibrated(self.name, p),
+                source=self.name,
+            )
+            for k, p in best
+        ]
+
+    def observe(self, ctx: PredictionContext, call: CallKey) -> None:
+        self.table.by_signature[key_signature(call)][call] += 1
 
 
 class Rule(msgspec.Struct, frozen=True, kw_only=True):

@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""Offline, held-out evaluation of speculator's predictors on timed multi-rollout traces (no workspaces).
+
+Usage: .venv/bin/python scripts/eval_predictors.py TRACES [--table FILE | --leave-task-out]
+
+Replays each task's rollouts as a GRPO group that starts together (``speculator._offline``) and reports, for the
+default predictors together and for each one left out (the ablation), exact top-1 hits, launches (stated
+probability >= 0.3, up to three per call), the hideable tool time their hits would hide (of the oracle's bound:
+``min(tool, LLM)`` per call the prefix cache does not serve) and the tool time wrong launches would run. Two
+ceilings say what any predictor limited to exact calls could reach: the calls the group made before (in time), and
+those plus the calls other tasks made. The n-gram table is the bundled one (trained on other traces, SWE-bench) or,
+with ``--leave-task-out``, trained for each task on every other task of TRACES: never on the task it predicts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bunshin_async.speculation import CallKey, Candidate, PredictionContext, Predictor  # noqa: E402
+from speculator import NgramModel, SiblingTable, default_ngram, default_speculation  # noqa: E402
+from speculator._offline import OfflineReport, Record, _calls, evaluate, leave_task_out, load_groups  # noqa: E402
+
+PREDICTORS = ("siblings", "observation", "docs", "recent", "history", "signatures")
+
+
+class _Seen:
+    """A ceiling: every call in ``known`` or made before in the group, each with probability 1."""
+
+    name = "ceiling"
+
+    def __init__(self, group: set[CallKey], known: frozenset[CallKey]) -> None:
+        self.group, self.known = group, known
+
+    def predict(self, ctx: PredictionContext) -> Sequence[Candidate]:
+        return [
+            Candidate(name=k.name, arguments=k.arguments(), probability=1.0, source=self.name)
+            for k in self.group | self.known
+        ]
+
+    def observe(self, ctx: PredictionContext, call: CallKey) -> None:
+        self.group.add(call)
+
+
+def _model(records: list[Record]) -> NgramModel:
+    model = NgramModel(3)
+    for r in records:
+        steps = r.get("steps", ())
+        model.add_sequence(
+            (s["tool"], s.get("args") or {})
+            for s in steps
+            if s.get("tool") and s.get("kind") != "format_error" and s.get("tool") != "submit"
+        )
+    return model
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("traces", type=Path)
+    p.add_argument("--table", type=Path, help="an n-gram table (default: the bundled one)")
+    p.add_argument("--leave-task-out", action="store_true", help="per task, a table trained on the other tasks")
+    args = p.parse_args()
+    groups = load_groups(args.traces)
+    others = dict(leave_task_out(groups))
+    bundled = NgramModel.from_table(args.table.read_bytes()) if args.table else default_ngram()
+    models = {t: _model(rs) for t, rs in others.items()} if args.leave_task_out else {}
+
+    def speculation(without: frozenset[str]) -> Callable[[str], Callable[[], Sequence[Predictor]]]:
+        def make(task: str) -> Callable[[], Sequence[Predictor]]:
+            table, model = SiblingTable(), models.get(task, bundled)
+            return lambda: list(default_speculation(group=task, table=table, model=model, without=without).predictors)
+
+        return make
+
+    rows: list[tuple[str, OfflineReport, str]] = [("all predictors", evaluate(groups, speculation(frozenset())), "all")]
+    for name in PREDICTORS:
+        rows.append((f"all but {name}", evaluate(groups, speculation(frozenset({name}))), "all"))
+        rows.append((f"{name} alone", evaluate(groups, speculation(frozenset(PREDICTORS) - {name})), "all"))
+
+    def ceiling(cross: bool) -> Callable[[str], Callable[[], Sequence[Predictor]]]:
+        def make(task: str) -> Callable[[], Sequence[Predictor]]:
+            known = frozenset(k for r in others[task] for k, _, _ in _calls(r)) if cross else frozenset()
+            group: set[CallKey] = set()
+            return lambda: [_Seen(group, known)]
+
+        return make
+
+    rows.append(("ceiling: calls the group made before", evaluate(groups, ceiling(False), top=1 << 30), "ceiling"))
+    rows.append(("ceiling: those + other tasks' calls", evaluate(groups, ceiling(True), top=1 << 30), "ceiling"))
+    first = rows[0][1]
+    table = "bundled (other traces)" if not args.leave_task_out else "leave-task-out (the other tasks of TRACES)"
+    print(f"{args.traces.name}: {len(groups)} groups, {first.calls} calls, {first.cache_hits} served by the "
+          f"prefix cache; hideable tool time (the oracle's bound) {first.hideable_seconds:.0f} s; n-gram table: "
+          f"{table}\n")  # fmt: skip
+    print("| predictors | exact top-1 | launched | hits launched | hidden s | share of hideable | wrong launches' s |")
+    print("|---|---|---|---|---|---|---|")
+    for label, rep, source in rows:
+        s = rep.by_source.get(source, {})
+        print(f"| {label} | {100 * s.get('top1_rate', 0):.1f}% | {s.get('launched', 0):.0f} | "
+              f"{s.get('committed', 0):.0f} | {s.get('hidden_seconds', 0):.1f} | {100 * rep.share(source):.1f}% | "
+              f"{s.get('wasted_seconds', 0):.0f} |")  # fmt: skip
+    print("\nCalibration of the default predictors (stated probability tenth: guesses, hit rate):")
+    for source, bins in first.calibration.items():
+        print(f"  {source}: " + ", ".join(f"{lo:.1f}: {n} {h / n:.0%}" for lo, n, h in bins))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,196 @@
+"""Offline evaluation of predictors on timed multi-rollout traces, without workspaces: what each predictor would
+have guessed, and how much of the hideable tool time its guesses would have hidden.
+
+The rollouts of a group start together (as GRPO samples do) and follow their recorded times: turn ``i`` of a
+rollout starts once its previous call's observation is known, and its call is decided ``llm_seconds`` later. At
+every turn start the predictors are asked (their context: the rollout's calls so far; the group's shared table has
+learned what siblings decided before that moment), then told the call at its decision time. Hideable time of a
+call: ``min(tool_seconds, llm_seconds)`` (a branch started at the turn's start hides at most the turn's LLM time),
+except for calls the prefix cache serves (a sibling already made the same call after the same history), which
+speculation does not need to hide. Observations are not in the traces (only their length): predictors that read
+``last_output`` see nothing here.
+"""
+
+from __future__ import annotations
+
+import gzip
+import heapq
+import os
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import msgspec
+
+from bunshin_async.speculation import CallKey, Candidate, PredictionContext, Predictor
+from bunshin_async.tools import bash_tool
+
+__all__ = ["OfflineReport", "calibration", "evaluate", "leave_task_out", "load_groups"]
+
+Record = dict[str, Any]
+_BASH_VERSION = bash_tool().version
+
+
+class OfflineReport(msgspec.Struct):
+    """``calls`` decided; ``hideable_seconds``: the oracle's bound (cache hits aside); per source (and ``all``,
+    the best candidate over every predictor): ``top1``/``top3`` exact hits, ``hidden_seconds`` (hideable time of
+    the calls some launched guess matched: a guess is launched when its probability is at least ``threshold``),
+    ``launched`` and ``wasted_seconds`` (the recorded durations of launched guesses that were wrong, as far as the
+    group ever ran them; else the median tool time); and the calibration: per probability decile, guesses and
+    hits. At most ``top`` guesses of each source are launched per call."""
+
+    calls: int = 0
+    cache_hits: int = 0
+    hideable_seconds: float = 0.0
+    threshold: float = 0.3
+    by_source: dict[str, dict[str, float]] = msgspec.field(default_factory=dict)
+    calibration: dict[str, list[tuple[float, int, int]]] = msgspec.field(default_factory=dict)
+
+    def share(self, source: str = "all") -> float:
+        """Of the hideable time, the share ``source``'s launched guesses hide."""
+        hidden = self.by_source.get(source, {}).get("hidden_seconds", 0.0)
+        return hidden / self.hideable_seconds if self.hideable_seconds else 0.0
+
+
+def load_groups(path: str | os.PathLike[str], *, group_by: str = "task") -> dict[str, list[Record]]:
+    """The trajectories of a trace file (``/work/shared/traces`` format), by task (or each its own group)."""
+    opener: Callable[..., Any] = gzip.open if str(path).endswith(".gz") else open
+    groups: dict[str, list[Record]] = defaultdict(list)
+    with opener(path, "rb") as f:
+        for i, line in enumerate(f):
+            if line.strip():
+                record = msgspec.json.decode(line)
+                groups[record["task_id"] if group_by == "task" else f"{record['task_id']}:{i}"].append(record)
+    return dict(groups)
+
+
+def _calls(record: Record) -> list[tuple[CallKey, float, float]]:
+    out = []
+    for s in record.get("steps", ()):
+        if not s.get("tool") or s["tool"] == "submit":
+            break
+        if s.get("kind") == "format_error":
+            continue
+        args = s.get("args") or {}
+        key = CallKey(s["tool"], _BASH_VERSION, msgspec.json.encode(args, order="deterministic"))
+        out.append((key, float(s.get("llm_seconds") or 0.0), float(s.get("tool_seconds") or 0.0)))
+    return out
+
+
+def evaluate(
+    groups: Mapping[str, Sequence[Record]],
+    make: Callable[[str], Callable[[], Sequence[Predictor]]],
+    *,
+    threshold: float = 0.3,
+    top: int = 3,
+) -> OfflineReport:
+    """Replay ``groups`` (task -> its rollouts' records); ``make(task)`` gives, per group, a factory of one
+    rollout's predictors (sharing what the group shares: its ``SiblingTable``)."""
+    from bunshin_async._runtime._calls import chain_root, extend_chain
+
+    report = OfflineReport(threshold=threshold)
+    stats: dict[str, Counter[str]] = defaultdict(Counter)
+    hidden: dict[str, float] = defaultdict(float)
+    wasted: dict[str, float] = defaultdict(float)
+    calib: dict[str, list[list[int]]] = defaultdict(lambda: [[0, 0] for _ in range(10)])
+    for task, records in groups.items():
+        factory = make(task)
+        rollouts = [_calls(r) for r in records]
+        durations: dict[CallKey, float] = {}
+        for calls in rollouts:
+            for key, _, tool in calls:
+                durations.setdefault(key, tool)
+        median_tool = sorted(durations.values())[len(durations) // 2] if durations else 0.0
+        predictors = [factory() for _ in rollouts]
+        # (time, order, kind, rollout, index): kind 0 = decide (the turn starts), 1 = observe (the call is made)
+        events: list[tuple[float, int, int, int, int]] = []
+        n = 0
+        for r, calls in enumerate(rollouts):
+            t = 0.0
+            for i, (_, llm, tool) in enumerate(calls):
+                events += [(t, n, 0, r, i), (t + llm, n + 1, 1, r, i)]
+                n += 2
+                t += llm + tool
+        heapq.heapify(events)
+        chains: list[list[bytes]] = [[chain_root(task)] for _ in rollouts]
+        made: set[bytes] = set()  # (chain after the call) the cache could serve
+        guesses: dict[tuple[int, int], list[Candidate]] = {}
+        while events:
+            _, _, kind, r, i = heapq.heappop(events)
+            key, llm, tool = rollouts[r][i]
+            history = tuple(k for k, _, _ in rollouts[r][:i])
+            ctx = PredictionContext(history=history, chain=chains[r][i], turn=i, position=0, group=task)
+            if kind == 0:
+                guesses[r, i] = [c for p in predictors[r] for c in p.predict(ctx)]
+                continue
+            after = extend_chain(chains[r][i], key)
+            chains[r].append(after)
+            cached = after in made
+            made.add(after)
+            report.calls += 1
+            report.cache_hits += cached
+            hideable = 0.0 if cached else min(llm, tool)
+            report.hideable_seconds += hideable
+            cands = guesses.pop((r, i))
+            best: dict[str, dict[CallKey, float]] = defaultdict(dict)
+            for c in cands:
+                ck = CallKey(c.name, _BASH_VERSION, msgspec.json.encode(c.arguments, order="deterministic"))
+                for source in (c.source, "all"):
+                    best[source][ck] = max(best[source].get(ck, 0.0), c.probability)
+            for source, ranked in best.items():
+                order = sorted(ranked.items(), key=lambda x: -x[1])
+                s = stats[source]
+                s["guessed"] += 1
+                s["top1"] += order[0][0] == key
+                s["top3"] += any(k == key for k, _ in order[:3])
+                for k, p in order[:top]:
+                    calib[source][min(9, int(p * 10))][0] += 1
+                    calib[source][min(9, int(p * 10))][1] += k == key
+                    if p >= threshold and not cached:
+                        s["launched"] += 1
+                        if k == key:
+                            hidden[source] += hideable
+                            s["committed"] += 1
+                        else:
+                            wasted[source] += durations.get(k, median_tool)
+            for predictor in predictors[r]:
+                predictor.observe(ctx, key)
+    for source, s in stats.items():
+        report.by_source[source] = {
+            **{k: float(v) for k, v in s.items()},
+            "top1_rate": round(s["top1"] / report.calls, 4) if report.calls else 0.0,
+            "hidden_seconds": round(hidden[source], 2),
+            "wasted_seconds": round(wasted[source], 2),
+        }
+        report.calibration[source] = [(b / 10, n, h) for b, (n, h) in enumerate(calib[source]) if n]
+    report.hideable_seconds = round(report.hideable_seconds, 2)
+    return report
+
+
+def leave_task_out(groups: Mapping[str, Sequence[Record]]) -> Iterable[tuple[str, list[Record]]]:
+    """For each task, the records of every other task (what a table may be trained on to be evaluated on it)."""
+    for task in groups:
+        yield task, [r for t, rs in groups.items() if t != task for r in rs]
+
+
+def calibration(report: OfflineReport, *, prior: float = 2.0) -> dict[str, list[float]]:
+    """Per source, per decile of stated probability, the observed hit rate (shrunk towards the decile's middle by
+    ``prior`` guesses' worth, then made non-decreasing: pool adjacent violators, weighted by guesses)."""
+    out: dict[str, list[float]] = {}
+    for source, bins in report.calibration.items():
+        if source == "all":
+            continue
+        n = [0.0] * 10
+        h = [0.0] * 10
+        for lo, guesses, hits in bins:
+            n[round(lo * 10)] = guesses
+            h[round(lo * 10)] = hits
+        blocks: list[tuple[float, float, int]] = []  # (rate, weight, deciles)
+        for b in range(10):
+            block = ((h[b] + prior * (b + 0.5) / 10) / (n[b] + prior), n[b] + prior, 1)
+            while blocks and blocks[-1][0] > block[0]:
+                r1, w1, c1 = blocks.pop()
+                block = ((r1 * w1 + block[0] * block[1]) / (w1 + block[1]), w1 + block[1], c1 + block[2])
+            blocks.append(block)
+        out[source] = [round(r, 4) for r, _, c in blocks for _ in range(c)]
+    return out
