@@ -108,3 +108,26 @@ def test_signatures_see_the_calls_decided_earlier_in_the_message() -> None:
     )
     [guess] = SignaturePredictor(_model(), table).predict(at_second)
     assert guess.arguments["command"] == "pip install numpy"  # the decided script run counts as history
+
+
+def test_siblings_answer_an_observation_that_ended_the_same_way_alike() -> None:
+    """After the same test run, a sibling whose run failed on a missing module installed; another whose run passed
+    built. A rollout whose run fails on *another* module is predicted the install (the same ending, another name),
+    ranked above what the sibling with a passing run did."""
+    table = SiblingTable()
+    fail = "Traceback (most recent call last):\n  ...\nModuleNotFoundError: No module named 'numpy'\n"
+    ok = "....\nRan 4 tests in 0.01s\nOK\n"
+    SiblingPredictor(table).observe(seen_ctx(fail, "ls", "pytest"), key("pip install -r requirements.txt"))
+    SiblingPredictor(table).observe(seen_ctx(ok, "cat x", "pytest"), key("make build"))
+    other = "Traceback (most recent call last):\n  x\nModuleNotFoundError: No module named 'scipy'\n"
+    [top] = SiblingPredictor(table).predict(seen_ctx(other, "cat y", "pytest"))
+    assert top.arguments["command"] == "pip install -r requirements.txt"
+    assert top.probability == pytest.approx(SiblingPredictor(table).similar_confidence)
+    # an ending no sibling saw: whatever followed the same call
+    assert len(SiblingPredictor(table).predict(seen_ctx("Segmentation fault\n", "cat y", "pytest"))) == 2
+
+
+def seen_ctx(output: str, *cmds: str) -> PredictionContext:
+    history = tuple(key(c) for c in cmds)
+    return PredictionContext(history=history, chain=chain(list(history)), turn=len(cmds), position=0,
+                             last_output=output)  # fmt: skip
