@@ -67,5 +67,9 @@ def serve_main(args: argparse.Namespace) -> int:
                     break
         print(f"bunshin e2b: stopped; {server.sandboxes.reaped} sandboxes reaped by timeout", file=sys.stderr)
 
-    anyio.run(run)
+    try:
+        anyio.run(run)
+    except BunshinError as exc:  # the Ray cluster cannot be joined, its hosts run already, ...
+        print(f"bunshin e2b: {exc}", file=sys.stderr)
+        return 1
     return 0

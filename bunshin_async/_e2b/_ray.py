@@ -22,7 +22,7 @@ from collections.abc import Iterator, Mapping, Sequence
 import anyio
 import msgspec
 
-from .._exceptions import BunshinError, HostError, ImageError, WorkspaceClosed
+from .._exceptions import BunshinError, HostError, ImageError, InvalidArgument, WorkspaceClosed
 from .._host._kernel import Limits
 from .._host._protocol import ExecResult
 from .._images._image import Image
@@ -140,6 +140,8 @@ class RayBackend:
     host on every alive node (``slots`` workspaces each) and stops them when it stops."""
 
     def __init__(self, ray: RayCluster | str, *, slots: int = DEFAULT_SLOTS) -> None:
+        if slots < 1:
+            raise InvalidArgument(f"a Ray host needs at least one workspace slot, not {slots}", tool="e2b serve")
         self._address = ray if isinstance(ray, str) else None
         self._given = ray if isinstance(ray, RayCluster) else None
         self.slots = slots
@@ -295,8 +297,17 @@ async def start_hosts(address: str, slots: int) -> RayCluster:
     import ray
 
     if not ray.is_initialized():
-        await anyio.to_thread.run_sync(lambda: ray.init(address=address, log_to_driver=False))
+        try:
+            await anyio.to_thread.run_sync(lambda: ray.init(address=address, log_to_driver=False))
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise HostError(f"cannot join the Ray cluster at {address}: {exc}", host=address) from exc
     nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
     if not nodes:
         raise HostError(f"the Ray cluster at {address} has no alive node", host="*")
-    return await RayCluster.start({node: HostConfig(max_workspaces=slots) for node in nodes})
+    try:
+        return await RayCluster.start({node: HostConfig(max_workspaces=slots) for node in nodes})
+    except ValueError as exc:  # Ray refuses a second actor of one name
+        raise HostError(
+            f"workspace hosts already run on the Ray cluster at {address} (another server started them?): {exc}",
+            host="*",
+        ) from exc

@@ -153,6 +153,12 @@ async def test_serve_with_ray_starts_a_host_per_node_and_stops_them(ray_env: Ray
             opts = {"api_url": exports["E2B_API_URL"], "api_key": exports["E2B_API_KEY"]}
             sbx = await AsyncSandbox.create(sandbox_url=exports["E2B_SANDBOX_URL"], **opts)
             assert (await sbx.commands.run("echo remote")).stdout == "remote\n"
+            # a second server on the same cluster: its hosts' names are taken, a clear error and no traceback
+            second = await anyio.to_thread.run_sync(
+                lambda: subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+            )
+            assert second.returncode == 1 and "already run" in second.stderr, second.stderr
+            assert "Traceback" not in second.stderr
         finally:
             proc.send_signal(signal.SIGTERM)
             _, err = await anyio.to_thread.run_sync(proc.communicate)
@@ -160,3 +166,5 @@ async def test_serve_with_ray_starts_a_host_per_node_and_stops_them(ray_env: Ray
     with anyio.fail_after(30):  # killed actors leave the list once their processes are gone
         while set(_host_actors()) - before:
             await anyio.sleep(0.2)
+    refused = subprocess.run([*argv[:-1], "0"], capture_output=True, text=True, env=env, timeout=120)
+    assert refused.returncode == 2 and "at least one workspace slot" in refused.stderr
