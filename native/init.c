@@ -502,6 +502,28 @@ static int restore_wrap(int argc, char **argv)
 	return 1;
 }
 
+/* The wrapper a host helper working for a run runs through (CRIU's dump, _fork._dump): it joins the cgroups named
+ * (a CPU-accounting cgroup under the run's parent, so the run's counter includes the helper) and execs the command
+ * (same pid: still the host's child). Nothing else of the host's context changes. */
+static int join_wrap(int argc, char **argv)
+{
+	int i;
+
+	status_fd = STDERR_FILENO;
+	for (i = 2; i + 1 < argc && !strcmp(argv[i], "--cgroup"); i += 2) {
+		int fd = open(argv[i + 1], O_WRONLY | O_CLOEXEC);
+		if (fd < 0)
+			fail(argv[i + 1], errno);
+		attach(fd, getpid());
+		close(fd);
+	}
+	if (i + 1 >= argc || strcmp(argv[i], "--"))
+		failf("usage: bunshin-init --join [--cgroup PROCS_FILE]... -- CMD [ARG]...");
+	execv(argv[i + 1], argv + i + 1);
+	fail(argv[i + 1], errno);
+	return 1;
+}
+
 int main(int argc, char **argv)
 {
 	struct config c = {0};
@@ -509,6 +531,8 @@ int main(int argc, char **argv)
 
 	if (argc >= 2 && !strcmp(argv[1], "--restore-wrap"))
 		return restore_wrap(argc, argv);
+	if (argc >= 2 && !strcmp(argv[1], "--join"))
+		return join_wrap(argc, argv);
 	if (argc == 3 && !strcmp(argv[1], "--pid1")) {
 		c.agent = argv[2];
 		for (char **e = environ; *e && c.nenv < MAX_ENV; e++)

@@ -8,12 +8,14 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 
 from bunshin_async import Workspace
 from bunshin_async._config import Config
+from bunshin_async._host import _criu
 from bunshin_async._workspace._accounting import (
     ResourceMonitor,
     accounting_scope,
@@ -168,3 +170,37 @@ async def test_copies_read_together_count_their_shared_page_image_once() -> None
         finally:
             for c in copies:
                 await c.aclose()
+
+
+async def test_a_fork_s_dump_runs_in_the_scope_so_its_cpu_is_the_run_s(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CRIU dumps for the run: while it works (its post-dump notification) its process is in the scope's subtree,
+    whose CPU counter therefore includes every dump; the cgroup it ran in is gone once the fork returns."""
+    seen: dict[str, object] = {}
+
+    class Watching(_criu.SwrkCriu):
+        def __init__(self) -> None:
+            super().__init__(on_spawn=self._spawned)
+
+        async def _spawned(self, pid: int) -> None:
+            seen.setdefault("pids", []).append(pid)  # type: ignore[attr-defined]
+
+        async def call(self, req: Any, *, notify: Any = None, **kw: Any) -> Any:
+            async def watched(name: str, pid: int) -> None:
+                if name == "post-dump":
+                    seen["in subtree"] = await anyio.to_thread.run_sync(subtree.pids)
+                if notify is not None:
+                    await notify(name, pid)
+
+            return await super().call(req, notify=watched, **kw)
+
+    monkeypatch.setattr(_criu, "default_backend", Watching)
+    with accounting_scope("dump") as subtree:
+        async with Workspace() as ws:
+            [copy] = await ws.fork(1)
+            try:
+                dumper = seen["pids"][0]  # type: ignore[index]
+                assert dumper in seen["in subtree"]  # type: ignore[operator]
+                usage = await anyio.to_thread.run_sync(subtree.read)
+                assert usage.cgroups == 2, usage  # the source and its copy: the dump's cgroup went with CRIU
+            finally:
+                await copy.aclose()

@@ -5,6 +5,7 @@ copies)."""
 from __future__ import annotations
 
 import copy
+import itertools
 import os
 import time
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import anyio
 
 from .._exceptions import ForkError, InvalidValue
-from .._host import _criu, _snapstore
+from .._host import _criu, _kernel, _paths, _snapstore
 from .._host._client import AgentClient
 from .._host._criu import CriuBackend, rpc
 from .._host._kernel import task_status
@@ -30,8 +31,11 @@ __all__ = ["fork", "snapshot"]
 
 FREEZE_TIMEOUT = 10
 """Seconds CRIU may take to freeze and seize the tree (its ``timeout`` option): a process that cannot be frozen
-fails the dump in this time, named (``_undumpable``)."""
+fails the snapshot, named (``_undumpable``), once its retry (``FREEZE_RETRIES``) has failed the same way."""
 DUMP_TIMEOUT = 120.0
+FREEZE_RETRIES = 1
+"""Dumps taken again after CRIU failed to freeze the tree (``_snapshot``)."""
+_n = itertools.count()
 
 
 async def fork(ws: WorkspaceCore, n: int) -> list[WorkspaceCore]:
@@ -90,6 +94,25 @@ async def snapshot(ws: WorkspaceCore, backend: CriuBackend | None = None) -> Sna
 
 
 async def _snapshot(ws: WorkspaceCore, backend: CriuBackend | None) -> Snapshot:
+    """A snapshot, taken again once if CRIU could not freeze the tree (``_freeze_failed``): a process caught
+    between fork and exec (a vfork parent waits, uninterruptibly, for a child CRIU has stopped) can make the freezer
+    give up; a shell loop or a build hits it now and then, and the next attempt does not meet the same instant."""
+    attempt = 0
+    while True:
+        try:
+            return await _snapshot_once(ws, backend)
+        except ForkError as exc:
+            if attempt >= FREEZE_RETRIES or not _freeze_failed(exc):
+                raise
+        attempt += 1
+
+
+def _freeze_failed(exc: ForkError) -> bool:
+    """Whether a dump failed because CRIU could not freeze or seize the tree in time (its seize.c errors)."""
+    return any(m in str(exc) for m in ("Unable to freeze cgroup", "Timeout reached. Try to interrupt"))
+
+
+async def _snapshot_once(ws: WorkspaceCore, backend: CriuBackend | None) -> Snapshot:
     if ws.state != "running" or ws.pid is None:
         raise ws.closed_error()
     backend = backend or _criu.default_backend()
@@ -211,8 +234,14 @@ async def _dump(
             os.close(fd)
 
     adopted = False
-    fd = os.open(snap.images, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    # CRIU's CPU is the run's: it dumps in a CPU-accounting cgroup under the run's parent (the restore's joins the
+    # copy's cgroup), so a run's subtree counter (``accounting_scope``) includes every fork's dump. Made here without
+    # an await (a mkdir), so that no cancellation comes between it, the descriptor and the finally that removes both.
+    account = _kernel.Cgroup.make_cpu_account(f"criu-dump-{os.getpid()}-{next(_n)}")
+    wrapper = [] if account is None else [str(_paths.init_binary()), "--join", *_joins(account), "--"]
+    fd = -1
     try:
+        fd = os.open(snap.images, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         req.opts.images_dir_fd = fd
         t0 = time.monotonic()
         # Not cancelled midway: CRIU killed while its parasite runs inside a task of the tree leaves that task
@@ -227,6 +256,7 @@ async def _dump(
                 workspace_id=ws.id,
                 notify=on_notify,
                 env=env,
+                wrapper=wrapper,
                 timeout=DUMP_TIMEOUT,
                 on_fd=on_fd,
             )
@@ -238,11 +268,19 @@ async def _dump(
             ws.tracking.adopt(uffds, snap.path)
             adopted = True
     finally:
-        os.close(fd)
+        if fd >= 0:
+            os.close(fd)
         if track and not adopted:  # the dump may have consumed written sets this snapshot will not keep
             ws.tracking.drop()
             for u in uffds:
                 os.close(u)
+        if account is not None:  # CRIU is reaped by now: the cgroup is empty (what it charged stays in the parent)
+            with anyio.CancelScope(shield=True):
+                await account.destroy()
+
+
+def _joins(cgroup: _kernel.Cgroup) -> list[str]:
+    return [arg for p in cgroup.procs_files for arg in ("--cgroup", p)]
 
 
 async def _fs_copy(ws: WorkspaceCore, snap: Snapshot) -> None:

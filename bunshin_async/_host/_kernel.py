@@ -275,6 +275,25 @@ class Cgroup:
         return cls(1, dirs)
 
     @classmethod
+    def make_cpu_account(cls, name: str) -> Cgroup | None:
+        """A fresh cgroup ``name`` under the workspaces' parent that only accounts CPU (v1: in the ``cpuacct``
+        hierarchy alone; v2: a leaf, which no limit applies to) for a host helper working for the run (CRIU's
+        dump): the parent's counter then includes it. None without CPU accounting. Named ``<what>-<pid>-<n>``,
+        one left by a killed process is collected with the run scopes (``bunshin gc``). Blocking."""
+        version = cgroup_version()
+        if version == 2:
+            parent = CGROUP_ROOT / parent_name()
+            parent.mkdir(parents=True, exist_ok=True)
+            _enable_controllers(parent_name())
+        elif version == 1 and (CGROUP_ROOT / "cpuacct" / "cgroup.procs").exists():
+            parent = CGROUP_ROOT / "cpuacct" / parent_name()
+            parent.mkdir(parents=True, exist_ok=True)
+        else:
+            return None
+        (parent / name).mkdir()
+        return cls(version, [parent / name])
+
+    @classmethod
     def _create_v1(cls, name: str, limits: Limits, devices: list[str] | None) -> Cgroup:
         _require_controllers(limits, {c for c in V1_CONTROLLERS if (CGROUP_ROOT / c / "cgroup.procs").exists()})
         dirs: list[Path] = []
