@@ -37,8 +37,8 @@ from ._host._kernel import Limits
 from ._host._protocol import DirEntry, ExecResult
 from ._host._security import Security
 from ._images._image import Image
-from ._images._layers import ImportLimits
 from ._images._oci import ImageConfig
+from ._images._untar import ImportLimits
 from ._public import publish as _publish
 from ._workspace._core import SetupStep
 from ._workspace._facade import BackgroundProcess, Shell, Workspace

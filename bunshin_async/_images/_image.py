@@ -32,8 +32,9 @@ from .._exceptions import CapabilityMissing, ImageError
 from .._host import _paths
 from .._host._userns import shifted
 from . import _docker
-from ._layers import ImportLimits, LayerStore
+from ._layers import LayerStore
 from ._oci import ImageConfig, ImageRecord, add_record, find_record, import_archive, load_record, run_cancellable
+from ._untar import ImportLimits
 
 BASE_NAME = "debian-bookworm"
 BASE_SUITE = "bookworm"

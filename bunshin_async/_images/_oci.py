@@ -25,7 +25,8 @@ import anyio
 import msgspec
 
 from .._exceptions import ImageError
-from ._layers import ImportLimits, LayerStore, _Budget, digest_hex
+from ._layers import LayerStore, digest_hex
+from ._untar import Budget, ImportLimits
 
 __all__ = ["ImageConfig", "ImageRecord", "import_archive", "run_cancellable"]
 
@@ -353,7 +354,7 @@ def import_archive(
         parsed = (_parse_docker if kind == "docker" else _parse_oci)(src, ref, limits)
         digest = f"sha256:{hashlib.sha256(parsed.config_bytes).hexdigest()}"
         config = _config_of(parsed.config_bytes, str(path))
-        budget = _Budget(limits)
+        budget = Budget(limits)
         with store.shared():
             for layer in parsed.layers:
 

@@ -14,8 +14,9 @@ import anyio
 import pytest
 
 from bunshin_async import Image, ImageError, ImportLimits
-from bunshin_async._images._layers import ImportCancelled, LayerStore
+from bunshin_async._images._layers import LayerStore
 from bunshin_async._images._oci import import_archive
+from bunshin_async._images._untar import ImportCancelled
 
 from ._archives import d, gnu_sparse_tar, layer_tar, member, sha, tar_dir, write_oci
 from ._faults import HeldUnpack
