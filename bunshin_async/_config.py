@@ -21,6 +21,8 @@ from types import MappingProxyType
 
 import msgspec
 
+from ._exceptions import InvalidValue
+
 __all__ = ["Config"]
 
 
@@ -72,12 +74,10 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
         """Set fields of the process-wide configuration (``None`` puts one back to its environment default);
         returns the configuration now in force. Applies to operations started afterwards, in this process only (a
         worker process or a Ray actor reads its own environment)."""
-        unknown = set(changes) - set(Config.__struct_fields__)
-        if unknown:
-            raise TypeError(f"unknown settings {sorted(unknown)}; known: {list(Config.__struct_fields__)}")
+        _check_known(changes)
         new = {k: v for k, v in _overrides.items() if k not in changes}
         new.update({k: _coerce(k, v) for k, v in changes.items() if v is not None})
-        config = msgspec.convert({**msgspec.structs.asdict(Config()), **new}, Config, strict=False)
+        config = _convert({**msgspec.structs.asdict(Config()), **new}, changes)
         _overrides.clear()
         _overrides.update({k: getattr(config, k) for k in new})  # checked (strict=False: "3" is a log level too)
         return config
@@ -89,17 +89,33 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
         inside (anyio tasks and worker threads copy the context they start in), on top of ``configure``'s; yields
         the configuration in force. Why: a run measured on its own (``_accounting.accounting_scope``) puts what it
         creates under its own cgroup parent and snapshot directory while other tasks of the process go on as before."""
-        unknown = set(changes) - set(Config.__struct_fields__)
-        if unknown:
-            raise TypeError(f"unknown settings {sorted(unknown)}; known: {list(Config.__struct_fields__)}")
+        _check_known(changes)
         new = {k: Path(v) if k in _PATHS and isinstance(v, str) else v for k, v in changes.items() if v is not None}
         merged = {**_scoped.get(), **new}
-        config = msgspec.convert({**msgspec.structs.asdict(Config.current()), **merged}, Config, strict=False)
+        config = _convert({**msgspec.structs.asdict(Config.current()), **merged}, changes)
         token = _scoped.set({k: getattr(config, k) for k in merged})
         try:
             yield config
         finally:
             _scoped.reset(token)
+
+
+def _check_known(changes: Mapping[str, object]) -> None:
+    unknown = set(changes) - set(Config.__struct_fields__)
+    if unknown:
+        raise InvalidValue(
+            f"unknown settings {sorted(unknown)}; known: {list(Config.__struct_fields__)}", argument=min(unknown)
+        )
+
+
+def _convert(values: dict[str, object], changes: Mapping[str, object]) -> Config:
+    """``values`` as a checked ``Config`` (``strict=False``: "3" is a log level too); a value of the wrong type is
+    an ``InvalidValue`` naming the setting."""
+    try:
+        return msgspec.convert(values, Config, strict=False)
+    except msgspec.ValidationError as exc:
+        field = str(exc).rpartition("$.")[2].split("`")[0].split("[")[0] or ",".join(sorted(changes))
+        raise InvalidValue(f"Config: {exc}", argument=field) from exc
 
 
 def _coerce(name: str, value: object) -> object:

@@ -8,6 +8,7 @@ failure, an httpx error) are translated once, where the foreign system is called
     ├── ImageError               a workspace image is missing or unusable
     ├── InvalidValue             an argument or setting given to the SDK is out of range (``argument``); a ValueError
     ├── SecurityError            a ``Security`` setting is invalid (``field``)
+    ├── UsageError               the SDK was used out of order (``what``); a RuntimeError
     ├── WorkspaceError           something went wrong with one workspace (``workspace_id``)
     │   ├── WorkspaceClosed      the workspace was used after ``aclose()`` or its init died
     │   ├── WorkspaceStartError  the workspace could not be created; nothing of it is left behind
@@ -73,6 +74,7 @@ __all__ = [
     "ToolError",
     "ToolTimeout",
     "TransferError",
+    "UsageError",
     "WorkspaceClosed",
     "WorkspaceError",
     "WorkspaceStartError",
@@ -146,6 +148,17 @@ class InvalidValue(BunshinError, ValueError):
 
     def __init__(self, message: str, *, argument: str) -> None:
         super().__init__(message, argument=argument)
+
+
+class UsageError(BunshinError, RuntimeError):
+    """The SDK was used out of order (``what`` names the object): an object used outside its ``async with``, a
+    one-shot call made twice. A bug in the caller, not in the host. Also a ``RuntimeError``, which these were
+    before."""
+
+    what: str
+
+    def __init__(self, message: str, *, what: str) -> None:
+        super().__init__(message, what=what)
 
 
 class SecurityError(BunshinError):

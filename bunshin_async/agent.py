@@ -196,7 +196,10 @@ async def run_agent(
     handle: WorkspaceHandle | None = None
     if speculation is not None:
         if not isinstance(executor, Executor):
-            raise TypeError(f"speculation needs an executor with adopt() (see speculation.Executor), not {executor!r}")
+            raise InvalidValue(
+                f"speculation needs an executor with adopt() (see speculation.Executor), not {executor!r}",
+                argument="workspace",
+            )
         handle = WorkspaceHandle.over(executor, salt=task_id)
         speculation = _with_cache_skip(speculation, executor)
     specs = [t.spec() for t in executor.tools.values()]

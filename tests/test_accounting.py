@@ -13,7 +13,7 @@ from typing import Any
 import anyio
 import pytest
 
-from bunshin_async import Workspace
+from bunshin_async import InvalidValue, Workspace
 from bunshin_async._config import Config
 from bunshin_async._host import _criu
 from bunshin_async._workspace._accounting import (
@@ -109,7 +109,7 @@ async def test_scoped_settings_reach_the_tasks_and_threads_started_inside_and_no
         release.set()
     assert seen == {"child": f"{outer}/run-x", "thread": f"{outer}/run-x", "sibling": outer}
     assert Config.current().cgroup_parent == outer
-    with pytest.raises(TypeError, match="unknown settings"):
+    with pytest.raises(InvalidValue, match="unknown settings"):
         with Config.scoped(cgroup_root="x"):
             pass
 

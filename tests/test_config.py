@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bunshin_async import Config
+from bunshin_async import Config, InvalidValue
 from bunshin_async._fork import _modes
 from bunshin_async._host import _criu, _kernel, _paths, _snapstore
 
@@ -52,10 +52,12 @@ def test_configure_overrides_and_resets(monkeypatch: pytest.MonkeyPatch, tmp_pat
 
 def test_bad_settings_are_refused_and_change_nothing() -> None:
     before = Config.current()
-    with pytest.raises(TypeError, match="unknown settings"):
+    with pytest.raises(InvalidValue, match="unknown settings") as unknown:
         Config.configure(fork_moed="fs")
-    with pytest.raises(ValueError):
+    with pytest.raises(InvalidValue) as wrong:  # also the ValueError it was
         Config.configure(criu_log_level="verbose")
+    assert (unknown.value.argument, wrong.value.argument) == ("fork_moed", "criu_log_level")
+    assert isinstance(wrong.value, ValueError)
     assert Config.current() == before
 
 

@@ -394,6 +394,51 @@ class Cgroup:
                 delay = min(delay * 2, 0.05)
 
 
+class CgroupView:
+    """What ``Workspace.cgroup`` shows of a workspace's cgroup: its directories and counters, read-only. Freezing,
+    killing and removing it stay with the workspace (a frozen workspace's tools would hang; a removed cgroup would
+    leave its processes unlimited). Views of one cgroup compare equal."""
+
+    __slots__ = ("_cg",)
+
+    def __init__(self, cgroup: Cgroup) -> None:
+        self._cg = cgroup
+
+    @property
+    def dirs(self) -> tuple[Path, ...]:
+        """One directory per v1 controller, or the one v2 directory."""
+        return tuple(self._cg.dirs)
+
+    def pids(self) -> list[int]:
+        """The host pids of every process in the cgroup (blocking)."""
+        return self._cg.pids()
+
+    def frozen(self) -> bool:
+        """Whether every task is frozen (a warm spare is; blocking)."""
+        return self._cg.frozen()
+
+    def cpu_seconds(self) -> float | None:
+        """CPU time charged to the cgroup, None without CPU accounting (blocking)."""
+        return self._cg.cpu_seconds()
+
+    def memory_usage(self) -> int | None:
+        """Bytes charged to the cgroup now, None without a memory controller (blocking)."""
+        return self._cg.memory_usage()
+
+    def memory_peak(self) -> int | None:
+        """The most bytes charged to the cgroup at once, None without a memory controller (blocking)."""
+        return self._cg.memory_peak()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, CgroupView) and other._cg is self._cg
+
+    def __hash__(self) -> int:
+        return id(self._cg)
+
+    def __repr__(self) -> str:
+        return f"<CgroupView {', '.join(map(str, self._cg.dirs))}>"
+
+
 def task_status(pid: int) -> dict[str, str] | None:
     """The fields of ``/proc/<pid>/status`` (proc(5): ``PPid``, ``State``, ``TracerPid``, ``NSpid``, the task's pid
     in each pid namespace it is in, innermost last), stripped; None once it is gone (blocking)."""

@@ -17,7 +17,7 @@ import anyio
 import httpx
 import msgspec
 
-from .._exceptions import LLMConnectionError, LLMHTTPError, LLMStreamError
+from .._exceptions import LLMConnectionError, LLMHTTPError, LLMStreamError, UsageError
 from ._events import MessageFinished, TapEvent, ToolCall, Usage
 from ._sse import SSEDecoder
 from ._tap import ToolCallTap, ToolsLike, feed_chat_chunk
@@ -114,7 +114,7 @@ class ChatStream:
 
     async def __anext__(self) -> TapEvent:
         if self._bytes is None:
-            raise RuntimeError("use `async with client.stream(...) as stream` before iterating")
+            raise UsageError("use `async with client.stream(...) as stream` before iterating", what="ChatStream")
         while not self._pending:
             if self._done:
                 raise StopAsyncIteration

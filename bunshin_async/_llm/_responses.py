@@ -8,6 +8,7 @@ from typing import Any
 
 import msgspec
 
+from .._exceptions import InvalidValue
 from ._turns import Rendered, Turn, token_pieces
 from ._wire import ChatMessage, FunctionCall, WireToolCall, message_text
 
@@ -62,7 +63,7 @@ def responses_messages(body: ResponsesRequest) -> list[ChatMessage]:
         elif kind == "reasoning":
             continue
         else:
-            raise ValueError(f"input item of type {kind!r} is not supported by the replay server")
+            raise InvalidValue(f"input item of type {kind!r} is not supported by the replay server", argument="input")
     return out
 
 

@@ -22,6 +22,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from .._compat import BaseExceptionGroup
+from .._exceptions import UsageError
 from .._workspace._facade import Workspace
 from ._calls import CallKey, chain_root, extend_chain
 from ._metrics import RolloutMetrics
@@ -165,7 +166,7 @@ class WorkspaceHandle:
         """Let speculative branches outlive their turn (see the class docstring). Leaving the block cancels what
         is still alive and waits for it to close its forks."""
         if self.tasks is not None:
-            raise RuntimeError("handle.background() is already active")
+            raise UsageError("handle.background() is already active", what="WorkspaceHandle.background")
         try:
             async with anyio.create_task_group() as tg:
                 self.tasks = tg

@@ -26,7 +26,7 @@ from .._exceptions import DisplayError, InvalidArgument, InvalidValue, ToolTimeo
 from .._fork import _dump, _restore
 from .._fork._snapshot import Snapshot
 from .._host import _protocol as P
-from .._host._kernel import Cgroup, Limits
+from .._host._kernel import CgroupView, Limits
 from .._host._protocol import DirEntry, ExecResult
 from .._host._security import Security
 from .._images._image import Image
@@ -186,8 +186,11 @@ class Workspace:
         return self._core.dir
 
     @property
-    def cgroup(self) -> Cgroup | None:
-        return self._core.cgroup
+    def cgroup(self) -> CgroupView | None:
+        """The workspace's cgroup, read-only (its processes and counters), None before ``start`` and after
+        ``aclose``."""
+        cg = self._core.cgroup
+        return None if cg is None else CgroupView(cg)
 
     async def __aenter__(self) -> Workspace:
         await self.start()

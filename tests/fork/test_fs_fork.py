@@ -134,7 +134,7 @@ async def test_fs_snapshot_outlives_parent(ws: Workspace) -> None:
         assert snap.mode == "fs" and not snap.images.exists()
         assert [step for step, _pid in snap.setup] == [counter]
         assert snap.frozen_ms is not None and snap.dump_ms is None
-        cg = ws.cgroup
+        cg = ws._core.cgroup  # the kernel object: its freezer file
         assert cg is not None and cg.freezer_dir is not None
         assert (cg.freezer_dir / ("freezer.state" if cg.version == 1 else "cgroup.freeze")).read_text().strip() in (
             "THAWED",

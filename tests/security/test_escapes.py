@@ -143,8 +143,8 @@ async def test_memory_fill_is_killed_inside_only(where: str, host: Host) -> None
     async with inside(where, Limits(memory=128 << 20)) as box:
         r = await box.ws.exec(["python3", "/workspace/attempts.py", "fill_memory", "512"], timeout=60)
         assert r.exit_code in (137, -9), r  # SIGKILL from the workspace's own OOM killer
-        assert box.ws.cgroup is not None and box.ws.cgroup.memory_dir is not None
-        assert int((box.ws.cgroup.memory_dir / "memory.failcnt").read_text()) > 0
+        assert box.ws._core.cgroup is not None and box.ws._core.cgroup.memory_dir is not None
+        assert int((box.ws._core.cgroup.memory_dir / "memory.failcnt").read_text()) > 0
         assert (await box.ws.exec("echo alive")).stdout == "alive\n"
         if box.parent is not None:
             assert (await box.parent.exec("echo alive")).stdout == "alive\n"

@@ -290,8 +290,10 @@ async def test_a_default_workspace_cannot_fill_the_host_disk(where: str) -> None
             assert "No space left on device" in r.stdout and "rc=1" in r.stdout, r
             size = int((await ws.exec("stat -c %s /var/tmp/fill")).stdout)
             assert DEFAULT_DISK - (64 << 20) < size <= DEFAULT_DISK
-            assert ws.cgroup is not None and ws.cgroup.memory_dir is not None  # its pages are the workspace's memory
-            assert int((ws.cgroup.memory_dir / "memory.usage_in_bytes").read_text()) >= size
+            assert (
+                ws._core.cgroup is not None and ws._core.cgroup.memory_dir is not None
+            )  # its pages are the workspace's memory
+            assert int((ws._core.cgroup.memory_dir / "memory.usage_in_bytes").read_text()) >= size
             now = os.statvfs(host).f_bavail * os.statvfs(host).f_frsize
             assert free - now < DEFAULT_DISK // 2, "the host's disk took the workspace's writes"
             r = await ws.exec("rm /var/tmp/fill && echo ok > /workspace/after && cat /workspace/after")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bunshin_async._host._kernel import Cgroup, mount_options, prime_cgroup_attach
+from bunshin_async._host._kernel import Cgroup, CgroupView, mount_options, prime_cgroup_attach
 from bunshin_async._native import mount
 
 
@@ -69,3 +69,17 @@ def test_a_cgroup_removed_while_read_has_no_processes(tmp_path: Path) -> None:
             raise OSError(errno.ENODEV, "No such device")
 
     assert Cgroup(1, [Racing(d)]).pids() == [] and Cgroup(1, [d]).pids() == []
+
+
+@pytest.mark.unit
+def test_a_workspace_shows_its_cgroup_read_only(tmp_path: Path) -> None:
+    """``Workspace.cgroup`` is a view: the counters of the cgroup it wraps, and no way to freeze, kill or remove it;
+    two views of one cgroup are equal (a rollback keeps the workspace's cgroup), of two cgroups not."""
+    (tmp_path / "cgroup.procs").write_text("34\n12\n")
+    cg = Cgroup(1, [tmp_path])
+    view = CgroupView(cg)
+    assert view.pids() == [12, 34] and view.dirs == (tmp_path,) and view.memory_usage() is None
+    assert view == CgroupView(cg) and hash(view) == hash(CgroupView(cg)) and view != CgroupView(Cgroup(1, [tmp_path]))
+    assert [n for n in ("freeze", "thaw", "kill_all", "destroy_sync", "create", "version") if hasattr(view, n)] == []
+    with pytest.raises(AttributeError):
+        view.dirs = ()  # type: ignore[misc]
