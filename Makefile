@@ -6,7 +6,7 @@ setup:
 	@scripts/setup.sh
 
 run: setup
-	.venv/bin/bunshin bench
+	.venv/bin/python -m bench.experiment
 
 demo: setup
 	.venv/bin/bunshin demo
@@ -42,7 +42,7 @@ fresh-check:
 BENCHES = workspace fork kmod cache experiment gui security images peers integrations cluster soak
 bench: setup
 	for b in $(BENCHES); do .venv/bin/python bench/report.py run $$b || exit 1; done
-	.venv/bin/bunshin bench --workload terminal --repeats 5 --time-scale 0.25 --out bench/results/terminal
+	.venv/bin/python -m bench.experiment --workload terminal --repeats 5 --time-scale 0.25 --out bench/results/terminal
 	.venv/bin/python bench/security_bench.py --compare userns
 
 # Bunshin beside Docker, Podman and bubblewrap (installs podman and bubblewrap on first use).

@@ -49,7 +49,7 @@ GENERATED = (
 class Bench:
     """One benchmark: its page's title and introduction, the command ``run`` starts (relative to the checkout,
     the interpreter first) and its quick form, and whether the result is a file the command writes instead of its
-    standard output (``bunshin bench``)."""
+    standard output (``python -m bench.experiment``)."""
 
     title: str
     about: str
@@ -71,7 +71,7 @@ BENCHES: dict[str, Bench] = {
         "configuration's own cgroup subtree and snapshot directory (everything it created): PSS of every process "
         "plus its snapshots and page images on tmpfs, CPU from the subtree's counter. How it is counted, and the "
         "speculation results on other workloads: [Speculation](speculation.md).",
-        (".venv/bin/bunshin", "bench", "--out", "{out}"),
+        (PY, "-m", "bench.experiment", "--out", "{out}"),
         ("--quick",),
         writes="experiment.json",
     ),

@@ -18,7 +18,6 @@ pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("bunshin_async", "speculator")
-EXCLUDE = ("bunshin_async/_experiment/tasks/",)  # task fixtures copied into workspaces, not SDK modules
 
 PRIVATE_ALLOWED = {
     # (module, ``x._name`` as written) allowed to reach into another object's private members: only into foreign
@@ -41,7 +40,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("workspace facade", ("_workspace",)),
     ("services", ("_tools", "_llm", "_runtime", "_cache", "_rollout")),
     ("public modules", ("", "agent", "cache", "llm", "rollout", "speculation", "tools", "transfer")),
-    ("applications", ("integrations", "_e2b", "_experiment", "_cli", "__main__", "speculator")),
+    ("applications", ("integrations", "_e2b", "_cli", "__main__", "speculator")),
 ]  # fmt: skip
 
 SPLIT = {"_workspace._core": "the workspace core sits below the fork layer, the rest of ``_workspace`` above it"}
@@ -65,9 +64,6 @@ def modules() -> dict[str, Path]:
     found: dict[str, Path] = {}
     for pkg in PACKAGES:
         for path in sorted((ROOT / pkg).rglob("*.py")):
-            rel = path.relative_to(ROOT).as_posix()
-            if any(rel.startswith(e) for e in EXCLUDE):
-                continue
             parts = list(path.relative_to(ROOT).with_suffix("").parts)
             if parts[-1] == "__init__":
                 parts.pop()
@@ -243,10 +239,10 @@ def test_every_module_has_a_layer_and_imports_only_down() -> None:
     assert upward(edges) == []
 
 
-APPLICATIONS = ("bunshin_async._experiment", "bunshin_async._cli", "bunshin_async.__main__")
-"""Shipped inside the package but above both packages: the ``bunshin`` command (also ``python -m bunshin_async``)
-and its latency-hiding experiment (``bunshin bench``), which compares speculator's predictors. They may import
-speculator; the runtime imports neither them nor speculator."""
+APPLICATIONS = ("bunshin_async._cli", "bunshin_async.__main__")
+"""Shipped inside the package but above both packages: the ``bunshin`` command (also ``python -m bunshin_async``).
+It may import speculator; the runtime imports neither it nor speculator. The latency-hiding experiment, which compares
+speculator's predictors, is no part of the package: ``bench/experiment`` (``python -m bench.experiment``)."""
 
 
 def test_layers_are_subpackages() -> None:
@@ -261,6 +257,20 @@ def test_layers_are_subpackages() -> None:
     assert flat == sorted(LAYERS[0][1]), "a flat private module: put it in the subpackage of its layer"
     core = [m.rpartition(".")[2] for m in modules() if (layer_of(m) or 0) <= layer_of("bunshin_async._workspace")]
     assert sorted({b for b in core if core.count(b) > 1} - {""}) == [], "two modules of the SDK's core share a name"
+
+
+def test_the_experiment_is_outside_the_package() -> None:
+    """Nothing in the two packages imports the experiment (or any of ``bench/``), which a wheel does not ship."""
+    found = []
+    for mod, path in modules().items():
+        for node in ast.walk(_parse(path)):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            found += [f"{mod}: {n}" for n in names if n == "bench" or n.startswith("bench.")]
+    assert found == []
+    assert not (ROOT / "bunshin_async" / "_experiment").exists()
+    assert (ROOT / "bench" / "experiment" / "__main__.py").is_file()
 
 
 def test_runtime_does_not_import_speculator() -> None:

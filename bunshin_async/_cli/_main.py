@@ -26,9 +26,6 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("demo", help="create a workspace, run tools in it and print what happened")
     sub.add_parser("gc", help="remove workspaces left behind by a process that died")
     sub.add_parser("snapstore", help="mount the snapshot store (a tmpfs with large folios) unless it is mounted")
-    from .._experiment._cli import add_arguments
-
-    add_arguments(sub.add_parser("bench", help="the latency-hiding experiment: baseline vs fork, cache, speculation"))
     sub.add_parser("replay-server", help="serve recorded trajectories as an OpenAI-compatible endpoint")
     mcp = sub.add_parser("mcp", help="serve workspaces' tools over MCP (needs bunshin[mcp])")
     mcp.add_argument("action", choices=["serve"])
@@ -73,10 +70,6 @@ def main(argv: list[str] | None = None) -> int:
             image = build_base_image(force=args.force)
             print(f"base image ready: {image.rootfs}")
         return 0
-    if args.cmd == "bench":
-        from .._experiment._cli import main as bench_main
-
-        return bench_main(args)
     if args.cmd == "gc":
         from .._workspace._gc import collect
 

@@ -9,11 +9,10 @@ from typing import Any
 
 import pytest
 
-from bunshin_async import Workspace
-from bunshin_async._cli._main import main as cli_main
-from bunshin_async._experiment._bundled import calc_task, calc_trajectories
-from bunshin_async._experiment._cli import _padded_bash, trajectory_groups
-from bunshin_async._experiment._runner import (
+from bench.experiment import main as cli_main
+from bench.experiment._bundled import calc_task, calc_trajectories
+from bench.experiment._cli import _padded_bash, trajectory_groups
+from bench.experiment._runner import (
     CONFIGS,
     Config,
     ConfigResult,
@@ -24,10 +23,11 @@ from bunshin_async._experiment._runner import (
     run_experiment,
     write_outputs,
 )
-from bunshin_async._experiment._runner import (
+from bench.experiment._runner import (
     config as named_config,
 )
-from bunshin_async._experiment._terminal import BUILD, PIP, TESTS, call_kind, padded_seconds
+from bench.experiment._terminal import BUILD, PIP, TESTS, call_kind, padded_seconds
+from bunshin_async import Workspace
 from bunshin_async._llm._replay import ReplayServer
 from bunshin_async._llm._timing import RecordedTiming
 from bunshin_async.rollout import GroupRollout, Step, Trajectory, dump_trajectories
@@ -87,7 +87,7 @@ def test_a_trajectory_file_replays_as_groups_and_an_unfinished_recording_as_trun
         Trajectory(task_id="t2", rollout=0, steps=[_bash("echo b"), done]),
     ]
     path = dump_trajectories(tmp_path / "t.jsonl", trajs)
-    rc = cli_main(["bench", "--trajectories", str(path), "--configs", "baseline,fork", "--time-scale", "0.5",
+    rc = cli_main(["--trajectories", str(path), "--configs", "baseline,fork", "--time-scale", "0.5",
                    "--pad-tools", "--out", str(tmp_path / "out")])  # fmt: skip
     assert rc == 0
     result = json.loads((tmp_path / "out" / "experiment.json").read_text())
@@ -134,15 +134,15 @@ def test_terminal_pads_follow_the_traces_kinds_and_agree_everywhere() -> None:
 
 def _bench(tmp_path: Path, *args: str) -> dict[str, Any]:
     out = tmp_path / "out"
-    assert cli_main(["bench", "--quick", "--out", str(out), *args]) == 0
+    assert cli_main(["--quick", "--out", str(out), *args]) == 0
     result: dict[str, Any] = json.loads((out / "experiment.json").read_text())
     return result
 
 
 @pytest.mark.timeout(1200)
 def test_every_configuration_through_bunshin_bench_quick(tmp_path: Path) -> None:
-    """`bunshin bench --quick` on the bundled workload: baseline, fork, fork+cache, fork+cache+spec and oracle run
-    side by side, with the same calls, results and final workspace states; the oracle predicts every call."""
+    """`python -m bench.experiment --quick` on the bundled workload: baseline, fork, fork+cache, fork+cache+spec and
+    oracle run side by side, with the same calls, results and final workspace states; the oracle predicts every call."""
     result = _bench(tmp_path)
     assert [c["name"] for c in result["configs"]] == list(CONFIGS)
     assert result["same_calls_and_results"] is True, result["differences"]
@@ -159,9 +159,9 @@ def test_every_configuration_through_bunshin_bench_quick(tmp_path: Path) -> None
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_the_terminal_workload_through_bunshin_bench_quick(tmp_path: Path) -> None:
-    """`bunshin bench --workload terminal --quick --pad-tools`: real installs from the vendored sources, test runs, a
-    build and a benchmark (padded), diverging after three calls; every configuration agrees on calls, results and
-    final states, and every rollout ends with the tests passing (reward 1)."""
+    """`python -m bench.experiment --workload terminal --quick --pad-tools`: real installs from the vendored sources,
+    test runs, a build and a benchmark (padded), diverging after three calls; every configuration agrees on calls,
+    results and final states, and every rollout ends with the tests passing (reward 1)."""
     result = _bench(tmp_path, "--workload", "terminal", "--pad-tools")
     assert result["workload"]["kind"] == "terminal" and result["workload"]["tools_padded"] is True
     assert "padded" in result["models"]["tools"]
@@ -181,7 +181,7 @@ def test_scrubbing_hides_repr_addresses_and_nothing_else() -> None:
     import subprocess
     import sys
 
-    from bunshin_async._experiment._runner import scrub
+    from bench.experiment._runner import scrub
 
     code = "class A:\n    p = property(lambda s: 1)\nprint(A.p, object(), hex(3735928559))"
     runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout for _ in range(2)]
@@ -195,7 +195,7 @@ def test_scrubbing_hides_repr_addresses_and_nothing_else() -> None:
 def test_scrubbing_hides_a_directorys_size_in_ls_and_not_a_files() -> None:
     """A directory's size in ``ls -l`` is its filesystem's bookkeeping (a tmpfs upper dir counts the entries made in
     it, so a copy's copied-up directory and its parent's differ); a regular file's size is content and stays."""
-    from bunshin_async._experiment._runner import scrub
+    from bench.experiment._runner import scrub
 
     parent = "drwxr-xr-x 1 root root  100 Dec  3 09:00 ..\n-rw-r--r-- 1 root root 12 Dec  3 09:00 notes.txt\n"
     copy = "drwxr-xr-x 1 root root   60 Dec  3 09:00 ..\n-rw-r--r-- 1 root root 12 Dec  3 09:00 notes.txt\n"

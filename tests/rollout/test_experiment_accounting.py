@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.experiment._runner import ExperimentResult, run_experiment
 from bunshin_async._config import Config
-from bunshin_async._experiment._runner import ExperimentResult, run_experiment
 from bunshin_async._host._kernel import CGROUP_ROOT, cgroup_version
 from bunshin_async.rollout import Step, Task, Trajectory
 

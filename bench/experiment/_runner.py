@@ -37,16 +37,16 @@ from typing import Any
 import anyio
 import msgspec
 
-from .._exceptions import InvalidValue
-from .._llm._replay import ReplayServer, build_turns
-from .._llm._timing import RecordedTiming
-from .._rollout._rollout import Budget, GroupRollout, RolloutContext, RolloutResult, Task
-from .._rollout._trajectory import Trajectory
-from .._tools._tools import Tool, bash_tool
-from .._workspace._accounting import ResourceMonitor, Subtree, accounting_scope
-from .._workspace._facade import Workspace
-from ..agent import WorkspaceExecutor, run_agent
-from ..cache import ForkStateProvider, ToolCache
+from bunshin_async._exceptions import InvalidValue
+from bunshin_async._llm._replay import ReplayServer, build_turns
+from bunshin_async._llm._timing import RecordedTiming
+from bunshin_async._rollout._rollout import Budget, GroupRollout, RolloutContext, RolloutResult, Task
+from bunshin_async._rollout._trajectory import Trajectory
+from bunshin_async._tools._tools import Tool, bash_tool
+from bunshin_async._workspace._accounting import ResourceMonitor, Subtree, accounting_scope
+from bunshin_async._workspace._facade import Workspace
+from bunshin_async.agent import WorkspaceExecutor, run_agent
+from bunshin_async.cache import ForkStateProvider, ToolCache
 
 __all__ = ["CONFIGS", "Config", "ConfigResult", "ExperimentResult", "config", "run_experiment"]
 

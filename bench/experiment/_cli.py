@@ -1,4 +1,4 @@
-"""``bunshin bench``: run the experiment on the bundled workload or on a trajectory file."""
+"""``python -m bench.experiment``: run the experiment on the bundled workload or on a trajectory file."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ from typing import Any
 import anyio
 import msgspec
 
-from .._rollout._rollout import Budget, RolloutContext, Task
-from .._rollout._trajectory import Trajectory, load_trajectories
-from .._tools._tools import Tool, bash_tool
+from bunshin_async._rollout._rollout import Budget, RolloutContext, Task
+from bunshin_async._rollout._trajectory import Trajectory, load_trajectories
+from bunshin_async._tools._tools import Tool, bash_tool
+
 from ._bundled import calc_task, calc_trajectories
 from ._runner import ABLATION, CONFIGS, config, markdown_table, run_experiment, write_outputs
 from ._terminal import PADS, padded_seconds, terminal_task, terminal_trajectories

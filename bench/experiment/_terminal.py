@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import random
 
-from .._rollout._rollout import Task
-from .._rollout._trajectory import Step, Trajectory
+from bunshin_async._rollout._rollout import Task
+from bunshin_async._rollout._trajectory import Step, Trajectory
+
 from ._bundled import TASKS_DIR
 
 PY = ".venv/bin/python"

@@ -11,8 +11,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from .._rollout._rollout import Task
-from .._rollout._trajectory import Step, Trajectory
+from bunshin_async._rollout._rollout import Task
+from bunshin_async._rollout._trajectory import Step, Trajectory
 
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"
 PY = ".venv/bin/python"

@@ -1,1 +1,0 @@
-"""The latency-hiding experiment (``bunshin bench``, the README's main command)."""
