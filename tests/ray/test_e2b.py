@@ -1,8 +1,9 @@
 """One E2B endpoint in front of the two-node Ray test cluster (``E2BServer(ray=...)``), driven by the unmodified
 ``e2b`` SDK: sandboxes spread over both nodes, a fork of a sandbox whose host is nearly full (copies beside it, the
 rest restored on the other node from its shipped snapshot), the single-host suite's tests of every envd operation,
-lifecycle call and error (imported from tests/e2b/test_sdk.py, with this module's server), and nothing left on
-either node afterwards; ``bunshin e2b serve --ray ADDRESS`` starts its hosts and stops them.
+lifecycle call and error (imported from tests/e2b/test_sdk.py, with this module's server), a host that dies
+(its sandboxes unreachable, the other node's unaffected), and nothing left on either node afterwards;
+``bunshin e2b serve --ray ADDRESS`` starts its hosts and stops them.
 
 Not imported: the 32 concurrent creates (this cluster has 20 slots; the 16 above cover it), the fork test's PSS
 measure (it reads a local workspace's cgroup; the fork above checks the copies' memory by content) and the Docker
@@ -18,6 +19,7 @@ from collections.abc import Iterator
 
 import anyio
 import anyio.from_thread
+import e2b
 import pytest
 import ray
 from e2b import AsyncSandbox
@@ -44,15 +46,18 @@ SLOTS = 10
 """Workspaces per node: 16 sandboxes take 8 + 8, so a fork of 4 finds 2 free slots beside its parent."""
 
 
-@pytest.fixture(scope="module")
-def e2b_hosts(ray_env: RayEnv) -> Iterator[RayCluster]:
-    configs = {
+def configs(ray_env: RayEnv) -> dict[str, HostConfig]:
+    return {
         node.node_id: HostConfig(
             max_workspaces=SLOTS, lease_seconds=LEASE, env={**home.env, "BUNSHIN_FORK_MODE": "cow"}
         )
         for node, home in zip(ray_env.nodes, ray_env.homes, strict=True)
     }
-    hosts = anyio.run(lambda: RayCluster.start(configs, names=ray_env.names()))
+
+
+@pytest.fixture(scope="module")
+def e2b_hosts(ray_env: RayEnv) -> Iterator[RayCluster]:
+    hosts = anyio.run(lambda: RayCluster.start(configs(ray_env), names=ray_env.names()))
     yield hosts
     for h in hosts.hosts:
         try:
@@ -168,3 +173,26 @@ async def test_serve_with_ray_starts_a_host_per_node_and_stops_them(ray_env: Ray
             await anyio.sleep(0.2)
     refused = subprocess.run([*argv[:-1], "0"], capture_output=True, text=True, env=env, timeout=120)
     assert refused.returncode == 2 and "at least one workspace slot" in refused.stderr
+
+
+async def test_a_dead_host_stops_its_sandboxes_only(ray_env: RayEnv, e2b_hosts: RayCluster, e2b_server: Served) -> None:
+    doomed, other = await AsyncSandbox.create(), await AsyncSandbox.create()  # one on each node
+    victim = e2b_hosts.host(node(e2b_server.server, doomed))
+    assert node(e2b_server.server, other) != victim.name
+    ray.kill(victim.actor, no_restart=True)
+    with pytest.raises(e2b.exceptions.SandboxUnreachableException, match=f"gone with its host: host {victim.name}"):
+        await doomed.commands.run("true")
+    assert (await other.commands.run("echo alive")).stdout == "alive\n"
+    await doomed.kill()  # the server forgets it; its host is gone already
+    await other.kill()
+    # A host started again on that node collects what the killed one left (the leak check sees none).
+    with anyio.fail_after(30):
+        while True:  # the killed actor's name is free once Ray has seen it die
+            try:
+                fresh = await RayCluster.start(
+                    {victim.node_id: configs(ray_env)[victim.node_id]}, names={victim.node_id: victim.name}
+                )
+                break
+            except ValueError:
+                await anyio.sleep(0.5)
+    e2b_hosts.hosts = [fresh.hosts[0] if h.name == victim.name else h for h in e2b_hosts.hosts]
