@@ -1,6 +1,7 @@
 """Integrations benchmark: what a tool call costs through MCP (in process, stdio, streamable HTTP) against a direct
 ``ws.exec``, what group forking saves a SkyRL-gym group (the same episodes with and without a ``group_id``), and
-the per-call overhead of the mini-swe-agent and inspect-ai integrations over ``ws.exec`` (bench/harness_overhead.py).
+the per-call overhead of the mini-swe-agent, inspect-ai and Harbor integrations over ``ws.exec``
+(bench/harness_overhead.py).
 
 Prints one JSON object; times are milliseconds (median, p90) unless named ``_s``. ``--quick`` runs fewer samples.
 """
@@ -118,15 +119,26 @@ def skyrl_group(n: int) -> dict[str, Any]:
 
 
 def harnesses(quick: bool) -> dict[str, Any]:
-    """mini-swe-agent's and inspect-ai's per-call overhead over ``ws.exec`` (bench/harness_overhead.py, in their
-    environment, ``.venv-harness``)."""
+    """Each agent harness's per-call overhead over ``ws.exec`` (bench/harness_overhead.py, run in the harness's
+    environment: mini-swe-agent and inspect-ai in ``.venv-harness``, Harbor in ``.venv-harbor``, which exists only
+    where the set-up's Python is 3.12 or later)."""
     root = Path(__file__).resolve().parents[1]
-    python = root / ".venv-harness" / "bin" / "python"
-    if not python.exists():
-        return {"skipped": f"{python} is missing (make setup builds it)"}
-    argv = [str(python), str(root / "bench" / "harness_overhead.py"), *(["--quick"] if quick else [])]
-    r = subprocess.run(argv, capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(root)})
-    return dict(json.loads(r.stdout))
+    out: dict[str, Any] = {}
+    for venv, flags, what in (
+        (".venv-harness", (), "mini-swe-agent, inspect-ai"),
+        (".venv-harbor", ("--harbor",), "Harbor"),
+    ):
+        python = root / venv / "bin" / "python"
+        if not python.exists():
+            out[venv.lstrip(".")] = {
+                "skipped": f"{what}: {venv} is missing (make setup builds it; Harbor's only on Python >= 3.12)"
+            }
+            continue
+        argv = [str(python), str(root / "bench" / "harness_overhead.py"), *flags, *(["--quick"] if quick else [])]
+        env = {**os.environ, "PYTHONPATH": str(root)}
+        r = subprocess.run(argv, capture_output=True, text=True, check=True, env=env)
+        out.update(json.loads(r.stdout))
+    return out
 
 
 def main() -> None:

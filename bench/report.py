@@ -115,7 +115,9 @@ BENCHES: dict[str, Bench] = {
     "integrations": Bench(
         "Integrations",
         "The overhead of driving a workspace through MCP (in process, stdio and streamable HTTP) against a direct "
-        "exec.",
+        "exec, what group forking saves a SkyRL-gym group, and each agent harness's per-call overhead over a direct "
+        "`ws.exec` (mini-swe-agent and inspect-ai in `.venv-harness`; Harbor in `.venv-harbor`, only where the "
+        "set-up's Python is 3.12 or later, else the result says it was skipped).",
         (PY, "bench/integrations_bench.py"),
         ("--quick",),
     ),
