@@ -19,6 +19,7 @@ import msgspec
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream
 from starlette.applications import Starlette
+from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -67,16 +68,26 @@ def _api_error(status: int, message: str) -> Response:
     return JSONResponse({"code": status, "message": message}, status_code=status)
 
 
-async def _body(request: Request, limit: int = MAX_BODY) -> bytes:
+async def _pieces(request: Request, limit: int) -> AsyncIterator[bytes]:
+    """The request body as it arrives; ``_TooLarge`` once it passes ``limit`` bytes (or declares more)."""
     declared = request.headers.get("content-length")
     if declared is not None and (not declared.isdigit() or int(declared) > limit):
         raise _TooLarge
-    out = bytearray()
+    seen = 0
     async for chunk in request.stream():
-        out += chunk
-        if len(out) > limit:
+        seen += len(chunk)
+        if seen > limit:
             raise _TooLarge
-    return bytes(out)
+        yield chunk
+
+
+async def _body(request: Request, limit: int = MAX_BODY) -> bytes:
+    return b"".join([chunk async for chunk in _pieces(request, limit)])
+
+
+async def _file_pieces(upload: UploadFile) -> AsyncIterator[bytes]:
+    while piece := await upload.read(_envd.UPLOAD_CHUNK):
+        yield piece
 
 
 def _decode(data: bytes, kind: type[Any]) -> Any:
@@ -155,7 +166,7 @@ class E2BApp:
             "process.Process/List": self.p_list,
             "process.Process/SendInput": self.p_send_input,
             "process.Process/SendSignal": self.p_send_signal,
-            "process.Process/CloseStdin": self.p_unimplemented,
+            "process.Process/CloseStdin": self.p_close_stdin,
             "process.Process/Update": self.p_unimplemented,
             "filesystem.Filesystem/Stat": self.f_stat,
             "filesystem.Filesystem/MakeDir": self.f_make_dir,
@@ -361,7 +372,7 @@ class E2BApp:
         if request.headers.get("content-type", "").startswith("application/octet-stream"):
             if request.headers.get("content-encoding"):
                 raise RpcError("compressed uploads are not supported", code="invalid_argument")
-            data = await _body(request, _envd.MAX_UPLOAD)
+            data = _pieces(request, _envd.MAX_UPLOAD)
             written.append(await _envd.write(ws, request.query_params.get("path", ""), data, user))
         else:
             limited = Request(request.scope, _limited(request.receive, _envd.MAX_UPLOAD))
@@ -370,7 +381,7 @@ class E2BApp:
                     if key != "file" or isinstance(value, str):
                         continue
                     path = request.query_params.get("path") or value.filename or ""
-                    written.append(await _envd.write(ws, path, await value.read(), user))
+                    written.append(await _envd.write(ws, path, _file_pieces(value), user))
         return Response(_json.encode(written), 200, media_type="application/json")
 
     async def rpc(self, request: Request) -> Response:
@@ -419,9 +430,17 @@ class E2BApp:
         await _envd.send_signal(sb, _envd.find_process(sb, req.process), req.signal)
         return {}
 
+    async def p_close_stdin(self, sb: Sandbox, body: bytes, user: str | None) -> Any:
+        await _envd.close_stdin(sb, _envd.find_process(sb, _rpc_decode(body, SelectRequest).process))
+        return {}
+
     async def p_unimplemented(self, sb: Sandbox, body: bytes, user: str | None) -> Any:
         _envd.find_process(sb, _rpc_decode(body, SelectRequest).process)
-        raise RpcError("closing stdin and resizing a PTY are not supported by this server", code="unimplemented")
+        raise RpcError(
+            "PTY sessions are not served by this server (a workspace's commands have no terminal): resizing one is "
+            "not either",
+            code="unimplemented",
+        )
 
     # unary filesystem calls
 
@@ -450,20 +469,26 @@ class E2BApp:
         deadline = int(timeout_ms) / 1000 if timeout_ms.isdigit() and len(timeout_ms) <= 10 else None
         keepalive = request.headers.get("keepalive-ping-interval", "")
         ping = max(1, min(int(keepalive), 300)) if keepalive.isdigit() and len(keepalive) <= 4 else 50
-        if name == "process.Process/Start":
-            proc = await _envd.start(sb, _rpc_decode(message, StartRequest), user)
-            kill_on_deadline = True
-        elif name == "process.Process/Connect":
-            proc = _envd.find_process(sb, _rpc_decode(message, ConnectRequest).process)
-            kill_on_deadline = False
-        elif name == "filesystem.Filesystem/WatchDir":
-            req = _rpc_decode(message, WatchRequest)
-            path = _envd.absolute(req.path)
-            first = await _envd.watch_state(sb.workspace(), path, req.recursive, user)
-            watch = self._watch_frames(sb, path, req.recursive, user, first, deadline, ping)
-            return StreamingResponse(watch, 200, media_type="application/connect+json")
-        else:
+        if name not in ("process.Process/Start", "process.Process/Connect", "filesystem.Filesystem/WatchDir"):
             raise RpcError(f"{name} is not implemented by this server", code="unimplemented")
+        # Counted before anything starts (a refused Start runs no command), uncounted when the response ends.
+        release = self.sandboxes.listener(sb)
+        try:
+            if name == "filesystem.Filesystem/WatchDir":
+                req = _rpc_decode(message, WatchRequest)
+                path = _envd.absolute(req.path)
+                first = await _envd.watch_state(sb.workspace(), path, req.recursive, user)
+                watch = self._watch_frames(sb, path, req.recursive, user, first, deadline, ping)
+                return _Counted(release, watch, 200, media_type="application/connect+json")
+            if name == "process.Process/Start":
+                proc = await _envd.start(sb, _rpc_decode(message, StartRequest), user)
+                kill_on_deadline = True
+            else:
+                proc = _envd.find_process(sb, _rpc_decode(message, ConnectRequest).process)
+                kill_on_deadline = False
+        except BaseException:
+            release()
+            raise
 
         async def frames() -> AsyncIterator[bytes]:
             events = _envd.listen(self.tg, sb, proc)
@@ -473,7 +498,7 @@ class E2BApp:
             finally:
                 events.close()
 
-        return StreamingResponse(frames(), 200, media_type="application/connect+json")
+        return _Counted(release, frames(), 200, media_type="application/connect+json")
 
     async def _frames(
         self,
@@ -550,6 +575,21 @@ class E2BApp:
         else:
             error = RpcError("the watch's timeout passed", code="deadline_exceeded")
         yield end_stream(error)
+
+
+class _Counted(StreamingResponse):
+    """A stream that uncounts itself (``release``) when it ends, however: sent whole, cut by the client, or never
+    started."""
+
+    def __init__(self, release: Callable[[], None], *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._release()
 
 
 def _basic_or_param(request: Request) -> str | None:

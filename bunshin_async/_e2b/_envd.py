@@ -2,7 +2,8 @@
 
 Commands. ``Start`` spawns the command (``ws.spawn``) through a small ``sh`` wrapper that sends its stdout and stderr to
 two files in the command's control directory (``CONTROL_DIR/p/N.<random>``, private to its user) and its stdin from a
-FIFO there, opened read-write so that the command never sees an end of file between two ``send_stdin`` calls. A pump
+FIFO there, held open for writing by a holder process while the command runs, so that the command sees no end of
+file between two ``send_stdin`` calls until ``CloseStdin`` ends the holder. A pump
 task per command (while someone listens) polls the process (``BackgroundProcess.poll``) and reads what the files gained
 since the last look with the agent's file tool (``ws.read_file``; the control directory is the workspace's workdir, the
 file tools' confinement root), every 1 ms while output flows, backing off to 50 ms while it is quiet, and fans the
@@ -15,7 +16,8 @@ Files go through commands in the workspace too (``ws.exec`` of coreutils and fin
 host never resolves a path inside the workspace, and E2B paths lie anywhere in the tree while the file tools are
 confined to one directory. ``watch_dir`` compares the directory's listing every ``WATCH_INTERVAL`` (create,
 write, remove; a rename is a remove and a create). Reads come back base64-encoded (the exec result is text) and are
-bounded by ``MAX_READ``; uploads by ``MAX_UPLOAD``.
+bounded by ``MAX_READ``; uploads by ``MAX_UPLOAD``, written in pieces of ``UPLOAD_CHUNK`` as they arrive.
+PTY sessions are refused (``unimplemented``): the agent gives commands no terminal.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import posixpath
 import re
 import secrets
 import signal as _signal
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -53,6 +56,8 @@ MAX_READ = (MAX_OUTPUT // 4) * 3 - 4096
 """Largest file ``files.read`` returns (its base64 must fit a command's output cap)."""
 MAX_UPLOAD = 64 << 20
 """Largest request body of an upload (all files of it)."""
+UPLOAD_CHUNK = 4 << 20
+"""Bytes of an upload the server holds at once: a larger file reaches the workspace in pieces (a command each)."""
 CHUNK = 256 << 10
 """Most bytes of one stream a pump reads per look (one event)."""
 BUFFERED = 16
@@ -221,13 +226,24 @@ async def read(ws: Handle, path: str, user: str | None) -> bytes:
         raise RpcError(f"unreadable answer reading {path[:100]!r}: {exc}", code="data_loss") from exc
 
 
-async def write(ws: Handle, path: str, data: bytes, user: str | None) -> dict[str, str]:
-    """Write (create or replace) a file, making its parents; E2B's WriteInfo of it."""
+async def write(ws: Handle, path: str, data: AsyncIterator[bytes], user: str | None) -> dict[str, str]:
+    """Write (create or replace) a file from ``data`` as it arrives, making its parents; E2B's WriteInfo of it.
+    At most ``UPLOAD_CHUNK`` bytes (and one piece of ``data``) are held: the first piece replaces the file, the
+    next ones append to it."""
     path = absolute(path)
     script = (
         f'[ -d "$1" ] && {{ echo "$1 is a directory" >&2; exit {_IS_DIR}; }}; mkdir -p -- "${{1%/*}}/" && cat > "$1"'
     )
-    await _run(ws, script, path, stdin=data, user=user, timeout=300)
+    pending = bytearray()
+    written = False
+    async for piece in data:
+        pending += piece
+        if len(pending) >= UPLOAD_CHUNK:
+            await _run(ws, script, path, stdin=bytes(pending), user=user, timeout=300)
+            pending.clear()
+            script, written = 'cat >> "$1"', True
+    if pending or not written:
+        await _run(ws, script, path, stdin=bytes(pending), user=user, timeout=300)
     return {"name": posixpath.basename(path), "type": "file", "path": path}
 
 
@@ -264,9 +280,15 @@ def watch_events(before: dict[str, str], after: dict[str, str]) -> list[dict[str
 
 # ------------------------------------------------------------------------------------------------ commands
 
+# With stdin, a holder (a subshell in the command's process group) keeps the FIFO open for writing while the
+# command runs, so that the command sees no end of file between two ``send_stdin`` calls; ``close_stdin`` ends the
+# holder (its pid is in ``hold``) and the command reads to an end of file. The holder leaves within a second of the
+# command (it looks with ``kill -0``); the command's open of the FIFO waits for the holder's (fifo(7)).
 _WRAPPER = (
     'd=$1 s=$2; shift 2; mkdir -p "${d%/*}" && mkdir -m 700 "$d" && : >"$d/out" && : >"$d/err" || exit 126; '
-    'if [ "$s" = 1 ]; then mkfifo "$d/in" && exec "$@" 0<>"$d/in" >"$d/out" 2>"$d/err"; exit 126; fi; '
+    'if [ "$s" = 1 ]; then mkfifo "$d/in" || exit 126; p=$$; '
+    '(while kill -0 "$p" 2>/dev/null; do sleep 1 </dev/null; done) <>"$d/in" >/dev/null 2>&1 & '
+    'echo $! >"$d/hold" && exec "$@" <"$d/in" >"$d/out" 2>"$d/err"; exit 126; fi; '
     'exec "$@" </dev/null >"$d/out" 2>"$d/err"'
 )
 
@@ -296,7 +318,11 @@ def check_config(cfg: ProcessConfig) -> None:
 
 async def start(sb: Sandbox, req: StartRequest, user: str | None) -> Process:
     if req.pty is not None:
-        raise RpcError("PTY sessions are not supported by this server", code="unimplemented")
+        raise RpcError(
+            "PTY sessions are not served by bunshin e2b (a workspace's commands run without a terminal): use "
+            "commands.run, with stdin=True to feed one",
+            code="unimplemented",
+        )
     cfg = req.process
     check_config(cfg)
     ws = sb.workspace()
@@ -336,11 +362,11 @@ async def running(sb: Sandbox) -> ListResponse:
 async def send_input(sb: Sandbox, proc: Process, data: bytes) -> None:
     if not proc.stdin:
         raise RpcError(f"process {proc.pid} was started without stdin", code="failed_precondition")
+    if proc.stdin_closed:
+        raise RpcError(f"the stdin of process {proc.pid} was closed", code="failed_precondition")
     ws = sb.workspace()
     # The wrapper may not have made the FIFO yet (Start answers once the process exists): wait for it, never create
-    # it. Open it write-only, which waits for the command to open its end (fifo(7)): written into a FIFO nobody
-    # reads, the data would go with the last descriptor. A command that has exited leaves the open waiting: the
-    # timeout ends it.
+    # it. Open it write-only, which waits for a reader (fifo(7)): the command or, while it runs, its holder.
     script = (
         'i=0; while [ ! -p "$1" ]; do i=$((i+1)); '
         f'[ $i -gt 1000 ] && {{ echo "no stdin pipe for process $2" >&2; exit {_NOT_FOUND}; }}; sleep 0.01; done; '
@@ -348,6 +374,23 @@ async def send_input(sb: Sandbox, proc: Process, data: bytes) -> None:
     )
     # As the command's user: its control directory is its own, and root must not follow what it may have planted.
     await _run(ws, script, f"{CONTROL_DIR}/{proc.dir}/in", str(proc.pid), stdin=data, user=proc.user, timeout=15)
+
+
+async def close_stdin(sb: Sandbox, proc: Process) -> None:
+    """End the command's stdin: its holder goes, so once the last ``send_stdin`` is written the command reads an
+    end of file."""
+    if not proc.stdin:
+        raise RpcError(f"process {proc.pid} was started without stdin", code="failed_precondition")
+    if proc.exit_code is not None:
+        raise RpcError(f"process {proc.pid} has exited", code="not_found")
+    script = (
+        'i=0; while [ ! -s "$1" ]; do i=$((i+1)); '
+        f'[ $i -gt 1000 ] && {{ echo "no stdin holder for process $2" >&2; exit {_NOT_FOUND}; }}; sleep 0.01; done; '
+        'read -r h <"$1" && case $h in *[!0-9]*|"") exit 1;; esac && kill "$h" 2>/dev/null; true'
+    )
+    # As the command's user, like send_input: the holder is its own process, the control directory its own.
+    await _run(sb.workspace(), script, f"{CONTROL_DIR}/{proc.dir}/hold", str(proc.pid), user=proc.user, timeout=15)
+    proc.stdin_closed = True
 
 
 async def send_signal(sb: Sandbox, proc: Process, signal: str | int) -> None:

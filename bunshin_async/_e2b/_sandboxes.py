@@ -15,7 +15,7 @@ import datetime
 import math
 import re
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +23,7 @@ import anyio
 from anyio.streams.memory import MemoryObjectSendStream
 
 from .._exceptions import BunshinError
+from .._images._docker import is_reference
 from .._images._image import Image
 from ._backends import Backend, Handle, LocalBackend, Snap
 from ._templates import Build
@@ -43,6 +44,11 @@ DEFAULT_TIMEOUT = 300
 """A resumed sandbox's timeout when the connect names none (the API's default for a new one)."""
 MAX_OUTPUT = 64 << 20
 """Per call cap on a workspace's command output (the file helpers read files as base64 through it)."""
+MAX_LISTENERS = 64
+"""Streams (a command's ``Start``/``Connect``, ``WatchDir``) open at once on one sandbox: each holds a pump or a
+watch that runs commands in the workspace."""
+MAX_LISTENERS_TOTAL = 1024
+"""The same over all of a server's sandboxes."""
 _ID = re.compile(r"[a-z0-9]{1,64}")
 
 
@@ -77,6 +83,7 @@ class Process:
     pumping: bool = False
     user: str | None = None
     """Who runs it (None: the workspace's default user)."""
+    stdin_closed: bool = False
 
     def copy(self) -> Process:
         """The record a fork or a resumed copy starts with: same process, no subscriber, no pump."""
@@ -92,6 +99,7 @@ class Process:
             dict(self.offsets),
             self.exit_code,
             user=self.user,
+            stdin_closed=self.stdin_closed,
         )
 
 
@@ -129,6 +137,8 @@ class Sandbox:
         """Where commands start unless they name a directory."""
         self.lock = anyio.Lock()
         """Held by lifecycle changes (pause, resume, kill, fork) so that they do not interleave."""
+        self.listeners = 0
+        """Streams open on it (``Sandboxes.listener``)."""
 
     def set_timeout(self, seconds: int) -> None:
         seconds = max(0, min(int(seconds), MAX_TIMEOUT))
@@ -185,6 +195,9 @@ class Sandboxes:
         self._builds: dict[str, Build] = {}
         self.reaped = 0
         """How many sandboxes the reaper closed because their timeout passed."""
+        self.listeners = 0
+        self.max_listeners = MAX_LISTENERS
+        self.max_listeners_total = MAX_LISTENERS_TOTAL
 
     # ------------------------------------------------------------------------------------------------ lookups
 
@@ -205,6 +218,26 @@ class Sandboxes:
         unique = {id(k.snap): k for k in self._snapshots.values()}
         return [k.out for k in unique.values() if k.source and sandbox_id in (None, k.source)]
 
+    def listener(self, sb: Sandbox) -> Callable[[], None]:
+        """Count a stream opened on ``sb``; the function returned (idempotent) uncounts it. Refused with
+        ``resource_exhausted`` past ``max_listeners`` on the sandbox or ``max_listeners_total`` on the server."""
+        if sb.listeners >= self.max_listeners:
+            raise RpcError(f"sandbox {sb.id} has {sb.listeners} streams open, its most", code="resource_exhausted")
+        if self.listeners >= self.max_listeners_total:
+            raise RpcError(f"this server has {self.listeners} streams open, its most", code="resource_exhausted")
+        sb.listeners += 1
+        self.listeners += 1
+        done = False
+
+        def release() -> None:
+            nonlocal done
+            if not done:
+                done = True
+                sb.listeners -= 1
+                self.listeners -= 1
+
+        return release
+
     # ------------------------------------------------------------------------------------------------ lifecycle
 
     def _admit(self, n: int) -> None:
@@ -218,6 +251,12 @@ class Sandboxes:
             ref = next((metadata[k] for k in IMAGE_METADATA_KEYS if metadata.get(k)), "")
             if not ref:
                 return self.default_image
+        if not is_reference(ref):  # it reaches the Docker engine's API (in its URLs) and the image store
+            raise ApiError(
+                f"template {ref[:100]!r} is not a snapshot or template of this server nor an image reference "
+                "([HOST[:PORT]/]NAME[:TAG][@DIGEST], lower-case name)",
+                status=400,
+            )
         return await self.backend.image(ref)
 
     async def fresh(
@@ -294,6 +333,7 @@ class Sandboxes:
 
     async def keep_template(self, ws: Handle, build: Build, workdir: str) -> None:
         """Snapshot a built workspace under the template's id and names (replacing an older build of them)."""
+        await own_home(ws)  # a build's steps may have added E2B's user
         snap = await self.backend.snapshot(ws)
         kept = Kept(snap, SnapshotOut(snapshot_id=build.template_id, names=list(build.aliases)), "", {}, 0, workdir)
         replaced = {id(self._snapshots[k].snap): self._snapshots[k] for k in build.aliases if k in self._snapshots}
@@ -432,6 +472,18 @@ async def prepare(ws: Handle) -> None:
     """E2B's home directory exists in every sandbox (commands start there); commands of any user can make their
     control directories (sticky, as /tmp, but not listable: their names are secrets)."""
     await ws.exec(["/bin/sh", "-c", 'mkdir -p "$1" "$2" && chmod 1733 "$2"', "sh", HOME, f"{CONTROL_DIR}/p"])
+    await own_home(ws)
+
+
+async def own_home(ws: Handle) -> None:
+    """E2B's user ``user`` owns its home, as in E2B's templates, where the image has that user (an image without
+    it runs commands as its own user, root for the base image, and the home stays root's). A home the image
+    already gave someone else is left alone, and so is one that is not a plain directory."""
+    script = (
+        'id -u user >/dev/null 2>&1 && [ -d "$1" ] && [ ! -L "$1" ] && [ "$(stat -c %u "$1")" = 0 ] '
+        '&& chown user: "$1" || true'
+    )
+    await ws.exec(["/bin/sh", "-c", script, "sh", HOME], user="root")
 
 
 def end_subscribers(proc: Process, message: dict[str, Any] | None) -> None:

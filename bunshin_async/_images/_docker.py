@@ -7,6 +7,7 @@ backend (aiohttp). ``DOCKER_HOST`` (a ``unix://`` or ``tcp://`` URL) picks the d
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -14,7 +15,30 @@ import anyio
 
 from .._exceptions import CapabilityMissing, ImageError
 
-__all__ = ["AiodockerEngine", "DockerEngine"]
+__all__ = ["AiodockerEngine", "DockerEngine", "check_reference", "is_reference"]
+
+# The image reference grammar of distribution/reference (regexp.go): [host[:port]/]path[:tag][@digest], the path's
+# components lower-case alphanumerics joined by one of . _ __ or runs of -.
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_DOMAIN = r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*(?::[0-9]+)?"
+_REFERENCE = re.compile(
+    rf"(?:{_DOMAIN}/)?{_COMPONENT}(?:/{_COMPONENT})*"  # name
+    r"(?::[\w][\w.-]{0,127})?"  # tag
+    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?"  # digest
+)
+
+
+def is_reference(ref: str) -> bool:
+    """Whether ``ref`` is an image reference (``name[:tag][@digest]``, at most 512 characters): anything else must
+    not reach the engine's API, whose URLs carry it unescaped (``images/{ref}/json``)."""
+    return len(ref) <= 512 and _REFERENCE.fullmatch(ref) is not None
+
+
+def check_reference(ref: str) -> None:
+    if not is_reference(ref):
+        raise ImageError(
+            f"{ref[:100]!r} is not an image reference ([HOST[:PORT]/]NAME[:TAG][@DIGEST], lower-case name)", image=ref
+        )
 
 
 class DockerEngine(Protocol):
@@ -56,6 +80,7 @@ class AiodockerEngine:
         )
 
     async def image_id(self, ref: str) -> str:
+        check_reference(ref)
         docker = self._client()
         try:
             info = await docker.images.inspect(ref)
@@ -70,6 +95,7 @@ class AiodockerEngine:
         return image_id
 
     async def save(self, ref: str, dest: Path) -> None:
+        check_reference(ref)
         docker = self._client()
         try:
             # Not ``images.export_image``: its context manager never closes the response, so a cancelled export

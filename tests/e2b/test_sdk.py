@@ -376,3 +376,26 @@ async def test_async_template_build_is_a_snapshot_of_the_built_workspace(e2b_ser
     copying = e2b.Template().from_template("base").copy("conftest.py", "/tmp/x.py")
     with pytest.raises(e2b.exceptions.FileUploadException, match="COPY"):
         await e2b.AsyncTemplate.build(copying, "bunshin-copy")
+
+
+async def test_close_stdin_ends_a_commands_input_and_pty_is_refused(e2b_server: Served) -> None:
+    sbx = await AsyncSandbox.create()
+    try:
+        wc = await sbx.commands.run("wc -c", background=True, stdin=True)
+        await sbx.commands.send_stdin(wc.pid, "hello\n")
+        await sbx.commands.send_stdin(wc.pid, "world\n")
+        await sbx.commands.close_stdin(wc.pid)  # wc reads to its end of file and prints the count
+        assert (await wc.wait()).stdout == "12\n"
+        with pytest.raises(e2b.SandboxException):
+            await sbx.commands.send_stdin(wc.pid, "late\n")
+        cat = await sbx.commands.run("cat; echo done", background=True, stdin=True)
+        await cat.close_stdin()  # the handle's own, with nothing sent
+        assert (await cat.wait()).stdout == "done\n"
+        # the stdin holders leave with their commands (within a second: they look every second)
+        left = "grep -h -x -e wc -e cat -e sleep /proc/[0-9]*/comm 2>/dev/null"
+        wait = f'for i in $(seq 50); do n=$({left}); [ -z "$n" ] && break; sleep 0.1; done; echo "[$n]"'
+        assert (await sbx.commands.run(wait)).stdout == "[]\n"
+        with pytest.raises(e2b.SandboxException, match="PTY sessions are not served"):
+            await sbx.pty.create(e2b.PtySize(rows=24, cols=80), on_data=lambda data: None)
+    finally:
+        await sbx.kill()

@@ -1,0 +1,114 @@
+"""What a client may make the server hold or do: template ids that are not image references, uploads (streamed
+into the workspace in bounded pieces), open streams (capped per sandbox and per server); and E2B's user owning
+its home where the image has that user."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+from typing import Any
+
+import anyio
+import e2b
+import httpx
+import pytest
+from e2b import AsyncSandbox, Sandbox, SandboxException
+
+from bunshin_async._e2b import _envd
+
+from .conftest import Served
+
+pytestmark = pytest.mark.root
+
+
+def test_a_template_id_that_is_no_image_reference_is_refused(e2b_server: Served) -> None:
+    headers = {"X-API-KEY": e2b_server.server.api_key}
+    with httpx.Client(base_url=e2b_server.server.url, headers=headers, timeout=60) as client:
+        for template in ("../containers/json", "images/x/json?a=1", "UPPER", "a b", "x" * 600):
+            answer = client.post("/sandboxes", json={"templateID": template})
+            assert answer.status_code == 400, answer.text
+            assert "not a snapshot or template of this server nor an image reference" in answer.json()["message"]
+            # the default template's image named by metadata goes through the same check
+            answer = client.post("/sandboxes", json={"templateID": "base", "metadata": {"image": template}})
+            assert answer.status_code == 400, answer.text
+        assert client.post("/sandboxes", json={"templateID": "no-such-image:1"}).status_code == 404
+        assert client.get("/v2/sandboxes").json() == []
+    with pytest.raises(SandboxException, match="image reference"):
+        Sandbox.create("../containers/json")
+
+
+def test_uploads_reach_the_workspace_in_bounded_pieces(e2b_server: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_envd, "UPLOAD_CHUNK", 256 << 10)
+    pieces: list[int] = []
+    real_run = _envd._run
+
+    async def counting_run(ws: Any, script: str, *args: str, stdin: bytes | None = None, **kw: Any) -> Any:
+        if stdin is not None:
+            pieces.append(len(stdin))
+        return await real_run(ws, script, *args, stdin=stdin, **kw)
+
+    monkeypatch.setattr(_envd, "_run", counting_run)
+    blob = os.urandom(3 << 20)
+    with Sandbox.create() as sbx:
+        sbx.files.write("/tmp/stream.bin", io.BytesIO(blob))  # octet-stream: the body as it arrives
+        assert len(pieces) >= 12 and max(pieces) <= (256 << 10) + (1 << 20), pieces
+        pieces.clear()
+        sbx.files.write("/tmp/form.bin", blob, use_octet_stream=False)  # multipart: the file part in pieces
+        assert len(pieces) == 12 and max(pieces) == 256 << 10, pieces
+        for path in ("/tmp/stream.bin", "/tmp/form.bin"):
+            assert sbx.commands.run(f"sha256sum {path}").stdout.split()[0] == hashlib.sha256(blob).hexdigest()
+        sbx.files.write("/tmp/stream.bin", b"short")  # a later write replaces, not appends
+        assert sbx.files.read("/tmp/stream.bin") == "short"
+        sbx.files.write("/tmp/empty", io.BytesIO(b""))
+        assert sbx.files.get_info("/tmp/empty").size == 0
+
+
+async def test_open_streams_are_capped_per_sandbox_and_per_server(e2b_server: Served) -> None:
+    sandboxes = e2b_server.server.sandboxes
+    sandboxes.max_listeners, sandboxes.max_listeners_total = 2, 3
+    a, b = await AsyncSandbox.create(), await AsyncSandbox.create()
+    try:
+        held = [await a.commands.run("cat", background=True, stdin=True, timeout=0) for _ in range(2)]
+        with pytest.raises(SandboxException, match="streams open"):
+            await a.commands.run("touch /tmp/ran", background=True)
+        assert not await a.files.exists("/tmp/ran")  # refused before it started
+        with pytest.raises(SandboxException, match="streams open"):
+            await a.files.watch_dir("/tmp", on_event=lambda e: None)
+        held.append(await b.commands.run("sleep 60", background=True, timeout=0))  # the server's third
+        with pytest.raises(SandboxException, match="streams open"):
+            await b.commands.run("true")
+        await held[0].disconnect()
+        # The server sees a cut stream when it next writes to it (data, or a keepalive every 50 s): make data.
+        await a.commands.send_stdin(held[0].pid, "x\n")
+        with anyio.fail_after(30):
+            while sandboxes.listeners >= 3:  # noqa: ASYNC110 - a counter of the server's thread
+                await anyio.sleep(0.05)
+        assert (await a.commands.run("echo again")).stdout == "again\n"
+        watch = await a.files.watch_dir("/tmp", on_event=lambda e: None)
+        await watch.stop()
+        for h in held:
+            await h.kill()
+    finally:
+        await a.kill()
+        await b.kill()
+    with anyio.fail_after(30):
+        while sandboxes.listeners:
+            await anyio.sleep(0.1)
+
+
+async def test_e2bs_user_owns_its_home_where_the_image_has_it(e2b_server: Served) -> None:
+    template = e2b.Template().from_template("base").run_cmd("useradd -M -s /bin/bash user")
+    await e2b.AsyncTemplate.build(template, "with-user")
+    sbx = await e2b.AsyncSandbox.create("with-user")
+    try:
+        assert (await sbx.commands.run("stat -c %U /home/user")).stdout == "user\n"
+        await sbx.commands.run("echo mine > ~/f && stat -c %U ~/f", user="user")
+        assert (await sbx.files.read("/home/user/f", user="user")) == "mine\n"
+    finally:
+        await sbx.kill()
+    base = await e2b.AsyncSandbox.create()  # no user `user` in the base image: root's home, commands as root
+    try:
+        assert (await base.commands.run("stat -c %U /home/user; id -un")).stdout == "root\nroot\n"
+    finally:
+        await base.kill()
