@@ -13,7 +13,7 @@ from pathlib import Path
 import anyio
 
 from .._exceptions import ForkError, InvalidValue
-from .._host import _criu, _kernel, _paths, _snapstore
+from .._host import _criu, _kernel, _paths, _snapstore, _wptrack
 from .._host._client import AgentClient
 from .._host._criu import CriuBackend, rpc
 from .._host._kernel import task_status
@@ -226,12 +226,18 @@ async def _dump(
             await _snapstore.copy_tree(ws.dir / "upper", snap.upper, workspace_id=ws.id)
 
     uffds: list[int] = []
+    refused = False  # a uffd past MAX_UFFDS or not a userfaultfd: this dump's tracking is not kept
 
     def on_fd(name: str, pid: int, fd: int) -> None:
-        if name == "wp-uffd" and track:
-            uffds.append(fd)
-        else:
-            os.close(fd)
+        # One uffd per task that had memory to arm: a workspace of many processes (up to Limits.pids) must not
+        # fill this process's descriptor table in one dump, so the bound holds within a dump too.
+        nonlocal refused
+        if name == "wp-uffd" and track and not refused:
+            if len(ws.tracking.uffds) + len(uffds) < _wptrack.MAX_UFFDS and _wptrack.is_uffd(fd):
+                uffds.append(fd)
+                return
+            refused = True
+        os.close(fd)
 
     adopted = False
     # CRIU's CPU is the run's: it dumps in a CPU-accounting cgroup under the run's parent (the restore's joins the
@@ -264,7 +270,7 @@ async def _dump(
         await anyio.lowlevel.checkpoint()  # a cancellation during the dump: the caller removes the snapshot
         if not snap.upper.is_dir():
             raise ForkError(f"workspace {ws.id}: CRIU never sent post-dump", workspace_id=ws.id)
-        if track:
+        if track and not refused:
             ws.tracking.adopt(uffds, snap.path)
             adopted = True
     finally:

@@ -14,7 +14,7 @@ from pathlib import Path
 from .._config import Config
 from . import _criu
 
-__all__ = ["WP_TRACK", "WriteTracking", "tracking_wanted"]
+__all__ = ["WP_TRACK", "WriteTracking", "is_uffd", "tracking_wanted"]
 
 WP_TRACK = "wp-track"
 """The feature criu/patches/0013 adds (``criu --version`` prints ``Features: wp-track``)."""
@@ -47,6 +47,15 @@ class WriteTracking:
 
     def full(self) -> bool:
         return len(self.uffds) >= MAX_UFFDS
+
+
+def is_uffd(fd: int) -> bool:
+    """Whether ``fd`` is a userfaultfd (its anon inode's name): only those are held; anything else CRIU's
+    notification carried is closed."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:[userfaultfd]"
+    except OSError:
+        return False
 
 
 def tracking_wanted() -> bool:

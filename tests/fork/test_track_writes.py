@@ -14,6 +14,7 @@ import pytest
 
 from bunshin_async import ForkError, Snapshot, Workspace
 from bunshin_async._fork import _dump
+from bunshin_async._host import _wptrack
 from bunshin_async._host._criu import criu_features
 from bunshin_async._host._wptrack import WP_TRACK
 
@@ -133,3 +134,20 @@ async def test_off_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
             await g.ask("write 64")
             async with await w.snapshot() as s2:
                 assert dump_stats(s2)["pages_skipped_parent"] == 0
+
+
+async def test_one_dump_holds_at_most_max_uffds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A workspace of more processes than ``MAX_UFFDS`` (one uffd each) cannot make one dump hand this process
+    more descriptors than the bound: the extra ones are closed, the dump's tracking is not kept (the next dump is
+    whole) and nothing stays registered."""
+    monkeypatch.setenv("BUNSHIN_TRACK_WRITES", "1")
+    monkeypatch.setattr(_wptrack, "MAX_UFFDS", 3)
+    async with Workspace() as w:
+        for _ in range(6):
+            await w.spawn(["sleep", "1000"])
+        async with await w.snapshot() as s1:
+            assert w._core.tracking.uffds == [] and w._core.tracking.parent is None
+            assert tracked_vmas(w) == 0
+            async with await w.snapshot() as s2:
+                assert dump_stats(s2)["pages_skipped_parent"] == 0
+                assert dump_stats(s1)["pages_written"] > 0
