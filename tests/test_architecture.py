@@ -269,7 +269,7 @@ def test_the_experiment_is_outside_the_package() -> None:
                 names = [node.module or ""]
             found += [f"{mod}: {n}" for n in names if n == "bench" or n.startswith("bench.")]
     assert found == []
-    assert not (ROOT / "bunshin_async" / "_experiment").exists()
+    assert not list((ROOT / "bunshin_async").glob("_experiment/**/*.py"))  # a stale __pycache__ may stay
     assert (ROOT / "bench" / "experiment" / "__main__.py").is_file()
 
 
