@@ -483,7 +483,8 @@ async def own_home(ws: Handle) -> None:
         'id -u user >/dev/null 2>&1 && [ -d "$1" ] && [ ! -L "$1" ] && [ "$(stat -c %u "$1")" = 0 ] '
         '&& chown user: "$1" || true'
     )
-    await ws.exec(["/bin/sh", "-c", script, "sh", HOME], user="root")
+    # uid 0 by number: the agent resolves a name through the image's /etc/passwd, which need not list root
+    await ws.exec(["/bin/sh", "-c", script, "sh", HOME], user="0")
 
 
 def end_subscribers(proc: Process, message: dict[str, Any] | None) -> None:

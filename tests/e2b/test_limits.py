@@ -98,7 +98,9 @@ async def test_open_streams_are_capped_per_sandbox_and_per_server(e2b_server: Se
 
 
 async def test_e2bs_user_owns_its_home_where_the_image_has_it(e2b_server: Served) -> None:
-    template = e2b.Template().from_template("base").run_cmd("useradd -M -s /bin/bash user")
+    # and an image whose /etc/passwd does not list root (the home is chowned as uid 0, by number)
+    steps = "useradd -M -s /bin/bash user && sed -i '/^root:/d' /etc/passwd"
+    template = e2b.Template().from_template("base").run_cmd(steps)
     await e2b.AsyncTemplate.build(template, "with-user")
     sbx = await e2b.AsyncSandbox.create("with-user")
     try:
