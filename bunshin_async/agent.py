@@ -23,14 +23,15 @@ from typing import Any, Protocol
 import anyio
 import msgspec
 
-from ._exceptions import BunshinError, InvalidValue, ToolError, ToolTimeout, unwrap_group
+from ._exceptions import BunshinError, InvalidValue, ToolError, ToolTimeout
 from ._host._protocol import ExecResult
-from ._llm._events import ArgumentsComplete, MessageFinished, ToolCall, UsageReported
+from ._llm._events import MessageFinished
 from ._llm._openai import tap_openai_stream
 from ._rollout._trajectory import Step, Trajectory
 from ._runtime._calls import Launch
 from ._runtime._handle import Executor, WorkspaceHandle, WorkspaceSlot
-from ._runtime._turn import Speculation, run_turn
+from ._runtime._speculation import Speculation
+from ._runtime._turn import run_turn
 from ._tools._tools import Tool, bash_tool, lookup
 from ._workspace._facade import Workspace
 
@@ -134,15 +135,6 @@ class _Executed(msgspec.Struct):
     seconds: float
 
 
-async def _execute(executor: ToolExecutor, call: ToolCall, max_chars: int) -> _Executed:
-    start = time.monotonic()
-    try:
-        outcome = await executor.call(call.name, call.arguments)
-    except ToolError as exc:
-        outcome = exc
-    return _Executed(observation(outcome, max_chars=max_chars), time.monotonic() - start)
-
-
 async def run_agent(
     client: Any,
     model: str,
@@ -193,15 +185,14 @@ async def run_agent(
         )
     else:
         executor = workspace
-    handle: WorkspaceHandle | None = None
     if speculation is not None:
         if not isinstance(executor, Executor):
             raise InvalidValue(
                 f"speculation needs an executor with adopt() (see speculation.Executor), not {executor!r}",
                 argument="workspace",
             )
-        handle = WorkspaceHandle.over(executor, salt=task_id)
         speculation = _with_cache_skip(speculation, executor)
+    handle = WorkspaceHandle.over(executor, salt=task_id)
     specs = [t.spec() for t in executor.tools.values()]
     messages: list[dict[str, Any]] = ([{"role": "system", "content": system}] if system else []) + [
         {"role": "user", "content": task}
@@ -210,7 +201,7 @@ async def run_agent(
     stop_reason = "max_turns"
     started = time.monotonic()
     async with AsyncExitStack() as stack:
-        if handle is not None:  # branches may outlive their turn (Speculation.keep); closed when the loop ends
+        if speculation is not None:  # branches may outlive their turn (Speculation.keep); closed when the loop ends
             await stack.enter_async_context(handle.background())
             stack.callback(_rollout_done, speculation, handle)
         stop_reason = await _loop(
@@ -240,7 +231,7 @@ async def _loop(
     messages: list[dict[str, Any]],
     specs: list[dict[str, Any]],
     executor: ToolExecutor,
-    handle: WorkspaceHandle | None,
+    handle: WorkspaceHandle,
     speculation: Speculation | None,
     steps: list[Step],
     start_tools_early: bool,
@@ -253,16 +244,10 @@ async def _loop(
     stop_reason = "max_turns"
     with anyio.move_on_after(max_seconds if max_seconds is not None else float("inf")) as budget:
         for turn in range(max_turns):
-            if handle is None:
-                finished, usage, llm_seconds, executed = await _turn(
-                    client, model, messages, specs, executor, start_tools_early, request_options or {}, max_output_chars
-                )
-            else:
-                assert speculation is not None
-                finished, usage, llm_seconds, executed = await _speculative_turn(
-                    client, model, messages, specs, executor, handle, speculation, start_tools_early,
-                    request_options or {}, max_output_chars,
-                )  # fmt: skip
+            finished, usage, llm_seconds, executed = await _turn(
+                client, model, messages, specs, executor, handle, speculation, start_tools_early,
+                request_options or {}, max_output_chars,
+            )  # fmt: skip
             assistant: dict[str, Any] = {"role": "assistant", "content": finished.content or None}
             if finished.tool_calls:
                 assistant["tool_calls"] = [
@@ -295,53 +280,6 @@ async def _loop(
     return stop_reason
 
 
-async def _turn(
-    client: Any,
-    model: str,
-    messages: list[dict[str, Any]],
-    specs: list[dict[str, Any]],
-    executor: ToolExecutor,
-    early: bool,
-    options: Mapping[str, Any],
-    max_chars: int,
-) -> tuple[MessageFinished, Any, float, dict[int, _Executed]]:
-    """One model call; its tool calls run as their arguments complete (or after the message, if not ``early``)."""
-    executed: dict[int, _Executed] = {}
-    start = time.monotonic()
-    stream = await client.chat.completions.create(
-        model=model,
-        messages=messages,
-        tools=specs,
-        stream=True,
-        stream_options={"include_usage": True},
-        **options,
-    )
-    # Made after the request (a budget may cancel it) and closed by the blocks below whatever happens.
-    send, receive = anyio.create_memory_object_stream[ToolCall](max_buffer_size=64)
-
-    async def worker() -> None:
-        async for call in receive:
-            executed[call.index] = await _execute(executor, call, max_chars)
-
-    finished: MessageFinished | None = None
-    usage = None
-    async with unwrap_group(), receive, anyio.create_task_group() as tg, send:
-        tg.start_soon(worker)
-        async with tap_openai_stream(stream, specs, keep_chunks=False) as tap:
-            async for event in tap:
-                if isinstance(event, ArgumentsComplete) and early:
-                    await send.send(event.call)
-                elif isinstance(event, MessageFinished):
-                    finished = event
-                    if not early:
-                        for call in event.tool_calls:
-                            await send.send(call)
-                elif isinstance(event, UsageReported):
-                    usage = event.usage
-    assert finished is not None  # the tap raises when the stream ends without finishing
-    return finished, usage, finished.t - start, executed
-
-
 def _with_cache_skip(speculation: Speculation, executor: ToolExecutor) -> Speculation:
     """``speculation`` whose ``skip`` also vetoes calls ``executor`` would serve from its cache (``would_hit``)."""
     would_hit = getattr(executor, "would_hit", None)
@@ -355,19 +293,21 @@ def _with_cache_skip(speculation: Speculation, executor: ToolExecutor) -> Specul
     return dataclasses.replace(speculation, skip=skip)
 
 
-async def _speculative_turn(
+async def _turn(
     client: Any,
     model: str,
     messages: list[dict[str, Any]],
     specs: list[dict[str, Any]],
     executor: ToolExecutor,
     handle: WorkspaceHandle,
-    speculation: Speculation,
+    speculation: Speculation | None,
     early: bool,
     options: Mapping[str, Any],
     max_chars: int,
 ) -> tuple[MessageFinished, Any, float, dict[int, _Executed]]:
-    """``_turn`` through the speculative runtime: the main line runs through ``executor`` (via ``handle``)."""
+    """One model call through the turn runtime (``run_turn``; the plain loop without ``speculation``): its tool
+    calls run through ``executor`` (via ``handle``) as their arguments complete (after the message, if not
+    ``early``), one after another."""
     start = time.monotonic()
     stream = await client.chat.completions.create(
         model=model,
@@ -377,11 +317,12 @@ async def _speculative_turn(
         stream_options={"include_usage": True},
         **options,
     )
+    early = early and (speculation is None or speculation.early)
     async with tap_openai_stream(stream, specs, keep_chunks=False) as tap:
-        outcome = await run_turn(tap, handle, executor.tools, speculation, start_early=early and speculation.early)
+        outcome = await run_turn(tap, handle, executor.tools, speculation, start_early=early)
     finished = outcome.message
     executed: dict[int, _Executed] = {}
-    for r in outcome.results:  # a call of an unknown tool raised ToolCallError in the turn, as on the plain path
+    for r in outcome.results:  # a call of an unknown tool raised ToolCallError in the turn
         result = observation(r.error if r.error is not None else r.result, max_chars=max_chars)
         executed[r.call.index] = _Executed(result, r.seconds)
     return finished, outcome.usage, finished.t - start, executed

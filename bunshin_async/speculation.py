@@ -31,7 +31,9 @@ from ._runtime._calls import (
 )
 from ._runtime._handle import Executor, WorkspaceHandle
 from ._runtime._metrics import BranchRecord, RolloutMetrics, TimelineEvent, TurnMetrics
-from ._runtime._turn import BoundedPolicy, CallResult, Speculation, SpeculativeTurn, TurnOutcome, run_turn
+from ._runtime._results import CallResult, TurnOutcome
+from ._runtime._speculation import BoundedPolicy, Speculation
+from ._runtime._turn import SpeculativeTurn, run_turn
 
 __all__ = [
     "BoundedPolicy",

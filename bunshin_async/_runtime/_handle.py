@@ -22,12 +22,12 @@ import anyio
 from anyio.abc import TaskGroup
 
 from .._compat import BaseExceptionGroup
-from .._exceptions import UsageError
+from .._exceptions import InvalidValue, UsageError
 from .._workspace._facade import Workspace
 from ._calls import CallKey, chain_root, extend_chain
 from ._metrics import RolloutMetrics
 
-__all__ = ["Executor", "WorkspaceHandle", "WorkspaceSlot"]
+__all__ = ["Executor", "Runner", "WorkspaceHandle", "WorkspaceSlot"]
 
 CLOSE_DEADLINE = 10.0
 _ids = itertools.count()
@@ -67,19 +67,25 @@ class WorkspaceSlot:
 
 
 @runtime_checkable
-class Executor(Protocol):
-    """What runs a rollout's calls for the turn runtime (``CachedSession``, ``agent.WorkspaceExecutor``).
+class Runner(Protocol):
+    """What runs a rollout's main-line calls (the plain loop needs no more): ``call`` returns the tool's result or
+    raises its ``ToolError``, and may replace ``workspace``."""
+
+    @property
+    def workspace(self) -> Workspace: ...
+
+    async def call(self, tool: str, args: Mapping[str, Any] | None = None) -> Any: ...
+
+
+@runtime_checkable
+class Executor(Runner, Protocol):
+    """What runs a rollout's calls for the speculative turn runtime (``CachedSession``, ``agent.WorkspaceExecutor``).
 
     ``call`` runs a main-line call (the tool's result, or its ``ToolError`` raised) and may replace ``workspace``.
     ``adopt`` accounts a call a speculative branch ran as if ``call`` had run it: ``workspace`` is where it ran (a
     committed fork for a write, which the executor owns from then on; the current workspace for a read), ``result``
     the tool's result or its ``ToolError``, ``duration`` its run time in seconds.
     """
-
-    @property
-    def workspace(self) -> Workspace: ...
-
-    async def call(self, tool: str, args: Mapping[str, Any] | None = None) -> Any: ...
 
     async def adopt(
         self, workspace: Workspace, tool: str, args: Mapping[str, Any], result: Any, duration: float
@@ -104,7 +110,7 @@ class WorkspaceHandle:
 
     def __init__(self, workspace: Workspace, *, own: bool = True, salt: str = "") -> None:
         self._slot = WorkspaceSlot(workspace, own=own)
-        self.executor: Executor | None = None
+        self.executor: Runner | None = None
         self._lock = anyio.Lock()
         self.epoch = 0
         self.chain = chain_root(salt)
@@ -119,8 +125,9 @@ class WorkspaceHandle:
         self.tasks: TaskGroup | None = None
 
     @classmethod
-    def over(cls, executor: Executor, *, salt: str = "") -> WorkspaceHandle:
-        """A handle that follows ``executor``'s workspace and owns none: calls run and branches commit through it."""
+    def over(cls, executor: Runner, *, salt: str = "") -> WorkspaceHandle:
+        """A handle that follows ``executor``'s workspace and owns none: calls run and branches commit through it
+        (a branch only with an ``Executor``: a ``Runner`` serves the plain path)."""
         handle = cls(executor.workspace, own=False, salt=salt)
         handle.executor = executor
         return handle
@@ -155,6 +162,10 @@ class WorkspaceHandle:
         executor's); for a read it is the current workspace. ``result`` is the result or the ``ToolError``. Caller
         holds ``lock`` for a write. Whatever happens, a fork passed here is owned by someone afterwards."""
         if self.executor is not None:
+            if not isinstance(self.executor, Executor):
+                raise InvalidValue(
+                    f"speculation needs an executor with adopt(), not {self.executor!r}", argument="executor"
+                )
             before = self.executor.workspace
             await self.executor.adopt(workspace, call.name, call.arguments(), result, duration)
             self.swaps += self.executor.workspace is not before

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 import msgspec
 
-__all__ = ["BranchRecord", "RolloutMetrics", "TimelineEvent", "TurnMetrics"]
+__all__ = ["BranchRecord", "EventKind", "RolloutMetrics", "TimelineEvent", "TurnLog", "TurnMetrics", "merge_counts"]
 
 EventKind = Literal[
     "turn_start",
@@ -106,3 +107,23 @@ class RolloutMetrics(_Counts, kw_only=True):
     def hit_rate(self) -> float:
         """Committed branches per call made."""
         return self.committed / self.calls if self.calls else 0.0
+
+
+def merge_counts(dst: _Counts, src: _Counts) -> None:
+    """Add ``src``'s counters to ``dst``'s."""
+    for name in _Counts.__struct_fields__:
+        setattr(dst, name, getattr(dst, name) + getattr(src, name))
+
+
+class TurnLog:
+    """A turn's metrics and the clock its timeline is measured on, shared by the turn's parts (the stream, the main
+    line, the branches: a kept branch records into the turn that owns it now). ``finalized``: the turn has ended
+    and been summed into its rollout's metrics (what is counted afterwards must be added there too)."""
+
+    def __init__(self, metrics: TurnMetrics, clock: Callable[[], float]) -> None:
+        self.metrics, self.clock = metrics, clock
+        self.t0 = clock()
+        self.finalized = False
+
+    def mark(self, kind: EventKind, index: int = -1, detail: str = "") -> None:
+        self.metrics.timeline.append(TimelineEvent(self.clock() - self.t0, kind, index, detail))

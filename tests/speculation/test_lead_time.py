@@ -14,7 +14,7 @@ import msgspec
 import pytest
 
 from bunshin_async import Workspace
-from bunshin_async._runtime._turn import _apply_tail, _filtered, _tail_lines
+from bunshin_async._runtime._nearmiss import apply_tail, filtered, tail_lines
 from bunshin_async.speculation import CallKey, Candidate, Launch, PredictionContext, Speculation
 from bunshin_async.tools import Effect, bash_tool, builtin_tools
 from speculator import (
@@ -100,7 +100,7 @@ async def test_a_near_miss_through_tail_returns_what_the_filtered_command_return
 @pytest.mark.unit
 def test_the_filter_is_matched_only_where_it_is_provably_safe() -> None:
     def f(command: str) -> tuple[str, int] | None:
-        got = _filtered(BASH, CallKey.of(BASH, {"command": command}))
+        got = filtered(BASH, CallKey.of(BASH, {"command": command}))
         return (got[0].arguments()["command"], got[1]) if got else None
 
     assert f("pytest -q | tail -n 50") == ("pytest -q", 50)
@@ -112,14 +112,14 @@ def test_the_filter_is_matched_only_where_it_is_provably_safe() -> None:
     for text in ("", "a", "a\n", "a\nb\nc", "a\nb\nc\n", "\n\n\n", "x\r\ny\n"):
         for n in (0, 1, 2, 5):
             real = subprocess.run(["tail", "-n", str(n)], input=text.encode(), capture_output=True, check=True)
-            assert _tail_lines(text, n) == real.stdout.decode(), (text, n)
+            assert tail_lines(text, n) == real.stdout.decode(), (text, n)
     from bunshin_async import ExecResult
 
-    assert _apply_tail(ExecResult(exit_code=3, stdout="a\nb\n", stderr="e", duration=0.1), None, 1) == ExecResult(
+    assert apply_tail(ExecResult(exit_code=3, stdout="a\nb\n", stderr="e", duration=0.1), None, 1) == ExecResult(
         exit_code=0, stdout="b\n", stderr="e", duration=0.1
     )
     truncated = ExecResult(exit_code=0, stdout="a\n", stderr="", duration=0.1, truncated=True)
-    assert _apply_tail(truncated, None, 1) is None
+    assert apply_tail(truncated, None, 1) is None
 
 
 def _ctx(*calls: str, last_output: str = "") -> PredictionContext:

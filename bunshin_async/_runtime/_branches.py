@@ -1,0 +1,371 @@
+"""Speculative branches: a ``Branch`` runs one predicted call (a write in a fork of its starting state, a read in
+place), and the ``BranchSet`` of the turn that owns it launches, runs, discards and settles it (its cost measured,
+the policy told, its fork closed unless committed).
+
+A branch starts from its ``parent``'s fork after the parent's call (a chain), else from the handle's state at
+``epoch``. A kept branch moves to the next turn's ``BranchSet`` (``adopt``): it records into that turn from then
+on. Cleanup is shielded, with a deadline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Literal
+
+import anyio
+from anyio.abc import TaskGroup
+
+from .._exceptions import ToolError
+from .._tools._tools import Tool
+from .._workspace._accounting import workspace_memory
+from .._workspace._facade import Workspace
+from ._calls import Launch, PredictionContext
+from ._handle import CLOSE_DEADLINE, WorkspaceHandle
+from ._metrics import BranchRecord, TurnLog, TurnMetrics, merge_counts
+from ._planning import KeepOption, choose_kept
+from ._probes import fork_cost
+from ._speculation import Speculation
+
+__all__ = ["FORK_DEADLINE", "Branch", "BranchSet", "descends", "run_tool"]
+
+FORK_DEADLINE = 60.0
+
+
+class Branch:
+    """A speculative call and what became of it. ``owner`` is the ``BranchSet`` of the turn that owns it now."""
+
+    def __init__(
+        self,
+        launch: Launch,
+        position: int,
+        epoch: int,
+        t: float,
+        *,
+        owner: BranchSet,
+        ctx: PredictionContext,
+        parent: Branch | None = None,
+    ) -> None:
+        self.launch = launch
+        self.owner = owner
+        self.ctx = ctx
+        self.parent = parent
+        self.children: list[Branch] = []
+        self.depth = launch.depth
+        self.kept = False
+        self.key = launch.key
+        self.position = position
+        self.epoch = epoch
+        self.scope = anyio.CancelScope()
+        self.done = anyio.Event()
+        self.ws: Workspace | None = None
+        self.forked = False
+        self.ok = False
+        self.result: Any = None
+        self.error: ToolError | None = None
+        self.claimed = False
+        self.discarded = False
+        self.launched_at = t
+        self.fork_seconds = 0.0
+        self.run_start = 0.0
+        self.run_end = 0.0
+        self.cpu_seconds = 0.0
+        self.memory_bytes = 0
+        self.failed = False
+        self.committed = False
+        self.used = False
+        self.saved = 0.0
+        self.released = anyio.Event()
+        self.finished = anyio.Event()
+        self.tail: int | None = None  # committed as a near miss: keep the last ``tail`` lines of stdout
+        self.started = False  # its task began (a task cancelled before it starts holds nothing)
+        self.lock = anyio.Lock()  # held while a chained child forks this branch's fork, and while it is committed
+
+
+def descends(b: Branch, ancestor: Branch) -> bool:
+    p = b.parent
+    while p is not None:
+        if p is ancestor:
+            return True
+        p = p.parent
+    return False
+
+
+async def run_tool(tool: Tool, ws: Workspace, args: dict[str, Any]) -> tuple[Any, ToolError | None]:
+    """Run ``tool`` in ``ws``: (result, None) or (None, the ``ToolError`` it raised)."""
+    if tool.handler is None:
+        return None, ToolError(f"tool {tool.name!r} has no handler", tool=tool.name)
+    try:
+        return await tool.handler(ws, tool.normalize(args)), None
+    except ToolError as exc:
+        return None, exc
+
+
+async def _fork_shielded(ws: Workspace) -> Workspace:
+    """``(await ws.fork(1))[0]``, shielded from cancellation (a fork takes a few hundred ms; cancelling CRIU midway
+    buys nothing), with a deadline."""
+    with anyio.CancelScope(shield=True), anyio.fail_after(FORK_DEADLINE):
+        copies = await ws.fork(1)
+    return copies[0]
+
+
+class BranchSet:
+    """The branches one turn owns: ``live`` ones (running or done, not yet taken, discarded or settled) and ``all``
+    it ever held. ``writing``: a main-line write of the turn runs (an in-place read must not start). ``on_ready``
+    is called when a write branch finished before the model asked for it (the turn chains after it)."""
+
+    def __init__(
+        self, handle: WorkspaceHandle, tools: dict[str, Tool], speculation: Speculation | None, log: TurnLog
+    ) -> None:
+        self.handle, self.tools, self.speculation, self.log = handle, tools, speculation, log
+        self.live: list[Branch] = []
+        self.all: list[Branch] = []
+        self.writing = False
+        self.on_ready: Callable[[Branch], None] = lambda b: None
+
+    def launch(self, b: Branch, tg: TaskGroup) -> None:
+        """Start ``b``'s task in ``tg`` (the turn's, or the handle's when branches may outlive the turn)."""
+        self.live.append(b)
+        self.all.append(b)
+        self.log.metrics.launched += 1
+        launch = b.launch
+        chained = f" after {b.parent.key.name}" if b.parent is not None else ""
+        detail = f"{launch.key.name} {launch.effect.value} p={launch.probability:.2f}{chained}"
+        self.log.mark("branch_launch", b.position, detail)
+        tg.start_soon(self.run, b)
+
+    def adopt(self, b: Branch) -> None:
+        """Take over ``b``, kept by the previous turn (still valid: no state change since)."""
+        b.owner, b.kept = self, False
+        self.live.append(b)
+        self.all.append(b)
+        self.log.mark("branch_kept", b.position, b.key.name)
+
+    def running(self) -> int:
+        return sum(1 for b in self.live if not b.done.is_set())
+
+    def forks(self) -> int:
+        return sum(1 for b in self.live if b.launch.needs_fork)
+
+    def valid(self, b: Branch) -> bool:
+        """``b``'s starting state still exists: its parent's branch is alive, or no state change happened since."""
+        while b.parent is not None:
+            if b.parent.discarded or b.parent.failed:
+                return False
+            b = b.parent
+        return b.epoch == self.handle.epoch and not b.discarded
+
+    def _base(self, b: Branch) -> Workspace | None:
+        """Where ``b`` starts: its parent's fork, or the current workspace if its state is still the current one;
+        None when that state is gone (``b`` then does nothing)."""
+        if b.discarded:
+            return None
+        p = b.parent
+        if p is None:
+            return self.handle.workspace if self.handle.epoch == b.epoch else None
+        if not p.ok or p.discarded or p.ws is None or p.ws.closed:
+            return None
+        return p.ws
+
+    async def run(self, b: Branch) -> None:
+        """The branch's task; ``b.owner`` (not ``self``) is the set that owns it now: a kept branch moves on."""
+        b.started = True
+        tool = self.tools[b.key.name]
+        args = b.key.arguments()
+        clock = self.log.clock
+        try:
+            with b.scope:
+                if b.launch.needs_fork:
+                    t = clock()
+                    while b.ws is None:
+                        # A chained branch forks its parent's fork under the parent's lock (held while the parent
+                        # is committed), so it does not hold up the main line; if the parent was committed in the
+                        # meantime, the branch now starts from the current workspace: take the handle's lock.
+                        parent = b.parent
+                        async with parent.lock if parent is not None else self.handle.lock:
+                            if b.parent is not parent:
+                                continue
+                            base = self._base(b)
+                            if base is None:
+                                return
+                            b.ws = await _fork_shielded(base)
+                    b.forked = True
+                    b.fork_seconds = clock() - t
+                    await anyio.lowlevel.checkpoint()  # a cancellation that came during the fork lands here
+                    b.owner.log.mark("branch_ready", b.position, f"fork {b.fork_seconds * 1000:.0f} ms")
+                else:
+                    base = self._base(b)
+                    if base is None or (b.parent is None and b.owner.writing):
+                        return
+                    b.ws = base
+                b.run_start = clock()
+                b.result, b.error = await run_tool(tool, b.ws, args)
+                b.run_end = clock()
+                b.ok = True
+                b.owner.log.mark("branch_done", b.position, b.key.name)
+                b.done.set()
+                if b.launch.needs_fork:
+                    b.owner.on_ready(b)
+                await b.released.wait()  # until the main line took it, or the scope is cancelled
+        except Exception as exc:  # a failed branch only costs its work: the call will run normally
+            b.failed = True
+            b.owner.log.mark("branch_done", b.position, f"failed: {exc!r}"[:200])
+        finally:
+            b.done.set()
+            with anyio.CancelScope(shield=True):
+                await self._settle(b)
+            b.finished.set()
+
+    async def _settle(self, b: Branch) -> None:
+        """Account for a branch whose task ends, and close its fork unless it was committed."""
+        owner = b.owner
+        if b in owner.live:
+            owner.live.remove(b)
+        if b in self.handle.kept:
+            self.handle.kept.remove(b)
+        if not b.committed and b.children:  # they start from this fork: stop them before it closes
+            for c in list(b.children):
+                self.discard(c)
+            for c in list(b.children):
+                if c.started:
+                    with anyio.move_on_after(FORK_DEADLINE + CLOSE_DEADLINE):
+                        await c.done.wait()
+        spec = owner.speculation
+        if spec is not None and b.ok:
+            spec.policy.observe_tool(b.key, b.run_end - b.run_start)
+        observe_rollout = getattr(spec.policy, "observe_rollout_memory", None) if spec is not None else None
+        rollout_bytes = 0
+        if b.forked and b.ws is not None and not b.committed:
+            fork, rollout = b.ws, (self.handle.workspace if observe_rollout is not None else None)
+
+            def measure() -> tuple[tuple[float, int], int]:  # the rollout at the same moment
+                return fork_cost(fork), (workspace_memory(rollout) if rollout is not None else 0)
+
+            with anyio.move_on_after(CLOSE_DEADLINE):
+                (b.cpu_seconds, b.memory_bytes), rollout_bytes = await anyio.to_thread.run_sync(measure)
+            with anyio.move_on_after(CLOSE_DEADLINE):
+                await b.ws.aclose()
+        if spec is not None:
+            if b.forked:
+                spec.policy.observe_fork(b.fork_seconds, b.memory_bytes)
+                if observe_rollout is not None and b.memory_bytes and rollout_bytes:
+                    observe_rollout(rollout_bytes)
+            release = getattr(spec.policy, "release", None)
+            if release is not None:
+                release(b.launch, b.used)
+        self._account(b, owner)
+
+    def _account(self, b: Branch, owner: BranchSet) -> None:
+        """Count ``b``'s outcome in its owner's turn (and, if that turn has ended, in its rollout's sums)."""
+        m = TurnMetrics(turn=owner.log.metrics.turn)
+        if b.used:
+            outcome: Literal["committed", "wasted", "failed"] = "committed"
+            m.committed += 1
+            m.saved_seconds += b.saved
+        else:
+            outcome = "failed" if b.failed else "wasted"
+            end = b.run_end if b.run_end else self.log.clock()
+            spent = b.fork_seconds + (end - b.run_start if b.run_start else 0.0)
+            if b.cpu_seconds < 0 or not b.forked:
+                b.cpu_seconds = spent  # no CPU accounting (or an in-place read): wall time, an upper bound
+            m.wasted_seconds += spent
+            m.wasted_cpu_seconds += b.cpu_seconds
+            m.wasted_memory_bytes += b.memory_bytes
+            if b.failed:
+                m.failed += 1
+            else:
+                m.wasted += 1
+            owner.log.mark("branch_discard", b.position, b.key.name)
+        m.fork_seconds += b.fork_seconds
+        merge_counts(owner.log.metrics, m)
+        if owner.log.finalized:  # a kept branch ended after its last turn (the rollout ended): count it still
+            merge_counts(self.handle.metrics, m)
+            if owner.speculation is not None:
+                merge_counts(owner.speculation.metrics, m)
+        owner.log.metrics.branches.append(
+            BranchRecord(
+                position=b.position,
+                tool=b.key.name,
+                effect=b.launch.effect.value,
+                source=b.launch.candidate.source,
+                probability=b.launch.probability,
+                outcome=outcome,
+                launched_at=b.launched_at - owner.log.t0,
+                fork_seconds=b.fork_seconds,
+                run_seconds=(b.run_end - b.run_start) if b.run_end else 0.0,
+                cpu_seconds=b.cpu_seconds,
+                memory_bytes=b.memory_bytes,
+                saved_seconds=b.saved,
+                depth=b.depth,
+            )
+        )
+
+    def cancel(self, which: Callable[[Branch], bool]) -> None:
+        """Discard the live branches ``which`` selects (not one the main line claimed)."""
+        for b in list(self.live):
+            if not b.claimed and not b.discarded and which(b):
+                self.discard(b)
+
+    def discard(self, b: Branch) -> None:
+        """Cancel ``b`` and every branch chained after it (they start from its state)."""
+        stack = [b]
+        while stack:
+            c = stack.pop()
+            if c.claimed or c.discarded:
+                continue
+            c.discarded = True
+            if c in c.owner.live:
+                c.owner.live.remove(c)
+            if c in self.handle.kept:
+                self.handle.kept.remove(c)
+            c.scope.cancel()
+            stack.extend(c.children)
+
+    async def quiesce(self) -> None:
+        """Wait until every branch that runs in the current workspace has stopped (they were cancelled)."""
+        for b in list(self.all):
+            if not b.launch.needs_fork and b.parent is None and not b.done.is_set():
+                await b.done.wait()
+
+    async def wait_finished(self, keep: list[Branch], *, started_only: bool = False) -> None:
+        """Wait until each branch this set owns (not in ``keep``) has settled; ``started_only``: with a deadline,
+        only those whose task began (a cancelled turn's: one that never started holds nothing)."""
+        for b in self.all:
+            if b.owner is not self or b in keep:
+                continue
+            if not started_only:
+                await b.finished.wait()
+            elif b.started:
+                with anyio.move_on_after(FORK_DEADLINE + CLOSE_DEADLINE):
+                    await b.finished.wait()
+
+    async def hand_over(self, limit: int) -> list[Branch]:
+        """End this set's branches but at most ``limit`` unused ones whose state is still valid, with the chains
+        they follow (finished ones first, then the likeliest: ``choose_kept``), which are returned, marked kept, for
+        the next turn to ``adopt``."""
+        by_id: dict[int, Branch] = {}
+        options: list[KeepOption] = []
+        for b in self.live if limit > 0 else ():
+            if b.claimed or b.discarded or b.failed or not self.valid(b):
+                continue
+            chain = [b]
+            while (parent := chain[-1].parent) is not None:
+                chain.append(parent)
+            by_id.update((id(c), c) for c in chain)
+            options.append(KeepOption(b.done.is_set(), b.launch.probability, tuple(id(c) for c in chain)))
+        keep = [by_id[i] for i in choose_kept(options, limit)]
+        self.cancel(lambda b: b not in keep)
+        await self.wait_finished(keep)
+        for b in keep:
+            b.kept = True
+            if b in self.live:
+                self.live.remove(b)
+        return keep
+
+    async def close_leftovers(self) -> None:
+        """Close the forks of branches this set still owns that were neither kept nor committed."""
+        for b in self.all:
+            if b.owner is not self or b.kept:
+                continue
+            if b.ws is not None and b.forked and not b.committed and not b.ws.closed:
+                with anyio.move_on_after(CLOSE_DEADLINE):
+                    await b.ws.aclose()

@@ -1,0 +1,31 @@
+"""Cost probes: what a fork and a main-line call cost, read from the workspace's cgroup and upper dir (blocking:
+call from a worker thread, except ``cgroup_cpu_seconds``, a few bytes of sysfs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .._workspace._accounting import tree_bytes
+from .._workspace._facade import Workspace
+
+__all__ = ["cgroup_cpu_seconds", "fork_cost", "upper_bytes"]
+
+
+def cgroup_cpu_seconds(ws: Workspace) -> float:
+    """CPU time charged to the workspace's cgroup, or -1 without CPU accounting. Blocking."""
+    cg = ws.cgroup
+    seconds = cg.cpu_seconds() if cg is not None else None
+    return -1.0 if seconds is None else seconds
+
+
+def fork_cost(ws: Workspace) -> tuple[float, int]:
+    """(CPU seconds, memory bytes: peak of the cgroup plus the private upper dir) of a fork. Blocking."""
+    cg = ws.cgroup
+    peak = (cg.memory_peak() or 0) if cg is not None else 0
+    return cgroup_cpu_seconds(ws), peak + upper_bytes(ws)
+
+
+def upper_bytes(ws: Workspace) -> int:
+    """The bytes of ``ws``'s private upper dir (what it wrote). Blocking."""
+    upper = Path(ws.directory / "upper")
+    return tree_bytes(upper) if upper.exists() else 0

@@ -1,0 +1,79 @@
+"""What a turn speculates with: ``Speculation`` (predictors, policy, group, lead time, kept branches) and the
+fallback ``BoundedPolicy``; ``speculator`` has the cost-aware policy."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from ._calls import CallKey, Launch, Policy, Predictor
+from ._metrics import RolloutMetrics, TurnMetrics
+
+__all__ = ["BoundedPolicy", "Speculation", "policy_active"]
+
+
+class BoundedPolicy:
+    """The fallback policy: launch the most probable options while fewer than ``max_branches`` run and fewer than
+    ``max_forks`` forks exist, if their probability is at least ``min_probability`` and they are at most
+    ``max_depth`` speculated calls deep. ``speculator`` has the cost-aware one."""
+
+    def __init__(
+        self, max_branches: int = 2, max_forks: int = 1, min_probability: float = 0.0, max_depth: int = 1
+    ) -> None:
+        self.max_branches, self.max_forks, self.min_probability = max_branches, max_forks, min_probability
+        self.max_depth = max_depth
+
+    def select(self, options: Sequence[Launch], *, running: int, forks: int) -> list[Launch]:
+        out: list[Launch] = []
+        for option in options:
+            if running >= self.max_branches:
+                break
+            if option.probability < self.min_probability or option.depth > self.max_depth:
+                continue
+            if option.needs_fork:
+                if forks >= self.max_forks:
+                    continue
+                forks += 1
+            running += 1
+            out.append(option)
+        return out
+
+    def observe_tool(self, key: CallKey, seconds: float) -> None:
+        pass
+
+    def observe_fork(self, seconds: float, memory_bytes: int) -> None:
+        pass
+
+
+@dataclass
+class Speculation:
+    """What to speculate with: ``predictors`` (asked at every decision point), the ``policy`` that chooses
+    launches, ``group`` (rollouts that share a sibling table pass the same name), and ``early``: start a call
+    as soon as the tap saw its arguments complete (the stream tap as a predictor of certainty). ``skip`` vetoes
+    launches (pass one that says whether the prefix cache would serve the call: such calls are not speculated).
+    One ``Speculation`` may serve many turns and rollouts: the policy learns across them; ``metrics`` sums the
+    turns run with it (make one per rollout, sharing the policy and the predictors' tables, to get per-rollout
+    metrics) and ``turns`` keeps each turn's own metrics, in order.
+
+    Chains: when a speculated write finishes in its fork before the model asked for it, the predictors are asked
+    for the call after it (their context extended by that call and its output) and what the policy picks runs in
+    a fork of that branch (a read in the branch's fork itself); committing a branch makes its children branches of
+    the new state. ``keep``: inside ``handle.background()`` (``run_agent``), at most this many unused branches
+    (their chains included) outlive their turn while no state change happened since they started: a later turn
+    commits them when the model asks for their call; any committed write discards them. Their forks count against
+    the policy's fork budget."""
+
+    predictors: Sequence[Predictor] = ()
+    policy: Policy = field(default_factory=BoundedPolicy)
+    group: str = ""
+    early: bool = True
+    skip: Callable[[Launch], bool] | None = None
+    keep: int = 2
+    metrics: RolloutMetrics = field(default_factory=RolloutMetrics)
+    turns: list[TurnMetrics] = field(default_factory=list)
+
+
+def policy_active(spec: Speculation) -> bool:
+    """The policy wants launches considered now (``Policy.active``, where it has one)."""
+    active = getattr(spec.policy, "active", None)
+    return active is None or bool(active())

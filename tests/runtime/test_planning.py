@@ -1,0 +1,99 @@
+"""Launch planning over plain data (no root, no workspace): which predicted calls may start, deduplicated and
+ranked, without what is in flight or vetoed; chains one call deeper; the policy's budgets over the options; the
+scoring of predictors' guesses; which unused branches a turn hands to the next."""
+
+from __future__ import annotations
+
+import pytest
+
+from bunshin_async._runtime._calls import CallKey, Candidate, PredictionContext, chain_root, extend_chain
+from bunshin_async._runtime._planning import (
+    Classified,
+    KeepOption,
+    choose_kept,
+    context_after,
+    plan_launches,
+    proposals,
+    scores,
+)
+from bunshin_async._runtime._speculation import BoundedPolicy
+from bunshin_async._tools._tools import Effect, bash_tool
+
+pytestmark = pytest.mark.unit
+
+BASH = bash_tool()
+
+
+def _key(command: str) -> CallKey:
+    return CallKey.of(BASH, {"command": command})
+
+
+def _p(command: str, p: float, *, effect: Effect = Effect.READ, source: str = "s", det: bool = True) -> Classified:
+    cand = Candidate(name="bash", arguments={"command": command}, probability=p, source=source)
+    return Classified(cand, _key(command), effect, det)
+
+
+def test_one_launch_per_call_the_most_probable_best_first() -> None:
+    plans = plan_launches([_p("ls", 0.2, source="a"), _p("make", 0.5, effect=Effect.WRITE), _p("ls", 0.4, source="b")])
+    assert [(o.key, o.probability, o.candidate.source) for o in plans] == [
+        (_key("make"), 0.5, "s"),
+        (_key("ls"), 0.4, "b"),
+    ]
+    assert [o.needs_fork for o in plans] == [True, False]
+
+
+def test_external_nondeterministic_and_unknown_calls_are_never_planned() -> None:
+    unknown = Classified(Candidate(name="nope", arguments={}, probability=0.9), None, Effect.EXTERNAL, False)
+    predictions = [_p("curl x", 0.9, effect=Effect.EXTERNAL), _p("date", 0.9, det=False), unknown, _p("ls", 0.1)]
+    assert [o.key for o in plan_launches(predictions)] == [_key("ls")]
+    assert proposals(predictions) == {"s": {_key("ls"): 0.1}}
+
+
+def test_what_is_in_flight_or_vetoed_is_left_out() -> None:
+    predictions = [_p("ls", 0.9), _p("cat a", 0.8), _p("make", 0.7, effect=Effect.WRITE)]
+    plans = plan_launches(predictions, in_flight={_key("ls")}, veto=lambda o: o.key == _key("cat a"))
+    assert [o.key for o in plans] == [_key("make")]
+    assert plan_launches(predictions, in_flight={_key(c) for c in ("ls", "cat a", "make")}) == []
+
+
+def test_a_chained_launch_is_one_deeper_and_pays_with_its_parents_odds() -> None:
+    (parent,) = plan_launches([_p("make", 0.5, effect=Effect.WRITE)], turn_elapsed=1.5, rollout="r", progress=3)
+    assert (parent.depth, parent.prior, parent.turn_elapsed, parent.rollout, parent.progress) == (0, 1.0, 1.5, "r", 3)
+    (child,) = plan_launches([_p("make test", 0.6, effect=Effect.WRITE)], parent=parent)
+    assert (child.depth, child.prior, child.parent) == (1, 0.5, parent)
+    assert child.probability == pytest.approx(0.3)
+
+
+def test_the_bounded_policy_keeps_to_its_budgets() -> None:
+    options = plan_launches(
+        [_p("make a", 0.9, effect=Effect.WRITE), _p("make b", 0.8, effect=Effect.WRITE), _p("ls", 0.5), _p("cat", 0.1)]
+    )
+    policy = BoundedPolicy(max_branches=3, max_forks=1, min_probability=0.2)
+    assert [o.key for o in policy.select(options, running=0, forks=0)] == [_key("make a"), _key("ls")]
+    assert [o.key for o in policy.select(options, running=0, forks=1)] == [_key("ls")]  # the fork budget is spent
+    assert policy.select(options, running=3, forks=0) == []  # so is the branch budget
+
+
+def test_each_predictors_guesses_are_scored_against_the_call_or_what_it_filters() -> None:
+    proposed = proposals([_p("ls", 0.7, source="a"), _p("cat", 0.6, source="a"), _p("make", 0.2, source="b")])
+    assert scores(proposed, {_key("cat"), None}) == [("a", 1.0, True), ("b", 0.2, False)]
+
+
+def test_the_context_after_a_call_extends_history_and_chain() -> None:
+    ctx = PredictionContext(history=(_key("a"),), chain=chain_root("t"), turn=2, position=0, group="g")
+    after = context_after(ctx, _key("b"), "out")
+    assert after.history == (_key("a"), _key("b")) and after.decided == (_key("b"),)
+    assert after.chain == extend_chain(chain_root("t"), _key("b"))
+    assert (after.position, after.turn, after.group, after.last_output) == (1, 2, "g", "out")
+
+
+def test_kept_branches_finished_first_then_likeliest_with_their_ancestors() -> None:
+    alive = [
+        KeepOption(done=False, probability=0.9, chain=(1,)),
+        KeepOption(done=True, probability=0.3, chain=(2,)),
+        KeepOption(done=True, probability=0.6, chain=(3, 4)),  # chained after 4: both or neither
+    ]
+    assert choose_kept(alive, 3) == [4, 3, 2]
+    assert choose_kept(alive, 2) == [4, 3]
+    assert choose_kept(alive, 1) == [2]  # 3 needs its parent too: no room
+    assert choose_kept(alive, 0) == []
