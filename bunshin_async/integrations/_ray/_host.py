@@ -64,6 +64,8 @@ class WorkspaceHost:
         self.fetches = Fetches(self.held, self._snap)
         self.cache = HostCache(self.held, self.fetches, config.redis_url)
         self._reaper: asyncio.Task[None] | None = None
+        self._memory: int | None = None  # the last reading of what the host holds (``_memory_bytes``)
+        self._measuring: asyncio.Task[None] | None = None
         _snapstore.prepare_snapshot_store()
         self.collected = _gc.collect()  # what a host killed on this node left behind
 
@@ -131,9 +133,29 @@ class WorkspaceHost:
 
     # ------------------------------------------------------------------------------------------------ API
 
-    async def info(self) -> HostInfo:
+    async def _measure(self) -> int:
         held = [ws for ws, _ in self.held.workspaces.values()]
-        memory = await anyio.to_thread.run_sync(held_memory, held, [_snapstore.snapshot_dir()])
+        return int(await anyio.to_thread.run_sync(held_memory, held, [_snapstore.snapshot_dir()]))
+
+    async def _refresh(self) -> None:
+        try:
+            self._memory = await self._measure()
+        finally:
+            self._measuring = None
+
+    async def _memory_bytes(self) -> int:
+        """The last reading of what the host holds, a new one started if none is under way. Measuring walks every
+        workspace's upper dir and the snapshot store, so it takes as long as a workspace makes it (seconds for a
+        sandbox of 200k empty files); ``info`` is on the path of every placement (every E2B create waits for
+        it), so it never waits for a walk but the first."""
+        if self._memory is None:
+            self._memory = await self._measure()
+        elif self._measuring is None:
+            self._measuring = asyncio.get_running_loop().create_task(self._refresh())
+        return self._memory
+
+    async def info(self) -> HostInfo:
+        memory = await self._memory_bytes()
         return HostInfo(
             name=self.name,
             node_id=node_id(),
@@ -252,6 +274,8 @@ class WorkspaceHost:
         if self._reaper is not None:
             self._reaper.cancel()
             self._reaper = None
+        if self._measuring is not None:
+            self._measuring.cancel()
         return await self.leftovers()
 
     async def forget(self) -> None:

@@ -29,7 +29,9 @@ class HostConfig(msgspec.Struct, frozen=True):
 
 class HostInfo(msgspec.Struct, frozen=True):
     """A host's state as the placement sees it. ``bandwidth``: measured bytes/s of transfers from each source
-    host (by name) into this one; ``memory_bytes``: what its workspaces and snapshots hold (``_accounting``)."""
+    host (by name) into this one; ``memory_bytes``: what its workspaces and snapshots hold (``_accounting``), as of
+    the host's last measurement (taken in the background, one at a time: a workspace decides how long a walk of its
+    files takes)."""
 
     name: str
     node_id: str
