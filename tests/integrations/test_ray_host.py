@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import threading
 
 import anyio
 import pytest
 
+from bunshin_async._workspace._core import WorkspaceCore
 from bunshin_async.integrations._ray import _host
 from bunshin_async.integrations._ray._host import WorkspaceHost
 from bunshin_async.integrations.ray import HostConfig
@@ -43,3 +45,55 @@ async def test_info_never_waits_for_a_memory_walk(monkeypatch: pytest.MonkeyPatc
     finally:
         gate.set()
         assert await host.shutdown() == []
+
+
+@pytest.fixture
+def failing_teardown(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A workspace's teardown that does its work, then fails (a cgroup or mount that stays busy): injected."""
+    real = WorkspaceCore.teardown
+
+    async def teardown(self: WorkspaceCore) -> None:
+        await real(self)
+        raise OSError(errno.EBUSY, "injected: busy")
+
+    monkeypatch.setattr(WorkspaceCore, "teardown", teardown)
+    monkeypatch.setattr(_host, "node_id", lambda: "node")
+
+
+async def test_a_failed_close_frees_its_slot(failing_teardown: None) -> None:
+    host = WorkspaceHost("t", HostConfig(max_workspaces=1))
+    try:
+        for _ in range(2):  # the second create gets the slot the failed close gave back
+            reply = await host.create("owner", None, None, {})
+            assert reply.error is None
+            ws_id, _ = reply.value
+            with pytest.raises(OSError):
+                await host.close(ws_id)
+            assert host.held.limiter.in_use == 0 and not host.held.workspaces
+    finally:
+        await host.shutdown()
+
+
+async def test_the_reaper_survives_a_failed_close(failing_teardown: None) -> None:
+    """Owners whose lease ran out are all freed, and later ones too, though closing their workspaces fails."""
+    host = WorkspaceHost("t", HostConfig(max_workspaces=3, lease_seconds=0.2))
+    try:
+        for owner in ("a", "b"):
+            assert (await host.create(owner, None, None, {})).error is None
+        with anyio.fail_after(30):
+            while host.held.workspaces or host.held.limiter.in_use:  # taken out, then closed, then the slot freed
+                await anyio.sleep(0.05)
+        assert (await host.create("c", None, None, {})).error is None  # a later owner's lease runs out too
+        with anyio.fail_after(30):
+            while host.held.workspaces or host.held.limiter.in_use:  # taken out, then closed, then the slot freed
+                await anyio.sleep(0.05)
+    finally:
+        await host.shutdown()
+
+
+async def test_shutdown_closes_every_workspace_though_one_close_fails(failing_teardown: None) -> None:
+    host = WorkspaceHost("t", HostConfig(max_workspaces=2))
+    for owner in ("a", "b"):
+        assert (await host.create(owner, None, None, {})).error is None
+    assert await host.shutdown() == []
+    assert host.held.limiter.in_use == 0 and not host.held.workspaces

@@ -10,6 +10,7 @@ killed collects what it left (``bunshin gc``)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -98,23 +99,35 @@ class WorkspaceHost:
         while True:
             await anyio.sleep(max(0.05, self.config.lease_seconds / 4))
             for owner in self.held.expired():
-                await self._free_owner(owner)
+                with contextlib.suppress(Exception):  # a close that failed must not stop the reaping for good
+                    await self._free_owner(owner)
 
     async def _free_owner(self, owner: str) -> None:
+        """Close everything ``owner`` holds here, each whatever the others' closes did; the first failure is
+        raised after."""
         workspaces, snapshots = self.held.owned_by(owner)
-        for ws_id in workspaces:
-            await self._close(ws_id)
-        for snap_id in snapshots:
-            await self._close_snapshot(snap_id)
+        errors: list[Exception] = []
+        for close, ids in ((self._close, workspaces), (self._close_snapshot, snapshots)):
+            for one in ids:
+                try:
+                    await close(one)
+                except Exception as exc:
+                    errors.append(exc)
+        if errors:
+            raise errors[0]
 
     async def _close(self, ws_id: str) -> None:
         ws = self.held.pop(ws_id)
         if ws is None:
             return
         with anyio.CancelScope(shield=True):
-            await self.cache.close_session(ws_id)
-            await ws.aclose()
-            await self.held.release()
+            try:
+                try:
+                    await self.cache.close_session(ws_id)
+                finally:
+                    await ws.aclose()
+            finally:  # out of ``held`` already: its slot is freed whatever the close did
+                await self.held.release()
 
     async def _close_snapshot(self, snap_id: str) -> None:
         snap = self.held.pop_snapshot(snap_id)
@@ -267,10 +280,12 @@ class WorkspaceHost:
         well)."""
         with anyio.CancelScope(shield=True):
             for ws_id in list(self.held.workspaces):
-                await self._close(ws_id)
+                with contextlib.suppress(Exception):  # the others are closed all the same; ``leftovers`` says
+                    await self._close(ws_id)
             await self.forget()
             for snap_id in list(self.held.snapshots):
-                await self._close_snapshot(snap_id)
+                with contextlib.suppress(Exception):
+                    await self._close_snapshot(snap_id)
         if self._reaper is not None:
             self._reaper.cancel()
             self._reaper = None
