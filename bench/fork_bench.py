@@ -44,6 +44,7 @@ from typing import Any
 import anyio
 
 from bunshin_async import Config, Limits, Security, Snapshot, Workspace
+from bunshin_async._fork._snapshot import record_of
 from bunshin_async._workspace._accounting import rollup_bytes
 
 GUEST = Path(__file__).resolve().parent.parent / "tests" / "fork" / "guest_state.py"
@@ -138,7 +139,7 @@ async def _fork_one(ws: Workspace) -> tuple[Workspace, dict[str, float]]:
         t2 = time.monotonic()
         await copy.exec("true")
         t3 = time.monotonic()
-        image = await anyio.to_thread.run_sync(_tree_mib, snap.images)
+        image = await anyio.to_thread.run_sync(_tree_mib, record_of(snap).images)
     finally:
         await snap.aclose()
     times = {
@@ -376,7 +377,7 @@ def _criu_stats(snap: Snapshot) -> dict[str, float]:
     pages took (ms), how many pages were written and how many left to the parent images."""
     import pycriu.images  # on sys.path once bunshin_async._host._criu is imported
 
-    with open(snap.images / "stats-dump", "rb") as f:
+    with open(record_of(snap).images / "stats-dump", "rb") as f:
         st = pycriu.images.load(f)["entries"][0]["dump"]
     return {
         "frozen_ms": st.get("frozen_time", 0) / 1000,
@@ -392,7 +393,7 @@ async def _checkpoint(ws: Workspace, track: bool) -> tuple[Snapshot, dict[str, f
     with Config.scoped(track_writes=track):
         snap = await ws.snapshot()
     took = (time.monotonic() - t0) * 1000
-    image = await anyio.to_thread.run_sync(_tree_mib, snap.images)
+    image = await anyio.to_thread.run_sync(_tree_mib, record_of(snap).images)
     return snap, {"pause": snap.dump_ms or snap.frozen_ms or 0.0, "snapshot": took, "image": image,
                   **_criu_stats(snap)}  # fmt: skip
 

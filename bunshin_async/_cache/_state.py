@@ -19,7 +19,7 @@ from typing import Protocol
 import anyio
 
 from .._exceptions import ForkError
-from .._fork._snapshot import Snapshot
+from .._fork._snapshot import Snapshot, record_of
 from .._workspace._accounting import tree_bytes
 from .._workspace._facade import Workspace
 from ._records import SnapshotRef
@@ -65,7 +65,7 @@ class ForkStateProvider:
     async def capture(self, ws: Workspace) -> SnapshotRef:
         snap = await ws.snapshot()
         try:
-            size = await anyio.to_thread.run_sync(tree_bytes, snap.path)
+            size = await anyio.to_thread.run_sync(tree_bytes, record_of(snap).path)
         except BaseException:
             await snap.aclose()
             raise

@@ -24,6 +24,7 @@ from .._workspace._core import WorkspaceCore
 from . import _quiesce, _restore
 from ._modes import dump_env, fs_only
 from ._quiesce import Batch, Coordinator, coordinator
+from ._record import SnapshotRecord
 from ._restore import FRESH_NETNS, NET_KEY
 from ._snapshot import Snapshot
 
@@ -90,10 +91,10 @@ async def snapshot(ws: WorkspaceCore, backend: CriuBackend | None = None) -> Sna
     """A snapshot of ``ws`` (see ``WorkspaceCore.snapshot``); snapshots, rollbacks and fork batches of one workspace
     run one at a time."""
     async with coordinator(ws).lock:
-        return await _snapshot(ws, backend)
+        return Snapshot(await _snapshot(ws, backend))
 
 
-async def _snapshot(ws: WorkspaceCore, backend: CriuBackend | None) -> Snapshot:
+async def _snapshot(ws: WorkspaceCore, backend: CriuBackend | None) -> SnapshotRecord:
     """A snapshot, taken again once if CRIU could not freeze the tree (``_freeze_failed``): a process caught
     between fork and exec (a vfork parent waits, uninterruptibly, for a child CRIU has stopped) can make the freezer
     give up; a shell loop or a build hits it now and then, and the next attempt does not meet the same instant."""
@@ -112,7 +113,7 @@ def _freeze_failed(exc: ForkError) -> bool:
     return any(m in str(exc) for m in ("Unable to freeze cgroup", "Timeout reached. Try to interrupt"))
 
 
-async def _snapshot_once(ws: WorkspaceCore, backend: CriuBackend | None) -> Snapshot:
+async def _snapshot_once(ws: WorkspaceCore, backend: CriuBackend | None) -> SnapshotRecord:
     if ws.state != "running" or ws.pid is None:
         raise ws.closed_error()
     backend = backend or _criu.default_backend()
@@ -120,7 +121,7 @@ async def _snapshot_once(ws: WorkspaceCore, backend: CriuBackend | None) -> Snap
     # made ten of them before CRIU started.
     layer, fs = await anyio.to_thread.run_sync(lambda: (agent_layer(), fs_only()))
     assert ws.spec.image is not None
-    snap = Snapshot(
+    snap = SnapshotRecord(
         workspace_id=ws.id,
         parent_lower=ws.lower or f"{layer}:{ws.spec.image.lower_dirs}",
         spec=ws.spec.detached(),
@@ -159,7 +160,7 @@ async def _snapshot_once(ws: WorkspaceCore, backend: CriuBackend | None) -> Snap
     return snap
 
 
-def _open(ws: WorkspaceCore, snap: Snapshot) -> tuple[Path | None, bool]:
+def _open(ws: WorkspaceCore, snap: SnapshotRecord) -> tuple[Path | None, bool]:
     """Make the snapshot's directory and take its references; the directory its dump is incremental on, if any
     (``_dump_parent``), and whether the dump tracks writes (``_tracked_parent``; blocking)."""
     (snap.path if snap.mode == "fs" else snap.images).mkdir(parents=True)
@@ -191,7 +192,7 @@ def _before_dump(ws: WorkspaceCore) -> tuple[str, int | None, dict[str, str]]:
 
 async def _dump(
     ws: WorkspaceCore,
-    snap: Snapshot,
+    snap: SnapshotRecord,
     backend: CriuBackend,
     parent: Path | None,
     netns: int | None,
@@ -289,7 +290,7 @@ def _joins(cgroup: _kernel.Cgroup) -> list[str]:
     return [arg for p in cgroup.procs_files for arg in ("--cgroup", p)]
 
 
-async def _fs_copy(ws: WorkspaceCore, snap: Snapshot) -> None:
+async def _fs_copy(ws: WorkspaceCore, snap: SnapshotRecord) -> None:
     """A filesystem-only snapshot (no CRIU) of the drained workspace: freeze the cgroup so that no process writes
     while the upper dir is copied, note which recorded spawns still run, thaw."""
     assert ws.cgroup is not None
@@ -349,7 +350,7 @@ def _live_ns_pids(ws: WorkspaceCore) -> set[int]:
     }
 
 
-def _dump_parent(ws: WorkspaceCore, snap: Snapshot) -> Path | None:
+def _dump_parent(ws: WorkspaceCore, snap: SnapshotRecord) -> Path | None:
     """The snapshot directory whose images ``ws``'s memory is mapped from, when its dump can be incremental on
     them (criu/patches/0002: pages the copy never wrote are referenced, not written again): ``ws`` is a CoW copy
     and the chain is not too long. ``snap`` then holds that directory (blocking)."""
@@ -363,7 +364,7 @@ def _dump_parent(ws: WorkspaceCore, snap: Snapshot) -> Path | None:
     return parent
 
 
-def _tracked_parent(ws: WorkspaceCore, snap: Snapshot) -> Path | None:
+def _tracked_parent(ws: WorkspaceCore, snap: SnapshotRecord) -> Path | None:
     """The snapshot whose dump last consumed ``ws``'s written pages, when the next dump can be incremental on
     it (``WriteTracking``): still there and the chain not too long; ``snap`` then holds it. Otherwise the
     tracking starts afresh and the dump is whole (blocking)."""

@@ -1,13 +1,21 @@
-"""``SnapshotRecord``: what the restore side of the fork layer (``_restore``, ``_spares``, ``_quiesce``) needs of a
-snapshot. ``Snapshot`` (``_snapshot``) is its one implementation; it sits above them, because the public class
-builds a ``SparePool`` (``keep_spares``), which restores. Seeing the snapshot through this interface keeps the layers
-pointing down: nothing below ``_snapshot`` imports it, not even for annotations."""
+"""``SnapshotRecord``: a snapshot as the fork layer sees it (its directory, layer chain, the workspace's spec, the
+spares kept of it). The public ``Snapshot`` (``_snapshot``) wraps one and shows only what a user needs; it sits above
+``_restore``, ``_spares`` and ``_quiesce``, because it builds a ``SparePool`` (``keep_spares``), which restores, and
+they work on the record, so the layers point down."""
 
 from __future__ import annotations
 
+import errno
+import secrets
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
+import anyio
+
+from .._exceptions import ForkError
+from .._host import _snapstore, _tree
+from .._host._snapstore import chain_layers, layers_dir, release_layers, snapshot_dir
+from .._images._image import Image
 from .._workspace._core import SetupStep, WorkspaceCore, WorkspaceSpec
 
 __all__ = ["SnapshotRecord", "Spares"]
@@ -21,29 +29,118 @@ class Spares(Protocol):
     async def aclose(self) -> None: ...
 
 
-class SnapshotRecord(Protocol):
-    """A snapshot in the store (see ``Snapshot`` for what each member means)."""
+class SnapshotRecord:
+    """A frozen moment of a workspace in the store: CRIU images and the upper dir (a layer, see the package doc);
+    for ``mode == "fs"`` only the upper dir and the recorded setup (``setup``), no images. Owns its directory;
+    ``aclose()`` removes it and lets go of its layers (idempotent). Workspaces restored from it do not need it
+    afterwards. ``lower`` is the full lowerdir chain a copy mounts under its empty upper. The fork layer's view;
+    users hold the ``Snapshot`` around it."""
 
-    id: str
-    workspace_id: str
-    mode: str
-    setup: list[tuple[SetupStep, int]]
-    path: Path
-    parent_lower: str
-    lower: str
-    spec: WorkspaceSpec
-    fresh_net: bool
-    spares: Spares | None
+    def __init__(
+        self,
+        *,
+        workspace_id: str,
+        parent_lower: str,
+        spec: WorkspaceSpec,
+        mode: str = "criu",
+        setup: list[tuple[SetupStep, int]] | None = None,
+    ) -> None:
+        self.id = secrets.token_hex(6)
+        self.workspace_id = workspace_id
+        self.mode = mode
+        """``"criu"`` (CRIU images: a live fork) or ``"fs"`` (files and ``setup`` only, see the module doc)."""
+        self.setup = list(setup or [])
+        """The workspace's recorded spawns with their in-workspace pids (for ``"fs"``: those still running)."""
+        self.path = snapshot_dir() / self.id
+        self.parent_lower = parent_lower
+        self.lower = f"{self.layer}:{parent_lower}"
+        self._layer_lock = anyio.Lock()
+        self.spec = spec
+        """How the workspace was made (its ``env`` a copy): what each copy gets."""
+        self.dump_ms: float | None = None
+        self.frozen_ms: float | None = None
+        self.fresh_net = False
+        """The net namespace was left out of the images (``plain_netns``): each copy gets a fresh loopback-only one."""
+        self._closed = False
+        self.spares: Spares | None = None
+        """The pool keeping warm spares of this snapshot (``keep_spares``), while one does."""
 
     @property
-    def closed(self) -> bool: ...
+    def image(self) -> Image:
+        assert self.spec.image is not None  # a running workspace's image is resolved
+        return self.spec.image
 
     @property
-    def images(self) -> Path: ...
+    def images(self) -> Path:
+        return self.path / "images"
 
     @property
-    def layer(self) -> Path: ...
+    def upper(self) -> Path:
+        """The upper dir as copied at the dump (on tmpfs: short freeze); the first restore turns it into ``layer``."""
+        return self.path / "upper"
 
-    async def materialize(self) -> None: ...
+    @property
+    def layer(self) -> Path:
+        """The upper copy as a read-only overlay layer on the workspaces' filesystem (made by the first restore)."""
+        return layers_dir() / self.id
 
-    async def aclose(self) -> None: ...
+    async def materialize(self) -> None:
+        """Make the dump's upper copy the layer ``layer``, once: a rename within the snapshot store (a copy where
+        the store holds another filesystem)."""
+        async with self._layer_lock:
+            if self.layer.is_dir():
+                return
+            if self.closed:
+                raise ForkError(f"snapshot {self.id} is closed", workspace_id=self.workspace_id)
+            partial = self.layer.with_name(f"{self.id}.partial")
+            try:
+                partial.parent.mkdir(parents=True, exist_ok=True)
+                try:  # the layers are in the snapshot store: the upper copy moves in place
+                    self.upper.rename(self.layer)
+                except OSError as exc:
+                    if exc.errno != errno.EXDEV:  # a store with a mount point inside: copy
+                        raise ForkError(
+                            f"snapshot {self.id}: its upper copy cannot become a layer: {exc.strerror}",
+                            workspace_id=self.workspace_id,
+                        ) from exc
+                    await _snapstore.copy_tree(self.upper, partial, workspace_id=self.workspace_id)
+                    partial.rename(self.layer)
+            finally:
+                with anyio.CancelScope(shield=True):
+                    if partial.exists():
+                        await anyio.to_thread.run_sync(_tree.discard, partial)
+            await anyio.to_thread.run_sync(_tree.discard, self.upper)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def aclose(self) -> None:
+        self._closed = True
+        with anyio.CancelScope(shield=True):
+            if self.spares is not None:
+                await self.spares.aclose()
+            await anyio.to_thread.run_sync(_tree.discard, self.upper)
+            # The directory itself goes with its last user: CoW copies map its pages image and incremental
+            # images of their own memory refer to it (``release_layers``).
+            await anyio.to_thread.run_sync(release_layers, [self.path, *chain_layers(self.lower)], self.holder)
+
+    @property
+    def holder(self) -> str:
+        """The name this snapshot holds its layers and directory under (``hold_layers``)."""
+        return f"snapshot-{self.id}"
+
+    @classmethod
+    def adopt(cls, snap_id: str, *, lower: str, fresh_net: bool = False, **record: Any) -> SnapshotRecord:
+        """A record for a directory ``snap_id`` already in the store whose layers are in place (an
+        imported one, ``bunshin_async._fork._transfer``); the caller holds its references (``hold_layers``). ``lower``
+        is its full chain, its own layer first; ``record`` the keyword arguments of ``__init__`` but the chain."""
+        own, _, parent_lower = lower.partition(":")
+        snap = cls(parent_lower=parent_lower, **record)
+        snap.id = snap_id
+        snap.path = snapshot_dir() / snap_id
+        snap.lower = lower
+        snap.fresh_net = fresh_net
+        if own != str(snap.layer):
+            raise ValueError(f"lower chain {lower!r} does not start with the layer of {snap_id}")
+        return snap

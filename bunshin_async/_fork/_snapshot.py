@@ -1,129 +1,72 @@
-"""``Snapshot``: a frozen moment of a workspace in the snapshot store (package doc)."""
+"""``Snapshot``: a frozen moment of a workspace, as a user holds it (package doc). What the fork layer needs of it
+(directory, layer chain, spec) is its ``SnapshotRecord`` (``_record``), reached through ``record_of``."""
 
 from __future__ import annotations
 
-import errno
-import secrets
-from pathlib import Path
 from typing import Any
 
-import anyio
-
-from .._exceptions import ForkError
-from .._host import _snapstore, _tree
-from .._host._snapstore import chain_layers, layers_dir, release_layers, snapshot_dir
 from .._images._image import Image
-from .._workspace._core import SetupStep, WorkspaceSpec
-from ._record import Spares
+from .._workspace._core import SetupStep
+from ._record import SnapshotRecord
 from ._spares import SparePool
 
-__all__ = ["Snapshot"]
+__all__ = ["Snapshot", "record_of"]
 
 
 class Snapshot:
-    """A frozen moment of a workspace: CRIU images and the upper dir (a layer, see the module doc); for ``mode ==
-    "fs"`` only the upper dir and the recorded setup (``setup``), no images. Owns its
-    directory; ``aclose()`` removes it and lets go of its layers (idempotent). Workspaces restored from it do not
-    need it afterwards. ``lower`` is the full lowerdir chain a copy mounts under its empty upper."""
+    """A frozen moment of a workspace: its processes (CRIU images) and files, or for ``mode == "fs"`` its files and
+    recorded spawns only. Copies come from ``Workspace.from_snapshot(snap, n)``; ``keep_spares(k)`` keeps warm ones.
+    Owns its place in the snapshot store: ``aclose()`` (or leaving ``async with``) removes it (idempotent);
+    workspaces restored from it do not need it afterwards."""
 
-    def __init__(
-        self,
-        *,
-        workspace_id: str,
-        parent_lower: str,
-        spec: WorkspaceSpec,
-        mode: str = "criu",
-        setup: list[tuple[SetupStep, int]] | None = None,
-    ) -> None:
-        self.id = secrets.token_hex(6)
-        self.workspace_id = workspace_id
-        self.mode = mode
-        """``"criu"`` (CRIU images: a live fork) or ``"fs"`` (files and ``setup`` only, see the module doc)."""
-        self.setup = list(setup or [])
+    def __init__(self, record: SnapshotRecord) -> None:
+        self._record = record
+
+    @property
+    def id(self) -> str:
+        return self._record.id
+
+    @property
+    def workspace_id(self) -> str:
+        """The workspace it was taken of."""
+        return self._record.workspace_id
+
+    @property
+    def mode(self) -> str:
+        """``"criu"`` (CRIU images: a live fork) or ``"fs"`` (files and ``setup`` only, see the package doc)."""
+        return self._record.mode
+
+    @property
+    def setup(self) -> list[tuple[SetupStep, int]]:
         """The workspace's recorded spawns with their in-workspace pids (for ``"fs"``: those still running)."""
-        self.path = snapshot_dir() / self.id
-        self.parent_lower = parent_lower
-        self.lower = f"{self.layer}:{parent_lower}"
-        self._layer_lock = anyio.Lock()
-        self.spec = spec
-        """How the workspace was made (its ``env`` a copy): what each copy gets."""
-        self.dump_ms: float | None = None
-        self.frozen_ms: float | None = None
-        self.fresh_net = False
-        """The net namespace was left out of the images (``plain_netns``): each copy gets a fresh loopback-only one."""
-        self._closed = False
-        self.spares: Spares | None = None
-        """The pool keeping warm spares of this snapshot (``keep_spares``), while one does."""
+        return list(self._record.setup)
 
     @property
     def image(self) -> Image:
-        assert self.spec.image is not None  # a running workspace's image is resolved
-        return self.spec.image
+        """The image the workspace runs on."""
+        return self._record.image
 
     @property
-    def images(self) -> Path:
-        return self.path / "images"
+    def dump_ms(self) -> float | None:
+        """How long the CRIU dump took (None for ``"fs"``)."""
+        return self._record.dump_ms
 
     @property
-    def upper(self) -> Path:
-        """The upper dir as copied at the dump (on tmpfs: short freeze); the first restore turns it into ``layer``."""
-        return self.path / "upper"
-
-    @property
-    def layer(self) -> Path:
-        """The upper copy as a read-only overlay layer on the workspaces' filesystem (made by the first restore)."""
-        return layers_dir() / self.id
-
-    async def materialize(self) -> None:
-        """Make the dump's upper copy the layer ``layer``, once: a rename within the snapshot store (a copy where
-        the store holds another filesystem)."""
-        async with self._layer_lock:
-            if self.layer.is_dir():
-                return
-            if self.closed:
-                raise ForkError(f"snapshot {self.id} is closed", workspace_id=self.workspace_id)
-            partial = self.layer.with_name(f"{self.id}.partial")
-            try:
-                partial.parent.mkdir(parents=True, exist_ok=True)
-                try:  # the layers are in the snapshot store: the upper copy moves in place
-                    self.upper.rename(self.layer)
-                except OSError as exc:
-                    if exc.errno != errno.EXDEV:  # a store with a mount point inside: copy
-                        raise ForkError(
-                            f"snapshot {self.id}: its upper copy cannot become a layer: {exc.strerror}",
-                            workspace_id=self.workspace_id,
-                        ) from exc
-                    await _snapstore.copy_tree(self.upper, partial, workspace_id=self.workspace_id)
-                    partial.rename(self.layer)
-            finally:
-                with anyio.CancelScope(shield=True):
-                    if partial.exists():
-                        await anyio.to_thread.run_sync(_tree.discard, partial)
-            await anyio.to_thread.run_sync(_tree.discard, self.upper)
+    def frozen_ms(self) -> float | None:
+        """How long the workspace was frozen for an ``"fs"`` snapshot's copy (None for ``"criu"``)."""
+        return self._record.frozen_ms
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self._record.closed
 
     def keep_spares(self, k: int) -> SparePool:
         """A pool keeping ``k`` frozen, pre-restored copies for ``Workspace.from_snapshot`` to hand out in
         milliseconds (``async with snap.keep_spares(k):``; see ``bunshin_async._fork._spares``)."""
-        return SparePool(self, k)
+        return SparePool(self._record, k)
 
     async def aclose(self) -> None:
-        self._closed = True
-        with anyio.CancelScope(shield=True):
-            if self.spares is not None:
-                await self.spares.aclose()
-            await anyio.to_thread.run_sync(_tree.discard, self.upper)
-            # The directory itself goes with its last user: CoW copies map its pages image and incremental
-            # images of their own memory refer to it (``release_layers``).
-            await anyio.to_thread.run_sync(release_layers, [self.path, *chain_layers(self.lower)], self.holder)
-
-    @property
-    def holder(self) -> str:
-        """The name this snapshot holds its layers and directory under (``hold_layers``)."""
-        return f"snapshot-{self.id}"
+        await self._record.aclose()
 
     async def __aenter__(self) -> Snapshot:
         return self
@@ -136,15 +79,10 @@ class Snapshot:
 
     @classmethod
     def adopt(cls, snap_id: str, *, lower: str, fresh_net: bool = False, **record: Any) -> Snapshot:
-        """A ``Snapshot`` object for a directory ``snap_id`` already in the store whose layers are in place (an
-        imported one, ``bunshin_async._fork._transfer``); the caller holds its references (``hold_layers``). ``lower``
-        is its full chain, its own layer first; ``record`` the keyword arguments of ``__init__`` but the chain."""
-        own, _, parent_lower = lower.partition(":")
-        snap = cls(parent_lower=parent_lower, **record)
-        snap.id = snap_id
-        snap.path = snapshot_dir() / snap_id
-        snap.lower = lower
-        snap.fresh_net = fresh_net
-        if own != str(snap.layer):
-            raise ValueError(f"lower chain {lower!r} does not start with the layer of {snap_id}")
-        return snap
+        """A ``Snapshot`` for a directory ``snap_id`` already in the store (``SnapshotRecord.adopt``)."""
+        return cls(SnapshotRecord.adopt(snap_id, lower=lower, fresh_net=fresh_net, **record))
+
+
+def record_of(snap: Snapshot) -> SnapshotRecord:
+    """What the fork layer works on (and the cache and a cluster host measure): the snapshot's record."""
+    return snap._record

@@ -46,90 +46,36 @@ import msgspec
 
 from .._exceptions import ImageError, InvalidValue, TransferError
 from .._host import _snapstore, _tree, _userns
-from .._host._kernel import Limits
-from .._host._security import Security
 from .._images._image import Image, agent_layer
-from .._workspace._core import PATH_MAX, SetupStep, WorkspaceSpec
-from ._snapshot import Snapshot
+from .._workspace._core import PATH_MAX, WorkspaceSpec
+from ._format import (
+    CHUNK,
+    FORMAT,
+    FRAME,
+    MAX_FRAME,
+    MAX_HEADER,
+    Header,
+    SnapshotRecord,
+    Trailer,
+    TransferStats,
+    header_dec,
+    header_enc,
+    pack_frame,
+    trailer_dec,
+)
+from ._record import SnapshotRecord as SnapshotState
+from ._snapshot import Snapshot, record_of
 
 __all__ = ["FORMAT", "SnapshotRecord", "TransferStats", "export_snapshot", "import_snapshot", "snapshot_record"]
 
-FORMAT = "bunshin-snapshot/1"
-CHUNK = 4 << 20
-"""Bytes of tar data per frame (4 MiB: big enough that framing costs nothing, small enough for an object store)."""
-MAX_FRAME = 64 << 20
-"""A frame announcing more than this is corrupt (its length field is)."""
-MAX_HEADER = 1 << 20
 TAR = ["tar", "--xattrs", "--xattrs-include=*", "--numeric-owner", "--format=posix"]
 _ID = re.compile(r"^[0-9a-f]{8,64}$")
-_FRAME = struct.Struct(">cI32s")
-
-
-class SnapshotRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """Everything a ``Snapshot`` object knows that its directories do not: what ``from_snapshot`` needs to make
-    copies. ``layers``: the snapshot's layer chain, its own first; ``mem_chain``: the snapshot directories its
-    memory images need, its own first, then each parent. ``agent_layer`` is the agent layer's version (its
-    directory name), which the importing host must have."""
-
-    id: str
-    workspace_id: str
-    mode: str
-    image_name: str
-    image_digest: str
-    agent_layer: str
-    limits: Limits
-    workdir: str
-    env: dict[str, str]
-    hostname: str
-    max_output: int
-    fresh_net: bool
-    setup: list[tuple[SetupStep, int]]
-    layers: list[str]
-    mem_chain: list[str]
-    user: str | None = None
-    security: Security = Security()
-
-
-class Header(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    format: str
-    record: SnapshotRecord
-    chunk: int
-
-
-class Trailer(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    data_bytes: int
-    data_sha256: str
-    frames: int
-
-
-class TransferStats(msgspec.Struct):
-    """What an import measured: ``bytes`` of tar data, ``seconds`` from the first frame to the installed snapshot."""
-
-    snapshot_id: str
-    source_id: str
-    bytes: int
-    seconds: float
-
-    @property
-    def bandwidth(self) -> float:
-        """Bytes per second."""
-        return self.bytes / self.seconds if self.seconds > 0 else 0.0
-
-
-_header_enc = msgspec.json.Encoder(order="deterministic")
-_header_dec = msgspec.json.Decoder(Header)
-_trailer_dec = msgspec.json.Decoder(Trailer)
-
-
-def _frame(seq: int, kind: bytes, payload: bytes) -> bytes:
-    digest = hashlib.sha256(struct.pack(">Q", seq) + kind + payload).digest()
-    return _FRAME.pack(kind, len(payload), digest) + payload
 
 
 # ---------------------------------------------------------------------------------------------------- export
 
 
-def _lower_tail(snap: Snapshot) -> list[str]:
+def _lower_tail(snap: SnapshotState) -> list[str]:
     """The part of the lower chain that is not snapshot layers: the agent layer and the image."""
     layers = {str(p) for p in _snapstore.chain_layers(snap.lower)}
     return [p for p in snap.lower.split(":") if p not in layers]
@@ -138,15 +84,16 @@ def _lower_tail(snap: Snapshot) -> list[str]:
 def snapshot_record(snap: Snapshot) -> SnapshotRecord:
     """The record of ``snap`` (blocking: reads its directories). Raises ``TransferError`` for a snapshot whose
     lower chain is not ``layers + agent layer + image`` (one copied past ``MAX_LAYERS`` is)."""
-    tail = _lower_tail(snap)
-    image_lower = _userns.lower_for(snap.image.lower_dirs, snap.spec.security.userns, create=False)
+    rec = record_of(snap)
+    tail = _lower_tail(rec)
+    image_lower = _userns.lower_for(snap.image.lower_dirs, rec.spec.security.userns, create=False)
     if len(tail) < 2 or tail[1:] != image_lower.split(":"):  # an imported image is several layers
         raise TransferError(
             f"snapshot {snap.id}: its lower chain is not layers, agent layer and image; it cannot be exported",
             snapshot_id=snap.id,
         )
     mem: list[str] = []
-    cur: Path | None = snap.path
+    cur: Path | None = rec.path
     while cur is not None:
         if not cur.is_dir():
             raise TransferError(f"snapshot {snap.id}: directory {cur} is gone", snapshot_id=snap.id)
@@ -159,17 +106,17 @@ def snapshot_record(snap: Snapshot) -> SnapshotRecord:
         image_name=snap.image.name,
         image_digest=snap.image.digest,
         agent_layer=Path(tail[0]).parent.name,
-        limits=snap.spec.limits,
-        workdir=snap.spec.workdir,
-        env=dict(snap.spec.env),
-        hostname=snap.spec.hostname,
-        max_output=snap.spec.max_output,
-        fresh_net=snap.fresh_net,
-        setup=list(snap.setup),
-        layers=[p.name for p in _snapstore.chain_layers(snap.lower)],
+        limits=rec.spec.limits,
+        workdir=rec.spec.workdir,
+        env=dict(rec.spec.env),
+        hostname=rec.spec.hostname,
+        max_output=rec.spec.max_output,
+        fresh_net=rec.fresh_net,
+        setup=list(rec.setup),
+        layers=[p.name for p in _snapstore.chain_layers(rec.lower)],
         mem_chain=mem,
-        user=snap.spec.user,
-        security=snap.spec.security,
+        user=rec.spec.user,
+        security=rec.spec.security,
     )
 
 
@@ -181,7 +128,7 @@ async def export_snapshot(snap: Snapshot, *, chunk: int = CHUNK) -> AsyncIterato
         raise TransferError(f"snapshot {snap.id} is closed", snapshot_id=snap.id)
     if not 1 <= chunk <= MAX_FRAME:
         raise InvalidValue(f"chunk must be 1..{MAX_FRAME} bytes", argument="chunk")
-    await snap.materialize()  # its upper copy becomes its layer, which is what a copy mounts
+    await record_of(snap).materialize()  # its upper copy becomes its layer, which is what a copy mounts
     record = await anyio.to_thread.run_sync(snapshot_record, snap)
     user = f"export-{secrets.token_hex(4)}"
     held = [_snapstore.snapshot_dir() / d for d in record.mem_chain] + [
@@ -191,7 +138,7 @@ async def export_snapshot(snap: Snapshot, *, chunk: int = CHUNK) -> AsyncIterato
     try:
         await anyio.to_thread.run_sync(_check_extractable, record)
         seq = 0
-        yield _frame(seq, b"H", _header_enc.encode(Header(format=FORMAT, record=record, chunk=chunk)))
+        yield pack_frame(seq, b"H", header_enc.encode(Header(format=FORMAT, record=record, chunk=chunk)))
         digest, total = hashlib.sha256(), 0
         sections = [
             (b"S", _snapstore.snapshot_dir(), record.mem_chain, "snaps"),
@@ -207,10 +154,10 @@ async def export_snapshot(snap: Snapshot, *, chunk: int = CHUNK) -> AsyncIterato
                 digest.update(data)
                 total += len(data)
                 seq += 1
-                yield _frame(seq, kind, data)
+                yield pack_frame(seq, kind, data)
         seq += 1
         trailer = Trailer(data_bytes=total, data_sha256=digest.hexdigest(), frames=seq + 1)
-        yield _frame(seq, b"T", _header_enc.encode(trailer))
+        yield pack_frame(seq, b"T", header_enc.encode(trailer))
     finally:
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(_snapstore.release_layers, held, user)
@@ -330,15 +277,15 @@ class _Reader:
         return True
 
     async def frame(self, snap_id: str) -> tuple[bytes, bytes]:
-        if not await self._fill(_FRAME.size):
+        if not await self._fill(FRAME.size):
             raise TransferError(f"snapshot {snap_id}: the stream ended early (truncated)", snapshot_id=snap_id)
-        kind, length, digest = _FRAME.unpack_from(self._buf)
+        kind, length, digest = FRAME.unpack_from(self._buf)
         if length > MAX_FRAME:
             raise TransferError(f"snapshot {snap_id}: frame {self.seq} is corrupt (length)", snapshot_id=snap_id)
-        if not await self._fill(_FRAME.size + length):
+        if not await self._fill(FRAME.size + length):
             raise TransferError(f"snapshot {snap_id}: the stream ended early (truncated)", snapshot_id=snap_id)
-        payload = bytes(self._buf[_FRAME.size : _FRAME.size + length])
-        del self._buf[: _FRAME.size + length]
+        payload = bytes(self._buf[FRAME.size : FRAME.size + length])
+        del self._buf[: FRAME.size + length]
         if hashlib.sha256(struct.pack(">Q", self.seq) + kind + payload).digest() != digest:
             raise TransferError(
                 f"snapshot {snap_id}: frame {self.seq} failed its sha256 check (corrupted, reordered or lost)",
@@ -495,7 +442,7 @@ async def import_snapshot(
     if kind != b"H" or len(payload) > MAX_HEADER:
         raise TransferError("not a Bunshin snapshot stream (no header)", snapshot_id="")
     try:
-        header = _header_dec.decode(payload)
+        header = header_dec.decode(payload)
     except (msgspec.ValidationError, msgspec.DecodeError, ValueError) as exc:
         raise TransferError(f"malformed snapshot stream header: {exc}", snapshot_id="") from exc
     record = header.record
@@ -526,7 +473,7 @@ async def import_snapshot(
             digest.update(payload)
             await sections[kind].feed(payload)
         try:
-            trailer = _trailer_dec.decode(payload)
+            trailer = trailer_dec.decode(payload)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
             raise TransferError(f"snapshot {record.id}: malformed trailer", snapshot_id=record.id) from exc
         if (trailer.data_bytes, trailer.data_sha256, trailer.frames) != (total, digest.hexdigest(), reader.seq):
@@ -593,7 +540,8 @@ def _install(record: SnapshotRecord, image: Image, agent: Path, snap_stage: Path
                 setup=list(record.setup),
                 fresh_net=record.fresh_net,
             )
-            _snapstore.hold_layers([snap.path, *_snapstore.chain_layers(snap.lower)], snap.holder)
+            rec = record_of(snap)
+            _snapstore.hold_layers([rec.path, *_snapstore.chain_layers(rec.lower)], rec.holder)
         except BaseException:
             for path in placed:
                 _tree.discard(path)

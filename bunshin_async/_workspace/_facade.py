@@ -24,7 +24,7 @@ import msgspec
 
 from .._exceptions import DisplayError, InvalidArgument, InvalidValue, ToolTimeout, WorkspaceClosed
 from .._fork import _dump, _restore
-from .._fork._snapshot import Snapshot
+from .._fork._snapshot import Snapshot, record_of
 from .._host import _protocol as P
 from .._host._kernel import CgroupView, Limits
 from .._host._protocol import DirEntry, ExecResult
@@ -245,7 +245,7 @@ class Workspace:
         """``n`` new live workspaces, each a copy of ``snap`` with its own namespaces, cgroup and files. All or
         nothing: if one copy fails the others are closed and ``ForkError`` raised. Warm spares of the snapshot
         (``snap.keep_spares(k)``) are handed out first, thawed; the rest are restored now."""
-        return [cls._facade(core) for core in await _restore.copies(snap, n)]
+        return [cls._facade(core) for core in await _restore.copies(record_of(snap), n)]
 
     async def fork(self, n: int = 1) -> list[Workspace]:
         """``n`` live copies of this workspace as it is now (see ``snapshot``); this one keeps running. Close each
@@ -255,7 +255,7 @@ class Workspace:
     async def rollback(self, snap: Snapshot) -> None:
         """Replace this workspace's processes and files by the snapshot's; the object keeps its id. If the restore
         fails the workspace is closed and ``ForkError`` raised."""
-        await _restore.rollback(self._core, snap)
+        await _restore.rollback(self._core, record_of(snap))
 
     async def _call(self, req: P.Request, tool: str, timeout: float | None = None) -> P.Response:
         return await self._core.call(req, tool, timeout)

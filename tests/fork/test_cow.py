@@ -12,6 +12,7 @@ import pytest
 
 from bunshin_async import Snapshot, Workspace
 from bunshin_async._fork import _dump, _modes
+from bunshin_async._fork._snapshot import record_of
 from bunshin_async._host import _snapstore
 from bunshin_async._workspace._accounting import pss_bytes
 
@@ -86,11 +87,12 @@ async def test_cow_copies_share_memory_until_written(
         monkeypatch.setenv("BUNSHIN_FORK_MODE", "cow")
         copies = await Workspace.from_snapshot(snap, 8)
     try:
-        assert snap.path.exists()  # closed, but its copies map its pages image (and may dump incrementally on it)
+        # closed, but its copies map its pages image (and may dump incrementally on it)
+        assert record_of(snap).path.exists()
         assert [c.fork_mode for c in copies] == ["criu-cow"] * 8
         for c in copies:
             maps = [m for pid in _pids(c) for m in _image_maps(pid)]
-            assert maps and all(path.startswith(f"{snap.images}/pages-") for _, _, path in maps)
+            assert maps and all(path.startswith(f"{record_of(snap).images}/pages-") for _, _, path in maps)
             assert _fault_in(c) >= HEAP_MIB << 20
         total = sum(_pss_kib(c) for c in copies)
         print(f"PSS: one stock copy {one_copy / 1024:.1f} MiB, 8 CoW copies {total / 1024:.1f} MiB in all")
@@ -106,11 +108,11 @@ async def test_cow_copies_share_memory_until_written(
     finally:
         for c in copies:
             await c.aclose()
-    assert not snap.path.exists()  # gone with its last copy
+    assert not record_of(snap).path.exists()  # gone with its last copy
 
 
 def _pages_bytes(snap: Snapshot) -> int:
-    return sum(p.stat().st_size for p in snap.images.glob("pages-*.img"))
+    return sum(p.stat().st_size for p in record_of(snap).images.glob("pages-*.img"))
 
 
 @pytest.mark.fork_modes("criu-cow")
@@ -131,7 +133,7 @@ async def test_cow_nested_fork_dumps_only_what_the_copy_wrote(ws: Workspace, for
                 # Hashing allocates (Python writes memory to read it): digests are taken after the dump, and on a
                 # second copy, so that the next generation's image holds only what /dirty wrote.
                 expected = await _get(current, "/digest")
-                assert (snap.path / "parent").read_text() == current._core.mem_parent.name  # type: ignore[union-attr]
+                assert (record_of(snap).path / "parent").read_text() == current._core.mem_parent.name  # type: ignore[union-attr]
                 assert _pages_bytes(snap) < full / 4, (gen, _pages_bytes(snap), full)
                 if gen == 4:  # the copy it was taken from, and that copy's own snapshot, go first
                     for c in made:
@@ -163,7 +165,7 @@ async def test_cow_chain_runs_to_its_limit(ws: Workspace, fork_mode: str) -> Non
             assert await _get(current, f"/dirty/{gen}/1") == "ok"
             async with await current.snapshot() as snap:
                 expected = await _get(current, "/digest")
-                depths.append(_snapstore.mem_chain_depth(snap.path))
+                depths.append(_snapstore.mem_chain_depth(record_of(snap).path))
                 (after,) = await Workspace.from_snapshot(snap)
             await current.aclose()
             current = after
@@ -180,7 +182,7 @@ async def test_cow_chain_is_bounded(ws: Workspace, fork_mode: str, monkeypatch: 
     (c1,) = await ws.fork()
     try:
         async with await c1.snapshot() as snap:
-            assert not (snap.path / "parent").exists()  # a full dump: the chain would be too long
+            assert not (record_of(snap).path / "parent").exists()  # a full dump: the chain would be too long
             assert _pages_bytes(snap) >= 20 << 20
             (c2,) = await Workspace.from_snapshot(snap)
         try:

@@ -12,6 +12,7 @@ from bunshin_async import BunshinError, CapabilityMissing, ForkError, SetupStep,
 from bunshin_async._cli._doctor import report
 from bunshin_async._fallback import reset_warnings
 from bunshin_async._fork import _modes
+from bunshin_async._fork._snapshot import record_of
 from bunshin_async._host import _criu, _paths
 
 pytestmark = pytest.mark.fork_modes("fs")
@@ -131,7 +132,7 @@ async def test_fs_snapshot_outlives_parent(ws: Workspace) -> None:
     await ws.write_file("/workspace/f", "snap")
     snap = await ws.snapshot()
     async with snap:
-        assert snap.mode == "fs" and not snap.images.exists()
+        assert snap.mode == "fs" and not record_of(snap).images.exists()
         assert [step for step, _pid in snap.setup] == [counter]
         assert snap.frozen_ms is not None and snap.dump_ms is None
         cg = ws._core.cgroup  # the kernel object: its freezer file

@@ -19,6 +19,7 @@ import anyio
 import pytest
 
 from bunshin_async import Security, Workspace
+from bunshin_async._fork._snapshot import record_of
 
 HERE = Path(__file__).parent
 TCP_TOTAL = 4 << 20  # gaps_guest.TCP_TOTAL
@@ -108,7 +109,7 @@ async def test_restore_log_has_no_address_noise(ws: Workspace, configured: bool)
         r = await ws.exec(["python3", "-c", ADD_ADDR])
         assert r.exit_code == 0, r.stderr
     async with await ws.snapshot() as snap:
-        assert snap.fresh_net is not configured
+        assert record_of(snap).fresh_net is not configured
         (copy,) = await Workspace.from_snapshot(snap)
     try:
         log = (copy.directory / "restore.log").read_text(errors="replace")

@@ -14,6 +14,7 @@ import pytest
 
 from bunshin_async import ForkError, Snapshot, Workspace
 from bunshin_async._fork import _dump
+from bunshin_async._fork._snapshot import record_of
 from bunshin_async._host import _wptrack
 from bunshin_async._host._criu import criu_features
 from bunshin_async._host._wptrack import WP_TRACK
@@ -53,7 +54,7 @@ def dump_stats(snap: Snapshot) -> dict[str, int]:
     """CRIU's stats-dump image of the snapshot: pages written and pages left to the parent images."""
     import pycriu.images  # on sys.path once bunshin_async._host._criu is imported
 
-    with open(snap.images / "stats-dump", "rb") as f:
+    with open(record_of(snap).images / "stats-dump", "rb") as f:
         entry: dict[str, Any] = pycriu.images.load(f)["entries"][0]["dump"]
     return {k: int(entry.get(k, 0)) for k in ("pages_written", "pages_skipped_parent")}
 
@@ -85,7 +86,7 @@ async def test_checkpoints_write_only_what_changed(guest: Workspace) -> None:
     async with await guest.snapshot() as s1:
         first = dump_stats(s1)
         assert first["pages_skipped_parent"] == 0 and first["pages_written"] > BUF_PAGES
-        assert guest._core.tracking.uffds and guest._core.tracking.parent == s1.path
+        assert guest._core.tracking.uffds and guest._core.tracking.parent == record_of(s1).path
         assert tracked_vmas(guest) > 0
         d1 = await g.ask("write 64")
         async with await guest.snapshot() as s2:

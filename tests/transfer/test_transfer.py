@@ -12,6 +12,7 @@ import pytest
 
 from bunshin_async import TransferError, Workspace
 from bunshin_async._fork import _transfer
+from bunshin_async._fork._snapshot import record_of
 from bunshin_async._host._snapstore import layers_dir, snapshot_dir
 from bunshin_async.transfer import export_snapshot, import_snapshot
 from tests.transfer._homes import Home
@@ -95,7 +96,7 @@ async def test_export_import_restores_memory_cow(other: Home) -> None:
                     await c.aclose()
         nested2, _ = await import_snapshot(feed(nested_frames))
         async with nested2:
-            assert len(nested2.lower.split(":")) == 4  # its layer, its parent's layer, agent layer, image
+            assert len(record_of(nested2).lower.split(":")) == 4  # its layer, its parent's layer, agent layer, image
             (c,) = await Workspace.from_snapshot(nested2, 1)
             try:
                 assert c.fork_mode == "criu-cow"
@@ -179,8 +180,8 @@ async def test_device_nodes_in_a_layer_are_refused(other: Home) -> None:
     async with Workspace() as ws:
         await ws.write_file("/workspace/x", "1")
         async with await ws.snapshot() as snap:
-            await snap.materialize()
-            node = snap.layer / "workspace" / "mem"
+            await record_of(snap).materialize()
+            node = record_of(snap).layer / "workspace" / "mem"
             os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(1, 1))  # /dev/mem: what a hostile sender would add
             try:
                 frames = await frames_of(snap)

@@ -8,7 +8,7 @@ import time
 import anyio
 
 from ..._exceptions import ForkError, WorkspaceClosed
-from ..._fork._snapshot import Snapshot
+from ..._fork._snapshot import Snapshot, record_of
 from ..._rollout._rollout import WorkspaceLimiter
 from ..._workspace._accounting import tree_bytes
 from ..._workspace._facade import Workspace
@@ -106,7 +106,8 @@ class Holdings:
 
 async def snapshot_bytes(snap: Snapshot) -> int:
     """Bytes of ``snap``'s directory and layer on this host (what keeping it costs, what moving it sends)."""
-    size = await anyio.to_thread.run_sync(tree_bytes, snap.path)
-    if snap.layer.is_dir():
-        size += await anyio.to_thread.run_sync(tree_bytes, snap.layer)
+    rec = record_of(snap)
+    size = await anyio.to_thread.run_sync(tree_bytes, rec.path)
+    if rec.layer.is_dir():
+        size += await anyio.to_thread.run_sync(tree_bytes, rec.layer)
     return int(size)
