@@ -12,6 +12,7 @@ import pytest
 import ray
 
 from bunshin_async import FileNotFound, HostError, PathOutsideWorkspace, TransferError, WorkspaceClosed
+from bunshin_async.integrations._ray import _remote
 from bunshin_async.integrations.ray import ClusterGroupRollout, RayCluster, RemoteWorkspace
 from bunshin_async.rollout import RolloutContext, Step, Task, Trajectory
 from tests.ray.conftest import LEASE, LIMIT, RayEnv
@@ -288,3 +289,17 @@ async def test_a_host_killed_mid_group_fails_only_its_rollouts(ray_env: RayEnv, 
             except ValueError:
                 await anyio.sleep(0.5)
     base.hosts = [fresh.hosts[0] if h.name == victim_name else h for h in base.hosts]
+
+
+async def test_an_export_abandoned_mid_stream_leaves_nothing(cluster: RayCluster) -> None:
+    """A fetching side that stops reading after one frame (a host that failed its import early, a driver that went
+    away): the exporting host's stream ends, and its snapshot, layers and tar go with the snapshot's close."""
+    n0 = cluster.host("n0")
+    async with await cluster.workspace(n0) as ws:
+        r = await ws.exec("head -c 40M /dev/urandom > /workspace/big.bin")  # far more frames than are in flight
+        assert r.exit_code == 0
+        async with await ws.snapshot() as snap:
+            frames = _remote.pull(n0.actor, "n0", snap.id)
+            await frames.__anext__()
+            await frames.aclose()
+    # the autouse leak check: nothing of the export is left on n0
