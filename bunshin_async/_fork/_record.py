@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import anyio
 
-from .._exceptions import ForkError
+from .._exceptions import ForkError, TransferError
 from .._host import _snapstore, _tree
 from .._host._snapstore import chain_layers, layers_dir, release_layers, snapshot_dir
 from .._images._image import Image
@@ -142,5 +142,7 @@ class SnapshotRecord:
         snap.lower = lower
         snap.fresh_net = fresh_net
         if own != str(snap.layer):
-            raise ValueError(f"lower chain {lower!r} does not start with the layer of {snap_id}")
+            raise TransferError(
+                f"lower chain {lower!r} does not start with the layer of {snap_id}", snapshot_id=snap_id
+            )
         return snap
