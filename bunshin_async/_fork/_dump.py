@@ -227,14 +227,14 @@ async def _dump(
             await _snapstore.copy_tree(ws.dir / "upper", snap.upper, workspace_id=ws.id)
 
     uffds: list[int] = []
-    refused = False  # a uffd past MAX_UFFDS or not a userfaultfd: this dump's tracking is not kept
+    refused = False  # a uffd past the bounds (``WriteTracking.room``) or no userfaultfd: the tracking is not kept
 
     def on_fd(name: str, pid: int, fd: int) -> None:
         # One uffd per task that had memory to arm: a workspace of many processes (up to Limits.pids) must not
         # fill this process's descriptor table in one dump, so the bound holds within a dump too.
         nonlocal refused
         if name == "wp-uffd" and track and not refused:
-            if len(ws.tracking.uffds) + len(uffds) < _wptrack.MAX_UFFDS and _wptrack.is_uffd(fd):
+            if ws.tracking.room(len(uffds)) and _wptrack.is_uffd(fd):
                 uffds.append(fd)
                 return
             refused = True

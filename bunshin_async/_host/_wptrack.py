@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 from pathlib import Path
 
 from .._config import Config
 from . import _criu
 
-__all__ = ["WP_TRACK", "WriteTracking", "is_uffd", "tracking_wanted"]
+__all__ = ["WP_TRACK", "WriteTracking", "budget", "is_uffd", "tracking_wanted"]
 
 WP_TRACK = "wp-track"
 """The feature criu/patches/0013 adds (``criu --version`` prints ``Features: wp-track``)."""
@@ -22,6 +23,15 @@ WP_TRACK = "wp-track"
 MAX_UFFDS = 512
 """Descriptors held per workspace before the tracking is started afresh (one per task per dump that found
 memory to arm): a workspace with many processes or many new mappings must not exhaust this process's fds."""
+
+_held = 0  # uffds every workspace's tracking holds in this process together (``budget``)
+
+
+def budget() -> int:
+    """The uffds all workspaces' tracking may hold in this process together: a quarter of its soft RLIMIT_NOFILE
+    (``MAX_UFFDS`` per workspace alone would let a few dozen workspaces of many processes fill the table)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return MAX_UFFDS * 64 if soft == resource.RLIM_INFINITY else soft // 4
 
 
 class WriteTracking:
@@ -34,19 +44,28 @@ class WriteTracking:
 
     def adopt(self, uffds: list[int], parent: Path) -> None:
         """A dump armed ``uffds`` and consumed every written set into ``parent``."""
+        global _held
         self.uffds.extend(uffds)
+        _held += len(uffds)
         self.parent = parent
 
     def drop(self) -> None:
         """Stop tracking (idempotent): after a failed dump (it may have consumed written sets it did not keep),
         when the tasks are replaced (a rollback) or gone, or before a dump that starts a new chain."""
+        global _held
         uffds, self.uffds, self.parent = self.uffds, [], None
+        _held -= len(uffds)
         for fd in uffds:
             with contextlib.suppress(OSError):
                 os.close(fd)
 
     def full(self) -> bool:
         return len(self.uffds) >= MAX_UFFDS
+
+    def room(self, more: int) -> bool:
+        """Whether ``more`` uffds may be held besides these, by this workspace (``MAX_UFFDS``) and by this process
+        (``budget``)."""
+        return len(self.uffds) + more < MAX_UFFDS and _held + more < budget()
 
 
 def is_uffd(fd: int) -> bool:

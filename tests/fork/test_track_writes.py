@@ -152,3 +152,22 @@ async def test_one_dump_holds_at_most_max_uffds(monkeypatch: pytest.MonkeyPatch)
             async with await w.snapshot() as s2:
                 assert dump_stats(s2)["pages_skipped_parent"] == 0
                 assert dump_stats(s1)["pages_written"] > 0
+
+
+async def test_the_process_holds_at_most_its_budget_of_uffds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workspaces each under ``MAX_UFFDS`` cannot together hold more than the process's budget: a dump that would
+    pass it keeps no tracking, and what a closed workspace held is counted free again."""
+    monkeypatch.setenv("BUNSHIN_TRACK_WRITES", "1")
+    async with Workspace() as a, Workspace() as b:
+        await a.spawn(["sleep", "1000"])
+        await b.spawn(["sleep", "1000"])
+        async with await a.snapshot():
+            held = len(a._core.tracking.uffds)
+            assert held >= 2  # pid 1, the agent, the sleep: each armed
+            monkeypatch.setattr(_wptrack, "budget", lambda: held + 1)
+            async with await b.snapshot():
+                assert b._core.tracking.uffds == [] and tracked_vmas(b) == 0
+                assert len(a._core.tracking.uffds) == held
+        await a.aclose()
+        async with await b.snapshot():
+            assert 2 <= len(b._core.tracking.uffds) <= held
