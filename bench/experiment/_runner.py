@@ -41,6 +41,7 @@ from bunshin_async._exceptions import InvalidValue
 from bunshin_async._llm._replay import ReplayServer, build_turns
 from bunshin_async._llm._timing import RecordedTiming
 from bunshin_async._rollout._rollout import Budget, GroupRollout, RolloutContext, RolloutResult, Task
+from bunshin_async._rollout._state import workspace_state
 from bunshin_async._rollout._trajectory import Trajectory
 from bunshin_async._tools._tools import Tool, bash_tool
 from bunshin_async._workspace._accounting import ResourceMonitor, Subtree, accounting_scope
@@ -257,26 +258,6 @@ _VOLATILE = [
     (re.compile(r"^([-dlcbps][-rwxsStT]{9}[.+@]?) +(\d+) +(\S+) +(\S+) +", re.M), r"\1 \2 \3 \4 "),
     (re.compile(r"^(d[-rwxsStT]{9}[.+@]? \d+ \S+ \S+ )\d+", re.M), r"\1~"),
 ]
-
-# The final state of a rollout's workspace as the equivalence check compares it: every entry under /workspace
-# (type, mode, path, link target) with the hash of every regular file, and the workspace's processes. Compiled
-# bytecode is listed but not hashed: a .pyc embeds its source's mtime, which differs between runs by design.
-_STATE = (
-    "cd /workspace && find . -xdev -printf '%y %m %p -> %l\\n' | LC_ALL=C sort && "
-    "find . -xdev -type f ! -name '*.pyc' -print0 | LC_ALL=C sort -z | xargs -0 -r sha256sum"
-)
-
-
-async def workspace_state(ws: Workspace) -> str:
-    """``_STATE`` in ``ws``: files, directories, links, modes, file hashes, processes."""
-    files = await ws.exec(_STATE, timeout=60)
-    ps = await ws.exec(["ps", "-eo", "stat=,args="], timeout=60)
-    procs = sorted(
-        " ".join(words[1:])
-        for words in map(str.split, ps.stdout.splitlines())
-        if words and not words[0].startswith("Z") and words[1:2] != ["ps"] and "bunshin" not in " ".join(words)
-    )
-    return f"{files.exit_code}\n{files.stdout}--\n" + "\n".join(procs)
 
 
 def _digest(text: str) -> str:

@@ -108,13 +108,3 @@ async def workspace() -> AsyncIterator[Workspace]:
 @pytest.fixture
 def need_workspaces() -> None:
     _need_workspaces()
-
-
-async def workspace_state(ws: Workspace) -> str:
-    """What a differential test compares: the files of the workspace directory with their contents' hashes, and
-    the processes running in the workspace (but the agent's own and ``ps``)."""
-    files = await ws.exec("find . -mindepth 1 | sort; find . -type f -print0 | sort -z | xargs -0 -r sha256sum")
-    procs = await ws.exec(["ps", "-eo", "args="])
-    assert files.exit_code == 0 and procs.exit_code == 0
-    running = sorted(p for p in procs.stdout.splitlines() if "bunshin" not in p and not p.startswith("ps "))
-    return files.stdout + "--\n" + "\n".join(running)

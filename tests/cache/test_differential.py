@@ -10,10 +10,9 @@ from typing import Any
 import pytest
 
 from bunshin_async import ExecResult, ToolError, Workspace
+from bunshin_async._rollout._state import workspace_state
 from bunshin_async.cache import CachedSession, ForkStateProvider, ToolCache
 from bunshin_async.tools import builtin_tools
-
-from .conftest import workspace_state
 
 pytestmark = pytest.mark.usefixtures("need_workspaces")
 
@@ -96,6 +95,7 @@ async def test_cache_on_and_off_agree(seed: int, diverge_at: int | None, fork: b
         plain_state = await workspace_state(ws)
 
     assert cached == plain
+    assert plain_state.startswith("0\n"), plain_state  # the probe ran
     assert cached_state == plain_state
     hits = [r for r in session.history if r.hit]
     reads = [r for r in session.history if r.effect in ("read", "pure")]

@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 
 from bunshin_async import Workspace
+from bunshin_async._rollout._state import workspace_state
 from bunshin_async.cache import ForkStateProvider, ToolCache
 from bunshin_async.tools import builtin_tools
 
-from .conftest import workspace_state
 from .test_session import snapshots_on_disk, sources
 
 pytestmark = pytest.mark.usefixtures("need_workspaces")

@@ -10,6 +10,7 @@ from typing import Any
 import msgspec
 
 from bunshin_async import Workspace
+from bunshin_async._rollout._state import workspace_state
 from bunshin_async.agent import WorkspaceExecutor, run_agent
 from bunshin_async.speculation import RolloutMetrics, Speculation, TurnMetrics
 from bunshin_async.tools import Tool
@@ -34,26 +35,6 @@ class Run(msgspec.Struct, kw_only=True):
 
 
 _canon = msgspec.json.Encoder(order="deterministic")
-
-# Every directory entry under /workspace (type, mode, size of regular files, link target), regular files' hashes,
-# and every process of the workspace but its agent and this probe.
-_STATE = (
-    "cd /workspace && find . -xdev -printf '%y %m %p -> %l\\n' | LC_ALL=C sort && "
-    "find . -xdev -type f -print0 | LC_ALL=C sort -z | xargs -0 -r sha256sum"
-)
-
-
-async def workspace_state(ws: Workspace) -> str:
-    """Files, directories, links and their modes under /workspace with the files' hashes, and the processes."""
-    files = await ws.exec(_STATE, timeout=30)
-    assert files.exit_code == 0, files.stderr
-    procs = await ws.exec(["ps", "-eo", "stat=,args="], timeout=30)
-    running = sorted(
-        " ".join(p.split()[1:])
-        for p in procs.stdout.splitlines()
-        if "bunshin" not in p and p.split()[1:2] != ["ps"] and not p.lstrip().startswith("Z")
-    )
-    return files.stdout + "--\n" + "\n".join(running)
 
 
 async def agent_rollout(
@@ -95,5 +76,6 @@ async def off_and_on(client: Any, model: str, tools: Sequence[Tool], speculation
         off = await agent_rollout(client, model, ws0, tools, None)
     async with Workspace() as ws1:
         on = await agent_rollout(client, model, ws1, tools, speculation)
+    assert off.final_state.startswith("0\n"), off.final_state  # the probe ran
     assert on.calls == off.calls and on.final_state == off.final_state
     return off, on

@@ -12,6 +12,7 @@ import pytest
 
 from bunshin_async import Workspace
 from bunshin_async._llm._openai import tap_openai_stream
+from bunshin_async._rollout._state import workspace_state
 from bunshin_async._workspace._accounting import workspace_memory
 from bunshin_async.llm import FixedTiming, MessageFinished, TapEvent
 from bunshin_async.speculation import (
@@ -28,7 +29,7 @@ from bunshin_async.speculation import (
 from bunshin_async.tools import Effect, bash_tool, read_file_tool
 from speculator import CostAwarePolicy, Rule, RulePredictor
 
-from .agent_loop import agent_rollout, off_and_on, workspace_state
+from .agent_loop import agent_rollout, off_and_on
 from .conftest import bash, final, trajectory
 
 TOOLS = [bash_tool(), read_file_tool()]
