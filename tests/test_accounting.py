@@ -204,3 +204,18 @@ async def test_a_fork_s_dump_runs_in_the_scope_so_its_cpu_is_the_run_s(monkeypat
                 assert usage.cgroups == 2, usage  # the source and its copy: the dump's cgroup went with CRIU
             finally:
                 await copy.aclose()
+
+
+async def test_a_workspace_file_named_like_a_page_image_is_not_counted() -> None:
+    """Page images are told by their name (``/pages-N.img``), which a workspace can give any file it maps: a 1 TiB
+    sparse file of its own, so named and mapped, must not count as a TiB it holds (only the snapshot store's images
+    do)."""
+    async with Workspace() as ws:
+        await ws.spawn(["python3", "-c", "import mmap, os, time; "
+                        "f = os.open('/tmp/pages-1.img', os.O_RDWR | os.O_CREAT); "
+                        "os.ftruncate(f, 1 << 40); m = mmap.mmap(f, 1 << 40, mmap.MAP_PRIVATE, mmap.PROT_READ); "
+                        "open('/workspace/ready', 'w').close(); time.sleep(1e6)"])  # fmt: skip
+        with anyio.fail_after(60):
+            while (await ws.exec("test -e /workspace/ready")).exit_code:  # noqa: ASYNC110 - polls the guest
+                await anyio.sleep(0.05)
+        assert await anyio.to_thread.run_sync(workspace_memory, ws) < 1 << 30

@@ -146,8 +146,12 @@ def mapped_image_bytes(pids: Iterable[int], marker: bytes = b"/pages-") -> tuple
                             if key not in sizes:
                                 # maps pads addresses to 8 digits, map_files names them without leading zeros
                                 lo, hi = (int(x, 16) for x in fields[0].split(b"-"))
+                                # what the file holds (st_blocks), not its size: the name is no proof (a workspace
+                                # may map a sparse 1 TiB file of its own named pages-1.img); a page image is written
+                                # whole, so its blocks are its size
                                 try:
-                                    sizes[key] = os.stat(f"/proc/{pid}/map_files/{lo:x}-{hi:x}").st_size
+                                    st = os.stat(f"/proc/{pid}/map_files/{lo:x}-{hi:x}")
+                                    sizes[key] = st.st_blocks * 512
                                 except OSError:
                                     sizes[key] = 0
                     elif key is not None and line.startswith(b"Pss:"):
