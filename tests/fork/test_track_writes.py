@@ -1,7 +1,9 @@
-"""Write tracking between dumps (``Config.track_writes``, criu/patches/0013, docs/concepts/fork-pause.md): a
-checkpoint of a workspace that keeps running writes only the pages written since the previous one, and every
-snapshot of the chain restores exactly; a failed dump drops the tracking (the tasks are unregistered) and the next
-dump is whole; without the setting nothing is tracked. Page counts from CRIU's stats and digests, never timings."""
+"""Write tracking between dumps (``Config.track_writes``, criu/patches/0013, docs/concepts/fork-pause.md): the first
+snapshot is a pre-copy while the workspace runs, then a dump of what was written meanwhile; a checkpoint of a
+workspace that keeps running writes only the pages written since the previous one, and every snapshot of the chain
+restores exactly; a failed dump drops the tracking (the tasks are unregistered) and the next snapshot starts over
+with a pre-copy; a failed pre-copy leaves a whole dump; without the setting nothing is tracked. Page counts from
+CRIU's stats and digests, never timings."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from bunshin_async import ForkError, Snapshot, Workspace
 from bunshin_async._fork import _dump
 from bunshin_async._fork._snapshot import record_of
 from bunshin_async._host import _wptrack
-from bunshin_async._host._criu import criu_features
+from bunshin_async._host._criu import SwrkCriu, criu_features, rpc
 from bunshin_async._host._wptrack import WP_TRACK
 
 from .conftest import HERE
@@ -52,9 +54,13 @@ class Guest:
 
 def dump_stats(snap: Snapshot) -> dict[str, int]:
     """CRIU's stats-dump image of the snapshot: pages written and pages left to the parent images."""
+    return dump_stats_dir(record_of(snap).path)
+
+
+def dump_stats_dir(path: Path) -> dict[str, int]:
     import pycriu.images  # on sys.path once bunshin_async._host._criu is imported
 
-    with open(record_of(snap).images / "stats-dump", "rb") as f:
+    with open(path / "images" / "stats-dump", "rb") as f:
         entry: dict[str, Any] = pycriu.images.load(f)["entries"][0]["dump"]
     return {k: int(entry.get(k, 0)) for k in ("pages_written", "pages_skipped_parent")}
 
@@ -80,12 +86,25 @@ async def restored_digest(snap: Snapshot, n: int) -> str:
         await copy.aclose()
 
 
+def precopy_of(snap: Snapshot) -> Path | None:
+    """The pre-copy directory the snapshot's images are incremental on, if that is what its parent is."""
+    path = record_of(snap).path
+    try:
+        pre = path.with_name((path / "parent").read_text().strip())
+    except FileNotFoundError:
+        return None
+    return pre if (pre / "images" / "pre-dump.log").is_file() else None
+
+
 async def test_checkpoints_write_only_what_changed(guest: Workspace) -> None:
     g = Guest(guest)
     d0 = await g.ask("digest")
     async with await guest.snapshot() as s1:
         first = dump_stats(s1)
-        assert first["pages_skipped_parent"] == 0 and first["pages_written"] > BUF_PAGES
+        pre = precopy_of(s1)
+        assert pre is not None  # the first snapshot pre-copied, then dumped what was written meanwhile
+        assert dump_stats_dir(pre)["pages_written"] > BUF_PAGES
+        assert first["pages_skipped_parent"] >= BUF_PAGES and first["pages_written"] < BUF_PAGES
         assert guest._core.tracking.uffds and guest._core.tracking.parent == record_of(s1).path
         assert tracked_vmas(guest) > 0
         d1 = await g.ask("write 64")
@@ -118,9 +137,29 @@ async def test_failed_dump_drops_tracking(guest: Workspace) -> None:
         assert guest._core.tracking.uffds == [] and guest._core.tracking.parent is None
         assert tracked_vmas(guest) == 0
         async with await guest.snapshot() as s3:
-            assert dump_stats(s3)["pages_skipped_parent"] == 0  # whole again, and armed again
+            pre = precopy_of(s3)  # started over: a new pre-copy, not the snapshot before the failure
+            assert pre is not None and dump_stats_dir(pre)["pages_skipped_parent"] == 0
             assert tracked_vmas(guest) > 0
             assert await restored_digest(s3, g.n) == d1
+
+
+class FailPreDump(SwrkCriu):
+    """Fault injection at the backend interface: every pre-dump fails as a CRIU error would."""
+
+    async def call(self, req: Any, **kw: Any) -> Any:
+        if req.type == rpc.PRE_DUMP:
+            raise ForkError("criu pre_dump failed (injected)", workspace_id="")
+        return await super().call(req, **kw)
+
+
+async def test_failed_precopy_leaves_a_whole_dump(guest: Workspace) -> None:
+    g = Guest(guest)
+    d0 = await g.ask("digest")
+    async with await _dump.snapshot(guest._core, FailPreDump()) as s1:
+        assert precopy_of(s1) is None and not (record_of(s1).path / "parent").exists()
+        assert dump_stats(s1)["pages_skipped_parent"] == 0  # whole, and armed
+        assert guest._core.tracking.parent == record_of(s1).path and tracked_vmas(guest) > 0
+        assert await restored_digest(s1, g.n) == d0
 
 
 async def test_off_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
