@@ -375,9 +375,13 @@ def _mode_env(mode: str) -> tuple[str, bool]:
 def _criu_stats(snap: Snapshot) -> dict[str, float]:
     """CRIU's own split of a dump (stats-dump): how long the tree was frozen, how long reading and writing its
     pages took (ms), how many pages were written and how many left to the parent images."""
+    return _criu_stats_dir(record_of(snap).images)
+
+
+def _criu_stats_dir(images: Path) -> dict[str, float]:
     import pycriu.images  # on sys.path once bunshin_async._host._criu is imported
 
-    with open(record_of(snap).images / "stats-dump", "rb") as f:
+    with open(images / "stats-dump", "rb") as f:
         st = pycriu.images.load(f)["entries"][0]["dump"]
     return {
         "frozen_ms": st.get("frozen_time", 0) / 1000,
@@ -393,14 +397,22 @@ async def _checkpoint(ws: Workspace, track: bool) -> tuple[Snapshot, dict[str, f
     with Config.scoped(track_writes=track):
         snap = await ws.snapshot()
     took = (time.monotonic() - t0) * 1000
-    image = await anyio.to_thread.run_sync(_tree_mib, record_of(snap).images)
-    return snap, {"pause": snap.dump_ms or snap.frozen_ms or 0.0, "snapshot": took, "image": image,
-                  **_criu_stats(snap)}  # fmt: skip
+    path = record_of(snap).path
+    image = await anyio.to_thread.run_sync(_tree_mib, path / "images")
+    row = {"pause": snap.dump_ms or snap.frozen_ms or 0.0, "snapshot": took, "image": image, **_criu_stats(snap)}
+    parent = path / "parent"
+    pre = path.with_name(parent.read_text().strip()) if parent.exists() else None
+    if pre is not None and (pre / "images" / "pre-dump.log").exists():  # a tracked snapshot's pre-copy pass
+        row["precopy_frozen_ms"] = _criu_stats_dir(pre / "images")["frozen_ms"]
+    return snap, row
 
 
 def _summary(rows: list[dict[str, float]]) -> dict[str, Any]:
     keys = ("pause", "snapshot", "frozen_ms", "memdump_ms", "memwrite_ms")
     out: dict[str, Any] = {f"{k.removesuffix('_ms')}_ms": _stats([r[k] for r in rows]) for k in keys}
+    pre = [r["precopy_frozen_ms"] for r in rows if "precopy_frozen_ms" in r]
+    if pre:
+        out["precopy_frozen_ms"] = _stats(pre)
     out["image_mib"] = round(statistics.median(r["image"] for r in rows), 1)
     out["pages_written"] = statistics.median(r["pages_written"] for r in rows)
     out["pages_skipped_parent"] = statistics.median(r["pages_skipped_parent"] for r in rows)
