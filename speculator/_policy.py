@@ -68,16 +68,22 @@ class CostAwarePolicy:
     (``tool:program``), else the candidate's ``expected_seconds``, else ``default_seconds``; the LLM time is the
     running average of the turns' (``observe_llm``; ``llm_seconds`` before the first), minus the turn's elapsed
     time (but at least a quarter of it: LLM times are heavy-tailed, a long turn tends to go on); all learned
-    online. Cost: a fork's measured seconds (running average, ``fork_seconds`` before the first)
-    times ``fork_weight`` (the fork also holds the workspace for that long), or ``read_cost`` for an in-place read;
-    plus the memory a wrong guess holds: its fork's measured memory (``observe_fork``) over the rollout's own
-    (``observe_rollout_memory``) times the seconds it runs before it is discarded, times ``memory_weight`` (costs
-    are in rollout-seconds: a second saved frees the rollout's memory a second earlier, so a hit pays for its memory
-    by finishing sooner, and a miss is charged what its command held); plus, when the CPUs are busy
-    (``contention()``, 0..1, by default ``cpu_contention``), the CPU a wrong guess takes from the rollouts that share
-    them: ``(1 - probability) x expected run time x its CPU share x contention x cpu_weight``, the CPU share being
-    the CPU seconds per second its signature took on the main line (``observe_cpu``; 1 until measured): an install
-    that mostly waits on the network, or a test that sleeps, takes little CPU however long it runs.
+    online. Cost: a fork's measured seconds (running average, ``fork_seconds`` before the first) times
+    ``fork_weight``, or ``read_cost`` for an in-place read; plus, when the CPUs are busy (``contention()``, 0..1, by
+    default ``cpu_contention``), the CPU a wrong guess takes from the rollouts that share them: ``(1 - probability) x
+    expected run time x its CPU share x contention x cpu_weight``, the CPU share being the CPU seconds per second its
+    signature took on the main line (``observe_cpu``; 1 until measured): an install that mostly waits on the network,
+    or a test that sleeps, takes little CPU however long it runs.
+    Memory, in the experiment's currency (GiB·s, here byte-seconds): a fork exists beside its rollout from its launch
+    until the model asks for its call (the LLM time left in the turn, a turn more per chained call) or, if the call
+    runs longer, until it finishes (``hold_seconds``), hit or miss; a hit makes the rollout finish the hidden seconds
+    sooner, freeing its memory that much earlier (the straggler's more: ``1 + straggler_weight x lag`` times, since a
+    group's base and captures are held until its last rollout ends). A fork is launched only when that pays:
+    ``probability x hidden seconds x rollout bytes x straggler factor >= fork bytes x hold_seconds x memory_weight``
+    (``memory_net``). Fork bytes are measured as the experiment counts them (``observe_fork``: PSS, mapped page
+    images, upper dir), rollout bytes likewise (``observe_rollout_memory``); until measured a fork is as big as its
+    rollout. A copy-on-write fork holds a page image of its whole rollout, so on small workspaces with long LLM turns
+    (hold far longer than what it hides) a fork rarely pays and is not launched; in-place reads hold nothing.
     On a saturated machine only likely guesses run (a coin flip never does), so speculation backs off instead of
     slowing the rollouts it serves. When the event loop itself is saturated (``loop_load()`` at least
     ``max_loop_load``: many rollouts, short tool calls) the policy is not ``active``: the runtime does not even ask
@@ -208,21 +214,34 @@ class CostAwarePolicy:
         acc[0] += hit
         acc[1] += probability
 
+    def hideable(self, option: Launch) -> float:
+        """Seconds of LLM time ``option`` can hide: what is left of this turn's (at least a quarter of a turn: LLM
+        times are heavy-tailed, a long turn tends to go on), plus a turn per call it is chained after."""
+        llm = self.llm_seconds
+        return max(0.25 * llm, llm - option.turn_elapsed) + option.depth * llm
+
     def saving(self, option: Launch) -> float:
         """Expected seconds saved, net of cost (``select`` reads the CPU contention once per call into it)."""
         p = self.probability(option)
         run = self.expected_seconds(option)
-        llm = self.llm_seconds
-        hideable = max(0.25 * llm, llm - option.turn_elapsed) + option.depth * llm
-        gain = p * min(run, hideable) * (1 + self.straggler_weight * self.lag(option.rollout))
-        if option.needs_fork:
-            cost = self.fork_seconds.value * self.fork_weight
-            held = self.fork_bytes.value / max(self.rollout_bytes.value, 1.0)
-            cost += (1 - p) * min(run, hideable) * held * self.memory_weight
-        else:
-            cost = self.read_cost
+        gain = p * min(run, self.hideable(option)) * (1 + self.straggler_weight * self.lag(option.rollout))
+        cost = self.fork_seconds.value * self.fork_weight if option.needs_fork else self.read_cost
         cost += (1 - p) * run * self.cpu_share(option) * self._load * self.cpu_weight
         return gain - cost
+
+    def hold_seconds(self, option: Launch) -> float:
+        """How long a fork for ``option`` is expected to exist beside its rollout, hit or miss: the fork itself, then
+        until the model asks for the call (``hideable``) or the call finishes, whichever is later."""
+        return self.fork_seconds.value + max(self.expected_seconds(option), self.hideable(option))
+
+    def memory_net(self, option: Launch) -> float:
+        """Expected byte-seconds a fork for ``option`` saves, net of what it holds (negative: it cannot pay): a hit
+        frees the rollout's memory (the straggler's counts its group's share, ``straggler_weight``) the hidden
+        seconds sooner; hit or miss, the fork holds its bytes for ``hold_seconds``."""
+        p = self.probability(option)
+        hidden = min(self.expected_seconds(option), self.hideable(option))
+        saved = p * hidden * self.rollout_bytes.value * (1 + self.straggler_weight * self.lag(option.rollout))
+        return saved - self.fork_bytes.value * self.hold_seconds(option) * self.memory_weight
 
     def active(self) -> bool:
         """Whether to consider launches now (the runtime asks before it asks the predictors): not while the event
@@ -248,6 +267,8 @@ class CostAwarePolicy:
                 break
             if option.needs_fork:
                 if forks >= self.max_forks or (forks + 1) * self.fork_bytes.value > self.memory_budget:
+                    continue
+                if self.memory_net(option) < 0:
                     continue
                 if not self._group_fork_allowed(option.rollout):
                     continue

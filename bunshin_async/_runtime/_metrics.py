@@ -41,7 +41,7 @@ class BranchRecord(msgspec.Struct, frozen=True, kw_only=True):
     """One speculative branch. ``outcome``: ``committed`` (its result was used), ``wasted`` (a wrong prediction,
     or started too late to matter and discarded), ``failed`` (the fork or the run failed; the call ran normally).
     Seconds are wall time; ``cpu_seconds`` the fork's cgroup CPU time (wall time where not measurable);
-    ``memory_bytes`` the fork's peak memory plus its private files; ``depth`` the speculated calls it was chained
+    ``memory_bytes`` what the fork held (``_probes.fork_cost``); ``depth`` the speculated calls it was chained
     after (0: it ran from the rollout's state); ``probability`` that of the whole chain up to it."""
 
     position: int

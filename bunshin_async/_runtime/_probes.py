@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .._workspace._accounting import tree_bytes
+from .._workspace._accounting import tree_bytes, workspace_memory
 from .._workspace._facade import Workspace
 
 __all__ = ["cgroup_cpu_seconds", "fork_cost", "upper_bytes"]
@@ -19,10 +19,12 @@ def cgroup_cpu_seconds(ws: Workspace) -> float:
 
 
 def fork_cost(ws: Workspace) -> tuple[float, int]:
-    """(CPU seconds, memory bytes: peak of the cgroup plus the private upper dir) of a fork. Blocking."""
+    """(CPU seconds, memory bytes) of a fork. Memory as the experiment's subtree reading counts it (its processes'
+    PSS, the page images they map copy-on-write, its upper dir: ``workspace_memory``), or the cgroup's peak plus the
+    upper dir where that is more (what its command held at its height). Blocking."""
     cg = ws.cgroup
     peak = (cg.memory_peak() or 0) if cg is not None else 0
-    return cgroup_cpu_seconds(ws), peak + upper_bytes(ws)
+    return cgroup_cpu_seconds(ws), max(peak + upper_bytes(ws), workspace_memory(ws))
 
 
 def upper_bytes(ws: Workspace) -> int:

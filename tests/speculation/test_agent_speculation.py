@@ -125,7 +125,7 @@ SIBLING_SCRIPT = [
 
 async def test_a_write_predicted_from_a_sibling_is_committed_and_adopted(serve: Any) -> None:
     trajs = [trajectory("sib", SIBLING_SCRIPT, rollout=i) for i in range(2)]
-    table, policy = SiblingTable(), CostAwarePolicy(contention=None)
+    table, policy = SiblingTable(), CostAwarePolicy(contention=None, memory_weight=0.0)
     # Writes under a second are not captured: the cache re-runs them, so speculation may run them ahead.
     async with serve(trajs) as client, ToolCache(provider=ForkStateProvider(), capture_min_duration=1.0) as cache:
         results = []

@@ -35,7 +35,7 @@ def _group(policy: CostAwarePolicy, progress: dict[str, int]) -> None:
 
 
 def test_the_group_straggler_gets_the_last_forks() -> None:
-    policy = CostAwarePolicy(contention=None, group_forks=3, straggler_reserve=1, llm_seconds=3.0)
+    policy = CostAwarePolicy(contention=None, group_forks=3, straggler_reserve=1, llm_seconds=3.0, memory_weight=0)
     _group(policy, {"a": 9, "b": 4, "c": 7})  # b is furthest behind
     assert policy.lag("b") == 1.0 and policy.lag("a") == 0.0 and policy.lag("c") == pytest.approx(0.4)
     # the same guess is worth more for the straggler: its saving shortens the group's latency
@@ -64,18 +64,19 @@ def test_a_lone_rollout_is_nobodys_straggler() -> None:
     policy = CostAwarePolicy(contention=None)
     _group(policy, {"solo": 3})
     assert policy.lag("solo") == 0.0
-    # the gain, less the fork's time and the memory a wrong guess holds (a fork as big as its rollout until measured)
-    assert policy.saving(_launch("solo", 3)) == pytest.approx(0.6 * 2.0 - 0.2 - 0.4 * 2.0)
+    # the gain, less the fork's time (its memory is weighed apart, in GiB·s: memory_net)
+    assert policy.saving(_launch("solo", 3)) == pytest.approx(0.6 * 2.0 - 0.2)
 
 
 def test_a_chained_launch_pays_with_its_chain_probability_within_the_llm_time_it_can_hide() -> None:
-    policy = CostAwarePolicy(contention=None, llm_seconds=1.0, max_depth=2)
+    policy = CostAwarePolicy(contention=None, llm_seconds=1.0, max_depth=2, memory_weight=0)
     one = _launch("r", 0, p=0.9, seconds=5.0)
     two = _launch("r", 0, p=0.9, seconds=5.0, depth=1, prior=0.9)
     assert two.probability == pytest.approx(0.81)
-    # at most this turn's LLM time (a wrong guess is discarded by then: it holds its fork that long)
-    assert policy.saving(one) == pytest.approx(0.9 * 1.0 - 0.2 - 0.1 * 1.0)
-    assert policy.saving(two) == pytest.approx(0.81 * 2.0 - 0.2 - 0.19 * 2.0)  # this turn's and the next one's
+    # at most this turn's LLM time
+    assert policy.saving(one) == pytest.approx(0.9 * 1.0 - 0.2)
+    assert policy.saving(two) == pytest.approx(0.81 * 2.0 - 0.2)  # this turn's and the next one's
+    assert policy.hold_seconds(two) == pytest.approx(0.2 + 5.0)  # its fork is held until its 5 s call ends
     unlikely = _launch("r", 0, p=0.3, seconds=5.0, depth=1, prior=0.1)
     assert policy.select([unlikely], running=0, forks=0) == []  # 0.03: below min_probability
     too_deep = _launch("r", 0, p=1.0, seconds=5.0, depth=3)
@@ -83,7 +84,7 @@ def test_a_chained_launch_pays_with_its_chain_probability_within_the_llm_time_it
 
 
 def test_a_predictor_that_never_matches_stops_launching_and_a_calibrated_one_keeps_its_odds() -> None:
-    policy = CostAwarePolicy(contention=None, llm_seconds=3.0, prior_weight=2.0)
+    policy = CostAwarePolicy(contention=None, llm_seconds=3.0, prior_weight=2.0, memory_weight=0)
     guess = _launch("r", 0, p=0.9, seconds=2.0)  # source "": one predictor's guesses
     assert policy.probability(guess) == pytest.approx(0.9)  # nothing observed yet: taken at its word
     assert len(policy.select([guess], running=0, forks=0)) == 1
@@ -129,21 +130,38 @@ def test_a_predictor_whose_launched_guesses_are_never_used_stops_launching() -> 
     assert policy.calibration("") == pytest.approx((8 + 2) / (8 + 2))
 
 
-def test_a_wrong_guess_is_charged_the_memory_its_fork_holds_against_the_rollouts() -> None:
+def test_a_fork_is_launched_only_when_the_gib_seconds_it_saves_pay_for_what_it_holds() -> None:
+    """A fork exists beside its rollout from its launch until the model asks for its call (or the call ends), hit or
+    miss; a hit frees the rollout's memory the hidden seconds sooner. Byte-seconds, the experiment's currency."""
+    mib = 1 << 20
     policy = CostAwarePolicy(contention=None, llm_seconds=3.0, fork_seconds=0.2)
-    guess = _launch("r", 0, p=0.6, seconds=2.0)
-    policy.observe_rollout_memory(64 << 20)
-    for _ in range(10):  # its forks run commands that hold four times the rollout's memory
-        policy.observe_fork(0.2, 256 << 20)
-    assert policy.saving(guess) == pytest.approx(0.6 * 2.0 - 0.2 - 0.4 * 2.0 * 4, rel=1e-3)
-    assert policy.select([guess], running=0, forks=0) == []  # a 40% chance of holding 4x for 2 s: not worth it
+    policy.observe_rollout_memory(64 * mib)
+    policy.observe_fork(0.2, 64 * mib)  # a copy-on-write fork holds an image of its whole rollout
     sure = _launch("r", 0, p=1.0, seconds=2.0)
-    assert len(policy.select([sure], running=0, forks=0)) == 1  # a sure guess holds nothing it would not have
-    for _ in range(10):  # small forks: the same guess pays
-        policy.observe_fork(0.2, 4 << 20)
-    assert len(policy.select([guess], running=0, forks=0)) == 1
-    in_place = msgspec.structs.replace(guess, effect=Effect.READ)
-    assert policy.saving(in_place) == pytest.approx(0.6 * 2.0 - policy.read_cost)  # a read holds no fork
+    # hides its 2 s run, but is held 0.2 s (the fork) + 3 s (until the model asks for it): 2 x 64 < 3.2 x 64
+    assert policy.hold_seconds(sure) == pytest.approx(3.2)
+    assert policy.memory_net(sure) == pytest.approx((1.0 * 2.0 - 3.2) * 64 * mib)
+    assert policy.saving(sure) > 0 and policy.select([sure], running=0, forks=0) == []  # saves time, not GiB·s
+    in_place = msgspec.structs.replace(sure, effect=Effect.READ)
+    assert policy.select([in_place], running=0, forks=0) == [in_place]  # a read holds no fork
+    # a run as long as the turn: held about as long as it hides; a sure guess then pays, a likely one does not
+    long = _launch("r", 0, p=1.0, seconds=3.0)
+    assert policy.memory_net(long) == pytest.approx((3.0 - 3.2) * 64 * mib)
+    policy.observe_fork(0.2, 32 * mib)  # forks half the rollout's size (running average: 0.7 x 64 + 0.3 x 32)
+    assert policy.memory_net(long) > 0 and len(policy.select([long], running=0, forks=0)) == 1
+    assert policy.select([_launch("r", 0, p=0.6, seconds=3.0)], running=0, forks=0) == []
+    # long LLM turns on a small workspace: held for the whole turn, hiding only the run: never
+    slow_model = CostAwarePolicy(contention=None, llm_seconds=30.0, fork_seconds=0.2)
+    slow_model.observe_rollout_memory(16 * mib)
+    slow_model.observe_fork(0.2, 16 * mib)
+    assert slow_model.select([_launch("r", 0, p=1.0, seconds=2.0)], running=0, forks=0) == []
+    # a group's straggler finishing sooner frees more than its own workspace (its group's base and captures)
+    group = CostAwarePolicy(contention=None, llm_seconds=3.0, fork_seconds=0.2, group_forks=4)
+    group.observe_rollout_memory(64 * mib)
+    group.observe_fork(0.2, 60 * mib)
+    _group(group, {"front": 9, "behind": 4})
+    assert group.select([_launch("front", 9, p=0.9, seconds=3.0)], running=0, forks=0) == []
+    assert len(group.select([_launch("behind", 4, p=0.9, seconds=3.0)], running=0, forks=0)) == 1
 
 
 def test_the_run_times_kept_are_the_last_calls_run() -> None:

@@ -13,6 +13,7 @@ import pytest
 from bunshin_async import Workspace
 from bunshin_async._llm._openai import tap_openai_stream
 from bunshin_async._rollout._state import workspace_state
+from bunshin_async._runtime._probes import fork_cost
 from bunshin_async._workspace._accounting import workspace_memory
 from bunshin_async.llm import FixedTiming, MessageFinished, TapEvent
 from bunshin_async.speculation import (
@@ -37,7 +38,7 @@ SLOW = "sleep 1; echo x > f"
 
 
 def rules(*rs: Rule) -> Speculation:
-    return Speculation(predictors=[RulePredictor(rs)], policy=CostAwarePolicy(contention=None))
+    return Speculation(predictors=[RulePredictor(rs)], policy=CostAwarePolicy(contention=None, memory_weight=0.0))
 
 
 async def test_correct_prediction_of_slow_write_commits_the_fork(serve: Any) -> None:
@@ -98,7 +99,7 @@ class _AlwaysWrong:
 
 async def test_a_predictor_that_is_never_right_stops_being_launched(serve: Any) -> None:
     steps = [bash(f"echo {i} > f{i}", llm=0.1) for i in range(24)] + [final()]
-    policy = CostAwarePolicy(contention=None)
+    policy = CostAwarePolicy(contention=None, memory_weight=0.0)
     spec = Speculation(predictors=[_AlwaysWrong()], policy=policy)
     async with serve([trajectory("never", steps)]) as client:
         off, on = await off_and_on(client, "replay:never", TOOLS, spec)
@@ -132,7 +133,7 @@ async def test_a_saturated_event_loop_pauses_speculation(serve: Any) -> None:
     launched, each skipped decision point is counted; with room on the loop again the same policy speculates."""
     steps = [bash(f"echo {i} > f{i}", llm=0.1) for i in range(4)] + [final()]
     load = [1.0]
-    policy = CostAwarePolicy(contention=None, loop_load=lambda: load[0], max_loop_load=0.8)
+    policy = CostAwarePolicy(contention=None, loop_load=lambda: load[0], max_loop_load=0.8, memory_weight=0.0)
     busy, idle = _Counting(), _Counting()
     async with serve([trajectory("busy", steps)]) as client:
         off, on = await off_and_on(client, "replay:busy", TOOLS, Speculation(predictors=[busy], policy=policy))
@@ -166,7 +167,8 @@ async def test_the_policy_learns_which_calls_compute_and_which_wait(serve: Any) 
 
 async def test_a_restored_copys_footprint_counts_the_page_image_it_maps() -> None:
     """A rollout that is a copy-on-write copy maps its snapshot's page image, which its cgroup is not charged for: its
-    footprint (what a fork's memory is weighed against) counts it, so a fork is not judged many times its size."""
+    footprint (what a fork's memory is weighed against) counts it, so a fork is not judged many times its size; and
+    so does a fork's own cost (``fork_cost``), so a fork is not judged a tenth of what it holds."""
     hold = "import os, time; x = os.urandom(48 << 20); open('/workspace/ready', 'w').close(); time.sleep(1e6)"
     async with Workspace() as ws:
         await ws.spawn(["python3", "-c", hold])
@@ -177,6 +179,8 @@ async def test_a_restored_copys_footprint_counts_the_page_image_it_maps() -> Non
         try:
             footprint = await anyio.to_thread.run_sync(workspace_memory, copy)
             assert footprint >= 48 << 20, footprint
+            _cpu, cost = await anyio.to_thread.run_sync(fork_cost, copy)  # what a branch's fork is charged
+            assert cost >= 48 << 20, cost
             assert copy.cgroup is not None
             peak = copy.cgroup.memory_peak() or 0
             if copy.fork_mode == "criu-cow":  # the image is charged to no copy: the cgroup alone would say ~nothing
@@ -198,7 +202,7 @@ async def test_cancelling_the_turn_cancels_every_branch(serve: Any) -> None:
         Rule(after="start", then_tool="bash", then_args={"command": "sleep 20; echo w > w"}, expected_seconds=20),
         Rule(after="start", then_tool="bash", then_args={"command": "sleep 20; cat start"}, expected_seconds=20),
     ]
-    spec = Speculation(predictors=[RulePredictor(rs)], policy=CostAwarePolicy(contention=None))
+    spec = Speculation(predictors=[RulePredictor(rs)], policy=CostAwarePolicy(contention=None, memory_weight=0.0))
     async with serve([trajectory("cancel", steps)]) as client:
         async with Workspace() as ws, WorkspaceHandle(ws) as handle:
             msgs: list[dict[str, Any]] = [{"role": "user", "content": "x"}]
