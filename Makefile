@@ -39,7 +39,7 @@ fresh-check:
 
 # Each benchmark through the report generator: its JSON is recorded (date, machine, load, command) in
 # bench/results/NAME.record.json and the pages of docs/benchmarks and README's headline table are regenerated.
-BENCHES = workspace fork kmod cache experiment gui security images peers integrations cluster soak
+BENCHES = workspace fork kmod cache experiment gui security images peers integrations e2b cluster soak
 bench: setup
 	for b in $(BENCHES); do .venv/bin/python bench/report.py run $$b || exit 1; done
 	.venv/bin/python -m bench.experiment --workload terminal --repeats 5 --time-scale 0.25 --out bench/results/terminal

@@ -121,6 +121,14 @@ BENCHES: dict[str, Bench] = {
         (PY, "bench/integrations_bench.py"),
         ("--quick",),
     ),
+    "e2b": Bench(
+        "The E2B protocol",
+        "The unmodified `e2b` SDK (async) through `E2BServer` beside the native SDK in one process, interleaved "
+        "sample by sample: create to first command, a command's round trip, a 4 KiB file write and read, and "
+        "`fork(count=8)` of a sandbox with a running process. `ratio` is the protocol's median over the native one.",
+        (PY, "bench/e2b_bench.py"),
+        ("--quick",),
+    ),
     "peers": Bench(
         "Compared with Docker, Podman and bubblewrap",
         "Bunshin beside Docker, Podman and bubblewrap on the same Debian base image, all in one run (`make "
@@ -533,6 +541,13 @@ def _mib(v: Any) -> str | None:
     return None if not isinstance(v, (int, float)) else f"{fmt(float(v))} MiB"
 
 
+def _e2b_ratios(rec: dict[str, Any]) -> str | None:
+    ratios = [dig(rec, row, "ratio") for row in ("create_to_first_command", "command_round_trip", "fork8")]
+    if any(not isinstance(r, (int, float)) for r in ratios):
+        return None
+    return " / ".join(f"{fmt(float(r))}x" for r in ratios)  # type: ignore[arg-type]
+
+
 HEADLINES = [
     Headline("create a workspace to its first exec (median)", "workspace",
              lambda r: _ms(dig(r, "agents", "c", "create_to_first_exec_ms", "median"))),
@@ -545,6 +560,7 @@ HEADLINES = [
     Headline("a copy from a snapshot with warm spares (median)", "fork",
              lambda r: _ms(dig(r, "measured", "warm_from_snapshot_ms_p50"))),
     Headline("GRPO group, fork+cache vs baseline: peak / total memory / latency", "experiment", _experiment_vs),
+    Headline("the E2B protocol over the native SDK: create / command / fork(8), median ratios", "e2b", _e2b_ratios),
 ]  # fmt: skip
 
 
