@@ -24,6 +24,7 @@ failure, an httpx error) are translated once, where the foreign system is called
     │       └── PathTooLong      a path is longer than the kernel takes (``length``, ``limit``): no file is named
     ├── TransferError            a snapshot could not be exported or imported (``snapshot_id``); nothing half-imported
     ├── HostError                a workspace host of a cluster failed or died (``host``); its rollouts fail, not others
+    ├── HostCallError            one call failed inside a host that is alive (``host``, ``error``); its workspaces stay
     ├── LLMError                 talking to a model endpoint failed
     │   ├── LLMConnectionError   the endpoint could not be reached (after retries)
     │   ├── LLMHTTPError         the endpoint answered an error status (``status``)
@@ -57,6 +58,7 @@ __all__ = [
     "DisplayError",
     "FileNotFound",
     "ForkError",
+    "HostCallError",
     "HostError",
     "ImageError",
     "InvalidArgument",
@@ -301,6 +303,18 @@ class HostError(BunshinError):
 
     def __init__(self, message: str, *, host: str) -> None:
         super().__init__(message, host=host)
+
+
+class HostCallError(BunshinError):
+    """One call failed inside a workspace host that is still alive (``host`` names it; ``error`` is the type of what
+    it raised there, not a ``BunshinError``): that call failed, the host and its workspaces stay usable. Not a
+    ``HostError``, which says they are gone."""
+
+    host: str
+    error: str
+
+    def __init__(self, message: str, *, host: str, error: str) -> None:
+        super().__init__(message, host=host, error=error)
 
 
 class LLMError(BunshinError):

@@ -109,6 +109,7 @@ def test_every_error_is_a_bunshin_error_and_pickles() -> None:
         _exceptions.StoreFull("full", workspace_id="abc", store="/dev/shm/bunshin-snap", free_bytes=0),
         _exceptions.TransferError("truncated", snapshot_id="0123456789ab"),
         _exceptions.HostError("died", host="n1"),
+        _exceptions.HostCallError("KeyError in host n1: 'x'", host="n1", error="KeyError"),
         _exceptions.UsageError("fed twice", what="SpeculativeTurn"),
         _exceptions.InvalidValue("n must be at least 1", argument="n"),
     ]

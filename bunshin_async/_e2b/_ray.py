@@ -36,7 +36,8 @@ DEFAULT_SLOTS = 16
 
 class RemoteHandle:
     """A sandbox's workspace on a host. A host that died or cannot be reached took the workspace with it: that is
-    ``WorkspaceClosed`` here, as a local workspace whose init died."""
+    ``WorkspaceClosed`` here, as a local workspace whose init died. An error inside a live host (``HostCallError``)
+    fails that call only: it passes as itself and the sandbox stays."""
 
     limits: Limits | None = None
 

@@ -11,7 +11,14 @@ import anyio
 import pytest
 import ray
 
-from bunshin_async import FileNotFound, HostError, PathOutsideWorkspace, TransferError, WorkspaceClosed
+from bunshin_async import (
+    FileNotFound,
+    HostCallError,
+    HostError,
+    PathOutsideWorkspace,
+    TransferError,
+    WorkspaceClosed,
+)
 from bunshin_async.integrations._ray import _remote
 from bunshin_async.integrations.ray import ClusterGroupRollout, RayCluster, RemoteWorkspace
 from bunshin_async.rollout import RolloutContext, Step, Task, Trajectory
@@ -197,6 +204,24 @@ class DyingSource:
                 os._exit(1)
             i += 1
             yield await ref
+
+
+async def test_an_error_inside_a_live_host_fails_the_call_not_the_host(cluster: RayCluster) -> None:
+    """A host method that raises something other than a ``BunshinError`` (here a real TypeError: an argument the
+    workspace method does not take; an unhashable owner) is that call's ``HostCallError``, never the ``HostError``
+    that says the host and its workspaces are gone; the workspace goes on serving."""
+    n1 = cluster.host("n1")
+    async with await cluster.workspace(n1) as ws:
+        await ws.write_file("/workspace/kept.txt", "kept")
+        with pytest.raises(HostCallError, match="TypeError in host n1") as in_reply:  # caught by the host's _run
+            await ws._proxy("exec", "true", no_such_argument=1)
+        assert not isinstance(in_reply.value, HostError) and in_reply.value.error == "TypeError"
+        with pytest.raises(HostCallError, match="TypeError in host n1") as raised:  # out of the method, through Ray
+            await n1.raw("renew", ["an", "unhashable", "owner"])
+        assert raised.value.host == "n1" and raised.value.error == "TypeError"
+        assert await ws.read_text("/workspace/kept.txt") == "kept"
+        assert (await ws.exec("echo alive")).stdout == "alive\n"
+        assert (await n1.info()).workspaces == 1
 
 
 async def test_a_transfer_cut_by_a_dying_source_leaves_nothing(cluster: RayCluster) -> None:

@@ -15,7 +15,8 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import anyio
 import anyio.from_thread
@@ -26,7 +27,7 @@ from e2b import AsyncSandbox
 
 from bunshin_async._e2b._ray import RayBackend, RemoteHandle
 from bunshin_async.integrations.e2b import E2BServer
-from bunshin_async.integrations.ray import HostConfig, RayCluster
+from bunshin_async.integrations.ray import HostConfig, RayCluster, RemoteWorkspace
 from tests.e2b.conftest import Served
 from tests.e2b.test_sdk import (  # the single-host suite, run here against sandboxes on the cluster
     _ask,
@@ -173,6 +174,31 @@ async def test_serve_with_ray_starts_a_host_per_node_and_stops_them(ray_env: Ray
             await anyio.sleep(0.2)
     refused = subprocess.run([*argv[:-1], "0"], capture_output=True, text=True, env=env, timeout=120)
     assert refused.returncode == 2 and "at least one workspace slot" in refused.stderr
+
+
+async def test_an_error_inside_a_live_host_is_an_error_of_that_call(
+    e2b_server: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A host that raises something other than a ``BunshinError`` (a real TypeError in the host: the injected fault
+    sends the workspace's spawn an argument it does not take) fails that command with a clear error; the sandbox
+    is not reported unreachable and goes on running commands."""
+    real = RemoteWorkspace.spawn
+
+    async def spawn(self: RemoteWorkspace, cmd: Sequence[str], **kwargs: Any) -> int:
+        if "host-fault" in " ".join(cmd):
+            kwargs["no_such_argument"] = 1
+        return await real(self, cmd, **kwargs)
+
+    monkeypatch.setattr(RemoteWorkspace, "spawn", spawn)
+    sbx = await AsyncSandbox.create()
+    try:
+        with pytest.raises(e2b.exceptions.SandboxException, match="TypeError in host") as failed:
+            await sbx.commands.run("echo host-fault")
+        assert not isinstance(failed.value, e2b.exceptions.SandboxUnreachableException), failed.value
+        assert (await sbx.commands.run("echo alive")).stdout == "alive\n"
+        assert await sbx.is_running()
+    finally:
+        await sbx.kill()
 
 
 async def test_a_dead_host_stops_its_sandboxes_only(ray_env: RayEnv, e2b_hosts: RayCluster, e2b_server: Served) -> None:

@@ -1,6 +1,7 @@
 """What a client holds: a host (``HostRef``), a workspace on it (``RemoteWorkspace``) and a snapshot it keeps
-(``RemoteSnapshot``). A ``BunshinError`` raised in a host reaches the caller as itself; a host that died or cannot
-be reached is a ``HostError`` naming its node."""
+(``RemoteSnapshot``). A ``BunshinError`` raised in a host reaches the caller as itself, any other error raised in a
+live host as ``HostCallError`` (the workspace stays usable); a host that died or cannot be reached is a
+``HostError`` naming its node."""
 
 from __future__ import annotations
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -18,7 +19,7 @@ from typing import Any
 
 import anyio
 
-from ..._exceptions import BunshinError, WorkspaceClosed
+from ..._exceptions import BunshinError, HostCallError, WorkspaceClosed
 from ..._fork._snapshot import Snapshot
 from ..._fork._transfer import TransferStats, export_snapshot
 from ..._host import _paths, _snapstore
@@ -32,6 +33,8 @@ from ._holdings import Holdings, snapshot_bytes
 from ._hostcache import HostCache
 from ._model import HostConfig, HostInfo, Reply
 from ._remote import node_id
+
+log = logging.getLogger(__name__)
 
 PROXIED = frozenset({"exec", "read_file", "read_text", "write_file", "list_dir", "remove", "spawn", "ping"})
 """The ``Workspace`` methods a handle may call through ``WorkspaceHost.call``."""
@@ -55,7 +58,8 @@ and signal (by its in-workspace pid), and the environment and default user of th
 
 class WorkspaceHost:
     """The actor that owns one node's workspaces (``ray.remote(WorkspaceHost)``). Its methods take and return
-    plain values; every ``BunshinError`` is returned in a ``Reply`` so that the caller raises it unchanged."""
+    plain values; every ``BunshinError`` is returned in a ``Reply`` so that the caller raises it unchanged, any other
+    error as a ``HostCallError`` (a call that failed in a live host is not a dead host)."""
 
     def __init__(self, name: str, config: HostConfig) -> None:
         os.environ.update(config.env)
@@ -79,6 +83,10 @@ class WorkspaceHost:
             return Reply(value=await fn())
         except BunshinError as exc:
             return Reply(error=exc)
+        except Exception as exc:  # this call failed, not the host: its workspaces stay (``HostError`` says gone)
+            log.warning("host %s: a call failed", self.name, exc_info=True)
+            error = type(exc).__name__
+            return Reply(error=HostCallError(f"{error} in host {self.name}: {exc}", host=self.name, error=error))
 
     def _ws(self, ws_id: str) -> Workspace:
         ws = self.held.workspace(ws_id)

@@ -1,5 +1,6 @@
 """Ray behind one small interface: the only module of the integration that imports ``ray``. Calls to a host actor,
-the streams it exports, and Ray's errors as the caller sees them: the ``BunshinError`` the host raised, or
+the streams it exports, and Ray's errors as the caller sees them: the ``BunshinError`` the host raised,
+``HostCallError`` for another error raised in a host that is alive (that call failed, its workspaces stay), or
 ``HostError`` naming a host that died or cannot be reached."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ import functools
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from ..._exceptions import BunshinError, HostError
+from ..._exceptions import BunshinError, HostCallError, HostError
 from .._require import require
 from ._model import NAMESPACE, HostConfig, host_actor_name
 
@@ -22,10 +23,15 @@ FRAMES_IN_FLIGHT = 4
 
 
 def unwrap(exc: BaseException, host: str) -> BaseException:
-    """A Ray error as what the caller should see: the ``BunshinError`` inside, or ``HostError``."""
+    """A Ray error as what the caller should see: the ``BunshinError`` inside; ``HostCallError`` when the host's
+    method raised something else (the host is alive: Ray reports a dead one as ``RayActorError``); ``HostError``
+    when the host died or cannot be reached."""
     cause = getattr(exc, "cause", None)
     if isinstance(cause, BunshinError):
         return cause
+    if isinstance(exc, ray.exceptions.RayTaskError):
+        error = type(cause).__name__ if cause is not None else "RayTaskError"
+        return HostCallError(f"{error} in host {host}: {cause if cause is not None else exc}", host=host, error=error)
     if isinstance(exc, ray.exceptions.RayActorError | ray.exceptions.ActorUnavailableError):
         return HostError(f"host {host} died or is unreachable: {type(exc).__name__}", host=host)
     if isinstance(exc, ray.exceptions.RayError):
