@@ -8,9 +8,10 @@ import threading
 import anyio
 import pytest
 
-from bunshin_async import HostCallError
+from bunshin_async import HostCallError, TransferError
 from bunshin_async._workspace._core import WorkspaceCore
-from bunshin_async.integrations._ray import _host
+from bunshin_async.integrations._ray import _fetches, _host
+from bunshin_async.integrations._ray._holdings import Holdings
 from bunshin_async.integrations._ray._host import WorkspaceHost
 from bunshin_async.integrations.ray import HostConfig
 
@@ -98,3 +99,45 @@ async def test_shutdown_closes_every_workspace_though_one_close_fails(failing_te
         assert (await host.create(owner, None, None, {})).error is None
     assert await host.shutdown() == []
     assert host.held.limiter.in_use == 0 and not host.held.workspaces
+
+
+async def test_a_fetch_lock_goes_when_no_one_holds_or_waits_on_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host fetches a snapshot per source snapshot at a time, under a lock per key: the lock is there while a
+    fetch holds or waits on it (a waiter cancelled too), then gone, whatever the fetch did (injected: an import
+    that waits for the test, then fails)."""
+    gate = anyio.Event()
+    imports: list[str] = []
+
+    async def import_snapshot(frames: object) -> None:
+        imports.append("in")
+        await gate.wait()
+        raise TransferError("injected: cut", snapshot_id="s")
+
+    monkeypatch.setattr(_fetches, "import_snapshot", import_snapshot)
+    monkeypatch.setattr(_fetches, "pull", lambda *args: None)
+    fetches = _fetches.Fetches(Holdings("t", 1, 30.0), lambda snap_id: pytest.fail(snap_id))
+    failed: list[str] = []
+
+    async def fetch(source: str, snap_id: str) -> None:
+        with pytest.raises(TransferError):
+            await fetches.fetch(None, source, snap_id, "owner")
+        failed.append(f"{source}/{snap_id}")
+
+    async with anyio.create_task_group() as tg:
+        for source, snap_id in (("a", "s1"), ("a", "s1"), ("b", "s2")):
+            tg.start_soon(fetch, source, snap_id)
+        waiter = anyio.CancelScope()
+
+        async def waiting() -> None:  # a third fetch of a/s1, cancelled while it waits
+            with waiter:
+                await fetches.fetch(None, "a", "s1", "owner")
+
+        tg.start_soon(waiting)
+        with anyio.fail_after(5):
+            while len(imports) < 2 or fetches.locks.users("a/s1") < 3:
+                await anyio.sleep(0.01)
+        assert len(fetches.locks) == 2 and imports == ["in", "in"]  # one import per key at a time
+        waiter.cancel()
+        gate.set()
+    assert sorted(failed) == ["a/s1", "a/s1", "b/s2"] and len(imports) == 3
+    assert len(fetches.locks) == 0

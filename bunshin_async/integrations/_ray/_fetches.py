@@ -4,7 +4,8 @@ model uses it). A host's own copy of a source snapshot is fetched once and hande
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
@@ -16,6 +17,34 @@ from ._placement import mean_update
 from ._remote import pull
 
 
+class KeyedLocks:
+    """One lock per key, there only while someone holds or waits on it: a host fetches snapshots for as long as it
+    runs, and a lock kept per key it ever fetched would grow without bound."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[anyio.Lock, list[int]]] = {}  # key -> (lock, [holders and waiters])
+
+    @contextlib.asynccontextmanager
+    async def hold(self, key: str) -> AsyncIterator[None]:
+        lock, users = self._locks.setdefault(key, (anyio.Lock(), [0]))
+        users[0] += 1
+        try:
+            async with lock:
+                yield
+        finally:  # also a waiter cancelled before it got the lock
+            users[0] -= 1
+            if not users[0]:
+                del self._locks[key]
+
+    def users(self, key: str) -> int:
+        """How many hold or wait on ``key``'s lock."""
+        entry = self._locks.get(key)
+        return 0 if entry is None else entry[1][0]
+
+    def __len__(self) -> int:
+        return len(self._locks)
+
+
 class Fetches:
     """The fetches of the host whose holdings are ``held``; ``lookup`` finds a snapshot the host holds by id (or
     raises)."""
@@ -25,7 +54,7 @@ class Fetches:
         self.lookup = lookup
         self.fetched: dict[str, str] = {}  # "<source host>/<snapshot id>" -> local snapshot id (the host's own)
         self.bandwidth: dict[str, float] = {}  # source host -> bytes/s of transfers from it (a running mean)
-        self._locks: dict[str, anyio.Lock] = {}
+        self.locks = KeyedLocks()  # one fetch per source snapshot at a time
 
     async def fetch(
         self, source: Any, source_name: str, snap_id: str, owner: str | None
@@ -36,7 +65,7 @@ class Fetches:
         key = f"{source_name}/{snap_id}"
         if source_name == self.held.name:
             return snap_id, await snapshot_bytes(self.lookup(snap_id)), None
-        async with self._locks.setdefault(key, anyio.Lock()):
+        async with self.locks.hold(key):
             known = self.fetched.get(key)
             if known is not None and self.held.snapshot(known) is not None and owner is None:
                 return known, await snapshot_bytes(self.lookup(known)), None
