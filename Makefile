@@ -34,7 +34,8 @@ test-unit:
 # host Python).
 fresh-check:
 	scripts/check-fresh-setup.sh bookworm
-	FRESH_TESTS="tests/agent tests/workspace tests/setup/test_wheel.py \
+	FRESH_TESTS="tests/host/agent tests/host/test_kernel.py tests/workspace/test_isolation.py \
+		tests/workspace/test_lifecycle.py tests/workspace/test_tools.py tests/setup/test_wheel.py \
 		tests/integrations/test_harnesses.py::test_harbor_suite" scripts/check-fresh-setup.sh trixie
 
 # Each benchmark through the report generator: its JSON is recorded (date, machine, load, command) in

@@ -33,7 +33,7 @@ from _stats import pss_kib, summary  # noqa: E402
 from bunshin_async import Workspace  # noqa: E402
 from bunshin_async._fork._modes import cow_available  # noqa: E402
 
-FORM = Path(__file__).resolve().parent.parent / "tests" / "gui" / "form_app.py"
+FORM = Path(__file__).resolve().parent.parent / "tests" / "workspace" / "gui" / "form_app.py"
 ANCHOR_S_PER_BRANCH = 3.7
 ANCHOR_GIB_PER_COPY = 0.56
 ANCHOR = {

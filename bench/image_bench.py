@@ -2,7 +2,7 @@
 GNU tar unpacking the same layers; create-to-first-exec on an imported image against the built-in base image; disk
 used by two images that share their base layer.
 
-Uses the real Docker engine and the test images of tests/image (built and cached in the engine on first use).
+Uses the real Docker engine and the test images of tests/images (built and cached in the engine on first use).
 Prints one JSON object; times in milliseconds (median, p90). ``BENCH_REPS`` sets the repetitions (default 3 for
 imports, 10x that for starts).
 """
@@ -30,7 +30,7 @@ from _stats import summary  # noqa: E402
 from bunshin_async import Image, Workspace  # noqa: E402
 from bunshin_async._images._docker import AiodockerEngine  # noqa: E402
 from bunshin_async._images._layers import LayerStore  # noqa: E402
-from tests.image import _build  # noqa: E402
+from tests.images import _build  # noqa: E402
 
 
 def disk_bytes(path: Path) -> int:

@@ -37,7 +37,7 @@ def test_every_listed_page_has_code() -> None:
 def task_image() -> str:
     """``my-task:latest`` on the local Docker engine, built from the images guide's own Dockerfile over the test
     suite's Debian base (no registry is reachable: its ``FROM`` is replaced)."""
-    from tests.image._build import bookworm
+    from tests.images._build import bookworm
 
     [dockerfile] = blocks("docs/guides/images.md", "dockerfile")
     dockerfile = re.sub(r"^FROM .*$", f"FROM {bookworm()}", dockerfile, count=1, flags=re.M)

@@ -331,7 +331,7 @@ async def test_async_watch_dir_sees_create_write_remove(e2b_server: Served) -> N
 
 @pytest.mark.slow
 async def test_a_docker_reference_is_a_template(e2b_server: Served) -> None:
-    from tests.image._build import bookworm
+    from tests.images._build import bookworm
 
     tag = await anyio.to_thread.run_sync(bookworm)  # an image of the local Docker engine, not imported yet
     sandboxes = []

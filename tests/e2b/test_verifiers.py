@@ -20,7 +20,7 @@ PYTHON = ROOT / ".venv-verifiers" / "bin" / "python"
 
 
 def test_verifiers_e2b_runtime_runs_commands_and_files(e2b_server: Served, tmp_path: Path) -> None:
-    from tests.image._build import bookworm
+    from tests.images._build import bookworm
 
     assert PYTHON.exists(), f"{PYTHON} is missing: run `make setup` (scripts/harness-env.sh)"
     image = bookworm()  # a Docker image of the local engine: the template is built from it

@@ -17,7 +17,7 @@ from minisweagent.models.test_models import DeterministicModel, make_output
 
 from bunshin_async.integrations._portal import PortalRuntime
 from bunshin_async.integrations.mini_swe_agent import BunshinEnvironment, default_runtime
-from tests.image import _build
+from tests.images import _build
 from tests.test_exported_members import check_public_module
 
 CLASS_PATH = "bunshin_async.integrations.mini_swe_agent.BunshinEnvironment"

@@ -82,7 +82,7 @@ async def test_missing_and_broken_images() -> None:
 
 
 async def test_an_image_needs_neither_python_nor_a_shell(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    # The agent is a static binary of the agent layer: an empty root is a valid image (tests/agent runs one).
+    # The agent is a static binary of the agent layer: an empty root is a valid image (tests/host/agent runs one).
     image = Image.from_dir(tmp_path)
     assert image.rootfs == str(tmp_path.resolve())
 

@@ -16,7 +16,7 @@ from bunshin_async._host import _protocol as P
 
 pytestmark = pytest.mark.unit
 
-AGENT_C = Path(__file__).resolve().parents[2] / "native" / "agent.c"
+AGENT_C = Path(__file__).resolve().parents[3] / "native" / "agent.c"
 
 REQUESTS: list[P.Request] = [
     P.Ping(),
