@@ -31,11 +31,7 @@ def held_out_calibration(traces: Path) -> dict[str, list[float]]:
         model = NgramModel(3)
         for records in train.values():
             for r in records:
-                model.add_sequence(
-                    (s["tool"], s.get("args") or {})
-                    for s in r.get("steps", ())
-                    if s.get("tool") and s.get("kind") != "format_error" and s.get("tool") != "submit"
-                )
+                model.add_record(r)
 
         def make(task: str, model: NgramModel = model) -> object:
             table = SiblingTable()

@@ -50,12 +50,7 @@ class _Seen:
 def _model(records: list[Record]) -> NgramModel:
     model = NgramModel(3)
     for r in records:
-        steps = r.get("steps", ())
-        model.add_sequence(
-            (s["tool"], s.get("args") or {})
-            for s in steps
-            if s.get("tool") and s.get("kind") != "format_error" and s.get("tool") != "submit"
-        )
+        model.add_record(r)
     return model
 
 

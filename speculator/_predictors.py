@@ -440,6 +440,15 @@ class NgramModel:
         model.calibration = {k: list(v) for k, v in table.calibration.items()}
         return model
 
+    def add_record(self, record: Mapping[str, Any]) -> None:
+        """Learn one trajectory record (``/work/shared/traces`` format): its tool calls, format errors and the final
+        submission left out."""
+        self.add_sequence(
+            (s["tool"], s.get("args") or {})
+            for s in record.get("steps", ())
+            if s.get("tool") and s.get("kind") != "format_error" and s.get("tool") != "submit"
+        )
+
     def train_file(self, path: str | os.PathLike[str], limit: int | None = None) -> int:
         """Train on a JSONL(.gz) trace file (``/work/shared/traces`` format or ``Trajectory`` records). Blocking;
         returns the number of trajectories read."""
@@ -449,13 +458,7 @@ class NgramModel:
             for line in f:
                 if not line.strip():
                     continue
-                record = msgspec.json.decode(line)
-                steps = [
-                    (s["tool"], s.get("args") or {})
-                    for s in record.get("steps", ())
-                    if s.get("tool") and s.get("kind") != "format_error" and s.get("tool") != "submit"
-                ]
-                self.add_sequence(steps)
+                self.add_record(msgspec.json.decode(line))
                 n += 1
                 if limit is not None and n >= limit:
                     break
