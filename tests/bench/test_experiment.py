@@ -263,7 +263,7 @@ def test_a_grouped_replay_reports_the_share_of_the_oracles_gain(tmp_path: Path) 
     ]  # fmt: skip
     path = dump_trajectories(tmp_path / "t.jsonl", trajs)
     configs = "baseline,fork+cache,fork+cache+spec,oracle"
-    assert cli_main(["bench", "--trajectories", str(path), "--group-by", "task", "--pad-tools", "--configs", configs,
+    assert cli_main(["--trajectories", str(path), "--group-by", "task", "--pad-tools", "--configs", configs,
                      "--out", str(tmp_path / "out")]) == 0  # fmt: skip
     result = json.loads((tmp_path / "out" / "experiment.json").read_text())
     assert result["same_calls_and_results"] is True, result["differences"]
