@@ -224,6 +224,47 @@ async def test_an_error_inside_a_live_host_fails_the_call_not_the_host(cluster: 
         assert (await n1.info()).workspaces == 1
 
 
+async def test_a_call_cancelled_after_the_host_made_its_result_releases_it(
+    cluster: RayCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A create, snapshot, fork or fetch cancelled after the host made what it asked for and before the reply came
+    (injected: the caller's wait for the reply is cancelled once the reply is there) leaves nothing held: what the
+    host made is released by the cancelled caller, not kept under the owner until the cluster closes."""
+    real = _remote._reply
+    scope: anyio.CancelScope | None = None
+
+    async def reply(ref: Any) -> Any:
+        value = await real(ref)  # the host finished
+        if scope is not None and not scope.cancel_called:
+            scope.cancel()
+            await anyio.sleep_forever()  # the caller is cancelled here, its reply not taken
+        return value
+
+    monkeypatch.setattr(_remote, "_reply", reply)
+    n0, n1 = cluster.host("n0"), cluster.host("n1")
+
+    async def cancelled(make: Any) -> None:
+        nonlocal scope
+        with anyio.CancelScope() as scope:
+            await make()
+        assert scope.cancelled_caught
+        scope = None
+
+    async with await cluster.workspace(n1) as ws:
+        await ws.write_file("/workspace/a.txt", "a")
+        await cancelled(lambda: cluster.workspace(n1))
+        await cancelled(ws.snapshot)
+        await cancelled(lambda: ws.fork(2))
+        info = await n1.info()
+        assert (info.workspaces, info.in_use, info.snapshots) == (1, 1, 0), info
+        async with await ws.snapshot() as snap:
+            await cancelled(lambda: cluster.fetch(snap, n0))
+            await cancelled(lambda: snap.from_snapshot(1))
+            info, there = await n1.info(), await n0.info()
+            assert (info.workspaces, info.in_use, info.snapshots, there.snapshots) == (1, 1, 1, 0), (info, there)
+        assert (await ws.exec("cat a.txt")).stdout == "a"
+
+
 async def test_a_transfer_cut_by_a_dying_source_leaves_nothing(cluster: RayCluster) -> None:
     n0, n1 = cluster.host("n0"), cluster.host("n1")
     async with await cluster.workspace(n0) as ws:

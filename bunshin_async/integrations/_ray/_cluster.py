@@ -13,7 +13,7 @@ from ..._fork._transfer import TransferStats
 from ..._host._kernel import Limits
 from ..._images._image import Image
 from . import _remote
-from ._handles import HostRef, RemoteSnapshot, RemoteWorkspace
+from ._handles import HostRef, RemoteSnapshot, RemoteWorkspace, made_one
 from ._host import WorkspaceHost
 from ._model import HostConfig, HostInfo, owner_token
 from ._placement import roomiest
@@ -116,7 +116,9 @@ class RayCluster:
             host = await self._roomiest()
         self.pending[host.name] = self.pending.get(host.name, 0) + 1
         try:
-            ws_id, mode = await host.call("create", self.owner, image, limits, dict(env or {}), workdir, max_output)
+            ws_id, mode = await host.make(
+                "create", self.owner, image, limits, dict(env or {}), workdir, max_output, release=made_one("close")
+            )
         finally:
             self.pending[host.name] -= 1
         return RemoteWorkspace(host, ws_id, self.owner, mode)
@@ -135,7 +137,7 @@ class RayCluster:
         nothing moved."""
         if to.name == snap.host.name:
             return snap, None
-        snap_id, size, stats = await to.call(
-            "fetch", snap.host.actor, snap.host.name, snap.id, None if shared else self.owner
-        )
-        return RemoteSnapshot(to, snap_id, None if shared else self.owner, size), stats
+        owner = None if shared else self.owner
+        release = (lambda _: []) if shared else made_one("close_snapshot")  # a shared copy is the host's to keep
+        snap_id, size, stats = await to.make("fetch", snap.host.actor, snap.host.name, snap.id, owner, release=release)
+        return RemoteSnapshot(to, snap_id, owner, size), stats

@@ -5,15 +5,33 @@ live host as ``HostCallError`` (the workspace stays usable); a host that died or
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
 
-from ..._exceptions import HostError, InvalidValue, WorkspaceClosed
+from ..._exceptions import BunshinError, HostError, InvalidValue, WorkspaceClosed
 from ..._host._protocol import DirEntry, ExecResult
 from . import _remote
 from ._model import HostInfo, Reply
+
+
+def _value(reply: Any) -> Any:
+    assert isinstance(reply, Reply)
+    if reply.error is not None:
+        raise reply.error
+    return reply.value
+
+
+def made_workspaces(value: Any) -> list[tuple[str, str]]:
+    """What to close of a ``fork``/``from_snapshot`` reply (``[(ws_id, fork_mode), ...]``)."""
+    return [("close", ws_id) for ws_id, _ in value]
+
+
+def made_one(method: str) -> Callable[[Any], list[tuple[str, str]]]:
+    """What to close of a reply whose first item is what was made (``create``, ``snapshot``, ``fetch``)."""
+    return lambda value: [(method, value[0])]
 
 
 class HostRef:
@@ -30,11 +48,20 @@ class HostRef:
 
     async def call(self, method: str, *args: Any) -> Any:
         """The value of the host's ``method(*args)``, or the ``BunshinError`` it raised, raised here."""
-        reply = await self.raw(method, *args)
-        assert isinstance(reply, Reply)
-        if reply.error is not None:
-            raise reply.error
-        return reply.value
+        return _value(await self.raw(method, *args))
+
+    async def make(self, method: str, *args: Any, release: Callable[[Any], list[tuple[str, str]]]) -> Any:
+        """``call`` for a method that makes workspaces or snapshots: cancelled after the host made them and before
+        the reply came, the caller closes what ``release(value)`` names (``("close", ws_id)`` or
+        ``("close_snapshot", snap_id)``) instead of leaving it held until its owner stops."""
+
+        async def abandoned(reply: Any) -> None:
+            if isinstance(reply, Reply) and reply.error is None:
+                for close, one in release(reply.value):
+                    with contextlib.suppress(BunshinError):  # a host that died freed it already
+                        await self.call(close, one)
+
+        return _value(await _remote.call(self.actor, method, *args, host=self.name, abandoned=abandoned))
 
     async def info(self) -> HostInfo:
         info = await self.raw("info")
@@ -118,11 +145,11 @@ class RemoteWorkspace:
         return str(source), result
 
     async def snapshot(self) -> RemoteSnapshot:
-        snap_id, size = await self.host.call("snapshot", self.id, self.owner)
+        snap_id, size = await self.host.make("snapshot", self.id, self.owner, release=made_one("close_snapshot"))
         return RemoteSnapshot(self.host, snap_id, self.owner, size)
 
     async def fork(self, n: int = 1) -> list[RemoteWorkspace]:
-        made = await self.host.call("fork", self.id, n, self.owner)
+        made = await self.host.make("fork", self.id, n, self.owner, release=made_workspaces)
         return [RemoteWorkspace(self.host, w, self.owner, mode) for w, mode in made]
 
     async def aclose(self) -> None:
@@ -161,7 +188,7 @@ class RemoteSnapshot:
         who = owner or self.owner
         if who is None:
             raise InvalidValue(f"snapshot {self.id} is its host's own copy: name an owner", argument="owner")
-        made = await self.host.call("from_snapshot", self.id, n, who)
+        made = await self.host.make("from_snapshot", self.id, n, who, release=made_workspaces)
         return [RemoteWorkspace(self.host, w, who, mode) for w, mode in made]
 
     async def aclose(self) -> None:

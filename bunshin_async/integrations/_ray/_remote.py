@@ -6,8 +6,10 @@ the streams it exports, and Ray's errors as the caller sees them: the ``BunshinE
 from __future__ import annotations
 
 import functools
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
+
+import anyio
 
 from ..._exceptions import BunshinError, HostCallError, HostError
 from .._require import require
@@ -39,15 +41,36 @@ def unwrap(exc: BaseException, host: str) -> BaseException:
     return exc
 
 
-async def call(actor: Any, method: str, *args: Any, host: str) -> Any:
-    """``actor.method(*args)`` awaited; cancelled with the caller (the call is cancelled in Ray too)."""
+ABANDON_SECONDS = 30.0
+"""How long a cancelled call that made something waits for its reply, to release what the host made."""
+
+
+async def _reply(ref: Any) -> Any:
+    return await ref
+
+
+async def call(
+    actor: Any, method: str, *args: Any, host: str, abandoned: Callable[[Any], Awaitable[None]] | None = None
+) -> Any:
+    """``actor.method(*args)`` awaited; cancelled with the caller (the call is cancelled in Ray too). A call that
+    makes something (``abandoned`` given) may be cancelled after the host made it and before its reply came: the
+    reply is then still awaited, shielded (``ABANDON_SECONDS``), and handed to ``abandoned`` to release it, so
+    that nothing stays held under the caller's owner until it stops."""
     ref = getattr(actor, method).remote(*args)
     try:
-        return await ref
+        return await _reply(ref)
     except ray.exceptions.RayError as exc:
         raise unwrap(exc, host) from exc
     except BaseException:
-        ray.cancel(ref)
+        ray.cancel(ref)  # a task the host still runs stops there; a finished one has its reply in the ref
+        if abandoned is not None:
+            with anyio.move_on_after(ABANDON_SECONDS, shield=True):
+                try:
+                    reply = await _reply(ref)
+                except ray.exceptions.RayError:
+                    pass  # cancelled in the host (it made nothing) or the host died (it freed what it made)
+                else:
+                    await abandoned(reply)
         raise
 
 
