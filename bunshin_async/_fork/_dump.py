@@ -284,9 +284,7 @@ async def _dump(
         if fd >= 0:
             os.close(fd)
         if track and not adopted:  # the dump may have consumed written sets this snapshot will not keep
-            ws.tracking.drop()
-            for u in uffds:
-                os.close(u)
+            await _wptrack.close_fds(ws.tracking.take() + uffds)  # each close walks the task's mappings
         if account is not None:  # CRIU is reaped by now: the cgroup is empty (what it charged stays in the parent)
             with anyio.CancelScope(shield=True):
                 await account.destroy()
@@ -347,16 +345,12 @@ async def _precopy(ws: WorkspaceCore, snap: SnapshotRecord, backend: CriuBackend
         if refused:
             raise ForkError(f"workspace {ws.id}: too many uffds to hold", workspace_id=ws.id)
     except ForkError as exc:
-        for u in uffds:
-            os.close(u)
-        ws.tracking.drop()
+        await _wptrack.close_fds(ws.tracking.take() + uffds)
         await anyio.to_thread.run_sync(_drop_precopy, snap, pre)
         log.warning("workspace %s: pre-copy failed, the snapshot is a whole dump: %s", ws.id, exc)
         return None
     except BaseException:
-        for u in uffds:
-            os.close(u)
-        ws.tracking.drop()
+        await _wptrack.close_fds(ws.tracking.take() + uffds)
         raise  # the caller removes the snapshot, and with it the pre-copy it holds
     finally:
         if fd >= 0:

@@ -12,10 +12,12 @@ import os
 import resource
 from pathlib import Path
 
+import anyio
+
 from .._config import Config
 from . import _criu
 
-__all__ = ["WP_TRACK", "WriteTracking", "budget", "is_uffd", "tracking_wanted"]
+__all__ = ["WP_TRACK", "WriteTracking", "budget", "close_all", "close_fds", "is_uffd", "tracking_wanted"]
 
 WP_TRACK = "wp-track"
 """The feature criu/patches/0013 adds (``criu --version`` prints ``Features: wp-track``)."""
@@ -52,12 +54,14 @@ class WriteTracking:
     def drop(self) -> None:
         """Stop tracking (idempotent): after a failed dump (it may have consumed written sets it did not keep),
         when the tasks are replaced (a rollback) or gone, or before a dump that starts a new chain."""
+        close_all(self.take())
+
+    def take(self) -> list[int]:
+        """Stop tracking and hand the uffds over, for the caller to close (``close_fds``, off the event loop)."""
         global _held
         uffds, self.uffds, self.parent = self.uffds, [], None
         _held -= len(uffds)
-        for fd in uffds:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        return uffds
 
     def full(self) -> bool:
         return len(self.uffds) >= MAX_UFFDS
@@ -66,6 +70,24 @@ class WriteTracking:
         """Whether ``more`` uffds may be held besides these, by this workspace (``MAX_UFFDS``) and by this process
         (``budget``)."""
         return len(self.uffds) + more < MAX_UFFDS and _held + more < budget()
+
+
+def close_all(fds: list[int]) -> None:
+    """Close ``fds``, emptying the list as it goes (blocking: closing a uffd walks its process's mappings under
+    the mmap lock, ``userfaultfd_release()``); what is left in it was not closed."""
+    while fds:
+        with contextlib.suppress(OSError):
+            os.close(fds.pop())
+
+
+async def close_fds(fds: list[int]) -> None:
+    """``close_all`` in a worker thread, shielded from cancellation; every one is closed whatever happens (what the
+    thread did not close is closed here)."""
+    try:
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(close_all, fds)
+    finally:
+        close_all(fds)
 
 
 def is_uffd(fd: int) -> bool:

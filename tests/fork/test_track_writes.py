@@ -7,6 +7,8 @@ CRIU's stats and digests, never timings."""
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -141,6 +143,32 @@ async def test_failed_dump_drops_tracking(guest: Workspace) -> None:
             assert pre is not None and dump_stats_dir(pre)["pages_skipped_parent"] == 0
             assert tracked_vmas(guest) > 0
             assert await restored_digest(s3, g.n) == d1
+
+
+async def test_a_failed_dump_closes_its_uffds_off_the_event_loop(
+    guest: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Closing a uffd walks its task's mappings under the mmap lock (``userfaultfd_release()``): the failed dump's
+    closes (the tracking it drops and the uffds it got) run in a worker thread, and all of them."""
+    real_close = os.close
+    closes: list[int] = []  # the thread of each uffd closed
+
+    def close(fd: int) -> None:
+        if _wptrack.is_uffd(fd):
+            closes.append(threading.get_ident())
+        real_close(fd)
+
+    g = Guest(guest)
+    await g.ask("digest")
+    async with await guest.snapshot():
+        held = len(guest._core.tracking.uffds)
+        assert held > 0
+        monkeypatch.setattr(os, "close", close)
+        with pytest.raises(ForkError):
+            await _dump.snapshot(guest._core, KillCriuAt("post-dump"))
+        monkeypatch.undo()
+        assert guest._core.tracking.uffds == [] and tracked_vmas(guest) == 0
+        assert len(closes) >= held and threading.get_ident() not in closes
 
 
 class FailPreDump(SwrkCriu):
