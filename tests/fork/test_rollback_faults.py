@@ -12,6 +12,7 @@ import pytest
 
 from bunshin_async import ForkError, Workspace
 from bunshin_async._fork import _dump, _restore
+from bunshin_async._fork._snapshot import record_of
 from bunshin_async._host._criu import NotifyHandler, SwrkCriu
 
 
@@ -93,10 +94,11 @@ async def test_criu_killed_mid_restore(ws: Workspace, point: str) -> None:
     async with await ws.snapshot() as snap:
         rundir = ws.directory.parent
         before = set(rundir.iterdir())
-        victim = _restore.new_core(snap)
+        record = record_of(snap)
+        victim = _restore.new_core(record)
         backend = KillCriuAt(point)
         with pytest.raises(ForkError) as info:
-            await _restore.restore_into(victim, snap, backend)
+            await _restore.restore_into(victim, record, backend)
         assert backend.killed
         assert "criu restore" in str(info.value)
         assert victim.state == "closed" and not victim.dir.exists()
