@@ -301,6 +301,7 @@ def accounting_scope(label: str = "run") -> Iterator[Subtree]:
             yield subtree
     finally:
         subtree.remove()
+        _unmount_if_empty(snaps)
         try:
             snaps.rmdir()
         except OSError:  # snapshots outlive the scope: keep the directory held while this process lives
@@ -309,6 +310,26 @@ def accounting_scope(label: str = "run") -> Iterator[Subtree]:
             with contextlib.suppress(OSError):
                 (users / "scope").unlink()
                 users.rmdir()
+
+
+def _unmount_if_empty(snaps: Path) -> None:
+    """The SDK mounts a tmpfs with large folios on a snapshot directory that is not on one (``_fork._modes``:
+    a store configured on a plain directory); the scope made its directory, so such a mount is the run's. Once the
+    run's snapshots are gone (nothing left in it but empty directories) it is unmounted; otherwise it stays with
+    them (``bunshin gc`` unmounts it once this process is gone). Blocking."""
+    if not os.path.ismount(snaps):
+        return
+    for d, _subdirs, files in os.walk(snaps, topdown=False):  # never follows a symlink
+        if files or d == str(snaps):
+            continue
+        with contextlib.suppress(OSError):
+            os.rmdir(d)
+    if any(snaps.iterdir()):
+        return
+    from .. import _native  # the C extension, loaded when first needed
+
+    with contextlib.suppress(OSError):
+        _native.umount2(str(snaps), _native.MNT_DETACH)
 
 
 def _cpu_seconds(pids: Iterable[int]) -> float:

@@ -4,6 +4,7 @@ the background monitor leaves cleanly when cancelled."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tempfile
@@ -219,3 +220,19 @@ async def test_a_workspace_file_named_like_a_page_image_is_not_counted() -> None
             while (await ws.exec("test -e /workspace/ready")).exit_code:  # noqa: ASYNC110 - polls the guest
                 await anyio.sleep(0.05)
         assert await anyio.to_thread.run_sync(workspace_memory, ws) < 1 << 30
+
+
+async def test_a_scope_on_a_plain_store_unmounts_the_store_its_forks_mounted(tmp_path: Path) -> None:
+    """A snapshot store configured on a directory that is no tmpfs: the first fork in a scope mounts one on the
+    scope's directory (large folios for its images); when the scope ends, with its snapshots gone, that mount and
+    the directory go with it."""
+    store = tmp_path / "store"
+    store.mkdir()
+    with Config.scoped(snapshot_dir=store), accounting_scope("plain") as subtree:
+        assert subtree.snapshot_dir is not None
+        async with Workspace() as ws:
+            [copy] = await ws.fork(1)
+            await copy.aclose()
+        assert os.path.ismount(subtree.snapshot_dir)  # the fork mounted the store on the scope's directory
+    assert not subtree.snapshot_dir.exists()
+    assert [line for line in Path("/proc/self/mounts").read_text().splitlines() if str(store) in line] == []
