@@ -19,7 +19,6 @@ are skipped; a ``submit`` or tool-less step is the final turn (``finish_reason: 
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -28,28 +27,18 @@ import anyio
 import msgspec
 
 from .._rollout._trajectory import Fault, Trajectory, load_trajectories
+from ._completions import render_completion
 from ._http import HTTPRequest, Responder, serve_http
 from ._responses import render_response, responses_decoder, responses_messages
 from ._timing import FixedTiming, TimingModel, token_offsets
-from ._turns import MatchMode, Rendered, ReplayError, Turn, build_turns, match_turn, token_pieces
+from ._turns import MatchMode, Rendered, ReplayError, Turn, build_turns, match_turn
 from ._wire import (
-    ChatChunk,
-    ChatCompletion,
     ChatMessage,
     ChatRequest,
-    ChunkChoice,
-    CompletionChoice,
-    Delta,
     ErrorBody,
     ErrorResponse,
-    FunctionCall,
-    FunctionDelta,
     ModelCard,
     ModelList,
-    ToolCallDelta,
-    WireToolCall,
-    WireUsage,
-    message_text,
 )
 
 __all__ = ["ReplayServer", "build_turns", "replay_server"]
@@ -220,7 +209,9 @@ class ReplayServer:
         include_usage = bool(chat.stream_options and chat.stream_options.include_usage)
         await self._serve(
             request, responder, start, chat.model, chat.messages, chat.stream,
-            lambda key, turn: self._render(chat, key, turn, include_usage),
+            lambda key, turn: render_completion(
+                chat, key, turn, self._text(turn), include_usage=include_usage, finish_flush=self.finish_flush
+            ),
         )  # fmt: skip
 
     async def _responses(self, request: HTTPRequest, responder: Responder, start: float) -> None:
@@ -321,49 +312,6 @@ class ReplayServer:
 
     def _text(self, turn: Turn) -> str:
         return turn.text or (self.preamble or "" if turn.calls else "")
-
-    def _render(self, chat: ChatRequest, key: str, turn: Turn, include_usage: bool) -> Rendered:
-        cid = f"chatcmpl-replay-{key}-{turn.index}"
-        created = int(time.time())
-
-        def event(delta: Delta, finish: str | None = None) -> bytes:
-            chunk = ChatChunk(id=cid, created=created, model=chat.model, choices=[ChunkChoice(0, delta, finish)])
-            return b"data: " + _encoder.encode(chunk) + b"\n\n"
-
-        deltas: list[Delta] = [Delta(content=p) for p in token_pieces(self._text(turn))]
-        ids = [f"call_{turn.index}_{i}" for i in range(len(turn.calls))]
-        finish = "stop" if turn.final or not turn.calls else "tool_calls"
-        finish_delta = Delta()
-        for i, call in enumerate(turn.calls):
-            deltas.append(Delta(tool_calls=[ToolCallDelta(i, ids[i], "function", FunctionDelta(call.name, ""))]))
-            pieces = token_pieces(call.raw)
-            if self.finish_flush and i == len(turn.calls) - 1 and len(pieces) > 1:
-                # Like some endpoints, send the rest of the last call's arguments with finish_reason.
-                half = len(pieces) // 2
-                pieces, rest = pieces[:half], "".join(pieces[half:])
-                finish_delta = Delta(tool_calls=[ToolCallDelta(i, function=FunctionDelta(arguments=rest))])
-            deltas += [Delta(tool_calls=[ToolCallDelta(i, function=FunctionDelta(arguments=p))]) for p in pieces]
-        if not deltas:
-            deltas.append(Delta(content=""))
-        tokens = [event(d) for d in deltas]
-        tokens[0] = event(Delta(role="assistant", content="")) + tokens[0]
-        completion_tokens = turn.completion_tokens or len(deltas)
-        prompt_chars = sum(len(message_text(m.content)) for m in chat.messages)
-        prompt_tokens = turn.prompt_tokens or max(1, prompt_chars // 4)
-        usage = WireUsage(prompt_tokens, completion_tokens, prompt_tokens + completion_tokens)
-        tail_bytes = event(finish_delta, finish)
-        if include_usage:
-            usage_chunk = ChatChunk(id=cid, created=created, model=chat.model, choices=[], usage=usage)
-            tail_bytes += b"data: " + _encoder.encode(usage_chunk) + b"\n\n"
-        tail_bytes += b"data: [DONE]\n\n"
-        message = ChatMessage(
-            role="assistant",
-            content=self._text(turn) or None,
-            tool_calls=[WireToolCall(ids[i], "function", FunctionCall(c.name, c.raw)) for i, c in enumerate(turn.calls)]
-            or None,
-        )
-        completion = ChatCompletion(cid, created, chat.model, [CompletionChoice(0, message, finish)], usage)
-        return Rendered(tokens, tail_bytes, _encoder.encode(completion))
 
 
 @asynccontextmanager
