@@ -1,9 +1,10 @@
 """Runs inside a workspace (python3 track_guest.py): private anonymous memory the write-tracking tests change
-between checkpoints (tests/fork/test_track_writes.py). It holds a 16 MiB buffer; for each request file
-/workspace/req-<n>, in order, it runs the command in it and answers the digest of all it holds in
-/workspace/ans-<n> (written by rename): ``write K`` adds 1 to one byte in each of K pages of the buffer spread over
-it, ``map M`` maps M MiB more (a new VMA) and fills every page, ``zap K`` drops the buffer's first K pages
-(``MADV_DONTNEED``: they read as zeros), ``digest`` only answers. A restored copy answers its next request."""
+between checkpoints (tests/fork/test_track_writes.py). It holds a 16 MiB buffer (and a 32 MiB ``PROT_NONE``
+reservation it never touches); for each request file /workspace/req-<n>, in order, it runs the command in it and
+answers the digest of all it holds in /workspace/ans-<n> (written by rename): ``write K`` adds 1 to one byte in each
+of K pages of the buffer spread over it, ``map M`` maps M MiB more (a new VMA) and fills every page, ``zap K`` drops
+the buffer's first K pages (``MADV_DONTNEED``: they read as zeros), ``digest`` only answers. A restored copy answers
+its next request."""
 
 import hashlib
 import mmap
@@ -22,6 +23,9 @@ def mapping(mib, seed):
 
 
 def main():
+    # a reservation never touched, as malloc arenas keep (PROT_NONE): armed, its holes hold uffd-wp PTE markers,
+    # which no dump may take for pages (32 MiB of them would be 8192 pages of zeros in every first snapshot)
+    reserved = mmap.mmap(-1, 32 << 20, flags=FLAGS, prot=0)  # noqa: F841 - PROT_NONE, kept mapped
     bufs = [mapping(16, 0)]
     n = 0
     while True:
