@@ -19,11 +19,13 @@ from openai.types.responses import (
 )
 
 from bunshin_async import ToolCallError
+from bunshin_async._llm._turns import Rendered
 from bunshin_async.llm import (
     ArgumentsComplete,
     ArgumentsDelta,
     FixedTiming,
     MessageFinished,
+    ReplayServer,
     TextDelta,
     ToolNameKnown,
     UsageReported,
@@ -258,9 +260,9 @@ ONE_CALL = traj("one", Step("bash", {"command": "make test"}, llm_seconds=0.3), 
 
 @pytest.mark.parametrize("separate", [False, True])
 async def test_the_closing_brace_before_finish_when_asked(make_client: Any, separate: bool) -> None:
-    """With ``separate_finish`` the last fragment of a message's last call comes in its own write, one token
-    interval before ``finish_reason``: the tap completes the call before the message ends (as on real endpoints);
-    without it they share a write, as the server did before."""
+    """With ``separate_finish`` or without, the tap completes the call before the message ends (as on real
+    endpoints): the closing brace's fragment is tapped before ``finish_reason``. How the server groups them into
+    writes: ``test_the_closing_brace_gets_its_own_write_when_asked``."""
     async with replay_server([ONE_CALL], timing=FixedTiming(ttft=0.05, itl=0.15), separate_finish=separate,
                              preamble="Running the tests.") as url:  # fmt: skip
         stream = await _stream(make_client(url), "replay:one:0")
@@ -270,10 +272,31 @@ async def test_the_closing_brace_before_finish_when_asked(make_client: Any, sepa
     finished = next(e for e in events if isinstance(e, MessageFinished))
     assert finished.content == "Running the tests."  # the preamble streams before the call
     assert events.index(complete) < events.index(finished)
-    if separate:
-        assert finished.t - complete.t > 0.05
-    else:
-        assert finished.t - complete.t < 0.01
+
+
+class _Writes:
+    """A responder that records the writes a stream makes."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+
+    async def send(self, data: bytes) -> None:
+        self.writes.append(data)
+
+    async def end(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("separate", [False, True])
+async def test_the_closing_brace_gets_its_own_write_when_asked(separate: bool) -> None:
+    """Every token already due (a host that fell behind its schedule): the server coalesces them into one write,
+    the tail (``finish_reason``) included; with ``separate_finish`` the last fragment (a call's closing brace) and
+    the tail each get a write of their own."""
+    server = ReplayServer([], timing=FixedTiming(), separate_finish=separate)
+    rendered = Rendered(tokens=[b"a", b"b", b"}"], tail=b"[finish]", body=b"")
+    writes = _Writes()
+    await server._stream(writes, rendered, [0.0, 0.0, 0.0], anyio.current_time() - 60, None)  # type: ignore[arg-type]
+    assert writes.writes == ([b"ab", b"}", b"[finish]"] if separate else [b"ab}[finish]"])
 
 
 async def test_responses_api_through_the_replay_server(make_client: Any) -> None:
