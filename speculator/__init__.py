@@ -17,20 +17,12 @@ from importlib import resources
 from bunshin_async._public import publish as _publish  # the SDK's helper: exported names carry this module
 from bunshin_async.speculation import Policy, Predictor, Speculation
 
+from ._ngram import HistoryPredictor, NgramModel, SignaturePredictor
+from ._observation import DocsPredictor, ObservationPredictor
 from ._policy import CostAwarePolicy, cpu_contention, loop_load
-from ._predictors import (
-    DocsPredictor,
-    HistoryPredictor,
-    NgramModel,
-    ObservationPredictor,
-    OraclePredictor,
-    RecentPredictor,
-    Rule,
-    RulePredictor,
-    SiblingPredictor,
-    SiblingTable,
-    SignaturePredictor,
-)
+from ._recent import RecentPredictor
+from ._rules import OraclePredictor, Rule, RulePredictor
+from ._siblings import SiblingPredictor, SiblingTable
 from ._signature import command_program, signature
 
 __all__ = [

@@ -297,7 +297,6 @@ OVERSIZED = {
     "bunshin_async/_e2b/_app.py": 640,  # 600 when the bound was set, and being worked on; splitting E2BApp fixes both
     "bunshin_async/_e2b/_app.py:E2BApp": 460,  # one handler per E2B endpoint
     "bunshin_async/_runtime/_turn.py:SpeculativeTurn": 320,
-    "speculator/_predictors.py": 650,
 }
 
 

@@ -1,0 +1,190 @@
+"""Predictors from what the previous call printed: the entity an error names, filled into the group's calls
+(``ObservationPredictor``), and the commands a document quotes (``DocsPredictor``)."""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict, deque
+from collections.abc import Sequence
+
+import msgspec
+import xxhash
+
+from bunshin_async.speculation import CallKey, Candidate, PredictionContext
+
+from ._siblings import SiblingTable
+
+__all__ = [
+    "DocsPredictor",
+    "ObservationPredictor",
+]
+
+
+# What an observation names that the next call is likely to take as an argument: the module of an import error,
+# the program a shell could not find.
+_ENTITIES = {
+    "module": re.compile(r"No module named '([A-Za-z_][\w]*)(?:\.[\w.]*)?'"),
+    "program": re.compile(r"(?:^|\n)(?:\S+: )?(?:line \d+: )?([\w.+-]+): command not found"),
+}
+_HOLE = "\x00{}\x00"
+
+
+def _entities(output: str) -> dict[str, str]:
+    found = {}
+    for kind, pattern in _ENTITIES.items():
+        hits = pattern.findall(output)
+        if hits:
+            found[kind] = hits[-1]  # the last one printed is the one the run stopped on
+    return found
+
+
+class ObservationPredictor:
+    """Argument filling from the last observation: when the latest call's output names a module an import failed
+    on (``ModuleNotFoundError: No module named 'x'``) or a program the shell did not find, predict the calls that
+    followed such an observation before (in this rollout first, then in its siblings: the ``SiblingTable``'s
+    templates) with the new name filled in (``pip install ... ./vendor/x``). A template is a one-line call whose
+    arguments contained an entity one of the ``recall`` observations before it named (agents often read a file
+    between an import error and the install), with the entity cut out."""
+
+    name = "observation"
+
+    def __init__(
+        self, table: SiblingTable | None = None, *, own: float = 0.85, siblings: float = 0.7, recall: int = 3
+    ) -> None:
+        self.table = table if table is not None else SiblingTable()
+        self.own_confidence = own
+        self.sibling_confidence = siblings
+        self.own: dict[str, list[tuple[str, str]]] = defaultdict(list)
+        self._recent: deque[dict[str, str]] = deque(maxlen=recall)  # the entities of the latest observations
+        self._last_output: str | None = None
+
+    def predict(self, ctx: PredictionContext) -> Sequence[Candidate]:
+        if ctx.position != len(ctx.decided) or not ctx.last_output:
+            return []
+        filled: dict[tuple[str, str], float] = {}
+        for kind, entity in _entities(ctx.last_output).items():
+            scored: dict[tuple[str, str], float] = {}
+            for rank, template in enumerate(reversed(self.own.get(kind, [])[-3:])):
+                scored[template] = max(scored.get(template, 0.0), self.own_confidence * 0.5**rank)
+            counts = self.table.templates.get(kind)
+            if counts:
+                total = sum(counts.values())
+                for template, n in counts.most_common(3):
+                    scored[template] = max(scored.get(template, 0.0), self.sibling_confidence * n / total)
+            for (name, args), p in scored.items():
+                key = (name, args.replace(_HOLE.format(kind), entity))
+                filled[key] = max(filled.get(key, 0.0), p)
+        out = []
+        for (name, args), p in sorted(filled.items(), key=lambda x: -x[1]):
+            try:
+                arguments = msgspec.json.decode(args)
+            except msgspec.DecodeError:
+                continue
+            if isinstance(arguments, dict):
+                out.append(Candidate(name=name, arguments=arguments, probability=p, source=self.name))
+        return out[:3]
+
+    def observe(self, ctx: PredictionContext, call: CallKey) -> None:
+        if not ctx.last_output or ctx.position != len(ctx.decided):
+            return
+        if ctx.last_output != self._last_output:  # several calls of one message follow the same observation
+            self._last_output = ctx.last_output
+            self._recent.append(_entities(ctx.last_output))
+        text = call.args.decode()
+        if "\\n" in text:  # a script or a heredoc names the entity in passing: not an argument to fill in
+            return
+        # (kind, entity) pairs, each once, the latest observation's first
+        named = dict.fromkeys(pair for entities in reversed(self._recent) for pair in entities.items())
+        for kind, entity in named:
+            if len(entity) < 2 or entity not in text:
+                continue
+            template = (call.name, re.sub(rf"(?<![\w-]){re.escape(entity)}(?![\w-])", _HOLE.format(kind), text))
+            if template[1] == text:
+                continue
+            self.own[kind].append(template)
+            self.table.templates[kind][template] += 1
+
+
+# Shell commands an observation quotes (a README's `make test`, a hint's `pip install x`): inline code spans and
+# the lines of fenced shell blocks, ``$ `` prompts stripped, whose first word is a path or a known program.
+_SPAN = re.compile(r"`([^`\n]{3,300})`")
+_FENCE = re.compile(r"```(?:bash|sh|shell|console|text)?[ \t]*\n(.*?)```", re.S)
+_COMMAND = re.compile(
+    r"^(?:[\w.-]*/[\w./-]+|python3?|pip3?|pytest|make|npm|npx|yarn|pnpm|cargo|go|uv|poetry|tox|node|bash|sh|"
+    r"apt-get|apt|conda|gem|mvn|gradle|ctest|cmake|git)(?:\s|$)"
+)
+# A placeholder in a quoted command: ``<pkg>``, ``{module}``, or a capitalised word such as ``NAME`` (not part of
+# a word, an option or an assignment).
+_PLACEHOLDER = re.compile(r"<[A-Za-z][\w-]*>|\{[A-Za-z][\w-]*\}|(?<![\w.=-])[A-Z][A-Z0-9_]{2,}(?![\w=])")
+_SCAN_LIMIT = 256 << 10  # characters of one observation scanned for commands
+
+
+def quoted_commands(text: str) -> list[str]:
+    """The shell commands ``text`` quotes (``_SPAN``, ``_FENCE``, ``_COMMAND``), in order."""
+    text = text[:_SCAN_LIMIT]
+    found = [m.strip() for m in _SPAN.findall(text)]
+    for block in _FENCE.findall(text):
+        found += [line.strip().removeprefix("$ ").strip() for line in block.splitlines()]
+    return [c for c in found if _COMMAND.match(c)]
+
+
+class DocsPredictor:
+    """Commands the rollout's observations quoted (a README's install line, an error's ``try: pip install x``),
+    which agents copy: when the latest observation names an entity (the module an import failed on, a program the
+    shell did not find), each quoted command with a placeholder (``NAME``, ``<pkg>``, ``{module}``) filled with
+    it, or that names it already, the latest read first. The call is made with the tool (taking a ``command``)
+    the rollout used last. One per rollout: it keeps the commands its rollout read (the latest ``keep``)."""
+
+    name = "docs"
+
+    def __init__(self, *, confidence: float = 0.5, top: int = 2, keep: int = 64) -> None:
+        self.confidence = confidence
+        self.top = top
+        self.keep = keep
+        self.commands: dict[str, None] = {}  # an ordered set, the latest read last
+        self._read: set[bytes] = set()
+
+    def _scan(self, output: str) -> None:
+        digest = xxhash.xxh3_64(output[:_SCAN_LIMIT].encode(errors="replace")).digest()
+        if digest in self._read:
+            return
+        self._read.add(digest)
+        for command in quoted_commands(output):
+            self.commands.pop(command, None)
+            self.commands[command] = None
+        while len(self.commands) > self.keep:
+            del self.commands[next(iter(self.commands))]
+
+    def predict(self, ctx: PredictionContext) -> Sequence[Candidate]:
+        if not ctx.last_output or ctx.position != len(ctx.decided):
+            return []
+        self._scan(ctx.last_output)
+        entities = [e for e in _entities(ctx.last_output).values() if len(e) >= 2]
+        if not entities:
+            return []
+        tool = next((c.name for c in reversed(ctx.history) if isinstance(c.arguments().get("command"), str)), None)
+        if tool is None:
+            return []
+        out: list[Candidate] = []
+        seen: set[str] = set()
+        for command in reversed(self.commands):
+            hole = _PLACEHOLDER.search(command)
+            for entity in entities:
+                if hole is not None:
+                    filled = command[: hole.start()] + entity + command[hole.end() :]
+                elif re.search(rf"(?<![\w-]){re.escape(entity)}(?![\w-])", command):
+                    filled = command
+                else:
+                    continue
+                if filled in seen or _PLACEHOLDER.search(filled):
+                    continue
+                seen.add(filled)
+                p = self.confidence * 0.5 ** len(out)
+                out.append(Candidate(name=tool, arguments={"command": filled}, probability=p, source=self.name))
+                if len(out) >= self.top:
+                    return out
+        return out
+
+    def observe(self, ctx: PredictionContext, call: CallKey) -> None:
+        if ctx.last_output:
+            self._scan(ctx.last_output)
