@@ -8,6 +8,7 @@ memory and burns CPU in a short-lived process."""
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+import speculator
 from bench.experiment._runner import ExperimentResult, run_experiment
 from bunshin_async._config import Config
 from bunshin_async._host._kernel import CGROUP_ROOT, cgroup_version
@@ -159,7 +161,9 @@ def _step(command: str, llm: float) -> Step:
 
 
 @pytest.mark.timeout(900)
-async def test_a_committed_write_then_memory_and_cpu_are_counted_in_every_configuration() -> None:
+async def test_a_committed_write_then_memory_and_cpu_are_counted_in_every_configuration(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Each rollout: a slow write (committed from a speculative fork in the oracle, served by a restored fork
     from the cache's capture in a sibling), then a process that allocates HOLD_MIB MiB and burns CPU in the
     rollout's workspace, whichever fork that is now. Every configuration counts it: at least the rollouts' memory
@@ -170,6 +174,9 @@ async def test_a_committed_write_then_memory_and_cpu_are_counted_in_every_config
         Trajectory(task_id="acct", rollout=i, steps=[_step(SLOW_WRITE, 0.05), _step(f"{ALLOCATE} {i}", 1.5), done])
         for i in range(2)  # the siblings' allocations differ: each runs its own, at the same time
     ]
+    # What is counted once a branch commits is the point here: the policy's GiB·s rule (a fork pays only when its
+    # hidden seconds outweigh what it holds) would launch nothing on these few-MiB workspaces, so it is off.
+    monkeypatch.setattr(speculator, "CostAwarePolicy", functools.partial(speculator.CostAwarePolicy, memory_weight=0.0))
     with Sampler() as sampler:
         result = await run_experiment([(task, trajs)], progress=sampler.progress)
     assert result.same_calls_and_results, result.differences
