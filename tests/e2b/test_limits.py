@@ -52,7 +52,9 @@ def test_uploads_reach_the_workspace_in_bounded_pieces(e2b_server: Served, monke
     blob = os.urandom(3 << 20)
     with Sandbox.create() as sbx:
         sbx.files.write("/tmp/stream.bin", io.BytesIO(blob))  # octet-stream: the body as it arrives
-        assert len(pieces) >= 12 and max(pieces) <= (256 << 10) + (1 << 20), pieces
+        # As it arrives: how the body's reads group depends on the network and the load, so only their bound and
+        # their sum are fixed (a piece is at most a chunk plus one read of the body).
+        assert sum(pieces) == len(blob) and len(pieces) >= 3 and max(pieces) <= (256 << 10) + (1 << 20), pieces
         pieces.clear()
         sbx.files.write("/tmp/form.bin", blob, use_octet_stream=False)  # multipart: the file part in pieces
         assert len(pieces) == 12 and max(pieces) == 256 << 10, pieces
