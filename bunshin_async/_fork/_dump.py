@@ -250,8 +250,7 @@ async def _dump(
     # CRIU's CPU is the run's: it dumps in a CPU-accounting cgroup under the run's parent (the restore's joins the
     # copy's cgroup), so a run's subtree counter (``accounting_scope``) includes every fork's dump. Made here without
     # an await (a mkdir), so that no cancellation comes between it, the descriptor and the finally that removes both.
-    account = _kernel.Cgroup.make_cpu_account(f"criu-dump-{os.getpid()}-{next(_n)}")
-    wrapper = [] if account is None else [str(_paths.init_binary()), "--join", *_joins(account), "--"]
+    account, wrapper = _cpu_account()
     fd = -1
     try:
         fd = os.open(snap.images, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -290,8 +289,13 @@ async def _dump(
                 await account.destroy()
 
 
-def _joins(cgroup: _kernel.Cgroup) -> list[str]:
-    return [arg for p in cgroup.procs_files for arg in ("--cgroup", p)]
+def _cpu_account() -> tuple[_kernel.Cgroup | None, list[str]]:
+    """A CPU-accounting cgroup under the run's parent for one CRIU call and the wrapper that joins it (none without
+    CPU accounting). Made without an await (a mkdir); the caller destroys it once CRIU is reaped."""
+    account = _kernel.Cgroup.make_cpu_account(f"criu-dump-{os.getpid()}-{next(_n)}")
+    if account is None:
+        return None, []
+    return account, [str(_paths.init_binary()), "--join", *_restore.cgroup_joins(account), "--"]
 
 
 async def _precopy(ws: WorkspaceCore, snap: SnapshotRecord, backend: CriuBackend) -> Path | None:
@@ -325,8 +329,7 @@ async def _precopy(ws: WorkspaceCore, snap: SnapshotRecord, backend: CriuBackend
         os.close(fd)
 
     # CRIU's CPU is the run's, as the dump's is (``_dump``)
-    account = _kernel.Cgroup.make_cpu_account(f"criu-dump-{os.getpid()}-{next(_n)}")
-    wrapper = [] if account is None else [str(_paths.init_binary()), "--join", *_joins(account), "--"]
+    account, wrapper = _cpu_account()
     fd = -1
     try:
         fd = os.open(pre / "images", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)

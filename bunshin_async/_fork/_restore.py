@@ -34,13 +34,18 @@ its fresh net namespace itself (loopback up) instead of inheriting one. A tree r
 (``Security.userns``) cannot join one the wrapper made: that one is owned by the host's user namespace (setns(2))."""
 
 
+def cgroup_joins(cgroup: Cgroup) -> list[str]:
+    """``bunshin-init``'s arguments that join ``cgroup`` (``--cgroup PROCS_FILE`` per hierarchy)."""
+    return [arg for p in cgroup.procs_files for arg in ("--cgroup", str(p))]
+
+
 def _wrapper(cgroup: Cgroup, lower: str, upper: Path, work: Path, root: Path, fresh_net: bool = False) -> list[str]:
     """``bunshin-init --restore-wrap`` (native/init.c) gives the restore a private mount namespace (no host mount,
     nothing to clean up if we die), joins the cgroup and mounts the root overlay there, then execs CRIU (same pid:
     still our child). With ``fresh_net`` it also makes a new net namespace, brings its loopback up and hands it to
     CRIU on ``NET_FD``."""
     opts = f"lowerdir={lower},upperdir={upper},workdir={work},index=on,nfs_export=on"
-    joins = [arg for p in cgroup.procs_files for arg in ("--cgroup", str(p))]
+    joins = cgroup_joins(cgroup)
     net = ["--net"] if fresh_net else []
     return [str(_paths.init_binary()), "--restore-wrap", *net, *joins, "--overlay", opts, "--root", str(root), "--"]
 
