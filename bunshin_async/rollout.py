@@ -30,7 +30,14 @@ from ._rollout._rollout import (
     command_reward,
 )
 from ._rollout._trajectory import Step, Trajectory, dump_trajectories, iter_trajectories, load_trajectories
-from ._workspace._accounting import MemoryReport, ResourceMonitor, Subtree, Usage, accounting_scope
+from ._workspace._accounting import (
+    MemoryReport,
+    ResourceMonitor,
+    Subtree,
+    Usage,
+    accounting_scope,
+    byte_seconds_net,
+)
 
 __all__ = [
     "Budget",
@@ -47,6 +54,7 @@ __all__ = [
     "Usage",
     "WorkspaceLimiter",
     "accounting_scope",
+    "byte_seconds_net",
     "command_reward",
     "dump_trajectories",
     "iter_trajectories",

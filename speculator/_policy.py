@@ -7,6 +7,9 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+import msgspec
+
+from bunshin_async.rollout import byte_seconds_net
 from bunshin_async.speculation import CallKey, Launch
 
 from ._signature import key_signature
@@ -238,10 +241,17 @@ class CostAwarePolicy:
         """Expected byte-seconds a fork for ``option`` saves, net of what it holds (negative: it cannot pay): a hit
         frees the rollout's memory (the straggler's counts its group's share, ``straggler_weight``) the hidden
         seconds sooner; hit or miss, the fork holds its bytes for ``hold_seconds``."""
-        p = self.probability(option)
         hidden = min(self.expected_seconds(option), self.hideable(option))
-        saved = p * hidden * self.rollout_bytes.value * (1 + self.straggler_weight * self.lag(option.rollout))
-        return saved - self.fork_bytes.value * self.hold_seconds(option) * self.memory_weight
+        freed = self.rollout_bytes.value * (1 + self.straggler_weight * self.lag(option.rollout))
+        held, hold = self.fork_bytes.value, self.hold_seconds(option)
+        return byte_seconds_net(self.probability(option), hidden, freed, held, hold, self.memory_weight)
+
+    def keeps(self, launch: Launch) -> bool:
+        """Whether an unused branch for ``launch`` is worth handing to the next turn (``Speculation.keep``): the model
+        asks for its call in a later turn if at all, so the fork is held at least that turn's LLM time (a turn more
+        per call it is chained after) while it hides at most its run time: the launch rule (``memory_net``) with a
+        turn that has just started. A branch that fails it is let go (``TurnMetrics.released``)."""
+        return self.memory_net(msgspec.structs.replace(launch, turn_elapsed=0.0)) >= 0
 
     def active(self) -> bool:
         """Whether to consider launches now (the runtime asks before it asks the predictors): not while the event

@@ -58,6 +58,7 @@ __all__ = [
     "pss_bytes",
     "rollup_bytes",
     "accounting_scope",
+    "byte_seconds_net",
     "held_memory",
     "tree_bytes",
     "workspace_memory",
@@ -191,6 +192,17 @@ def held_memory(workspaces: Iterable[Workspace], dirs: Iterable[Path] = ()) -> i
     images, inodes = mapped_image_bytes(pids)
     trees = [Path(ws.directory / "upper") for ws in held] + list(dirs)
     return pss_bytes(pids) + images + sum(tree_bytes(d, inodes) for d in trees if d.exists())
+
+
+def byte_seconds_net(
+    uses: float, seconds_saved: float, freed_bytes: float, held_bytes: float, hold_seconds: float, weight: float = 1.0
+) -> float:
+    """What keeping something pays in a run's memory currency (byte-seconds; GiB·s over 2**30): ``uses`` expected
+    users each finish ``seconds_saved`` sooner, so their ``freed_bytes`` are freed that much earlier, against
+    ``held_bytes`` kept for ``hold_seconds`` (times ``weight``), used or not. Negative: keeping it cannot pay.
+    The one cost model of everything kept for later: a speculative fork (``speculator.CostAwarePolicy``), a
+    tool-cache capture (``ToolCache(weigh_captures=True)``), a branch kept for the next turn."""
+    return uses * seconds_saved * freed_bytes - held_bytes * hold_seconds * weight
 
 
 class Subtree:
