@@ -16,7 +16,7 @@ from bunshin_async._rollout._trajectory import Trajectory, load_trajectories
 from bunshin_async._tools._tools import Tool, bash_tool
 
 from ._bundled import calc_task, calc_trajectories
-from ._runner import ABLATION, CONFIGS, config, markdown_table, run_experiment, write_outputs
+from ._runner import ABLATION, CONFIGS, UNWEIGHED, config, markdown_table, run_experiment, write_outputs
 from ._terminal import PADS, padded_seconds, terminal_task, terminal_trajectories
 
 
@@ -139,8 +139,8 @@ def main(args: argparse.Namespace) -> int:
     configs = [c for c in args.configs.split(",") if c]
     unknown = [c for c in configs if config(c) is None]
     if unknown:
-        print(f"unknown configuration(s) {unknown}; choose from {list(CONFIGS)} or {ABLATION}NAME[+NAME]",
-              file=sys.stderr)  # fmt: skip
+        print(f"unknown configuration(s) {unknown}; choose from {list(CONFIGS)} or {ABLATION}NAME[+NAME], "
+              f"and with a cache +'{UNWEIGHED}'", file=sys.stderr)  # fmt: skip
         return 2
     groups: list[tuple[Task, list[Trajectory]]]
     tools_for = None

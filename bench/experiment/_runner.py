@@ -59,6 +59,7 @@ class Config(msgspec.Struct, frozen=True):
     speculation: bool
     oracle: bool = False
     without: frozenset[str] = frozenset()  # predictors (by name) left out: the ablation's configurations
+    weigh_captures: bool = True  # the cache's GiB·s rule for captures (``ToolCache(weigh_captures=...)``)
 
 
 CONFIGS = {
@@ -74,13 +75,17 @@ CONFIGS = {
 
 
 ABLATION = "fork+cache+spec-without-"
+UNWEIGHED = "-unweighed"
 
 
 def config(name: str) -> Config | None:
     """The configuration ``name`` names: one of ``CONFIGS``, or ``fork+cache+spec-without-A+B`` (speculation
-    without the predictors named ``A`` and ``B``: an ablation). None for anything else."""
+    without the predictors named ``A`` and ``B``: an ablation), or either with a cache followed by ``-unweighed``
+    (its cache captures every reachable slow write, without weighing the hold in GiB·s). None for anything else."""
     if name in CONFIGS:
         return CONFIGS[name]
+    if name.endswith(UNWEIGHED) and (base := config(name.removesuffix(UNWEIGHED))) is not None and base.cache:
+        return msgspec.structs.replace(base, name=name, weigh_captures=False)
     if name.startswith(ABLATION) and len(name) > len(ABLATION):
         without = frozenset(name[len(ABLATION) :].split("+"))
         return Config(name, fork=True, cache=True, speculation=True, without=without)
@@ -344,9 +349,15 @@ async def _run_config_in(
         trajectories, timing=RecordedTiming(ttft=0.05), time_scale=time_scale, separate_finish=True
     ) as server:
         # Capturing a state costs a dump (~0.1-0.5 s here); only writes slower than that are worth serving by fork.
-        # A group's rollouts open their sessions together: a capture no sibling can reach any more is released.
+        # A group's rollouts open their sessions together: a capture no sibling can reach any more is released, and
+        # one whose hold the siblings' expected hits cannot pay for (GiB·s) is not taken (``weigh_captures``).
         cache = (
-            ToolCache(provider=ForkStateProvider(), capture_min_duration=1.0, release_unreachable=True)
+            ToolCache(
+                provider=ForkStateProvider(),
+                capture_min_duration=1.0,
+                release_unreachable=True,
+                weigh_captures=config.weigh_captures,
+            )
             if config.cache
             else None
         )
@@ -405,6 +416,7 @@ async def _run_config_in(
             "restore_seconds": round(m.restore_seconds, 3),
             "captures": m.captures,
             "captures_skipped": m.captures_skipped,
+            "captures_skipped_cost": m.captures_skipped_cost,
             "snapshots_evicted": m.snapshots_evicted,
             "restore_failures": m.restore_failures,
         }
@@ -466,6 +478,7 @@ def _spec_counts(specs: Sequence[Any]) -> dict[str, float]:
         "committed": sum(x.committed for x in m),
         "wasted": sum(x.wasted for x in m),
         "failed": sum(x.failed for x in m),
+        "released": sum(x.released for x in m),  # unused branches not kept for the next turn: could not pay
         "saved_seconds": round(sum(x.saved_seconds for x in m), 3),
         "wasted_seconds": round(sum(x.wasted_seconds for x in m), 3),
         "wasted_cpu_seconds": round(sum(x.wasted_cpu_seconds for x in m), 3),

@@ -53,7 +53,10 @@ class ToolCache:
     (re-running them is cheaper than a restore). With ``release_unreachable`` a snapshot is held only while an
     open session could still ask for it (``StateTree``: set it when the sessions that share the cache open together,
     as a group's rollouts do; a capture then costs its bytes for as long as a sibling may use it, not for the whole
-    run). Use as ``async with ToolCache(...) as cache``.
+    run). With ``release_unreachable``, ``weigh_captures`` (on by default) also weighs a capture in byte-seconds
+    before taking it: the siblings expected to ask for the state, each spared the write's run time with a rollout's
+    memory, against the capture's bytes held until the last of them has passed (``_hold``; a skipped one is
+    counted in ``metrics().captures_skipped_cost``). Use as ``async with ToolCache(...) as cache``.
     """
 
     def __init__(
@@ -66,6 +69,7 @@ class ToolCache:
         snapshot_budget: int = 8 << 30,
         capture_min_duration: float = 0.0,
         release_unreachable: bool = False,
+        weigh_captures: bool = True,
     ) -> None:
         if not 0.0 <= audit_fraction <= 1.0:
             raise InvalidValue(
@@ -79,6 +83,7 @@ class ToolCache:
             snapshot_budget=snapshot_budget,
             capture_min_duration=capture_min_duration,
             release_unreachable=release_unreachable,
+            weigh_captures=weigh_captures,
         )
         self._closed = False
 

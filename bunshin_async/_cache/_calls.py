@@ -251,7 +251,7 @@ class Calls:
             await cache.delete(key)
             return None
         tree = cache.tree
-        tree.pin(key, self.pos.key)  # the snapshot must outlive the restore
+        tree.pin(key, self.pos.key, visit=False)  # the snapshot must outlive the restore
         tree.restoring(key, +1)
         t0 = time.perf_counter()
         try:
@@ -266,7 +266,7 @@ class Calls:
             await self.pos.advance(call)
         finally:
             tree.restoring(key, -1)
-            tree.unpin(key)
+            tree.unpin(key, visit=False)
             await cache.discard(tree.evict())  # the last sibling that could use it has it now
         return self._hit(tool, Effect.WRITE, entry, "restored", key, shared=shared)
 

@@ -49,6 +49,9 @@ class CacheMetrics(msgspec.Struct, kw_only=True):
     capture_failures: int = 0
     #: Slow writes not captured because no other session stood where it could ask for their state.
     captures_skipped: int = 0
+    #: Slow writes not captured because holding the capture until the last sibling that could ask for it has passed
+    #: was expected to cost more byte-seconds than the hits would save (``ToolCache(weigh_captures=True)``).
+    captures_skipped_cost: int = 0
     snapshots: int = 0
     snapshot_bytes: int = 0
     snapshots_evicted: int = 0

@@ -24,6 +24,7 @@ class Position:
         self.slot = slot
         self.key = chain.key
         shared.tree.pin(self.key)
+        self.since = shared.tree.clock()  # when it arrived at ``key``
 
     @property
     def workspace(self) -> Workspace:
@@ -39,11 +40,14 @@ class Position:
 
     async def _move(self, step: Callable[[], object]) -> None:
         """Apply ``step`` to the chain and move the pin to the new state (the old state's snapshot may then be
-        evicted)."""
+        evicted); the time it stood on the old one is the cache's ``pace``."""
         old = self.key
         step()
         self.key = self.chain.key
         tree = self.shared.tree
+        now = tree.clock()
+        self.shared.pace.observe(now - self.since)  # how long a session takes from one state to the next
+        self.since = now
         tree.pin(self.key, old)
         tree.unpin(old)
         await self.shared.discard(tree.evict())

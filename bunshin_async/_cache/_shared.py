@@ -11,7 +11,9 @@ import anyio
 import msgspec
 
 from .._exceptions import BunshinError, StoreUnavailable
+from .._workspace._accounting import workspace_memory
 from ._flight import SingleFlight
+from ._hold import Pace, capture_net
 from ._metrics import CacheMetrics
 from ._records import CorruptRecord, Entry, seal, unseal
 from ._state import SnapshotRef, StateProvider, StateTree
@@ -36,15 +38,19 @@ class CacheState:
         snapshot_budget: int,
         capture_min_duration: float,
         release_unreachable: bool = False,
+        weigh_captures: bool = True,
     ) -> None:
         self.store = store
         self.provider = provider
         self.audit_fraction = audit_fraction
         self.capture_min_duration = capture_min_duration
+        self.weigh_captures = weigh_captures
         self._audit_rng = random.Random(audit_seed)
         self.flights = SingleFlight()
         self.tree = StateTree(snapshot_budget, release_unreachable)
         self.metrics = CacheMetrics()
+        self.pace = Pace()  # seconds between two state changes of a session (``_position.Position``)
+        self._capture_ratio: float | None = None  # a capture's bytes over its rollout's, as last measured
 
     async def lookup(self, key: bytes) -> Entry | None:
         try:
@@ -102,13 +108,18 @@ class CacheState:
         return any(isinstance(layer, MemoryStore) and layer.holds(key) for layer in layers)
 
     async def capture(self, ws: Workspace, key: bytes, entry: Entry) -> Entry:
-        """Snapshot ``ws`` as a write left it (state ``key``), if the write took long enough to be worth a restore
-        and another session could ask for the state; the returned entry references the snapshot, which the tree
-        now holds. A failed capture is counted, not raised (the entry is then stored without a snapshot)."""
+        """Snapshot ``ws`` as a write left it (state ``key``), if the write took long enough to be worth a restore,
+        another session could ask for the state and, with ``weigh_captures``, the hold pays (``pays``); the
+        returned entry references the snapshot, which the tree now holds. A failed capture is counted, not raised
+        (the entry is then stored without a snapshot)."""
         if self.provider is None or entry.duration < self.capture_min_duration:
             return entry
         if self.tree.release_unreachable and not self.tree.reachable(key):  # no other session could ask for it
             self.metrics.captures_skipped += 1
+            return entry
+        rollout_bytes = await self.pays(ws, key, entry.duration)
+        if rollout_bytes is None:
+            self.metrics.captures_skipped_cost += 1
             return entry
         try:
             ref = await self.provider.capture(ws)
@@ -116,5 +127,27 @@ class CacheState:
             self.metrics.capture_failures += 1
             return entry
         self.metrics.captures += 1
+        if rollout_bytes > 0:
+            self._capture_ratio = ref.size / rollout_bytes
         await self.discard(self.tree.attach(key, ref))
         return msgspec.structs.replace(entry, snapshot=ref)
+
+    async def pays(self, ws: Workspace, key: bytes, seconds: float) -> int | None:
+        """Whether a capture of ``ws`` at ``key`` (a write of ``seconds``) is expected to save more byte-seconds
+        than it holds (``_hold.capture_net``: the siblings that may ask for it, each spared ``seconds`` with
+        a rollout as big as ``ws``, against the capture's bytes held until the last of them has passed). Returns
+        ``ws``'s bytes as measured (0: not measured) when it pays or cannot be weighed, None when it cannot pay.
+        Weighed only with ``release_unreachable`` (otherwise a capture is held for the cache's life, which the
+        cache cannot foresee) and once the tree knows a sibling and a pace; a capture's bytes are taken as
+        ``ws``'s until one was measured (``ForkStateProvider``'s ref size over the rollout's, last seen)."""
+        pace = self.pace.value
+        if not (self.weigh_captures and self.tree.release_unreachable) or pace is None:
+            return 0
+        waiters = self.tree.waiters(key)
+        if not waiters:
+            return 0
+        rollout_bytes = await anyio.to_thread.run_sync(workspace_memory, ws)
+        capture_bytes = rollout_bytes * (self._capture_ratio if self._capture_ratio is not None else 1.0)
+        if capture_net(waiters, pace, seconds, rollout_bytes, capture_bytes) < 0:
+            return None
+        return rollout_bytes

@@ -14,6 +14,8 @@ the rest are evicted least recently used beyond the snapshot byte budget.
 from __future__ import annotations
 
 import time
+from collections import deque
+from collections.abc import Callable
 from typing import Protocol
 
 import anyio
@@ -22,6 +24,7 @@ from .._exceptions import ForkError
 from .._fork._snapshot import Snapshot, record_of
 from .._workspace._accounting import tree_bytes
 from .._workspace._facade import Workspace
+from ._hold import Waiter
 from ._records import SnapshotRef
 
 __all__ = ["ForkStateProvider", "SnapshotRef", "StateProvider", "StateTree"]
@@ -86,16 +89,21 @@ class ForkStateProvider:
 
 
 class _Node:
-    __slots__ = ("key", "parent", "children", "snapshot", "refs", "restoring", "last_used")
+    __slots__ = (
+        "key", "parent", "children", "snapshot", "refs", "restoring", "last_used", "depth", "visits", "arrivals",
+    )  # fmt: skip
 
-    def __init__(self, key: bytes, parent: _Node | None) -> None:
+    def __init__(self, key: bytes, parent: _Node | None, now: float) -> None:
         self.key = key
         self.parent = parent
         self.children: set[bytes] = set()
         self.snapshot: SnapshotRef | None = None
         self.refs = 0
         self.restoring = 0  # restores from its snapshot under way
-        self.last_used = time.monotonic()
+        self.last_used = now
+        self.depth: int = parent.depth + 1 if parent is not None else 0
+        self.visits = 0  # sessions that ever arrived here
+        self.arrivals: deque[float] = deque()  # when the sessions standing here arrived, oldest first
 
 
 class StateTree:
@@ -105,11 +113,15 @@ class StateTree:
     state only moves down the tree, so once no session stands on a state above the snapshot's (and no restore from
     it is under way), no open session can ask for it again, and keeping it would cost its bytes for the rest of the
     run for nothing. Right when every session that may use a snapshot is open before it is taken (the rollouts of
-    a ``GroupRollout`` group open together); a session opened later would find it gone."""
+    a ``GroupRollout`` group open together); a session opened later would find it gone. ``waiters`` says who could
+    still ask for a state, from where, and since when (``clock``: ``time.monotonic`` but in tests)."""
 
-    def __init__(self, snapshot_budget: int, release_unreachable: bool = False) -> None:
+    def __init__(
+        self, snapshot_budget: int, release_unreachable: bool = False, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.snapshot_budget = snapshot_budget
         self.release_unreachable = release_unreachable
+        self.clock = clock
         self._nodes: dict[bytes, _Node] = {}
         self.snapshot_bytes = 0
         self.snapshots = 0
@@ -128,16 +140,21 @@ class StateTree:
         node = self._nodes.get(key)
         return node.snapshot if node else None
 
-    def pin(self, key: bytes, parent: bytes | None = None) -> None:
-        """Hold the state ``key`` (a child of ``parent``): its snapshot is not evicted until ``unpin``."""
+    def pin(self, key: bytes, parent: bytes | None = None, *, visit: bool = True) -> None:
+        """Hold the state ``key`` (a child of ``parent``): its snapshot is not evicted until ``unpin``. ``visit``: a
+        session arrives there (False: a restore holds it meanwhile)."""
+        now = self.clock()
         node = self._nodes.get(key)
         if node is None:
             pnode = self._nodes.get(parent) if parent is not None else None
-            node = self._nodes[key] = _Node(key, pnode)
+            node = self._nodes[key] = _Node(key, pnode, now)
             if pnode is not None:
                 pnode.children.add(key)
         node.refs += 1
-        node.last_used = time.monotonic()
+        node.last_used = now
+        if visit:
+            node.visits += 1
+            node.arrivals.append(now)
 
     def reachable(self, key: bytes) -> bool:
         """Whether a snapshot of state ``key`` could still serve a hit: a session stands on a state above it (which
@@ -154,16 +171,37 @@ class StateTree:
             up = up.parent
         return False
 
+    def waiters(self, key: bytes) -> list[Waiter]:
+        """The sessions standing on a state above ``key`` (each may still move to it), nearest first: per state, how
+        many, how far above, the share of the sessions that left it which went on to ``key`` (at most 1; sessions
+        still standing there have not chosen) and how long the last of them has stood there."""
+        node = self._nodes.get(key)
+        if node is None:
+            return []
+        now, out = self.clock(), []
+        up = node.parent
+        while up is not None:
+            if up.arrivals:
+                left = up.visits - len(up.arrivals)
+                follow = min(1.0, node.visits / left) if left > 0 else 1.0
+                out.append(Waiter(node.depth - up.depth, len(up.arrivals), follow, now - up.arrivals[-1]))
+            up = up.parent
+        return out
+
     def restoring(self, key: bytes, delta: int) -> None:
         """Count a restore from ``key``'s snapshot starting (``+1``) or ending (``-1``); the state must be pinned."""
         self._nodes[key].restoring += delta
 
-    def unpin(self, key: bytes) -> None:
+    def unpin(self, key: bytes, *, visit: bool = True) -> None:
+        """Let go of ``key`` (``visit``: a session leaves it; which one is not known: the longest there, taken to
+        leave first)."""
         node = self._nodes.get(key)
         if node is None:
             return
         node.refs -= 1
-        node.last_used = time.monotonic()
+        node.last_used = self.clock()
+        if visit and node.arrivals:
+            node.arrivals.popleft()
         self._prune(node)
 
     def _prune(self, node: _Node | None) -> None:
@@ -184,7 +222,7 @@ class StateTree:
             evicted.append((key, node.snapshot))
             self._drop(node)
         node.snapshot = ref
-        node.last_used = time.monotonic()
+        node.last_used = self.clock()
         self.snapshot_bytes += ref.size
         self.snapshots += 1
         return evicted + self.evict()
