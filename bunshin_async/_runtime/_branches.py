@@ -24,7 +24,7 @@ from ._handle import CLOSE_DEADLINE, WorkspaceHandle
 from ._metrics import BranchRecord, TurnLog, TurnMetrics, merge_counts
 from ._planning import KeepOption, choose_kept
 from ._probes import fork_cost
-from ._speculation import Speculation
+from ._speculation import Speculation, policy_keeps
 
 __all__ = ["FORK_DEADLINE", "Branch", "BranchSet", "descends", "run_tool"]
 
@@ -339,13 +339,16 @@ class BranchSet:
                     await b.finished.wait()
 
     async def hand_over(self, limit: int) -> list[Branch]:
-        """End this set's branches but at most ``limit`` unused ones whose state is still valid, with the chains
-        they follow (finished ones first, then the likeliest: ``choose_kept``), which are returned, marked kept, for
-        the next turn to ``adopt``."""
+        """End this set's branches but at most ``limit`` unused ones whose state is still valid and which the policy
+        would keep (``policy_keeps``), with the chains they follow (finished ones first, then the likeliest:
+        ``choose_kept``), which are returned, marked kept, for the next turn to ``adopt``."""
         by_id: dict[int, Branch] = {}
         options: list[KeepOption] = []
         for b in self.live if limit > 0 else ():
             if b.claimed or b.discarded or b.failed or not self.valid(b):
+                continue
+            if not policy_keeps(self.speculation, b.launch):  # another turn's hold would not pay: let it go
+                self.log.metrics.released += 1
                 continue
             chain = [b]
             while (parent := chain[-1].parent) is not None:

@@ -152,7 +152,9 @@ class Policy(Protocol):
     against what the rollout does; ``observe_cpu(key, cpu_seconds, seconds)``: a call run on the main line took
     ``cpu_seconds`` of CPU (its workspace's cgroup, where it has CPU accounting) in ``seconds``, to tell waiting
     from computing; ``active()``: asked before the predictors are, False when no launch could pay now (the
-    predictors are then not asked at all)."""
+    predictors are then not asked at all); ``keeps(launch)``: asked when a turn ends for each unused branch it
+    could hand to the next turn (``Speculation.keep``), False lets it go (keeping it would cost more than its
+    expected use saves)."""
 
     def select(self, options: Sequence[Launch], *, running: int, forks: int) -> list[Launch]: ...
 

@@ -76,6 +76,9 @@ class _Counts(msgspec.Struct, kw_only=True):
     saved_seconds: float = 0.0
     llm_seconds: float = 0.0
     tool_seconds: float = 0.0
+    #: Unused branches a turn could have kept for the next one and let go: the policy said keeping them could not
+    #: pay (``Policy.keeps``).
+    released: int = 0
 
 
 class TurnMetrics(_Counts, kw_only=True):

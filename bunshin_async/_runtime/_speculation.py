@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from ._calls import CallKey, Launch, Policy, Predictor
 from ._metrics import RolloutMetrics, TurnMetrics
 
-__all__ = ["BoundedPolicy", "Speculation", "policy_active"]
+__all__ = ["BoundedPolicy", "Speculation", "policy_active", "policy_keeps"]
 
 
 class BoundedPolicy:
@@ -61,7 +61,8 @@ class Speculation:
     the new state. ``keep``: inside ``handle.background()`` (``run_agent``), at most this many unused branches
     (their chains included) outlive their turn while no state change happened since they started: a later turn
     commits them when the model asks for their call; any committed write discards them. Their forks count against
-    the policy's fork budget."""
+    the policy's fork budget, and a policy with ``keeps(launch)`` lets go of those it says cannot pay for another
+    turn (``TurnMetrics.released``)."""
 
     predictors: Sequence[Predictor] = ()
     policy: Policy = field(default_factory=BoundedPolicy)
@@ -77,3 +78,10 @@ def policy_active(spec: Speculation) -> bool:
     """The policy wants launches considered now (``Policy.active``, where it has one)."""
     active = getattr(spec.policy, "active", None)
     return active is None or bool(active())
+
+
+def policy_keeps(spec: Speculation | None, launch: Launch) -> bool:
+    """The policy would keep an unused branch for ``launch`` into the next turn (``Policy.keeps``, where it has one:
+    a kept fork is held at least another LLM turn, which its expected use may not pay for)."""
+    keeps = getattr(spec.policy, "keeps", None) if spec is not None else None
+    return keeps is None or bool(keeps(launch))

@@ -164,6 +164,26 @@ def test_a_fork_is_launched_only_when_the_gib_seconds_it_saves_pay_for_what_it_h
     assert len(group.select([_launch("behind", 4, p=0.9, seconds=3.0)], running=0, forks=0)) == 1
 
 
+def test_an_unused_branch_is_kept_for_the_next_turn_only_while_its_hold_pays() -> None:
+    """A branch kept past its turn is asked for a turn later at the earliest: it holds its fork for at least the next
+    turn's LLM time, whatever it hides. Late in a turn a long call may have been worth launching; kept into a new
+    turn it is let go unless what it hides pays for a whole turn's hold."""
+    mib = 1 << 20
+    policy = CostAwarePolicy(contention=None, llm_seconds=3.0, fork_seconds=0.2)
+    policy.observe_rollout_memory(64 * mib)
+    policy.observe_fork(0.2, 16 * mib)
+    late = msgspec.structs.replace(_launch("r", 0, p=1.0, seconds=1.0), turn_elapsed=2.9)
+    # launched 2.9 s into a 3 s turn (a quarter of a turn left, at least): 0.75 s hidden x 64 MiB against
+    # 0.2 + max(1, 0.75) = 1.2 s x 16 MiB held: pays
+    assert policy.memory_net(late) == pytest.approx((0.75 * 64 - 1.2 * 16) * mib)
+    assert policy.select([late], running=0, forks=0) == [late]
+    # unused when the turn ended: a new turn holds it 0.2 + 3 s and it hides its whole 1 s: 64 > 3.2 x 16 pays
+    assert policy.keeps(late)
+    policy.observe_fork(0.2, 80 * mib)  # forks turn out bigger (0.7 x 16 + 0.3 x 80 = 35.2 MiB): it no longer does
+    assert policy.memory_net(late) > 0 and not policy.keeps(late)
+    assert CostAwarePolicy(contention=None, memory_weight=0.0).keeps(late)  # memory not weighed: kept as before
+
+
 def test_the_run_times_kept_are_the_last_calls_run() -> None:
     policy = CostAwarePolicy(contention=None, max_calls=3, default_seconds=0.3)
     launches = [_launch(f"r{i}", 0) for i in range(4)]
