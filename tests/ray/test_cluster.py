@@ -52,17 +52,29 @@ def task(setup_sleep: float = 0.0) -> Task:
 
 
 class DigestAgent:
-    """Asks the set-up's in-memory guest (its memory came with the fork) and records the answer."""
+    """Asks the set-up's in-memory guest (its memory came with the fork) and records the answer. With ``watch``
+    (the cluster, the group's size) the rollouts wait for each other once they have asked, and the last to ask
+    records the snapshots each host then holds (``snapshots_held``: every copy exists by then)."""
 
-    def __init__(self, hold: float = 0.0) -> None:
+    def __init__(self, hold: float = 0.0, watch: tuple[RayCluster, int] | None = None) -> None:
         self.hold = hold
+        self.watch = watch
         self.answers: dict[int, tuple[str, int]] = {}
         self.nodes: dict[int, str] = {}
+        self.snapshots_held: dict[str, int] | None = None
+        self._all_asked = anyio.Event()
 
     async def run(self, ctx: RolloutContext) -> Trajectory:
         ws: Any = ctx.ws
         self.nodes[ctx.rollout] = ws.node
         self.answers[ctx.rollout] = await ask(ws)
+        if self.watch is not None:
+            cluster, n = self.watch
+            if len(self.answers) == n:
+                self.snapshots_held = {i.name: i.snapshots for i in await cluster.infos() if i is not None}
+                self._all_asked.set()
+            with anyio.fail_after(60):
+                await self._all_asked.wait()
         await anyio.sleep(self.hold)
         await ws.exec(f"echo {self.answers[ctx.rollout][0]} > /workspace/digest.txt")
         return Trajectory(task_id=ctx.task.task_id, rollout=ctx.rollout, steps=[Step(tool="bash", exit_code=0)])
@@ -131,7 +143,7 @@ async def test_group_of_8_over_2_nodes_of_4(cluster: RayCluster) -> None:
 
 
 async def test_a_slow_link_makes_the_other_node_run_the_set_up_again(cluster: RayCluster) -> None:
-    agent = DigestAgent()
+    agent = DigestAgent(watch=(cluster, 8))
     slow = {h.name: 1000.0 for h in cluster.hosts}  # 1 kB/s: shipping would take hours
     async with ClusterGroupRollout(cluster, task(), 8, agent, rollout_seconds=60, bandwidth=slow) as group:
         results = [r async for r in group]
@@ -140,6 +152,9 @@ async def test_a_slow_link_makes_the_other_node_run_the_set_up_again(cluster: Ra
     assert len(other) == LIMIT and {r.placement for r in other} == {"re-setup"} and not group.transfers
     assert all(r.fork_mode == "criu-cow" for r in results)
     assert len({d for d, _ in agent.answers.values()}) == 1  # the same seeded state, built twice
+    # once every rollout had its copy, neither the base snapshot nor the one set up again was held any more (the
+    # copies map what they need): not for the rest of the group's run
+    assert agent.snapshots_held == {h.name: 0 for h in cluster.hosts}
 
 
 async def test_cache_write_hit_served_on_the_other_node(cluster: RayCluster) -> None:

@@ -69,7 +69,7 @@ class ClusterGroupRollout(GroupRollout):
                 for i in range(self.n):
                     await self._send.send(self._failed(i, f"group set-up failed: {type(exc).__name__}: {exc}"))
                 return
-            sources: dict[str, _Source] = {}
+            sources: _Sources | None = None
             try:
                 infos = [i for i in await self.cluster.infos() if i is not None]
                 if self.bandwidth:
@@ -81,16 +81,14 @@ class ClusterGroupRollout(GroupRollout):
                 )  # fmt: skip
                 for p in self.plan:
                     self.cluster.pending[p.host] = self.cluster.pending.get(p.host, 0) + 1
-                for p in self.plan:
-                    if p.host not in sources:
-                        sources[p.host] = _Source(self, base_snap, self.cluster.host(p.host), p.placement)
+                sources = _Sources(self, base_snap, self.plan)
                 async with anyio.create_task_group() as tg:
                     for p in self.plan:
-                        tg.start_soon(self._placed, p, sources[p.host])
+                        tg.start_soon(self._placed, p, sources)
             finally:
                 with anyio.CancelScope(shield=True):
-                    for src in sources.values():
-                        await src.aclose()
+                    if sources is not None:
+                        await sources.aclose()
                     await base_snap.aclose()
 
     async def _setup(self) -> tuple[RemoteSnapshot, float]:
@@ -104,15 +102,16 @@ class ClusterGroupRollout(GroupRollout):
         finally:
             await base.aclose()
 
-    async def _placed(self, p: Plan, src: _Source) -> None:
+    async def _placed(self, p: Plan, sources: _Sources) -> None:
         assert self._send is not None
         t0 = time.monotonic()
         try:
             try:
-                snap = await src.get()
+                snap = await sources.by_host[p.host].get()
                 (ws,) = await snap.from_snapshot(1, owner=self.cluster.owner)
             finally:
                 self.cluster.pending[p.host] -= 1
+                await sources.copied()
         except Exception as exc:
             failed = self._failed(p.rollout, f"{type(exc).__name__}: {exc}")
             await self._send.send(self._placed_result(failed, p))
@@ -178,3 +177,35 @@ class _Source:
     async def aclose(self) -> None:
         if self._snap is not None and self._snap is not self.base:
             await self._snap.aclose()
+
+
+class _Sources:
+    """The group's snapshots: the base and, per host, the one the rollouts placed there copy (``by_host``). Let go
+    of as soon as every planned rollout has its copy or failed to get one (``copied``), not when the last rollout
+    ends: nothing forks from them afterwards (a failed rollout is not retried; a rollout's cache captures and
+    speculative forks snapshot its own workspace) and a copy-on-write copy keeps, on its host, the page image it
+    maps itself. Held to the end, a snapshot would cost its bytes for the group's straggler's whole run."""
+
+    def __init__(self, group: ClusterGroupRollout, base: RemoteSnapshot, plan: list[Plan]) -> None:
+        self.base = base
+        self.by_host: dict[str, _Source] = {}
+        for p in plan:
+            if p.host not in self.by_host:
+                self.by_host[p.host] = _Source(group, base, group.cluster.host(p.host), p.placement)
+        self.waiting = len(plan)
+        self.closed = False
+
+    async def copied(self) -> None:
+        """One planned rollout has its copy (or will not get one); the last one lets the snapshots go."""
+        self.waiting -= 1
+        if self.waiting <= 0:
+            await self.aclose()
+
+    async def aclose(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        with anyio.CancelScope(shield=True):
+            for src in self.by_host.values():
+                await src.aclose()
+            await self.base.aclose()
