@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import anyio
 import pytest
 
 from bunshin_async._host import _paths
-from bunshin_async.rollout import Budget, GroupRollout, RolloutContext, Step, Task, Trajectory, WorkspaceLimiter
+from bunshin_async.rollout import (
+    Budget,
+    GroupRollout,
+    RolloutContext,
+    Step,
+    Task,
+    Trajectory,
+    WorkspaceLimiter,
+    accounting_scope,
+)
 
 TASK = Task(
     task_id="t",
@@ -143,3 +154,43 @@ async def test_a_group_of_one_runs_in_its_set_up_workspace_without_a_snapshot() 
     assert result.status == "finished" and result.reward == 1.0
     assert result.fork_mode == "fresh" and group.setup_seconds is not None
     assert agent.seen_prepared == {0: "prepared\n"} and agent.seen_background == {0: True}
+
+
+class HoldersSeen(ScriptedAgent):
+    """Records, while each rollout runs (every copy exists by then), who holds what in the run's snapshot store: per
+    snapshot directory or layer (``<id>.users/``), the names of its users."""
+
+    def __init__(self, store: Path) -> None:
+        super().__init__({})
+        self.store = store
+        self.copies: set[str] = set()
+        self.holders: list[dict[str, set[str]]] = []
+
+    async def run(self, ctx: RolloutContext) -> Trajectory:
+        self.copies.add(ctx.ws.id)
+        held = {}
+        for users in [*self.store.glob("*.users"), *self.store.glob(".layers/*.users")]:
+            held[users.name.removesuffix(".users")] = {u.name for u in users.iterdir()}
+        self.holders.append(held)
+        return await super().run(ctx)
+
+
+async def test_the_base_snapshot_is_held_only_by_the_copies_once_they_exist() -> None:
+    """Nothing of the group holds its base snapshot while the rollouts run: its directory and layer are the copies'
+    (a copy-on-write copy maps the page image, every copy mounts the layer), and when the group ends the run's
+    snapshot store holds nothing, as the accounting reader sees it."""
+    with accounting_scope("base-held") as subtree:
+        assert subtree.snapshot_dir is not None
+        agent = HoldersSeen(subtree.snapshot_dir)
+        with anyio.fail_after(120):
+            async with GroupRollout(TASK, 2, agent) as group:
+                results = [r async for r in group]
+        assert all(r.status == "finished" for r in results)
+        assert len(agent.copies) == 2 and len(agent.holders) == 2
+        for held in agent.holders:
+            assert held, "the copies hold their base's layer"
+            for name, users in held.items():
+                assert users <= agent.copies, (name, users)  # no snapshot-<id> user: the group let go of it
+        usage = subtree.read()
+        assert (usage.snapshot_bytes, usage.image_bytes) == (0, 0)
+        assert not [p for p in subtree.snapshot_dir.rglob("*") if not p.is_dir()]
