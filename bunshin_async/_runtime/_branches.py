@@ -344,11 +344,12 @@ class BranchSet:
         ``choose_kept``), which are returned, marked kept, for the next turn to ``adopt``."""
         by_id: dict[int, Branch] = {}
         options: list[KeepOption] = []
+        unpaid: list[Branch] = []
         for b in self.live if limit > 0 else ():
             if b.claimed or b.discarded or b.failed or not self.valid(b):
                 continue
             if not policy_keeps(self.speculation, b.launch):  # another turn's hold would not pay: let it go
-                self.log.metrics.released += 1
+                unpaid.append(b)
                 continue
             chain = [b]
             while (parent := chain[-1].parent) is not None:
@@ -356,6 +357,7 @@ class BranchSet:
             by_id.update((id(c), c) for c in chain)
             options.append(KeepOption(b.done.is_set(), b.launch.probability, tuple(id(c) for c in chain)))
         keep = [by_id[i] for i in choose_kept(options, limit)]
+        self.log.metrics.released += sum(b not in keep for b in unpaid)  # (one a kept chain starts from stays)
         self.cancel(lambda b: b not in keep)
         await self.wait_finished(keep)
         for b in keep:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from bunshin_async._tools._tools import builtin_tools
-from bunshin_async.speculation import BranchRecord, Speculation
+from bunshin_async.speculation import BranchRecord, Launch, Speculation
 from speculator import CostAwarePolicy, Rule, RulePredictor
 
 from .agent_loop import Run, off_and_on
@@ -131,3 +131,38 @@ async def test_a_kept_branch_goes_as_soon_as_a_write_happens(serve: Any) -> None
     assert sorted((b.depth, b.outcome) for b in on.turns[1].branches) == [(0, "wasted"), (1, "wasted")]
     assert on.calls[2].outcome.endswith("a-done\n")
     assert on.calls[3].outcome == "exit code 0\nf\nz\na\n0\n"
+
+
+class NoTurnPays(CostAwarePolicy):
+    """Launches as the cost-aware policy does (memory not weighed) but says no branch pays for another turn's hold
+    (its rule's verdict is unit-tested in test_policy.py): the runtime must then keep none."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.asked: list[Launch] = []
+
+    def keeps(self, launch: Launch) -> bool:
+        self.asked.append(launch)
+        return False
+
+
+async def test_a_branch_whose_hold_cannot_pay_is_not_kept(serve: Any) -> None:
+    # As in the kept test above, A is predicted at turn 1's start and not asked for in turn 1; the policy says
+    # keeping it for turn 2 cannot pay: it is let go when turn 1 ends and turn 2 runs A on the main line.
+    rules = [Rule(after="^mkdir -p d$", then_tool="bash", then_args={"command": A}, expected_seconds=1.0)]
+    policy = NoTurnPays(contention=None, llm_seconds=1.5, memory_weight=0.0)
+    spec = Speculation(predictors=[RulePredictor(rules)], policy=policy, group="chain", keep=2)
+    steps = [
+        bash("mkdir -p d", llm=0.05, turn=0),
+        bash("ls d", llm=1.2, turn=1),
+        bash(A, llm=0.05, turn=2),
+        bash(CHECK, llm=0.05, turn=3),
+        final(),
+    ]
+    off, on = await _both(serve, steps, spec)
+    assert [launch.key.name for launch in policy.asked][:1] == ["bash"]  # asked about A when turn 1 ended
+    assert on.turns[1].released >= 1 and on.metrics.released >= 1
+    assert all(e.kind != "branch_kept" for t in on.turns for e in t.timeline)
+    records = [b for t in on.turns for b in t.branches if b.probability == 0.9]
+    assert records and records[0].outcome == "wasted"  # let go, not committed
+    assert on.calls[2].outcome.endswith("a-done\n") and on.calls[3].outcome == "exit code 0\nf\na\n0\n"
