@@ -247,6 +247,12 @@ def test_the_share_of_the_oracles_gain_is_paired_per_repeat_and_volatile_results
         "fork+cache+spec-without-siblings+recent", fork=True, cache=True, speculation=True,
         without=frozenset({"siblings", "recent"}))  # fmt: skip
     assert named_config("fork+cache+spec-without-") is None and named_config("nope") is None
+    assert named_config("fork+cache-unweighed") == Config(
+        "fork+cache-unweighed", fork=True, cache=True, speculation=False, weigh_captures=False)  # fmt: skip
+    assert named_config("fork+cache+spec-without-recent-unweighed") == Config(
+        "fork+cache+spec-without-recent-unweighed", fork=True, cache=True, speculation=True,
+        without=frozenset({"recent"}), weigh_captures=False)  # fmt: skip
+    assert named_config("fork-unweighed") is None  # no cache: nothing to weigh
 
 
 @pytest.mark.timeout(1200)
