@@ -92,6 +92,17 @@ async def test_a_chain_whose_second_call_mismatches_commits_only_the_first(serve
     assert on.metrics.wasted_cpu_seconds > 0  # a misprediction's cost is counted, also one ended after its turn
 
 
+def _kept_steps() -> list[Any]:
+    """A predicted at turn 1's start, turn 1 asks for a read, turn 2 for A."""
+    return [
+        bash("mkdir -p d", llm=0.05, turn=0),
+        bash("ls d", llm=1.2, turn=1),
+        bash(A, llm=0.05, turn=2),
+        bash(CHECK, llm=0.05, turn=3),
+        final(),
+    ]
+
+
 async def test_a_branch_is_kept_across_turns_while_the_state_is_unchanged(serve: Any) -> None:
     # Predicted at turn 1's start, A is not what turn 1 asks for (a read): it stays alive and turn 2 commits it.
     # A second prediction (A2) is also done by then, but only one branch may be kept: the likelier one.
@@ -100,14 +111,7 @@ async def test_a_branch_is_kept_across_turns_while_the_state_is_unchanged(serve:
         Rule(after="^mkdir -p d$", then_tool="bash", then_args={"command": A}, expected_seconds=1.0),
         Rule(after="^mkdir -p d$", then_tool="bash", then_args={"command": a2}, probability=0.6, expected_seconds=1),
     ]
-    steps = [
-        bash("mkdir -p d", llm=0.05, turn=0),
-        bash("ls d", llm=1.2, turn=1),
-        bash(A, llm=0.05, turn=2),
-        bash(CHECK, llm=0.05, turn=3),
-        final(),
-    ]
-    off, on = await _both(serve, steps, _speculation(rules, keep=1))
+    off, on = await _both(serve, _kept_steps(), _speculation(rules, keep=1))
     kinds = [e.kind for e in on.turns[2].timeline]
     assert "branch_kept" in kinds  # turn 2 took over turn 1's branch
     records = {b.probability: b for t in on.turns for b in t.branches}
@@ -152,14 +156,7 @@ async def test_a_branch_whose_hold_cannot_pay_is_not_kept(serve: Any) -> None:
     rules = [Rule(after="^mkdir -p d$", then_tool="bash", then_args={"command": A}, expected_seconds=1.0)]
     policy = NoTurnPays(contention=None, llm_seconds=1.5, memory_weight=0.0)
     spec = Speculation(predictors=[RulePredictor(rules)], policy=policy, group="chain", keep=2)
-    steps = [
-        bash("mkdir -p d", llm=0.05, turn=0),
-        bash("ls d", llm=1.2, turn=1),
-        bash(A, llm=0.05, turn=2),
-        bash(CHECK, llm=0.05, turn=3),
-        final(),
-    ]
-    off, on = await _both(serve, steps, spec)
+    off, on = await _both(serve, _kept_steps(), spec)
     assert [launch.key.name for launch in policy.asked][:1] == ["bash"]  # asked about A when turn 1 ended
     assert on.turns[1].released >= 1 and on.metrics.released >= 1
     assert all(e.kind != "branch_kept" for t in on.turns for e in t.timeline)
