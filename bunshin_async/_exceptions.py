@@ -25,6 +25,7 @@ failure, an httpx error) are translated once, where the foreign system is called
     ├── TransferError            a snapshot could not be exported or imported (``snapshot_id``); nothing half-imported
     ├── HostError                a workspace host of a cluster failed or died (``host``); its rollouts fail, not others
     ├── HostCallError            one call failed inside a host that is alive (``host``, ``error``); its workspaces stay
+    ├── ServeError               `bunshin e2b serve` could not start on its ``address``; nothing of it is left
     ├── LLMError                 talking to a model endpoint failed
     │   ├── LLMConnectionError   the endpoint could not be reached (after retries)
     │   ├── LLMHTTPError         the endpoint answered an error status (``status``)
@@ -70,6 +71,7 @@ __all__ = [
     "PathOutsideWorkspace",
     "PathTooLong",
     "SecurityError",
+    "ServeError",
     "StoreFull",
     "StoreUnavailable",
     "ToolCallError",
@@ -315,6 +317,17 @@ class HostCallError(BunshinError):
 
     def __init__(self, message: str, *, host: str, error: str) -> None:
         super().__init__(message, host=host, error=error)
+
+
+class ServeError(BunshinError):
+    """A server Bunshin runs (the E2B endpoint) could not start on ``address``: the port is taken, the address cannot
+    be bound, or the HTTP server failed to start. Whatever the start had made (its socket, tasks, the backend's
+    hosts) is released before it is raised."""
+
+    address: str
+
+    def __init__(self, message: str, *, address: str) -> None:
+        super().__init__(message, address=address)
 
 
 class LLMError(BunshinError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import ipaddress
 import secrets
 import socket
@@ -13,7 +14,7 @@ from typing import TYPE_CHECKING
 import anyio
 from anyio.abc import TaskGroup
 
-from .._exceptions import InvalidArgument
+from .._exceptions import BunshinError, InvalidArgument, ServeError
 from .._images._image import Image
 from ._app import E2BApp
 from ._backends import Backend, LocalBackend
@@ -69,6 +70,8 @@ class E2BServer:
                 f"refusing to serve E2B on {host} without an API key: anyone reaching it runs root-run workspaces",
                 tool="e2b serve",
             )
+        if not 0 <= port <= 65535:
+            raise InvalidArgument(f"port {port} is not a TCP port (0-65535; 0 picks a free one)", tool="e2b serve")
         if api_key is not None and len(api_key) < 8:
             raise InvalidArgument("the API key must be at least 8 characters", tool="e2b serve")
         self.host = host
@@ -83,6 +86,8 @@ class E2BServer:
         self._tg: TaskGroup | None = None
         self._http: uvicorn.Server | None = None
         self._served = anyio.Event()
+        self._sock: socket.socket | None = None
+        self._opened = False
 
     @property
     def url(self) -> str:
@@ -95,13 +100,19 @@ class E2BServer:
         return {"E2B_API_URL": self.url, "E2B_SANDBOX_URL": self.url, "E2B_API_KEY": self.api_key}
 
     async def __aenter__(self) -> E2BServer:
-        import uvicorn
+        """Bind, open the backend and start serving. On any failure or cancellation, whatever was made so far (the
+        socket, the backend's hosts, the tasks) is released before the exception leaves: a failure to start is a
+        ``ServeError`` (a ``BunshinError`` of the backend, such as a Ray cluster that cannot be joined, as itself)."""
+        try:
+            await self._start()
+        except BaseException as exc:
+            await self._abort(exc)
+            if isinstance(exc, Exception) and not isinstance(exc, BunshinError):
+                raise ServeError(f"the E2B server on {self.url} did not start: {exc}", address=self.url) from exc
+            raise
+        return self
 
-        class Quiet(uvicorn.Server):
-            @contextlib.contextmanager
-            def capture_signals(self) -> Iterator[None]:
-                yield  # signals belong to whoever runs the server (the CLI stops it on SIGTERM/SIGINT)
-
+    def _bind(self) -> socket.socket:
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         try:
@@ -112,35 +123,67 @@ class E2BServer:
             sock.bind((self.host, self.port))
             sock.listen(256)
             sock.setblocking(False)
-        except OSError:
+        except OSError as exc:
             sock.close()
-            raise
+            taken = " (the port is taken)" if exc.errno == errno.EADDRINUSE else ""
+            raise ServeError(f"cannot listen on {self.url}{taken}: {exc}", address=self.url) from exc
+        return sock
+
+    async def _start(self) -> None:
+        import uvicorn
+
+        ready = anyio.Event()
+
+        class Quiet(uvicorn.Server):
+            @contextlib.contextmanager
+            def capture_signals(self) -> Iterator[None]:
+                yield  # signals belong to whoever runs the server (the CLI stops it on SIGTERM/SIGINT)
+
+            async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+                await super().startup(sockets=sockets)
+                ready.set()
+
+        self._sock = sock = self._bind()
         self.port = sock.getsockname()[1]
-        try:
-            await self.sandboxes.backend.open()
-        except BaseException:
-            sock.close()
-            raise
-        self._tg = anyio.create_task_group()
-        await self._tg.__aenter__()
-        app = E2BApp(self.sandboxes, self.api_key, self._tg)
+        await self.sandboxes.backend.open()
+        self._opened = True
+        self._tg = tg = anyio.create_task_group()
+        await tg.__aenter__()
+        app = E2BApp(self.sandboxes, self.api_key, tg)
         http = Quiet(uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=5))
         self._http = http
+        failed: list[BaseException] = []
 
         async def serve() -> None:
             try:
                 await http.serve(sockets=[sock])
+            except (Exception, SystemExit) as exc:  # uvicorn exits (sys.exit) when its start fails
+                failed.append(exc)
             finally:
-                sock.close()
                 self._served.set()
+                ready.set()
 
-        self._tg.start_soon(serve)
-        self._tg.start_soon(self.sandboxes.reap)
-        while not http.started:  # noqa: ASYNC110 - uvicorn sets a flag, it has no event to wait on
-            if self._served.is_set():
-                raise OSError(f"the E2B server on {self.url} did not start")
-            await anyio.sleep(0.01)
-        return self
+        tg.start_soon(serve)
+        tg.start_soon(self.sandboxes.reap)
+        await ready.wait()
+        if not http.started or self._served.is_set():
+            cause = failed[0] if failed else None
+            raise ServeError(f"the E2B server on {self.url} did not start: {cause!r}", address=self.url) from cause
+
+    async def _abort(self, exc: BaseException) -> None:
+        """Undo a start that failed or was cancelled (``exc``): the tasks end (the task group is left from this task,
+        as it was entered), then the socket and the backend are released, shielded."""
+        tg, self._tg = self._tg, None
+        try:
+            if tg is not None:
+                if self._http is not None:
+                    self._http.should_exit = True
+                tg.cancel_scope.cancel()
+                with contextlib.suppress(BaseException):  # ``exc`` is what the caller sees
+                    await tg.__aexit__(type(exc), exc, exc.__traceback__)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._release()
 
     async def aclose(self) -> None:
         """Stop serving, close every sandbox and snapshot. Idempotent."""
@@ -158,6 +201,15 @@ class E2BServer:
         try:
             await tg.__aexit__(None, None, None)
         finally:
+            await self._release()
+
+    async def _release(self) -> None:
+        """Close the socket, every sandbox and snapshot, and the backend (shielded: they shield themselves)."""
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close()
+        if self._opened:
+            self._opened = False
             try:
                 await self.sandboxes.aclose()
             finally:
