@@ -18,7 +18,7 @@ import msgspec
 from anyio.abc import TaskGroup
 from starlette.applications import Starlette
 from starlette.datastructures import UploadFile
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
@@ -314,6 +314,8 @@ class E2BApp:
                 return await handler(request, sb)
             except _TooLarge:
                 return _api_error(413, "request body too large")
+            except ClientDisconnect:  # gone mid-request (what it started was undone): nobody reads an answer
+                return Response(status_code=499)
             except RpcError as exc:
                 status = {"not_found": 404, "invalid_argument": 400, "resource_exhausted": 507}.get(exc.code, 500)
                 if exc.code == "unavailable":
@@ -333,22 +335,25 @@ class E2BApp:
         return Response(data, 200, media_type="application/octet-stream")
 
     async def write_files(self, request: Request, sb: Sandbox) -> Response:
+        """Every file of the request or none (``_envd.Upload``): one past the limit, a client that goes away or a
+        file that cannot be written leaves no file of the request behind."""
         user = _envd.user_from(_basic_or_param(request))
-        ws = sb.workspace()
         written = []
-        if request.headers.get("content-type", "").startswith("application/octet-stream"):
-            if request.headers.get("content-encoding"):
-                raise RpcError("compressed uploads are not supported", code="invalid_argument")
-            data = _pieces(request, _envd.MAX_UPLOAD)
-            written.append(await _envd.write(ws, request.query_params.get("path", ""), data, user))
-        else:
-            limited = Request(request.scope, _limited(request.receive, _envd.MAX_UPLOAD))
-            async with limited.form(max_files=1000, max_fields=1000) as form:
-                for key, value in form.multi_items():
-                    if key != "file" or isinstance(value, str):
-                        continue
-                    path = request.query_params.get("path") or value.filename or ""
-                    written.append(await _envd.write(ws, path, _file_pieces(value), user))
+        async with _envd.Upload(sb.workspace(), user) as upload:
+            if request.headers.get("content-type", "").startswith("application/octet-stream"):
+                if request.headers.get("content-encoding"):
+                    raise RpcError("compressed uploads are not supported", code="invalid_argument")
+                data = _pieces(request, _envd.MAX_UPLOAD)
+                written.append(await upload.add(request.query_params.get("path", ""), data))
+            else:
+                limited = Request(request.scope, _limited(request.receive, _envd.MAX_UPLOAD))
+                async with limited.form(max_files=1000, max_fields=1000) as form:
+                    for key, value in form.multi_items():
+                        if key != "file" or isinstance(value, str):
+                            continue
+                        path = request.query_params.get("path") or value.filename or ""
+                        written.append(await upload.add(path, _file_pieces(value)))
+            await upload.commit()
         return Response(_json.encode(written), 200, media_type="application/json")
 
     async def rpc(self, request: Request) -> Response:

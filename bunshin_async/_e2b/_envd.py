@@ -16,13 +16,15 @@ Files go through commands in the workspace too (``ws.exec`` of coreutils and fin
 host never resolves a path inside the workspace, and E2B paths lie anywhere in the tree while the file tools are
 confined to one directory. ``watch_dir`` compares the directory's listing every ``WATCH_INTERVAL`` (create,
 write, remove; a rename is a remove and a create). Reads come back base64-encoded (the exec result is text) and are
-bounded by ``MAX_READ``; uploads by ``MAX_UPLOAD``, written in pieces of ``UPLOAD_CHUNK`` as they arrive.
+bounded by ``MAX_READ``; uploads by ``MAX_UPLOAD``, written in pieces of ``UPLOAD_CHUNK`` as they arrive, under
+temporary names renamed over their targets only when the whole upload arrived (``Upload``).
 PTY sessions are refused (``unimplemented``): the agent gives commands no terminal.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime
 import posixpath
 import re
@@ -226,25 +228,72 @@ async def read(ws: Handle, path: str, user: str | None) -> bytes:
         raise RpcError(f"unreadable answer reading {path[:100]!r}: {exc}", code="data_loss") from exc
 
 
-async def write(ws: Handle, path: str, data: AsyncIterator[bytes], user: str | None) -> dict[str, str]:
-    """Write (create or replace) a file from ``data`` as it arrives, making its parents; E2B's WriteInfo of it.
-    At most ``UPLOAD_CHUNK`` bytes (and one piece of ``data``) are held: the first piece replaces the file, the
-    next ones append to it."""
-    path = absolute(path)
-    script = (
-        f'[ -d "$1" ] && {{ echo "$1 is a directory" >&2; exit {_IS_DIR}; }}; mkdir -p -- "${{1%/*}}/" && cat > "$1"'
-    )
-    pending = bytearray()
-    written = False
-    async for piece in data:
-        pending += piece
-        if len(pending) >= UPLOAD_CHUNK:
-            await _run(ws, script, path, stdin=bytes(pending), user=user, timeout=300)
-            pending.clear()
-            script, written = 'cat >> "$1"', True
-    if pending or not written:
-        await _run(ws, script, path, stdin=bytes(pending), user=user, timeout=300)
-    return {"name": posixpath.basename(path), "type": "file", "path": path}
+_STAGE = (
+    f'p=$1 t=$2; [ -d "$p" ] && {{ echo "$p is a directory" >&2; exit {_IS_DIR}; }}; '
+    # the topmost directory this upload makes (printed: removed again, if empty, when the upload fails)
+    'd=${t%/*}; n=$d; m=; while [ -n "$n" ] && [ ! -e "$n" ] && [ ! -L "$n" ]; do m=$n; n=${n%/*}; done; '
+    'mkdir -p -- "$d/" && (set -C; : >"$t") && printf %s "$m"'
+)
+# Each pair (temporary, target): keep an existing regular file's mode, then rename over the target (mv -T: never
+# into a directory of that name).
+_COMMIT = (
+    'while [ $# -gt 1 ]; do if [ -f "$2" ] && [ ! -L "$2" ]; then chmod --reference="$2" -- "$1" || exit; fi; '
+    'mv -f -T -- "$1" "$2" || exit; shift 2; done'
+)
+# Each pair (temporary, topmost directory made or empty): remove the file, then the directories made, while empty.
+_DISCARD = (
+    'while [ $# -gt 1 ]; do rm -f -- "$1"; if [ -n "$2" ]; then d=${1%/*}; '
+    'while rmdir -- "$d" 2>/dev/null && [ "$d" != "$2" ]; do d=${d%/*}; done; fi; shift 2; done; true'
+)
+_DISCARD_BOUND = 30.0
+"""Longest the removal of a failed upload's files may take (it runs shielded, after a cancellation too)."""
+
+
+class Upload:
+    """The files of one upload request, all of them or none. Each is written, as it arrives, under a temporary name
+    beside its target (``.bunshin-upload-<random>`` in the same directory, by the request's user); ``commit``
+    renames them over their targets once every file arrived whole. Leaving the ``async with`` otherwise (a body
+    past the limit, a workspace error, a cancellation, a client gone) removes what was written and the directories
+    the upload made, shielded. Every step is a command in the workspace: the host resolves no path there."""
+
+    def __init__(self, ws: Handle, user: str | None) -> None:
+        self.ws = ws
+        self.user = user
+        self._staged: list[tuple[str, str, str]] = []  # (target, temporary, topmost directory made or "")
+
+    async def __aenter__(self) -> Upload:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        staged, self._staged = self._staged, []
+        if staged:
+            with anyio.move_on_after(_DISCARD_BOUND, shield=True), contextlib.suppress(RpcError):
+                await _run(self.ws, _DISCARD, *[a for _, temp, made in staged for a in (temp, made)], user=self.user)
+
+    async def add(self, path: str, data: AsyncIterator[bytes]) -> dict[str, str]:
+        """Stage ``data`` for ``path`` (parents made as needed); E2B's WriteInfo of it. At most ``UPLOAD_CHUNK``
+        bytes (and one piece of ``data``) are held at once: each such piece is appended to the temporary file."""
+        path = absolute(path)
+        temp = f"{posixpath.dirname(path).rstrip('/')}/.bunshin-upload-{secrets.token_hex(8)}"
+        self._staged.append((path, temp, ""))
+        made = (await _run(self.ws, _STAGE, path, temp, user=self.user)).stdout
+        if made and (temp.startswith(made + "/")):  # what the workspace printed is checked, not trusted
+            self._staged[-1] = (path, temp, made)
+        pending = bytearray()
+        async for piece in data:
+            pending += piece
+            if len(pending) >= UPLOAD_CHUNK:
+                await _run(self.ws, 'cat >> "$1"', temp, stdin=bytes(pending), user=self.user, timeout=300)
+                pending.clear()
+        if pending:
+            await _run(self.ws, 'cat >> "$1"', temp, stdin=bytes(pending), user=self.user, timeout=300)
+        return {"name": posixpath.basename(path), "type": "file", "path": path}
+
+    async def commit(self) -> None:
+        """Rename every staged file over its target (one command); what is not renamed is removed on exit."""
+        if self._staged:
+            await _run(self.ws, _COMMIT, *[a for path, temp, _ in self._staged for a in (temp, path)], user=self.user)
+            self._staged = []
 
 
 WATCH_INTERVAL = 0.2

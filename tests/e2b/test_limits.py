@@ -7,6 +7,9 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import threading
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import anyio
@@ -14,6 +17,7 @@ import e2b
 import httpx
 import pytest
 from e2b import AsyncSandbox, Sandbox, SandboxException
+from e2b.sandbox.filesystem.filesystem import WriteEntry
 
 from bunshin_async._e2b import _envd
 
@@ -64,6 +68,76 @@ def test_uploads_reach_the_workspace_in_bounded_pieces(e2b_server: Served, monke
         assert sbx.files.read("/tmp/stream.bin") == "short"
         sbx.files.write("/tmp/empty", io.BytesIO(b""))
         assert sbx.files.get_info("/tmp/empty").size == 0
+
+
+def _chunks(n: int, size: int = 64 << 10) -> Iterator[bytes]:
+    """An iterable body: the SDK sends it chunked, declaring no length (the server counts as it reads)."""
+    for _ in range(n):
+        yield b"x" * size
+
+
+def _state(sbx: Sandbox, directory: str) -> str:
+    return sbx.commands.run(f"ls -A {directory}; cat {directory}/kept.txt").stdout
+
+
+def test_an_upload_past_the_limit_or_failing_writes_no_file(
+    e2b_server: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_envd, "UPLOAD_CHUNK", 256 << 10)
+    monkeypatch.setattr(_envd, "MAX_UPLOAD", 1 << 20)
+    with Sandbox.create() as sbx:
+        sbx.files.write("/tmp/up/kept.txt", "old")
+        # 2 MiB against a 1 MiB limit: refused once past it, when four pieces have reached the workspace
+        with pytest.raises(SandboxException, match="too large"):
+            sbx.files.write("/tmp/up/kept.txt", _chunks(32))
+        with pytest.raises(SandboxException, match="too large"):
+            sbx.files.write("/tmp/up/new/deeper/big.bin", _chunks(32))
+        assert _state(sbx, "/tmp/up") == "kept.txt\nold"  # the old file whole; no new file, directory or piece
+        # several files in one request, the last of which cannot be written (a directory has its name): none is
+        sbx.commands.run("mkdir /tmp/up/dir")
+        with pytest.raises(SandboxException, match="is a directory"):
+            files = [WriteEntry(path="/tmp/up/kept.txt", data="new"), WriteEntry(path="/tmp/up/dir", data="x")]
+            sbx.files.write_files(files)
+        assert _state(sbx, "/tmp/up") == "dir\nkept.txt\nold"
+        # within the limit: the file is replaced whole, keeping its mode
+        sbx.commands.run("chmod 600 /tmp/up/kept.txt")
+        sbx.files.write("/tmp/up/kept.txt", _chunks(12))
+        after = sbx.commands.run("stat -c '%s %a' /tmp/up/kept.txt; ls -A /tmp/up").stdout
+        assert after == "786432 600\ndir\nkept.txt\n"
+
+
+def test_an_upload_its_client_abandons_writes_no_file(e2b_server: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_envd, "UPLOAD_CHUNK", 256 << 10)
+    wrote = threading.Event()
+    real_run = _envd._run
+
+    async def run(ws: Any, script: str, *args: str, stdin: bytes | None = None, **kw: Any) -> Any:
+        res = await real_run(ws, script, *args, stdin=stdin, **kw)
+        if stdin:
+            wrote.set()
+        return res
+
+    monkeypatch.setattr(_envd, "_run", run)
+
+    class Abandoned(Exception):
+        pass
+
+    def body() -> Iterator[bytes]:
+        yield b"x" * (300 << 10)  # past a piece: the server writes it to the workspace
+        assert wrote.wait(60)
+        raise Abandoned  # the client gives up mid-body: the SDK cuts the connection
+
+    with Sandbox.create() as sbx:
+        sbx.files.write("/tmp/cut/kept.txt", "old")
+        with pytest.raises(Abandoned):
+            sbx.files.write("/tmp/cut/kept.txt", body())
+        # The server undoes it when it sees the client gone, on its own time: what is asserted is the state it
+        # reaches (the bound only ends a failing test).
+        for _ in range(300):
+            if _state(sbx, "/tmp/cut") == "kept.txt\nold":
+                break
+            time.sleep(0.2)
+        assert _state(sbx, "/tmp/cut") == "kept.txt\nold"
 
 
 async def test_open_streams_are_capped_per_sandbox_and_per_server(e2b_server: Served) -> None:
