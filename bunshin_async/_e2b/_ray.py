@@ -3,8 +3,9 @@ through the Ray integration (``integrations.ray``): one ``WorkspaceHost`` per no
 drives them through ``RemoteWorkspace`` handles under an owner of its own (a lease it renews while it runs: a server
 that dies without closing leaves nothing once its lease runs out).
 
-Placement. A new sandbox goes to the host with the most free slots, counting those placed and not yet made
-(decided one at a time, so that concurrent creates spread). A fork's copies are live forks on their parent's host
+Placement. A new sandbox goes to the host with the most free slots, counting those placed and not yet made once
+(the cluster's ``ledger``: a reservation counts until its host lists its claim) and decided one at a time, so that
+concurrent creates spread evenly. A fork's copies are live forks on their parent's host
 when it has free slots for all of them; else the parent is snapshotted once and the copies are placed by the
 integration's cost model (``plan_group``: a restore on the parent's host while it has free slots or when one frees,
 against shipping the snapshot to another host over the measured bandwidth), a sandbox's expected stay in its slot
@@ -26,8 +27,8 @@ from .._exceptions import BunshinError, HostError, ImageError, InvalidArgument, 
 from .._host._kernel import Limits
 from .._host._protocol import ExecResult
 from .._images._image import Image
-from ..integrations._ray._placement import plan_group, room, roomiest  # the cost model (pure; not public)
-from ..integrations.ray import HostConfig, HostInfo, RayCluster, RemoteSnapshot, RemoteWorkspace
+from ..integrations._ray._placement import plan_group, room  # the cost model (pure; not public)
+from ..integrations.ray import HostConfig, RayCluster, RemoteSnapshot, RemoteWorkspace
 from ._backends import Handle, Snap, template_not_found
 
 DEFAULT_SLOTS = 16
@@ -39,10 +40,13 @@ class RemoteHandle:
     ``WorkspaceClosed`` here, as a local workspace whose init died. An error inside a live host (``HostCallError``)
     fails that call only: it passes as itself and the sandbox stays."""
 
-    limits: Limits | None = None
-
     def __init__(self, ws: RemoteWorkspace) -> None:
         self.remote = ws
+
+    @property
+    def limits(self) -> Limits | None:
+        """The limits the workspace's host made it with (``get_info``'s CPUs, memory and disk)."""
+        return self.remote.limits
 
     @property
     def id(self) -> str:
@@ -148,7 +152,6 @@ class RayBackend:
         self.slots = slots
         self._started: RayCluster | None = None
         self._cluster: RayCluster | None = None
-        self._placing = anyio.Lock()
 
     @property
     def cluster(self) -> RayCluster:
@@ -195,97 +198,102 @@ class RayBackend:
     async def fresh(
         self, image: Image | str | None, *, env: Mapping[str, str], workdir: str, max_output: int
     ) -> RemoteHandle:
-        cluster = self.cluster
-        async with self._placing:  # one decision at a time, each seeing the ones before it (``pending``)
-            infos = await self._infos()
-            best = roomiest(infos, cluster.pending)  # the first of equals: creates alternate
-            if best is None:
-                raise HostError("no live host in the cluster", host="*")
-            host = infos[best].name
-            cluster.pending[host] = cluster.pending.get(host, 0) + 1
-        try:
-            ws = await cluster.workspace(
-                cluster.host(host), image=image, env=env, workdir=workdir, max_output=max_output
-            )
+        try:  # on the roomiest host, decided in turn with every other placement (``RayCluster.deciding``)
+            ws = await self.cluster.workspace(image=image, env=env, workdir=workdir, max_output=max_output)
         except ImageError as exc:
             raise template_not_found(str(image), exc) from exc
-        finally:
-            cluster.pending[host] -= 1
         return RemoteHandle(ws)
 
     async def snapshot(self, ws: Handle) -> PlacedSnapshot:
         assert isinstance(ws, RemoteHandle)
         return PlacedSnapshot(await ws.remote.snapshot())
 
-    async def _infos(self) -> list[HostInfo]:
-        return [i for i in await self.cluster.infos() if i is not None]
-
-    async def _place(self, snap: PlacedSnapshot, n: int, lifetime: float) -> Counter[str]:
-        """How many of ``n`` copies of ``snap`` go to each host (``plan_group``)."""
+    async def _place(self, snap: PlacedSnapshot, n: int, lifetime: float) -> dict[str, tuple[int, str]]:
+        """How many of ``n`` copies of ``snap`` go to each host (``plan_group``), each host's share reserved in the
+        cluster's ledger: host -> (copies, claim). The caller releases the claims."""
         base = snap.origin.host.name
         free_ship = {h: math.inf for h in snap.copies if h != base}  # a copy there already: nothing to ship
-        infos = [
-            msgspec.structs.replace(i, bandwidth={**i.bandwidth, base: free_ship[i.name]}) if i.name in free_ship else i
-            for i in await self._infos()
-        ]
-        plan = plan_group(
-            n,
-            base,
-            infos,
-            snapshot_bytes=snap.origin.size,
-            setup_seconds=math.inf,  # a sandbox's state cannot be set up again elsewhere: restore or ship
-            rollout_seconds=max(1.0, lifetime),
-            pending=self.cluster.pending,
-        )
-        return Counter(p.host for p in plan)
+        async with self.cluster.deciding() as (infos, pending):
+            infos = [
+                msgspec.structs.replace(i, bandwidth={**i.bandwidth, base: free_ship[i.name]})
+                if i.name in free_ship
+                else i
+                for i in infos
+            ]
+            plan = plan_group(
+                n,
+                base,
+                infos,
+                snapshot_bytes=snap.origin.size,
+                setup_seconds=math.inf,  # a sandbox's state cannot be set up again elsewhere: restore or ship
+                rollout_seconds=max(1.0, lifetime),
+                pending=pending,
+            )
+            counts = Counter(p.host for p in plan)
+            return {host: (k, self.cluster.ledger.reserve(host, k)) for host, k in counts.items()}
 
-    async def _copies(self, snap: PlacedSnapshot, host: str, k: int) -> list[Handle]:
-        cluster = self.cluster
-        cluster.pending[host] = cluster.pending.get(host, 0) + k
+    async def _copies(self, snap: PlacedSnapshot, host: str, k: int, claim: str) -> list[Handle]:
         try:
-            there = await snap.on(cluster, host)
-            made = await there.from_snapshot(k, owner=cluster.owner)
+            there = await snap.on(self.cluster, host)
+            made = await there.from_snapshot(k, owner=self.cluster.owner, claim=claim)
         finally:
-            cluster.pending[host] -= k
+            self.cluster.ledger.release(claim)
         return [RemoteHandle(w) for w in made]
 
     async def restore(self, snap: Snap, n: int, lifetime: float) -> list[Handle]:
         assert isinstance(snap, PlacedSnapshot)
         out: list[Handle] = []
+        placed = await self._place(snap, n, lifetime)
         try:
-            for host, k in (await self._place(snap, n, lifetime)).items():
-                out += await self._copies(snap, host, k)
+            for host, (k, claim) in placed.items():
+                out += await self._copies(snap, host, k, claim)
         except BaseException:
             with anyio.CancelScope(shield=True):
                 for h in out:
                     await h.aclose()
             raise
+        finally:
+            for _, claim in placed.values():
+                self.cluster.ledger.release(claim)
         return out
+
+    async def _beside(self, ws: RemoteHandle, n: int) -> str | None:
+        """A reservation of ``n`` slots on ``ws``'s host if it has them free now, else None."""
+        async with self.cluster.deciding() as (infos, pending):
+            home = next((i for i in infos if i.name == ws.node), None)
+            if home is None or room(home, pending) < n:
+                return None
+            return self.cluster.ledger.reserve(ws.node, n)
 
     async def fork(self, ws: Handle, n: int, lifetime: float) -> list[Handle | BunshinError]:
         assert isinstance(ws, RemoteHandle)
-        cluster = self.cluster
-        home = next((i for i in await self._infos() if i.name == ws.node), None)
-        free = 0 if home is None else room(home, cluster.pending)
-        if n <= free:  # live copies beside the parent
-            with ws._host():
-                return [RemoteHandle(c) for c in await ws.remote.fork(n)]
+        claim = await self._beside(ws, n)
+        if claim is not None:  # live copies beside the parent
+            try:
+                with ws._host():
+                    return [RemoteHandle(c) for c in await ws.remote.fork(n, claim=claim)]
+            finally:
+                self.cluster.ledger.release(claim)
         snap = await self.snapshot(ws)
         out: list[Handle | BunshinError] = []
         try:
             placed = await self._place(snap, n, lifetime)
             results: dict[str, list[Handle] | BunshinError] = {}
 
-            async def place(host: str, k: int) -> None:
+            async def place(host: str, k: int, claim: str) -> None:
                 try:
-                    results[host] = await self._copies(snap, host, k)
+                    results[host] = await self._copies(snap, host, k, claim)
                 except BunshinError as exc:
                     results[host] = exc
 
-            async with anyio.create_task_group() as tg:
-                for host, k in placed.items():
-                    tg.start_soon(place, host, k)
-            for host, k in placed.items():
+            try:
+                async with anyio.create_task_group() as tg:
+                    for host, (k, claim) in placed.items():
+                        tg.start_soon(place, host, k, claim)
+            finally:
+                for _, claim in placed.values():
+                    self.cluster.ledger.release(claim)
+            for host, (k, _) in placed.items():
                 got = results[host]
                 out += [got] * k if isinstance(got, BunshinError) else got
         finally:

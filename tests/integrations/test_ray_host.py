@@ -8,11 +8,12 @@ import threading
 import anyio
 import pytest
 
-from bunshin_async import HostCallError, TransferError
+from bunshin_async import HostCallError, Limits, TransferError
 from bunshin_async._workspace._core import WorkspaceCore
 from bunshin_async.integrations._ray import _fetches, _host
 from bunshin_async.integrations._ray._holdings import Holdings
 from bunshin_async.integrations._ray._host import WorkspaceHost
+from bunshin_async.integrations._ray._placement import Ledger, room
 from bunshin_async.integrations.ray import HostConfig
 
 
@@ -68,7 +69,7 @@ async def test_a_failed_close_frees_its_slot(failing_teardown: None) -> None:
         for _ in range(2):  # the second create gets the slot the failed close gave back
             reply = await host.create("owner", None, None, {})
             assert reply.error is None
-            ws_id, _ = reply.value
+            ws_id, *_ = reply.value
             failed = (await host.close(ws_id)).error  # not a dead host: an error of that call
             assert isinstance(failed, HostCallError) and failed.error == "OSError", failed
             assert host.held.limiter.in_use == 0 and not host.held.workspaces
@@ -141,3 +142,31 @@ async def test_a_fetch_lock_goes_when_no_one_holds_or_waits_on_it(monkeypatch: p
         gate.set()
     assert sorted(failed) == ["a/s1", "a/s1", "b/s2"] and len(imports) == 3
     assert len(fetches.locks) == 0
+
+
+async def test_a_hosts_info_lists_the_claims_it_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client's reservation (``Ledger``) and its host's count of the same workspace never add up: from the moment
+    the host counts a create's slot (waiting, then in use) its info lists the create's claim, until the workspace
+    closes; a create that fails lists none. A create answers with the workspace's limits."""
+    monkeypatch.setattr(_host, "node_id", lambda: "node")
+    host = WorkspaceHost("t", HostConfig(max_workspaces=2))
+    ledger = Ledger()
+    try:
+        claim = ledger.reserve("t")
+        info = await host.info()
+        assert (info.claims, room(info, ledger.pending([info]))) == ((), 1)  # counted by the client
+        reply = await host.create("owner", None, None, {}, None, None, claim)
+        ws_id, _, limits = reply.value
+        assert limits == Limits()  # what the host made it with (get_info of a remote sandbox reports it)
+        info = await host.info()  # made, and the client has not taken the reply yet: counted once, by the host
+        assert (info.in_use, info.claims, room(info, ledger.pending([info]))) == (1, (claim,), 1)
+        ledger.release(claim)
+        assert room(info, ledger.pending([info])) == 1
+        assert (await host.close(ws_id)).error is None
+        assert (await host.info()).claims == ()
+        failed = ledger.reserve("t")
+        assert (await host.create("owner", "no-such-image:1", None, {}, None, None, failed)).error is not None
+        info = await host.info()
+        assert (info.in_use, info.claims) == (0, ())
+    finally:
+        await host.shutdown()

@@ -7,11 +7,19 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import msgspec
 import pytest
 
 from bunshin_async import HostError
 from bunshin_async.integrations._ray._model import DEFAULT_BANDWIDTH, HostInfo
-from bunshin_async.integrations._ray._placement import mean_update, plan_group, room, roomiest, with_bandwidth
+from bunshin_async.integrations._ray._placement import (
+    Ledger,
+    mean_update,
+    plan_group,
+    room,
+    roomiest,
+    with_bandwidth,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -76,6 +84,24 @@ def test_pending_and_waiting_workspaces_take_slots_the_host_does_not_count_yet()
     plan = plan_group(2, "a", hosts, snapshot_bytes=1 << 20, setup_seconds=5, rollout_seconds=10,
                       pending={"a": 2})  # fmt: skip
     assert {p.host for p in plan} == {"b"}  # a is full once what this client placed there is counted
+
+
+def test_a_reservation_counts_until_its_host_lists_its_claim_never_twice() -> None:
+    ledger = Ledger()
+    a, b = ledger.reserve("a"), ledger.reserve("b", 3)
+    hosts = [info("a"), info("b")]
+    assert ledger.pending(hosts) == {"a": 1, "b": 3} and len(ledger) == 2
+    # a's host made the workspace (in use) and the reply is on its way: a's info counts it and lists the claim
+    made = msgspec.structs.replace(hosts[0], in_use=1, claims=(a,))
+    assert ledger.pending([made, hosts[1]]) == {"b": 3}
+    assert room(made, ledger.pending([made, hosts[1]])) == 3  # once, not 2 (in use and reserved)
+    # another client's claims, or one listed by another host, do not count for this one
+    assert ledger.pending([msgspec.structs.replace(hosts[0], claims=("other", b)), None]) == {"a": 1, "b": 3}
+    ledger.release(a)
+    ledger.release(a)  # idempotent
+    assert ledger.pending([made, hosts[1]]) == {"b": 3}
+    ledger.release(b)
+    assert ledger.pending(hosts) == {} and len(ledger) == 0
 
 
 def test_unmeasured_links_assume_the_default_bandwidth() -> None:

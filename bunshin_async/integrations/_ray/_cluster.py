@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -16,7 +17,7 @@ from . import _remote
 from ._handles import HostRef, RemoteSnapshot, RemoteWorkspace, made_one
 from ._host import WorkspaceHost
 from ._model import HostConfig, HostInfo, owner_token
-from ._placement import roomiest
+from ._placement import Ledger, roomiest
 
 
 class RayCluster:
@@ -28,8 +29,10 @@ class RayCluster:
         self.hosts = list(hosts)
         self.owner = owner_token()
         self.lease_seconds = lease_seconds
-        self.pending: dict[str, int] = {}
-        """Workspaces this client has placed on each host and not yet got (they are not in the host's count)."""
+        self.ledger = Ledger()
+        """Slots this client has asked hosts for and not yet got, counted once with the hosts' own counts
+        (``_placement.Ledger``); placements read it inside ``deciding``."""
+        self._placing = anyio.Lock()
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
         self.rollout_seconds: float | None = None
@@ -100,6 +103,15 @@ class RayCluster:
                 out.append(None)
         return out
 
+    @contextlib.asynccontextmanager
+    async def deciding(self) -> AsyncIterator[tuple[list[HostInfo], dict[str, int]]]:
+        """One placement decision at a time: the live hosts' infos and the slots this client reserved that they do
+        not count yet (``ledger.pending``). Reserve what is decided (``ledger.reserve``) before leaving, so that the
+        next decision sees it."""
+        async with self._placing:
+            infos = [i for i in await self.infos() if i is not None]
+            yield infos, self.ledger.pending(infos)
+
     async def workspace(
         self,
         host: HostRef | None = None,
@@ -113,21 +125,29 @@ class RayCluster:
         """A fresh workspace on ``host`` (default: the live host with the most free slots); ``image``,
         ``workdir`` and ``max_output`` as ``Workspace`` takes them (an image name is loaded by the host)."""
         if host is None:
-            host = await self._roomiest()
-        self.pending[host.name] = self.pending.get(host.name, 0) + 1
+            async with self.deciding() as (infos, pending):
+                best = roomiest(infos, pending)  # the first of equals: creates alternate
+                if best is None:
+                    raise HostError("no live host in the cluster", host="*")
+                host = self.host(infos[best].name)
+                claim = self.ledger.reserve(host.name)
+        else:
+            claim = self.ledger.reserve(host.name)
         try:
-            ws_id, mode = await host.make(
-                "create", self.owner, image, limits, dict(env or {}), workdir, max_output, release=made_one("close")
+            ws_id, mode, got = await host.make(
+                "create",
+                self.owner,
+                image,
+                limits,
+                dict(env or {}),
+                workdir,
+                max_output,
+                claim,
+                release=made_one("close"),
             )
         finally:
-            self.pending[host.name] -= 1
-        return RemoteWorkspace(host, ws_id, self.owner, mode)
-
-    async def _roomiest(self) -> HostRef:
-        best = roomiest(await self.infos(), self.pending)
-        if best is None:
-            raise HostError("no live host in the cluster", host="*")
-        return self.hosts[best]
+            self.ledger.release(claim)
+        return RemoteWorkspace(host, ws_id, self.owner, mode, got)
 
     async def fetch(
         self, snap: RemoteSnapshot, to: HostRef, *, shared: bool = False

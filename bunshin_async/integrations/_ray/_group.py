@@ -70,22 +70,24 @@ class ClusterGroupRollout(GroupRollout):
                     await self._send.send(self._failed(i, f"group set-up failed: {type(exc).__name__}: {exc}"))
                 return
             sources: _Sources | None = None
+            claims: list[str] = []
             try:
-                infos = [i for i in await self.cluster.infos() if i is not None]
-                if self.bandwidth:
-                    infos = [with_bandwidth(i, base_snap.host.name, self.bandwidth) for i in infos]
-                est = self.rollout_seconds or self.cluster.rollout_seconds or 10.0
-                self.plan = plan_group(
-                    self.n, base_snap.host.name, infos, snapshot_bytes=base_snap.size, setup_seconds=setup,
-                    rollout_seconds=est, pending=self.cluster.pending,
-                )  # fmt: skip
-                for p in self.plan:
-                    self.cluster.pending[p.host] = self.cluster.pending.get(p.host, 0) + 1
+                async with self.cluster.deciding() as (infos, pending):
+                    if self.bandwidth:
+                        infos = [with_bandwidth(i, base_snap.host.name, self.bandwidth) for i in infos]
+                    est = self.rollout_seconds or self.cluster.rollout_seconds or 10.0
+                    self.plan = plan_group(
+                        self.n, base_snap.host.name, infos, snapshot_bytes=base_snap.size, setup_seconds=setup,
+                        rollout_seconds=est, pending=pending,
+                    )  # fmt: skip
+                    claims = [self.cluster.ledger.reserve(p.host) for p in self.plan]
                 sources = _Sources(self, base_snap, self.plan)
                 async with anyio.create_task_group() as tg:
-                    for p in self.plan:
-                        tg.start_soon(self._placed, p, sources)
+                    for p, claim in zip(self.plan, claims, strict=True):
+                        tg.start_soon(self._placed, p, sources, claim)
             finally:
+                for claim in claims:  # a rollout that never started (cancelled) holds none
+                    self.cluster.ledger.release(claim)
                 with anyio.CancelScope(shield=True):
                     if sources is not None:
                         await sources.aclose()
@@ -102,15 +104,15 @@ class ClusterGroupRollout(GroupRollout):
         finally:
             await base.aclose()
 
-    async def _placed(self, p: Plan, sources: _Sources) -> None:
+    async def _placed(self, p: Plan, sources: _Sources, claim: str) -> None:
         assert self._send is not None
         t0 = time.monotonic()
         try:
             try:
                 snap = await sources.by_host[p.host].get()
-                (ws,) = await snap.from_snapshot(1, owner=self.cluster.owner)
+                (ws,) = await snap.from_snapshot(1, owner=self.cluster.owner, claim=claim)
             finally:
-                self.cluster.pending[p.host] -= 1
+                self.cluster.ledger.release(claim)
                 await sources.copied()
         except Exception as exc:
             failed = self._failed(p.rollout, f"{type(exc).__name__}: {exc}")

@@ -12,6 +12,7 @@ from typing import Any
 import anyio
 
 from ..._exceptions import BunshinError, HostError, InvalidValue, WorkspaceClosed
+from ..._host._kernel import Limits
 from ..._host._protocol import DirEntry, ExecResult
 from . import _remote
 from ._model import HostInfo, Reply
@@ -25,8 +26,8 @@ def _value(reply: Any) -> Any:
 
 
 def made_workspaces(value: Any) -> list[tuple[str, str]]:
-    """What to close of a ``fork``/``from_snapshot`` reply (``[(ws_id, fork_mode), ...]``)."""
-    return [("close", ws_id) for ws_id, _ in value]
+    """What to close of a ``fork``/``from_snapshot`` reply (``[(ws_id, fork_mode, limits), ...]``)."""
+    return [("close", made[0]) for made in value]
 
 
 def made_one(method: str) -> Callable[[Any], list[tuple[str, str]]]:
@@ -76,13 +77,15 @@ class RemoteWorkspace:
     """A workspace on a host, driven through its actor: ``exec``, ``read_file``, ``read_text``, ``write_file``,
     ``list_dir``, ``remove``, ``spawn`` (returns the in-workspace pid; ``poll`` and ``signal`` take it), ``ping``,
     ``configure``, ``snapshot``, ``fork``, ``cache_call``, ``aclose`` (idempotent), with the errors a local
-    ``Workspace`` raises. Picklable: pass it to another task or actor, the owner stays the cluster that made it."""
+    ``Workspace`` raises. ``limits``: the workspace's resource limits, as its host made it. Picklable: pass it to
+    another task or actor, the owner stays the cluster that made it."""
 
-    def __init__(self, host: HostRef, ws_id: str, owner: str, fork_mode: str) -> None:
+    def __init__(self, host: HostRef, ws_id: str, owner: str, fork_mode: str, limits: Limits | None = None) -> None:
         self.host = host
         self.id = ws_id
         self.owner = owner
         self.fork_mode = fork_mode
+        self.limits = limits
         self.closed = False
 
     @property
@@ -148,9 +151,11 @@ class RemoteWorkspace:
         snap_id, size = await self.host.make("snapshot", self.id, self.owner, release=made_one("close_snapshot"))
         return RemoteSnapshot(self.host, snap_id, self.owner, size)
 
-    async def fork(self, n: int = 1) -> list[RemoteWorkspace]:
-        made = await self.host.make("fork", self.id, n, self.owner, release=made_workspaces)
-        return [RemoteWorkspace(self.host, w, self.owner, mode) for w, mode in made]
+    async def fork(self, n: int = 1, *, claim: str | None = None) -> list[RemoteWorkspace]:
+        """``n`` live copies on this workspace's host; ``claim``: a reservation of their slots
+        (``RayCluster.ledger``)."""
+        made = await self.host.make("fork", self.id, n, self.owner, claim, release=made_workspaces)
+        return [RemoteWorkspace(self.host, w, self.owner, mode, limits) for w, mode, limits in made]
 
     async def aclose(self) -> None:
         if self.closed:
@@ -183,13 +188,16 @@ class RemoteSnapshot:
         self.size = size
         self.closed = False
 
-    async def from_snapshot(self, n: int = 1, owner: str | None = None) -> list[RemoteWorkspace]:
-        """``n`` workspaces restored from the snapshot on its host, leased to ``owner`` (default the snapshot's)."""
+    async def from_snapshot(
+        self, n: int = 1, owner: str | None = None, *, claim: str | None = None
+    ) -> list[RemoteWorkspace]:
+        """``n`` workspaces restored from the snapshot on its host, leased to ``owner`` (default the snapshot's);
+        ``claim``: a reservation of their slots (``RayCluster.ledger``)."""
         who = owner or self.owner
         if who is None:
             raise InvalidValue(f"snapshot {self.id} is its host's own copy: name an owner", argument="owner")
-        made = await self.host.make("from_snapshot", self.id, n, who, release=made_workspaces)
-        return [RemoteWorkspace(self.host, w, who, mode) for w, mode in made]
+        made = await self.host.make("from_snapshot", self.id, n, who, claim, release=made_workspaces)
+        return [RemoteWorkspace(self.host, w, who, mode, limits) for w, mode, limits in made]
 
     async def aclose(self) -> None:
         if self.closed or self.owner is None:  # a host's own (fetched) copy is the host's to keep

@@ -27,16 +27,34 @@ class Holdings:
         self.workspaces: dict[str, tuple[Workspace, str]] = {}
         self.snapshots: dict[str, tuple[Snapshot, str]] = {}
         self.leases: dict[str, float] = {}  # owner -> monotonic deadline
+        self.claims: dict[str, int] = {}
+        """Claim (a client's reservation, ``_placement.Ledger``) -> the slots counted for it here (waiting or in
+        use); reported in ``HostInfo.claims``, changed in the same step as ``waiting`` and the limiter's count."""
+        self._claim_of: dict[str, str] = {}  # workspace id -> the claim it was made under
 
-    async def acquire(self, k: int) -> None:
-        """Wait for ``k`` slots (counted in ``waiting`` meanwhile)."""
+    def _count(self, claim: str | None, k: int) -> None:
+        if claim is not None:
+            left = self.claims.get(claim, 0) + k
+            if left > 0:
+                self.claims[claim] = left
+            else:
+                self.claims.pop(claim, None)
+
+    async def acquire(self, k: int, claim: str | None = None) -> None:
+        """Wait for ``k`` slots (counted in ``waiting`` meanwhile), for the request that sent ``claim``."""
         self.waiting += k
+        self._count(claim, k)
         try:
             await self.limiter.acquire(k)
+        except BaseException:
+            self._count(claim, -k)
+            raise
         finally:
             self.waiting -= k
 
-    async def release(self, k: int = 1) -> None:
+    async def release(self, k: int = 1, claim: str | None = None) -> None:
+        """Give back ``k`` slots that no workspace took (``claim``: what they were acquired for)."""
+        self._count(claim, -k)
         await self.limiter.release(k)
 
     def lease(self, owner: str) -> None:
@@ -54,9 +72,11 @@ class Holdings:
             del self.leases[owner]
         return gone
 
-    def adopt(self, ws: Workspace, owner: str) -> str:
-        """Hold ``ws`` for ``owner`` (its slot is already taken); returns its handle id."""
+    def adopt(self, ws: Workspace, owner: str, claim: str | None = None) -> str:
+        """Hold ``ws`` for ``owner`` (its slot is already taken, for ``claim``); returns its handle id."""
         self.workspaces[ws.id] = (ws, owner)
+        if claim is not None:
+            self._claim_of[ws.id] = claim
         self.lease(owner)
         return ws.id
 
@@ -96,8 +116,12 @@ class Holdings:
         )
 
     def pop(self, ws_id: str) -> Workspace | None:
+        """Forget workspace ``ws_id`` (its slot is the caller's to ``limiter.release``)."""
         entry = self.workspaces.pop(ws_id, None)
-        return None if entry is None else entry[0]
+        if entry is None:
+            return None
+        self._count(self._claim_of.pop(ws_id, None), -1)
+        return entry[0]
 
     def pop_snapshot(self, snap_id: str) -> Snapshot | None:
         entry = self.snapshots.pop(snap_id, None)

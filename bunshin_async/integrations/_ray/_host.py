@@ -47,6 +47,9 @@ async def _configure(ws: Workspace, env: dict[str, str] | None, user: str | None
         ws.user = user
 
 
+Made = tuple[str, str, Limits]
+"""What a host answers for each workspace it made: its id, fork mode and limits."""
+
 OPERATIONS: dict[str, Callable[..., Awaitable[Any]]] = {
     "poll": lambda ws, pid: BackgroundProcess(ws, pid).poll(),
     "signal": lambda ws, pid, sig: BackgroundProcess(ws, pid).signal(sig),
@@ -143,14 +146,16 @@ class WorkspaceHost:
             with anyio.CancelScope(shield=True):
                 await snap.aclose()
 
-    async def _forks(self, n: int, owner: str, make: Callable[[], Awaitable[list[Workspace]]]) -> list[tuple[str, str]]:
-        await self.held.acquire(n)
+    async def _forks(
+        self, n: int, owner: str, claim: str | None, make: Callable[[], Awaitable[list[Workspace]]]
+    ) -> list[Made]:
+        await self.held.acquire(n, claim)
         try:
             copies = await make()
         except BaseException:
-            await self.held.release(n)
+            await self.held.release(n, claim)
             raise
-        return [(self.held.adopt(c, owner), c.fork_mode) for c in copies]
+        return [(self.held.adopt(c, owner, claim), c.fork_mode, c.limits) for c in copies]
 
     # ------------------------------------------------------------------------------------------------ API
 
@@ -190,6 +195,7 @@ class WorkspaceHost:
             bandwidth=dict(self.fetches.bandwidth),
             memory_bytes=memory,
             lease_seconds=self.config.lease_seconds,
+            claims=tuple(self.held.claims),
         )
 
     async def renew(self, owner: str) -> None:
@@ -207,17 +213,21 @@ class WorkspaceHost:
         env: dict[str, str],
         workdir: str | None = None,
         max_output: int | None = None,
+        claim: str | None = None,
     ) -> Reply:
-        async def go() -> tuple[str, str]:
-            await self.held.acquire(1)
+        """A fresh workspace for ``owner``: ``(id, fork mode, limits)``. ``claim``: the client's reservation of the
+        slot (``_placement.Ledger``), listed in ``info`` while the slot is counted here."""
+
+        async def go() -> Made:
+            await self.held.acquire(1, claim)
             more: dict[str, Any] = {} if max_output is None else {"max_output": max_output}
             try:  # the constructor refuses an unknown image name or a bad workdir: the slot is freed either way
                 ws = Workspace(image, limits=limits, env=env, workdir=workdir, **more)
                 await ws.start()
             except BaseException:
-                await self.held.release()
+                await self.held.release(1, claim)
                 raise
-            return self.held.adopt(ws, owner), ws.fork_mode
+            return self.held.adopt(ws, owner, claim), ws.fork_mode, ws.limits
 
         return await self._run(go)
 
@@ -242,17 +252,17 @@ class WorkspaceHost:
 
         return await self._run(go)
 
-    async def from_snapshot(self, snap_id: str, n: int, owner: str) -> Reply:
-        async def go() -> list[tuple[str, str]]:
+    async def from_snapshot(self, snap_id: str, n: int, owner: str, claim: str | None = None) -> Reply:
+        async def go() -> list[Made]:
             snap = self._snap(snap_id)
-            return await self._forks(n, owner, lambda: Workspace.from_snapshot(snap, n))
+            return await self._forks(n, owner, claim, lambda: Workspace.from_snapshot(snap, n))
 
         return await self._run(go)
 
-    async def fork(self, ws_id: str, n: int, owner: str) -> Reply:
-        async def go() -> list[tuple[str, str]]:
+    async def fork(self, ws_id: str, n: int, owner: str, claim: str | None = None) -> Reply:
+        async def go() -> list[Made]:
             ws = self._ws(ws_id)
-            return await self._forks(n, owner, lambda: ws.fork(n))
+            return await self._forks(n, owner, claim, lambda: ws.fork(n))
 
         return await self._run(go)
 

@@ -45,6 +45,9 @@ class HostInfo(msgspec.Struct, frozen=True):
     bandwidth: dict[str, float]
     memory_bytes: int
     lease_seconds: float = 30.0
+    claims: tuple[str, ...] = ()
+    """The claims (tokens a client sent with its requests: ``_placement.Ledger``) of the slots counted in
+    ``waiting`` and ``in_use``: a client counts a reservation of its own only while its host does not list it."""
 
 
 class Reply(msgspec.Struct):

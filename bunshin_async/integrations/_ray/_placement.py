@@ -9,6 +9,7 @@ on a host behind the rollouts already placed there (a rollout's expected duratio
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
@@ -28,6 +29,39 @@ class Plan(msgspec.Struct, frozen=True):
     host: str
     placement: str
     estimates: dict[str, float]
+
+
+class Ledger:
+    """The slots one client has asked hosts for and not yet got: each reservation (``reserve``) names a claim that
+    the client sends with its request, and counts on its host until the request ends (``release``) or the host's
+    info lists the claim, the host counting the slot itself from then on (``HostInfo.claims``: waiting, then in
+    use). So a workspace is counted once, by the client or by its host, never by both: a host's info that already
+    holds a create whose reply has not yet reached the client does not make the client count it twice."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, tuple[str, int]] = {}  # claim -> (host name, slots)
+
+    def reserve(self, host: str, k: int = 1) -> str:
+        """Reserve ``k`` slots on ``host``; returns the claim to send with the request (and to ``release``)."""
+        claim = secrets.token_hex(8)
+        self._held[claim] = (host, k)
+        return claim
+
+    def release(self, claim: str) -> None:
+        """The request of ``claim`` ended (answered or failed). Idempotent."""
+        self._held.pop(claim, None)
+
+    def pending(self, infos: Sequence[HostInfo | None]) -> dict[str, int]:
+        """Slots reserved on each host (by name) that its info (from ``infos``) does not count yet."""
+        seen = {i.name: set(i.claims) for i in infos if i is not None}
+        out: dict[str, int] = {}
+        for claim, (host, k) in self._held.items():
+            if claim not in seen.get(host, ()):
+                out[host] = out.get(host, 0) + k
+        return out
+
+    def __len__(self) -> int:
+        return len(self._held)
 
 
 def room(info: HostInfo, pending: Mapping[str, int]) -> int:
