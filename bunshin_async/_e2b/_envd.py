@@ -491,13 +491,21 @@ async def broadcast(proc: Process, message: dict[str, Any]) -> None:
             send.close()
 
 
+def _listened(proc: Process) -> bool:
+    """Whether a stream still listens to ``proc``: a subscriber whose stream ended (its client gone) is dropped."""
+    for send in [s for s in proc.subscribers if not s.statistics().open_receive_streams]:
+        proc.subscribers.remove(send)
+        send.close()
+    return bool(proc.subscribers)
+
+
 async def pump(sb: Sandbox, proc: Process) -> None:
     """Stream the process's output to its listeners until it exits, the last listener leaves or the workspace goes."""
     proc.pumping = True
     interval = _FIRST_LOOK
     try:
         ws = sb.workspace()
-        while proc.subscribers:
+        while _listened(proc):
             code = await ws.poll(proc.pid)
             got = False
             for stream, name in (("stdout", "out"), ("stderr", "err")):

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -235,8 +236,10 @@ class EnvdRpc:
 
 
 class _Counted(StreamingResponse):
-    """A stream that uncounts itself (``release``) when it ends, however: sent whole, cut by the client, or never
-    started."""
+    """A stream that uncounts itself (``release``) when it ends, however: sent whole, never started, or cut by the
+    client, which it notices at once (the ASGI ``http.disconnect``, or a send that fails) rather than when it next
+    writes (a keepalive, 50 s apart): whatever the ASGI server's spec version (starlette listens for the disconnect
+    only below 2.4). Its frames' generator is closed with it (its ``finally`` ends the listening)."""
 
     def __init__(self, release: Callable[[], None], *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -244,6 +247,22 @@ class _Counted(StreamingResponse):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            await super().__call__(scope, receive, send)
+            async with anyio.create_task_group() as tg:
+
+                async def gone() -> None:
+                    while (await receive())["type"] != "http.disconnect":
+                        pass
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(gone)
+                with contextlib.suppress(OSError):  # ASGI 2.4: a send on a closed connection raises
+                    await self.stream_response(send)
+                tg.cancel_scope.cancel()
         finally:
-            self._release()
+            try:
+                close = getattr(self.body_iterator, "aclose", None)
+                if close is not None:
+                    with anyio.CancelScope(shield=True):
+                        await close()
+            finally:
+                self._release()

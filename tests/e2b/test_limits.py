@@ -19,7 +19,8 @@ import pytest
 from e2b import AsyncSandbox, Sandbox, SandboxException
 from e2b.sandbox.filesystem.filesystem import WriteEntry
 
-from bunshin_async._e2b import _envd
+from bunshin_async._e2b import _envd, _rpc
+from bunshin_async._e2b._app import E2BApp
 
 from .conftest import Served
 
@@ -154,9 +155,7 @@ async def test_open_streams_are_capped_per_sandbox_and_per_server(e2b_server: Se
         held.append(await b.commands.run("sleep 60", background=True, timeout=0))  # the server's third
         with pytest.raises(SandboxException, match="streams open"):
             await b.commands.run("true")
-        await held[0].disconnect()
-        # The server sees a cut stream when it next writes to it (data, or a keepalive every 50 s): make data.
-        await a.commands.send_stdin(held[0].pid, "x\n")
+        await held[0].disconnect()  # the server sees the cut at once (test_a_stream_its_client_leaves_...)
         with anyio.fail_after(30):
             while sandboxes.listeners >= 3:  # noqa: ASYNC110 - a counter of the server's thread
                 await anyio.sleep(0.05)
@@ -171,6 +170,48 @@ async def test_open_streams_are_capped_per_sandbox_and_per_server(e2b_server: Se
     with anyio.fail_after(30):
         while sandboxes.listeners:
             await anyio.sleep(0.1)
+
+
+@pytest.mark.parametrize("spec", ["2.3", "2.4"])
+async def test_a_stream_its_client_leaves_frees_its_slot_without_writing(
+    e2b_server: Served, monkeypatch: pytest.MonkeyPatch, spec: str
+) -> None:
+    """A command's stream and a directory watch whose client goes away free their slots (and the command's pump
+    stops) as soon as the server sees the connection cut, not when it next writes (a keepalive, 50 s apart), under
+    either ASGI spec version uvicorn may announce (starlette listens for the disconnect itself only below 2.4)."""
+    real_app = E2BApp.__call__
+
+    async def app(self: E2BApp, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            scope = {**scope, "asgi": {**scope.get("asgi", {}), "spec_version": spec}}
+        await real_app(self, scope, receive, send)
+
+    monkeypatch.setattr(E2BApp, "__call__", app)
+    frames = [0]
+    real_envelope = _rpc.envelope
+
+    def envelope(payload: bytes, flags: int = 0) -> bytes:
+        frames[0] += 1
+        return real_envelope(payload, flags)
+
+    monkeypatch.setattr(_rpc, "envelope", envelope)
+    sandboxes = e2b_server.server.sandboxes
+    sbx = await AsyncSandbox.create()
+    try:
+        cmd = await sbx.commands.run("cat", background=True, stdin=True, timeout=0)
+        watch = await sbx.files.watch_dir("/home/user", on_event=lambda e: None)
+        proc = sandboxes.get(sbx.sandbox_id).processes[cmd.pid]
+        assert sandboxes.listeners == 2 and proc.pumping
+        written = frames[0]
+        await cmd.disconnect()
+        await watch.stop()
+        with anyio.fail_after(120):  # bounds a failure only: what is asserted is the count, and how it got there
+            while sandboxes.listeners or proc.pumping:  # noqa: ASYNC110 - state of the server's thread
+                await anyio.sleep(0.05)
+        assert frames[0] == written  # no frame (keepalive or data) was written to find the client gone
+        await sbx.commands.kill(cmd.pid)
+    finally:
+        await sbx.kill()
 
 
 async def test_e2bs_user_owns_its_home_where_the_image_has_it(e2b_server: Served) -> None:
