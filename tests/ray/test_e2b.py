@@ -24,9 +24,10 @@ import anyio.from_thread
 import e2b
 import pytest
 import ray
+import uvicorn
 from e2b import AsyncSandbox
 
-from bunshin_async import Limits
+from bunshin_async import Limits, ServeError
 from bunshin_async._e2b._ray import RayBackend, RemoteHandle
 from bunshin_async.integrations.e2b import E2BServer
 from bunshin_async.integrations.ray import HostConfig, HostRef, RayCluster, RemoteWorkspace
@@ -186,6 +187,24 @@ async def test_a_create_whose_reply_is_late_is_counted_once(
         async with anyio.create_task_group() as tg:
             for s in sandboxes:
                 tg.start_soon(s.kill)
+
+
+async def test_a_server_that_fails_to_start_releases_its_cluster_owner(
+    e2b_hosts: RayCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A start that fails after the backend opened (uvicorn exits in its startup, injected) closes the backend: the
+    owner's lease renewal stops and the server's error says why."""
+
+    async def startup(self: uvicorn.Server, sockets: Any = None) -> None:
+        sys.exit(3)  # what uvicorn does when its start fails
+
+    monkeypatch.setattr(uvicorn.Server, "startup", startup)
+    before = {t.ident for t in threading.enumerate()}
+    server = E2BServer(ray=e2b_hosts)
+    with pytest.raises(ServeError, match="did not start"):
+        await server.__aenter__()
+    assert [t.name for t in threading.enumerate() if t.ident not in before and t.name == "bunshin-lease"] == []
+    assert isinstance(server.sandboxes.backend, RayBackend) and server.sandboxes.backend._cluster is None
 
 
 def _host_actors() -> list[str]:
