@@ -130,7 +130,7 @@ def test_an_upload_its_client_abandons_writes_no_file(e2b_server: Served, monkey
 
     with Sandbox.create() as sbx:
         sbx.files.write("/tmp/cut/kept.txt", "old")
-        with pytest.raises(Abandoned):
+        with pytest.raises((Abandoned, httpx.TransportError, SandboxException)):  # as the SDK reports it
             sbx.files.write("/tmp/cut/kept.txt", body())
         # The server undoes it when it sees the client gone, on its own time: what is asserted is the state it
         # reaches (the bound only ends a failing test).
