@@ -252,9 +252,11 @@ _DISCARD_BOUND = 30.0
 class Upload:
     """The files of one upload request, all of them or none. Each is written, as it arrives, under a temporary name
     beside its target (``.bunshin-upload-<random>`` in the same directory, by the request's user); ``commit``
-    renames them over their targets once every file arrived whole. Leaving the ``async with`` otherwise (a body
-    past the limit, a workspace error, a cancellation, a client gone) removes what was written and the directories
-    the upload made, shielded. Every step is a command in the workspace: the host resolves no path there."""
+    renames them over their targets once every file arrived whole (a symlink at a target is replaced, not written
+    through; an existing file's mode is kept and its owner becomes the request's user, as E2B's envd makes it).
+    Leaving the ``async with`` otherwise (a body past the limit, a workspace error, a cancellation, a client gone)
+    removes what was written and the directories the upload made, shielded. Every step is a command in the
+    workspace: the host resolves no path there."""
 
     def __init__(self, ws: Handle, user: str | None) -> None:
         self.ws = ws

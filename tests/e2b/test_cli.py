@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 
@@ -20,6 +21,15 @@ def test_a_public_address_without_a_key_is_refused() -> None:
     env = {k: v for k, v in os.environ.items() if k != "BUNSHIN_E2B_API_KEY"}
     res = subprocess.run([*CLI, "--host", "0.0.0.0", "--no-gc"], capture_output=True, text=True, env=env, timeout=60)
     assert res.returncode == 2 and "without an API key" in res.stderr
+
+
+def test_a_taken_port_is_a_clear_error() -> None:
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = str(other.getsockname()[1])
+        res = subprocess.run([*CLI, "--port", port, "--no-gc"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1 and "the port is taken" in res.stderr and "Traceback" not in res.stderr, res.stderr
 
 
 async def test_serve_prints_its_environment_and_closes_sandboxes_on_sigterm() -> None:
