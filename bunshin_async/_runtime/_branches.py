@@ -9,7 +9,7 @@ on. Cleanup is shielded, with a deadline.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, Literal
 
 import anyio
@@ -44,8 +44,11 @@ class Branch:
         owner: BranchSet,
         ctx: PredictionContext,
         parent: Branch | None = None,
+        ahead: bool = False,
     ) -> None:
         self.launch = launch
+        self.ahead = ahead  # launched for the next turn's first call, before that turn started
+        self.lead = 0.0  # ahead: from its launch to the start of the turn that adopted it
         self.owner = owner
         self.ctx = ctx
         self.parent = parent
@@ -128,7 +131,7 @@ class BranchSet:
         self.all.append(b)
         self.log.metrics.launched += 1
         launch = b.launch
-        chained = f" after {b.parent.key.name}" if b.parent is not None else ""
+        chained = f" after {b.parent.key.name}" if b.parent is not None else " ahead" if b.ahead else ""
         detail = f"{launch.key.name} {launch.effect.value} p={launch.probability:.2f}{chained}"
         self.log.mark("branch_launch", b.position, detail)
         tg.start_soon(self.run, b)
@@ -139,6 +142,10 @@ class BranchSet:
         self.live.append(b)
         self.all.append(b)
         self.log.mark("branch_kept", b.position, b.key.name)
+        if b.ahead and not b.lead:  # the turn it was launched for: the lead it has over a launch now
+            b.lead = max(1e-9, self.log.t0 - b.launched_at)
+            self.log.metrics.launched_ahead += 1
+            self.log.metrics.ahead_seconds += b.lead
 
     def running(self) -> int:
         return sum(1 for b in self.live if not b.done.is_set())
@@ -296,6 +303,7 @@ class BranchSet:
                 memory_bytes=b.memory_bytes,
                 saved_seconds=b.saved,
                 depth=b.depth,
+                ahead=b.ahead,
             )
         )
 
@@ -338,15 +346,16 @@ class BranchSet:
                 with anyio.move_on_after(FORK_DEADLINE + CLOSE_DEADLINE):
                     await b.finished.wait()
 
-    async def hand_over(self, limit: int) -> list[Branch]:
+    async def hand_over(self, limit: int, ahead: Collection[Branch] = ()) -> list[Branch]:
         """End this set's branches but at most ``limit`` unused ones whose state is still valid and which the policy
         would keep (``policy_keeps``), with the chains they follow (finished ones first, then the likeliest:
-        ``choose_kept``), which are returned, marked kept, for the next turn to ``adopt``."""
+        ``choose_kept``), and the ``ahead`` ones (launched for the next turn's first call: the policy chose them for
+        that turn), which are returned, marked kept, for the next turn to ``adopt``."""
         by_id: dict[int, Branch] = {}
         options: list[KeepOption] = []
         unpaid: list[Branch] = []
         for b in self.live if limit > 0 else ():
-            if b.claimed or b.discarded or b.failed or not self.valid(b):
+            if b in ahead or b.claimed or b.discarded or b.failed or not self.valid(b):
                 continue
             if not policy_keeps(self.speculation, b.launch):  # another turn's hold would not pay: let it go
                 unpaid.append(b)
@@ -358,6 +367,7 @@ class BranchSet:
             options.append(KeepOption(b.done.is_set(), b.launch.probability, tuple(id(c) for c in chain)))
         keep = [by_id[i] for i in choose_kept(options, limit)]
         self.log.metrics.released += sum(b not in keep for b in unpaid)  # (one a kept chain starts from stays)
+        keep += [b for b in ahead if b in self.live]  # (one that failed already settled)
         self.cancel(lambda b: b not in keep)
         await self.wait_finished(keep)
         for b in keep:

@@ -57,6 +57,7 @@ class BranchRecord(msgspec.Struct, frozen=True, kw_only=True):
     memory_bytes: int = 0
     saved_seconds: float = 0.0
     depth: int = 0
+    ahead: bool = False  # launched when the previous turn's last observation was known (``on_observation``)
 
 
 class _Counts(msgspec.Struct, kw_only=True):
@@ -74,6 +75,9 @@ class _Counts(msgspec.Struct, kw_only=True):
     wasted_memory_bytes: int = 0
     fork_seconds: float = 0.0
     saved_seconds: float = 0.0
+    launched_ahead: int = 0
+    ahead_seconds: float = 0.0
+    handover_seconds: float = 0.0
     llm_seconds: float = 0.0
     tool_seconds: float = 0.0
     #: Unused branches a turn could have kept for the next one and let go: the policy said keeping them could not
@@ -85,8 +89,11 @@ class TurnMetrics(_Counts, kw_only=True):
     """One turn: ``predicted`` distinct candidates seen, ``launched`` branches, ``paused`` decision points at which
     the policy was not ``active`` (the predictors were not asked), ``committed`` (hits), ``wasted``
     ones with their cost, ``saved_seconds`` (tool time moved off the critical path, net of waiting for the branch),
-    ``llm_seconds`` (turn start to message end), ``tool_seconds`` (critical tool time after the message ended) and
-    ``turn_seconds`` (turn start to the last result)."""
+    ``launched_ahead``: branches the previous turn launched for this turn's first call when its last observation
+    was known (``Speculation.on_observation``), ``ahead_seconds`` the lead they had over a launch at this turn's
+    start, ``llm_seconds`` (turn start to message end), ``tool_seconds`` (critical tool time after the message
+    ended), ``turn_seconds`` (turn start to the last result) and ``handover_seconds`` (the last result to the turn's
+    end: unused branches cancelled, settled or handed over; the next model request waits for it)."""
 
     turn: int = 0
     turn_seconds: float = 0.0

@@ -163,12 +163,13 @@ class Planner:
         cls = self.tools[name].classify_call(key.arguments())
         return key, cls.effect, cls.deterministic
 
-    def context(self, position: int, decided: Sequence[CallKey]) -> PredictionContext:
-        """The context of call ``position`` of the message, ``decided`` being the calls before it."""
+    def context(self, position: int, decided: Sequence[CallKey], *, ahead: bool = False) -> PredictionContext:
+        """The context of call ``position`` of the message, ``decided`` being the calls before it (``ahead``: of the
+        next turn's message, which has not started)."""
         return PredictionContext(
             history=tuple(self.handle.history),
             chain=self.handle.chain,
-            turn=self.log.metrics.turn,
+            turn=self.log.metrics.turn + (1 if ahead else 0),
             position=position,
             decided=tuple(decided),
             group=self.speculation.group if self.speculation else "",
@@ -176,10 +177,16 @@ class Planner:
         )
 
     def options(
-        self, ctx: PredictionContext, *, exclude: Collection[CallKey], parent: Launch | None = None
+        self,
+        ctx: PredictionContext,
+        *,
+        exclude: Collection[CallKey],
+        parent: Launch | None = None,
+        ahead: bool = False,
     ) -> list[Launch]:
         """The predictors' candidates for ``ctx`` as launches (``plan_launches``); ``Speculation.skip`` vetoes
-        only the next call itself (the cache's veto judges the current state, not a chain's)."""
+        only the next call itself (the cache's veto judges the current state, not a chain's). ``ahead``: ``ctx`` is
+        the next turn's (not started: no LLM time of it has passed; its own planner scores the guesses)."""
         spec = self.speculation
         assert spec is not None
         predictions = [
@@ -188,13 +195,14 @@ class Planner:
             for cand in predictor.predict(ctx)
         ]
         self.predicted.update(p.key for p in predictions if p.key is not None and p.speculable)
-        if parent is None:
+        if parent is None and not ahead:
             table = self._proposed.setdefault(ctx.position, {})
             for source, guesses in proposals(predictions).items():
                 table.setdefault(source, {}).update(guesses)
         return plan_launches(
             predictions, in_flight=exclude, veto=spec.skip if parent is None else None, parent=parent,
-            turn_elapsed=self.log.clock() - self.log.t0, rollout=self.handle.name, progress=len(ctx.history),
+            turn_elapsed=0.0 if ahead else self.log.clock() - self.log.t0, rollout=self.handle.name,
+            progress=len(ctx.history),
         )  # fmt: skip
 
     def score(self, position: int, wanted: Collection[CallKey | None]) -> None:

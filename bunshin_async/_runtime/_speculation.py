@@ -62,7 +62,13 @@ class Speculation:
     (their chains included) outlive their turn while no state change happened since they started: a later turn
     commits them when the model asks for their call; any committed write discards them. Their forks count against
     the policy's fork budget, and a policy with ``keeps(launch)`` lets go of those it says cannot pay for another
-    turn (``TurnMetrics.released``)."""
+    turn (``TurnMetrics.released``).
+
+    ``on_observation`` (with kept branches): once every call of a message has its result, the calls predicted to
+    open the next turn are launched at once, before this turn's cleanup, the agent loop's bookkeeping and the next
+    model request, instead of when the next turn starts; the next turn adopts them (beyond ``keep``) and commits,
+    keeps or cancels them as any kept branch. False: the next turn's first call is predicted when that turn
+    starts."""
 
     predictors: Sequence[Predictor] = ()
     policy: Policy = field(default_factory=BoundedPolicy)
@@ -70,6 +76,7 @@ class Speculation:
     early: bool = True
     skip: Callable[[Launch], bool] | None = None
     keep: int = 2
+    on_observation: bool = True
     metrics: RolloutMetrics = field(default_factory=RolloutMetrics)
     turns: list[TurnMetrics] = field(default_factory=list)
 

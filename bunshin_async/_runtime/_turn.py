@@ -5,8 +5,9 @@ committed while the losers are cancelled and closed.
 Who runs where (all tasks live in the turn's task group; each branch has its own ``CancelScope``):
 
 - ``pump`` (this module): reads the tap events; an ``ArgumentsComplete`` decides call ``i`` and starts its
-  main-line task; after each decision point the turn plans launches (``_planning``: pure functions over what the
-  predictors proposed, what is in flight and the cache's veto; the policy selects within its budgets).
+  main-line task; after each decision point the turn plans launches (``_launcher``, over ``_planning``'s pure
+  functions of what the predictors proposed, what is in flight and the cache's veto; the policy selects within
+  its budgets); once every call has its result, with kept branches, it launches the next turn's first call.
 - main line (``_mainline``), one task per decided call, in message order: a read/pure call waits for the previous
   write of the message, a write/external call for every previous call (the order the plain agent loop runs them).
   When due, it takes the branch started for the identical call (same tool, same canonical arguments, same
@@ -44,13 +45,13 @@ from .._llm._events import (
     UsageReported,
 )
 from .._tools._tools import Effect, Tool
-from ._branches import Branch, BranchSet
-from ._calls import PredictionContext
+from ._branches import BranchSet
 from ._handle import WorkspaceHandle
+from ._launcher import Launcher
 from ._mainline import Decided, MainLine
 from ._metrics import TurnLog, TurnMetrics
-from ._nearmiss import filtered, outcome_text
-from ._planning import Planner, context_after
+from ._nearmiss import filtered
+from ._planning import Planner
 from ._results import CallResult, TurnOutcome
 from ._speculation import Speculation, policy_active
 
@@ -87,12 +88,14 @@ class SpeculativeTurn:
         self.early = (speculation.early if speculation is not None else False) if start_early is None else start_early
         self._log = TurnLog(TurnMetrics(turn=handle.turns), clock)
         self._branches = BranchSet(handle, self.tools, speculation, self._log)
-        self._branches.on_ready = self._chain
         self._planner = Planner(handle, self.tools, speculation, self._log)
+        self._launcher = launcher = Launcher(handle, speculation, self._planner, self._branches, self._log)
+        self._branches.on_ready = launcher.chain
         self._main = MainLine(
             handle, self.tools, speculation, self._branches, self._log, early=self.early, emit=self._emit,
-            after=self._replan,
+            after=launcher.replan,
         )  # fmt: skip
+        launcher.main = self._main
         self._tg: TaskGroup | None = None
         self._out: MemoryObjectSendStream[TapEvent | CallResult] | None = None
         self._in: MemoryObjectReceiveStream[TapEvent | CallResult] | None = None
@@ -101,7 +104,6 @@ class SpeculativeTurn:
         self._usage: Usage | None = None
         self._t_message = 0.0
         self._fed = False
-        self._closing = False  # the turn is ending: no new branch (a chain launched now would never be waited for)
 
     @property
     def metrics(self) -> TurnMetrics:
@@ -110,26 +112,21 @@ class SpeculativeTurn:
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
-    @property
-    def _keeping(self) -> bool:
-        """Branches may outlive this turn (``Speculation.keep`` inside ``handle.background()``)."""
-        return self.speculation is not None and self.speculation.keep > 0 and self.handle.tasks is not None
-
     async def __aenter__(self) -> SpeculativeTurn:
         self.handle.turns += 1
         self._log.t0 = self._log.clock()
         self._log.mark("turn_start")
         tg = anyio.create_task_group()
         await tg.__aenter__()
-        self._tg = tg
+        self._tg = self._launcher.tg = tg
         kept, self.handle.kept = self.handle.kept, []
         for b in kept:  # the previous turn's unused branches: still valid (no state change since), now ours
             self._branches.adopt(b)
-        if not self._keeping:
+        if not self._launcher.keeping:
             self._branches.cancel(lambda b: True)
         for b in kept:  # a write that finished after its turn ended has not chained yet
             if b.ok and b.launch.needs_fork and not b.children and not b.discarded:
-                self._chain(b)
+                self._launcher.chain(b)
         return self
 
     async def __aexit__(
@@ -137,7 +134,7 @@ class SpeculativeTurn:
     ) -> bool | None:
         tg, self._tg = self._tg, None
         assert tg is not None
-        self._closing = True
+        self._launcher.closing = True
         failed = exc is not None or not self._complete.is_set()
         if failed:
             tg.cancel_scope.cancel()
@@ -212,7 +209,7 @@ class SpeculativeTurn:
     ) -> None:
         mark = self._log.mark
         async with send if send is not None else contextlib.nullcontext():
-            self._replan()
+            self._launcher.replan()
             first = True
             async for ev in events:
                 if first and isinstance(ev, TextDelta | ToolNameKnown):
@@ -234,9 +231,10 @@ class SpeculativeTurn:
                 raise BunshinError("the event stream ended before the message finished")
             for d in self._main.decided:
                 await d.done.wait()
-            self._closing = True
-            limit = self.speculation.keep if self.speculation is not None and self._keeping else 0
-            self.handle.kept = await self._branches.hand_over(limit)
+            ahead = self._launcher.ahead()  # every observation is known: the next turn's first call may start
+            self._launcher.closing = True
+            limit = self.speculation.keep if self.speculation is not None and self._launcher.keeping else 0
+            self.handle.kept = await self._branches.hand_over(limit, ahead)
             self._finalize()
             self._complete.set()
 
@@ -249,6 +247,7 @@ class SpeculativeTurn:
 
     def _on_finished(self, ev: MessageFinished) -> None:
         self._finished = ev
+        self._launcher.calls = len(ev.tool_calls)
         self._t_message = self._log.clock()
         observe_llm = getattr(self.speculation.policy, "observe_llm", None) if self.speculation else None
         if observe_llm is not None:
@@ -259,21 +258,17 @@ class SpeculativeTurn:
             if call.index not in known:
                 self._decide(call)
         n = len(ev.tool_calls)
-        if not self._keeping:
+        if not self._launcher.keeping:
             self._branches.cancel(lambda b: b.position >= n)
         self._main.message.set()
 
     def _cancel_wrong_name(self, position: int, name: str) -> None:
-        keep_done = self._keeping
+        keep_done = self._launcher.keeping
         self._branches.cancel(
             lambda b: b.position == position and b.key.name != name and not (keep_done and b.done.is_set())
         )
 
     # ------------------------------------------------------------------------------------------ decisions
-
-    def _context(self, position: int) -> PredictionContext:
-        decided = [d.key for d in self._main.decided[:position] if d.key is not None]
-        return self._planner.context(position, decided)
 
     def _decide(self, call: ToolCall) -> None:
         position = len(self._main.decided)
@@ -285,7 +280,7 @@ class SpeculativeTurn:
             key, effect, _ = self._planner.classify(call.name, call.arguments)
         if key is not None:
             if self.speculation is not None:
-                ctx = self._context(position)
+                ctx = self._launcher.context(position)
                 for predictor in self.speculation.predictors:
                     predictor.observe(ctx, key)
             self.handle.record(key)
@@ -296,65 +291,13 @@ class SpeculativeTurn:
         self._planner.score(position, wanted)
         # A finished branch for another call may stay (its state is unchanged until a write: a later call may want
         # it, and it costs only memory); one still running for another call goes (it takes CPU from the rollouts).
-        keep_done = self._keeping
+        keep_done = self._launcher.keeping
         self._branches.cancel(
             lambda b: b.position == position and b.key not in wanted and not (keep_done and b.done.is_set())
         )
         assert self._tg is not None
         self._main.start(d, self._tg)
-        self._replan()
-
-    # ------------------------------------------------------------------------------------------ launches
-
-    def _replan(self) -> None:
-        """Ask the predictors about the next undecided call and launch what the policy picks. Only while the
-        next call's starting state exists: the message is still streaming and no decided write is pending."""
-        spec = self.speculation
-        if spec is None or self._finished is not None or self._tg is None or self._closing:
-            return
-        if self._branches.writing or self._main.write_pending:
-            return
-        if not policy_active(spec):
-            self.metrics.paused += 1
-            return
-        position = len(self._main.decided)
-        ctx = self._context(position)
-        epoch = self.handle.epoch
-        running = {b.key for b in self._branches.live if b.parent is None and b.epoch == epoch}
-        running |= {d.key for d in self._main.decided if d.key is not None and not d.done.is_set()}  # runs anyway
-        options = self._planner.options(ctx, exclude=running)
-        if not options:
-            return
-        for launch in spec.policy.select(options, running=self._branches.running(), forks=self._branches.forks()):
-            self._launch(Branch(launch, position, epoch, self._log.clock(), owner=self._branches, ctx=ctx))
-
-    def _chain(self, b: Branch) -> None:
-        """``b`` (a write) finished before the model asked for it: launch what the policy picks of the calls
-        predicted to follow it, in forks of ``b``'s fork (reads in ``b``'s fork itself)."""
-        spec = self.speculation
-        if spec is None or self._closing or self._tg is None or b.discarded or b.claimed:
-            return
-        ctx = b.ctx
-        if not self._keeping and self._finished is not None and ctx.position + 1 >= len(self._finished.tool_calls):
-            return  # the message has no call after b's: without kept branches the child would be discarded
-        if not policy_active(spec):
-            return
-        after = context_after(ctx, b.key, outcome_text(b.result, b.error))
-        exclude = {c.key for c in b.children}
-        options = self._planner.options(after, exclude=exclude, parent=b.launch)
-        if not options:
-            return
-        for launch in spec.policy.select(options, running=self._branches.running(), forks=self._branches.forks()):
-            child = Branch(launch, after.position, b.epoch, self._log.clock(), owner=self._branches, ctx=after,
-                           parent=b)  # fmt: skip
-            b.children.append(child)
-            self._launch(child)
-
-    def _launch(self, b: Branch) -> None:
-        assert not self._closing
-        tg = self.handle.tasks if self._keeping else self._tg
-        assert tg is not None
-        self._branches.launch(b, tg)
+        self._launcher.replan()
 
     def _finalize(self) -> None:
         self._log.finalized = True
@@ -365,6 +308,7 @@ class SpeculativeTurn:
         m.llm_seconds = self._t_message - self._log.t0
         m.tool_seconds = max(0.0, end - self._t_message)
         m.turn_seconds = end - self._log.t0
+        m.handover_seconds = max(0.0, self._log.clock() - end)
         self._log.mark("turn_end")
         self.handle.metrics.add(m)
         if self.speculation is not None:
