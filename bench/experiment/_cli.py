@@ -16,12 +16,25 @@ from bunshin_async._rollout._trajectory import Trajectory, load_trajectories
 from bunshin_async._tools._tools import Tool, bash_tool
 
 from ._bundled import calc_task, calc_trajectories
-from ._runner import ABLATION, CONFIGS, UNWEIGHED, config, markdown_table, run_experiment, write_outputs
+from ._runner import (
+    ABLATION,
+    AT_TURN_START,
+    CONFIGS,
+    UNWEIGHED,
+    config,
+    markdown_table,
+    run_experiment,
+    write_outputs,
+)
 from ._terminal import PADS, padded_seconds, terminal_task, terminal_trajectories
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated, baseline first")
+    p.add_argument(
+        "--configs", default=",".join(CONFIGS),
+        help="comma-separated, baseline first; a speculative one + '-at-turn-start' launches a turn's first call "
+        "when the turn starts, not on the previous turn's last observation (e.g. oracle-at-turn-start)",
+    )  # fmt: skip
     p.add_argument(
         "--workload", choices=["bundled", "terminal"], default="bundled",
         help="bundled: the calc task (8 rollouts sharing their slow calls); terminal: shaped like timed terminal-"
@@ -140,7 +153,7 @@ def main(args: argparse.Namespace) -> int:
     unknown = [c for c in configs if config(c) is None]
     if unknown:
         print(f"unknown configuration(s) {unknown}; choose from {list(CONFIGS)} or {ABLATION}NAME[+NAME], "
-              f"and with a cache +'{UNWEIGHED}'", file=sys.stderr)  # fmt: skip
+              f"with a cache +'{UNWEIGHED}', any speculative one +'{AT_TURN_START}'", file=sys.stderr)  # fmt: skip
         return 2
     groups: list[tuple[Task, list[Trajectory]]]
     tools_for = None

@@ -11,6 +11,10 @@ Configurations, all in one run on the same workload:
   turn, as each call of a message is decided, and after each speculated call it chains (the calls after it): the
   bound of this runtime's speculation, same runtime and policy.
 
+Speculation launches a turn's first call on the previous turn's last observation (``Speculation.on_observation``);
+a speculative configuration's name ending in ``-at-turn-start`` (``fork+cache+spec-at-turn-start``,
+``oracle-at-turn-start``) launches it when the turn starts instead: the ablation of that lead time.
+
 With ``repeats`` the configurations run in turn, repeat after repeat (paired: each repeat runs every
 configuration once, back to back), and the summary gives each figure's median and spread (min, max) over repeats.
 
@@ -60,6 +64,7 @@ class Config(msgspec.Struct, frozen=True):
     oracle: bool = False
     without: frozenset[str] = frozenset()  # predictors (by name) left out: the ablation's configurations
     weigh_captures: bool = True  # the cache's GiB·s rule for captures (``ToolCache(weigh_captures=...)``)
+    on_observation: bool = True  # Speculation.on_observation (False: the ``-at-turn-start`` configurations)
 
 
 CONFIGS = {
@@ -76,14 +81,22 @@ CONFIGS = {
 
 ABLATION = "fork+cache+spec-without-"
 UNWEIGHED = "-unweighed"
+AT_TURN_START = "-at-turn-start"
 
 
 def config(name: str) -> Config | None:
     """The configuration ``name`` names: one of ``CONFIGS``, or ``fork+cache+spec-without-A+B`` (speculation
     without the predictors named ``A`` and ``B``: an ablation), or either with a cache followed by ``-unweighed``
-    (its cache captures every reachable slow write, without weighing the hold in GiB·s). None for anything else."""
+    (its cache captures every reachable slow write, without weighing the hold in GiB·s), or a speculative one of
+    these followed by ``-at-turn-start`` (a turn's first call launched when the turn starts, not on the last
+    observation). None for anything else."""
     if name in CONFIGS:
         return CONFIGS[name]
+    if name.endswith(AT_TURN_START):
+        base = config(name[: -len(AT_TURN_START)])
+        if base is None or not base.speculation:
+            return None
+        return msgspec.structs.replace(base, name=name, on_observation=False)
     if name.endswith(UNWEIGHED) and (base := config(name.removesuffix(UNWEIGHED))) is not None and base.cache:
         return msgspec.structs.replace(base, name=name, weigh_captures=False)
     if name.startswith(ABLATION) and len(name) > len(ABLATION):
@@ -368,7 +381,11 @@ async def _run_config_in(
             tools_for,
             lambda ctx: f"replay:{ctx.task.task_id}:{ctx.rollout}",
             cache=cache,
-            speculation=(_oracle_factory(trajectories) if config.oracle else _speculation_factory(config.without))
+            speculation=(
+                _oracle_factory(trajectories, config.on_observation)
+                if config.oracle
+                else _speculation_factory(config.without, config.on_observation)
+            )
             if config.speculation
             else None,
             turns_for=lambda ctx: unfinished.get(f"{ctx.task.task_id}:{ctx.rollout}"),
@@ -437,7 +454,9 @@ async def _run_config_in(
     )
 
 
-def _speculation_factory(without: frozenset[str] = frozenset()) -> Callable[[RolloutContext], Any]:
+def _speculation_factory(
+    without: frozenset[str] = frozenset(), on_observation: bool = True
+) -> Callable[[RolloutContext], Any]:
     """Per rollout: the default predictors (stream tap, siblings of the same group, n-gram history of the public
     traces (the bundled table), cost-aware policy shared by all rollouts), but those named in ``without``."""
     from speculator import CostAwarePolicy, SiblingTable, default_ngram, default_speculation
@@ -448,12 +467,14 @@ def _speculation_factory(without: frozenset[str] = frozenset()) -> Callable[[Rol
 
     def make(ctx: RolloutContext) -> Any:
         table = tables.setdefault(ctx.task.task_id, SiblingTable())
-        return default_speculation(group=ctx.task.task_id, table=table, policy=policy, model=model, without=without)
+        spec = default_speculation(group=ctx.task.task_id, table=table, policy=policy, model=model, without=without)
+        spec.on_observation = on_observation
+        return spec
 
     return make
 
 
-def _oracle_factory(trajectories: Sequence[Trajectory]) -> Callable[[RolloutContext], Any]:
+def _oracle_factory(trajectories: Sequence[Trajectory], on_observation: bool = True) -> Callable[[RolloutContext], Any]:
     """Per rollout: a predictor told the rollout's true next call (from its recording), under the same policy,
     runtime and cache veto as ``fork+cache+spec``."""
     from bunshin_async.speculation import Speculation
@@ -464,7 +485,9 @@ def _oracle_factory(trajectories: Sequence[Trajectory]) -> Callable[[RolloutCont
 
     def make(ctx: RolloutContext) -> Any:
         script = calls.get(f"{ctx.task.task_id}:{ctx.rollout}", [])
-        return Speculation(predictors=[OraclePredictor(script)], policy=policy, group=ctx.task.task_id)
+        return Speculation(
+            predictors=[OraclePredictor(script)], policy=policy, group=ctx.task.task_id, on_observation=on_observation
+        )
 
     return make
 
@@ -483,6 +506,9 @@ def _spec_counts(specs: Sequence[Any]) -> dict[str, float]:
         "wasted_seconds": round(sum(x.wasted_seconds for x in m), 3),
         "wasted_cpu_seconds": round(sum(x.wasted_cpu_seconds for x in m), 3),
         "fork_seconds": round(sum(x.fork_seconds for x in m), 3),
+        "launched_ahead": sum(x.launched_ahead for x in m),
+        "ahead_seconds": round(sum(x.ahead_seconds for x in m), 3),
+        "handover_seconds": round(sum(x.handover_seconds for x in m), 3),
     }
     out["hit_rate"] = round(out["committed"] / out["calls"], 3) if out["calls"] else 0.0
     out["launch_precision"] = round(out["committed"] / out["launched"], 3) if out["launched"] else 0.0

@@ -255,6 +255,27 @@ def test_the_share_of_the_oracles_gain_is_paired_per_repeat_and_volatile_results
     assert named_config("fork-unweighed") is None  # no cache: nothing to weigh
 
 
+@pytest.mark.unit
+def test_a_speculative_configuration_at_turn_start_is_the_ablation_of_launching_on_the_observation() -> None:
+    from types import SimpleNamespace
+
+    from bench.experiment._runner import _oracle_factory, _speculation_factory
+
+    assert named_config("oracle-at-turn-start") == Config(
+        "oracle-at-turn-start", fork=True, cache=True, speculation=True, oracle=True, on_observation=False)  # fmt: skip
+    assert named_config("fork+cache+spec-without-siblings-at-turn-start") == Config(
+        "fork+cache+spec-without-siblings-at-turn-start", fork=True, cache=True, speculation=True,
+        without=frozenset({"siblings"}), on_observation=False)  # fmt: skip
+    assert named_config("fork+cache+spec") == Config("fork+cache+spec", fork=True, cache=True, speculation=True)
+    assert named_config("fork+cache+spec").on_observation  # type: ignore[union-attr]
+    for plain in ("fork+cache-at-turn-start", "baseline-at-turn-start", "-at-turn-start"):
+        assert named_config(plain) is None, plain
+    ctx: Any = SimpleNamespace(task=SimpleNamespace(task_id="t"), rollout=0)
+    for on in (True, False):
+        assert _speculation_factory(on_observation=on)(ctx).on_observation is on
+        assert _oracle_factory([], on)(ctx).on_observation is on
+
+
 @pytest.mark.timeout(1200)
 def test_a_grouped_replay_reports_the_share_of_the_oracles_gain(tmp_path: Path) -> None:
     """A trajectory file replayed as GRPO groups (`--group-by task --pad-tools`), the configurations the issue
