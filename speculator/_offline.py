@@ -37,11 +37,15 @@ class OfflineReport(msgspec.Struct):
     the calls some launched guess matched: a guess is launched when its probability is at least ``threshold``),
     ``launched`` and ``wasted_seconds`` (the recorded durations of launched guesses that were wrong, as far as the
     group ever ran them; else the median tool time); and the calibration: per probability decile, guesses and
-    hits. At most ``top`` guesses of each source are launched per call."""
+    hits. At most ``top`` guesses of each source are launched per call. ``hideable_after``: (``d``, the hideable
+    time if every branch started ``d`` seconds after the previous observation rather than on it: ``min(tool, LLM -
+    d)`` per call), for the ``delays`` asked; what a later launch point (the next turn's start, its first token, a
+    fork's duration) costs."""
 
     calls: int = 0
     cache_hits: int = 0
     hideable_seconds: float = 0.0
+    hideable_after: list[tuple[float, float]] = msgspec.field(default_factory=list)
     threshold: float = 0.3
     by_source: dict[str, dict[str, float]] = msgspec.field(default_factory=dict)
     calibration: dict[str, list[tuple[float, int, int]]] = msgspec.field(default_factory=dict)
@@ -83,6 +87,7 @@ def evaluate(
     *,
     threshold: float = 0.3,
     top: int = 3,
+    delays: Sequence[float] = (),
 ) -> OfflineReport:
     """Replay ``groups`` (task -> its rollouts' records); ``make(task)`` gives, per group, a factory of one
     rollout's predictors (sharing what the group shares: its ``SiblingTable``)."""
@@ -93,6 +98,7 @@ def evaluate(
     hidden: dict[str, float] = defaultdict(float)
     wasted: dict[str, float] = defaultdict(float)
     calib: dict[str, list[list[int]]] = defaultdict(lambda: [[0, 0] for _ in range(10)])
+    delayed = dict.fromkeys(delays, 0.0)
     for task, records in groups.items():
         factory = make(task)
         rollouts = [_calls(r) for r in records]
@@ -131,6 +137,8 @@ def evaluate(
             report.cache_hits += cached
             hideable = 0.0 if cached else min(llm, tool)
             report.hideable_seconds += hideable
+            for d in delayed:
+                delayed[d] += 0.0 if cached else min(tool, max(0.0, llm - d))
             cands = guesses.pop((r, i))
             best: dict[str, dict[CallKey, float]] = defaultdict(dict)
             for c in cands:
@@ -164,6 +172,7 @@ def evaluate(
         }
         report.calibration[source] = [(b / 10, n, h) for b, (n, h) in enumerate(calib[source]) if n]
     report.hideable_seconds = round(report.hideable_seconds, 2)
+    report.hideable_after = [(d, round(v, 2)) for d, v in delayed.items()]
     return report
 
 

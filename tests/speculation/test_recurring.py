@@ -89,6 +89,9 @@ def test_offline_replay_starts_a_group_together_and_credits_only_siblings_ahead(
     assert report.hideable_seconds == pytest.approx(1.0 + 5.0)
     assert report.by_source["siblings"]["hidden_seconds"] == pytest.approx(5.0)
     assert report.share("siblings") == pytest.approx(5.0 / 6.0)
+    # launched d s after the observation instead of on it, a branch hides min(tool, LLM - d) of a call
+    late = evaluate(groups, lambda task: lambda: [], delays=(0.0, 0.5, 2.0))
+    assert late.hideable_after == [(0.0, 6.0), (0.5, 0.5 + 4.5), (2.0, 0.0 + 3.0)]
     assert dict(leave_task_out({**groups, "u": [_record("u", ("ls", 1, 0))]}))["t"] == [_record("u", ("ls", 1, 0))]
 
 
