@@ -334,11 +334,17 @@ class BranchSet:
             if not b.launch.needs_fork and b.parent is None and not b.done.is_set():
                 await b.done.wait()
 
-    async def wait_finished(self, keep: list[Branch], *, started_only: bool = False) -> None:
+    async def wait_finished(
+        self, keep: list[Branch], *, started_only: bool = False, in_place_only: bool = False
+    ) -> None:
         """Wait until each branch this set owns (not in ``keep``) has settled; ``started_only``: with a deadline,
-        only those whose task began (a cancelled turn's: one that never started holds nothing)."""
+        only those whose task began (a cancelled turn's: one that never started holds nothing); ``in_place_only``:
+        only those that run in the rollout's workspace (the others run in the handle's task group and close their
+        own forks as they settle: the next model request need not wait for that)."""
         for b in self.all:
             if b.owner is not self or b in keep:
+                continue
+            if in_place_only and (b.launch.needs_fork or b.parent is not None):
                 continue
             if not started_only:
                 await b.finished.wait()
@@ -346,11 +352,12 @@ class BranchSet:
                 with anyio.move_on_after(FORK_DEADLINE + CLOSE_DEADLINE):
                     await b.finished.wait()
 
-    async def hand_over(self, limit: int, ahead: Collection[Branch] = ()) -> list[Branch]:
+    async def hand_over(self, limit: int, ahead: Collection[Branch] = (), *, background: bool = False) -> list[Branch]:
         """End this set's branches but at most ``limit`` unused ones whose state is still valid and which the policy
         would keep (``policy_keeps``), with the chains they follow (finished ones first, then the likeliest:
         ``choose_kept``), and the ``ahead`` ones (launched for the next turn's first call: the policy chose them for
-        that turn), which are returned, marked kept, for the next turn to ``adopt``."""
+        that turn), which are returned, marked kept, for the next turn to ``adopt``. ``background``: the branches
+        run in the handle's task group; those in forks settle there, unawaited."""
         by_id: dict[int, Branch] = {}
         options: list[KeepOption] = []
         unpaid: list[Branch] = []
@@ -369,17 +376,18 @@ class BranchSet:
         self.log.metrics.released += sum(b not in keep for b in unpaid)  # (one a kept chain starts from stays)
         keep += [b for b in ahead if b in self.live]  # (one that failed already settled)
         self.cancel(lambda b: b not in keep)
-        await self.wait_finished(keep)
+        await self.wait_finished(keep, in_place_only=background)
         for b in keep:
             b.kept = True
             if b in self.live:
                 self.live.remove(b)
         return keep
 
-    async def close_leftovers(self) -> None:
-        """Close the forks of branches this set still owns that were neither kept nor committed."""
+    async def close_leftovers(self, *, settling_too: bool = True) -> None:
+        """Close the forks of branches this set still owns that were neither kept nor committed; ``settling_too``
+        (else a branch whose task still settles is left to close its own fork)."""
         for b in self.all:
-            if b.owner is not self or b.kept:
+            if b.owner is not self or b.kept or (not settling_too and b.started and not b.finished.is_set()):
                 continue
             if b.ws is not None and b.forked and not b.committed and not b.ws.closed:
                 with anyio.move_on_after(CLOSE_DEADLINE):

@@ -154,7 +154,7 @@ class SpeculativeTurn:
             with anyio.CancelScope(shield=True):
                 if failed:  # branches running in the handle's task group close their own forks: wait for them
                     await self._branches.wait_finished([], started_only=True)
-                await self._branches.close_leftovers()
+                await self._branches.close_leftovers(settling_too=failed)
         return None
 
     def feed(self, events: AsyncIterable[TapEvent]) -> AsyncIterator[TapEvent | CallResult]:
@@ -233,8 +233,9 @@ class SpeculativeTurn:
                 await d.done.wait()
             ahead = self._launcher.ahead()  # every observation is known: the next turn's first call may start
             self._launcher.closing = True
-            limit = self.speculation.keep if self.speculation is not None and self._launcher.keeping else 0
-            self.handle.kept = await self._branches.hand_over(limit, ahead)
+            keeping = self._launcher.keeping
+            limit = self.speculation.keep if self.speculation is not None and keeping else 0
+            self.handle.kept = await self._branches.hand_over(limit, ahead, background=keeping)
             self._finalize()
             self._complete.set()
 

@@ -27,21 +27,31 @@ START = "echo a > start"
 
 
 class _Gate:
-    """A bash tool that sets ``started`` when ``SLOW`` starts (only a branch runs it before the model asks), and an
-    openai client whose request number ``turn`` goes out only once it is set."""
+    """A bash tool that sets ``started`` when ``predicted`` starts (only a branch runs it before the model asks) and,
+    cancelled, holds on until ``release`` is set; an openai client whose request number ``turn`` goes out only
+    once ``started`` is set, and whose request number ``release_at`` sets ``release``."""
 
-    def __init__(self, client: Any, turn: int) -> None:
-        self.client, self.turn, self.requests = client, turn, 0
-        self.started = anyio.Event()
+    def __init__(self, client: Any, turn: int, *, predicted: str = SLOW, release_at: int | None = None) -> None:
+        self.client, self.turn, self.release_at, self.requests = client, turn, release_at, 0
+        self.started, self.release = anyio.Event(), anyio.Event()
+        self.order: list[str] = []
         self.chat = SimpleNamespace(completions=SimpleNamespace(create=self._create))
         inner = bash_tool()
         handler = inner.handler
         assert handler is not None
 
         async def run(ws: Any, args: dict[str, Any]) -> Any:
-            if args.get("command") == SLOW:
-                self.started.set()
-            return await handler(ws, args)
+            if args.get("command") != predicted:
+                return await handler(ws, args)
+            self.started.set()
+            try:
+                return await handler(ws, args)
+            except anyio.get_cancelled_exc_class():
+                if release_at is not None:
+                    with anyio.CancelScope(shield=True), anyio.fail_after(60):
+                        await self.release.wait()
+                    self.order.append("branch let go")
+                raise
 
         self.tools: list[Tool] = [msgspec.structs.replace(inner, handler=run), read_file_tool()]
 
@@ -50,11 +60,15 @@ class _Gate:
         if n == self.turn:
             with anyio.fail_after(60):  # without the launch on the observation it would never be set
                 await self.started.wait()
+        if n == self.release_at:
+            self.order.append(f"request {n}")
+            self.release.set()
         return await self.client.chat.completions.create(**options)
 
 
-def _speculation() -> Speculation:
-    rule = Rule(after="start", then_tool="bash", then_args={"command": SLOW}, probability=0.9, expected_seconds=1.0)
+def _speculation(predicted: str = SLOW) -> Speculation:
+    rule = Rule(after="start", then_tool="bash", then_args={"command": predicted}, probability=0.9,
+                expected_seconds=1.0)  # fmt: skip
     policy = CostAwarePolicy(contention=None, memory_weight=0.0)  # the mechanism, not the GiB·s rule
     return Speculation(predictors=[RulePredictor([rule])], policy=policy)
 
@@ -103,3 +117,20 @@ async def test_a_rollout_cancelled_while_the_fork_runs_leaves_nothing(serve: Any
     [branch] = [b for t in spec.turns for b in t.branches]
     assert branch.ahead and branch.outcome == "wasted" and spec.metrics.wasted == 1
     # the leak fixtures check that no fork, snapshot, mount, cgroup or process is left
+
+
+async def test_the_next_request_does_not_wait_for_a_wrong_branchs_fork_to_go(serve: Any) -> None:
+    """A wrong write's branch, cancelled by the model's other call, holds on (its tool, cancelled, waits) until the
+    request after that turn went out: the turn hands its unused branches over without waiting for their forks to
+    stop and close (they settle in the rollout's task group, which the rollout's end waits for)."""
+    wrong = "sleep 5; echo w > w"
+    steps = [bash(START, llm=0.05), bash("echo right > r", llm=0.3), final()]
+    spec = _speculation(wrong)
+    async with serve([trajectory("slowgo", steps)]) as client:
+        gate = _Gate(client, turn=1, predicted=wrong, release_at=2)
+        async with Workspace() as ws:
+            run = await agent_rollout(gate, "replay:slowgo", ws, gate.tools, spec, early=False)
+    assert gate.order == ["request 2", "branch let go"]
+    assert " ./w -> " not in run.final_state and " ./r -> " in run.final_state and not run.moved
+    [branch] = [b for t in spec.turns for b in t.branches]
+    assert branch.ahead and branch.outcome == "wasted" and spec.metrics.wasted == 1
