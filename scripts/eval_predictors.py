@@ -10,11 +10,17 @@ probability >= 0.3, up to three per call), the hideable tool time their hits wou
 ceilings say what any predictor limited to exact calls could reach: the calls the group made before (in time), and
 those plus the calls other tasks made. The n-gram table is the bundled one (trained on other traces, SWE-bench) or,
 with ``--leave-task-out``, trained for each task on every other task of TRACES: never on the task it predicts.
+
+Lead time: the oracle's hideable time if each branch started ``d`` seconds after the previous call's observation
+(``min(tool, LLM - d)`` per call; ``--delays``), beside what the traces' timestamps say of the recorded agent's own
+time between an observation and its next model request (``t_llm_start``) and of its shortest turns (an upper bound
+of the time to a first token).
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -59,6 +65,10 @@ def main() -> int:
     p.add_argument("traces", type=Path)
     p.add_argument("--table", type=Path, help="an n-gram table (default: the bundled one)")
     p.add_argument("--leave-task-out", action="store_true", help="per task, a table trained on the other tasks")
+    p.add_argument(
+        "--delays", default="0,0.05,0.1,0.25,0.5,1,2",
+        help="lead-time table: launch delays after the observation, seconds (comma-separated)",
+    )  # fmt: skip
     args = p.parse_args()
     groups = load_groups(args.traces)
     others = dict(leave_task_out(groups))
@@ -102,7 +112,38 @@ def main() -> int:
     print("\nCalibration of the default predictors (stated probability tenth: guesses, hit rate):")
     for source, bins in first.calibration.items():
         print(f"  {source}: " + ", ".join(f"{lo:.1f}: {n} {h / n:.0%}" for lo, n, h in bins))
+    _lead_time(groups, [float(d) for d in args.delays.split(",") if d])
     return 0
+
+
+def _lead_time(groups: dict[str, list[Record]], delays: list[float]) -> None:
+    """The oracle's hideable time by launch delay, and the traces' own gaps and shortest turns."""
+    rep = evaluate(groups, lambda task: lambda: [], delays=delays)
+    bound = dict(rep.hideable_after).get(0.0, rep.hideable_seconds)
+    print("\nLead time: the oracle's hideable tool time if every branch started d s after the previous observation")
+    print("| d (s) | hideable s | share of the bound at d = 0 |")
+    print("|---|---|---|")
+    for d, seconds in rep.hideable_after:
+        print(f"| {d:g} | {seconds:.1f} | {100 * seconds / bound if bound else 0:.1f}% |")
+    gaps, shortest = [], []
+    for records in groups.values():
+        for r in records:
+            steps = [s for s in r.get("steps", ()) if s.get("t_llm_start") is not None]
+            gaps += [
+                b["t_llm_start"] - (a["t_llm_start"] + (a.get("llm_seconds") or 0.0) + (a.get("tool_seconds") or 0.0))
+                for a, b in zip(steps, steps[1:], strict=False)
+            ]
+            turns = [s["llm_seconds"] for s in steps if s.get("llm_seconds")]
+            if turns:
+                shortest.append(min(turns))
+    if gaps:
+        q = sorted(gaps)
+        p90 = q[int(0.9 * (len(q) - 1))]
+        print(f"\nRecorded agent, observation to its next model request (t_llm_start): {len(q)} gaps, median "
+              f"{1000 * statistics.median(q):.0f} ms, p90 {1000 * p90:.0f} ms, sum {sum(q):.1f} s")  # fmt: skip
+    if shortest:
+        print(f"Shortest turn per rollout (an upper bound of its time to first token): median "
+              f"{statistics.median(shortest):.2f} s, min {min(shortest):.2f} s")  # fmt: skip
 
 
 if __name__ == "__main__":
