@@ -1,7 +1,10 @@
 """Copy-on-write restore (criu/patches/0001-cow-restore.patch, ``fork_mode == "criu-cow"``): copies of one snapshot
 share its memory pages until they write them, the snapshot can go away while they live, writes stay private, and
 copies of copies (whose memory is partly still the old image, never touched) carry exactly their parent's memory.
-The KSM fallback (``BUNSHIN_FORK_MODE=ksm``) restores mergeable tasks and puts KSM's settings back."""
+The KSM fallback (``BUNSHIN_FORK_MODE=ksm``) restores mergeable tasks and puts KSM's settings back. The tests marked
+``tracked`` also run with write-tracked dumps (``criu-cow+track``), where a first snapshot of a workspace is a
+pre-copy plus an incremental dump on it: its pages are in a chain of two image directories, and every assertion about
+where a snapshot's pages live counts that chain (``_chain``)."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from bunshin_async import Snapshot, Workspace
+from bunshin_async import Config, Snapshot, Workspace
 from bunshin_async._fork import _dump, _modes
 from bunshin_async._fork._snapshot import record_of
 from bunshin_async._host import _snapstore
@@ -18,6 +21,7 @@ from bunshin_async._workspace._accounting import pss_bytes
 
 HERE = Path(__file__).parent
 HEAP_MIB = 100
+pytestmark = pytest.mark.tracked
 
 
 def _pids(ws: Workspace) -> list[int]:
@@ -86,13 +90,14 @@ async def test_cow_copies_share_memory_until_written(
             await stock.aclose()
         monkeypatch.setenv("BUNSHIN_FORK_MODE", "cow")
         copies = await Workspace.from_snapshot(snap, 8)
+    chain = _chain(snap)
     try:
-        # closed, but its copies map its pages image (and may dump incrementally on it)
-        assert record_of(snap).path.exists()
+        # closed, but its copies map its pages images (and may dump incrementally on them)
+        assert all(d.exists() for d in chain)
         assert [c.fork_mode for c in copies] == ["criu-cow"] * 8
         for c in copies:
             maps = [m for pid in _pids(c) for m in _image_maps(pid)]
-            assert maps and all(path.startswith(f"{record_of(snap).images}/pages-") for _, _, path in maps)
+            assert maps and all(path.startswith(tuple(f"{d}/images/pages-" for d in chain)) for _, _, path in maps)
             assert _fault_in(c) >= HEAP_MIB << 20
         total = sum(_pss_kib(c) for c in copies)
         print(f"PSS: one stock copy {one_copy / 1024:.1f} MiB, 8 CoW copies {total / 1024:.1f} MiB in all")
@@ -108,11 +113,26 @@ async def test_cow_copies_share_memory_until_written(
     finally:
         for c in copies:
             await c.aclose()
-    assert not record_of(snap).path.exists()  # gone with its last copy
+    assert not any(d.exists() for d in chain)  # gone with its last copy
+
+
+def _chain(snap: Snapshot) -> list[Path]:
+    """The snapshot's directory and those its images are incremental on (its pre-copy when tracked), nearest first."""
+    out: list[Path] = []
+    cur: Path | None = record_of(snap).path
+    while cur is not None:
+        out.append(cur)
+        cur = _snapstore.mem_parent_of(cur)
+    return out
 
 
 def _pages_bytes(snap: Snapshot) -> int:
     return sum(p.stat().st_size for p in record_of(snap).images.glob("pages-*.img"))
+
+
+def _chain_pages_bytes(snap: Snapshot) -> int:
+    """The pages its whole chain holds: what a copy of ``snap`` is restored from."""
+    return sum(p.stat().st_size for d in _chain(snap) for p in (d / "images").glob("pages-*.img"))
 
 
 @pytest.mark.fork_modes("criu-cow")
@@ -122,8 +142,10 @@ async def test_cow_nested_fork_dumps_only_what_the_copy_wrote(ws: Workspace, for
     and the chain outlives the copies and snapshots it was made from."""
     await _start(ws, 40)
     async with await ws.snapshot() as base:
-        full = _pages_bytes(base)
+        full = _chain_pages_bytes(base)
         assert full >= 40 << 20
+        base_depth = len(_chain(base))
+        assert base_depth == (2 if Config.current().track_writes else 1)  # tracked: the pre-copy, the dump on it
         (current,) = await Workspace.from_snapshot(base)
     made = [current]
     try:
@@ -146,7 +168,7 @@ async def test_cow_nested_fork_dumps_only_what_the_copy_wrote(ws: Workspace, for
                 assert await _get(probe, "/digest") == expected, f"generation {gen}"
             finally:
                 await probe.aclose()
-        assert _snapstore.mem_chain_depth(current._core.mem_parent) == 4  # type: ignore[arg-type]
+        assert _snapstore.mem_chain_depth(current._core.mem_parent) == base_depth + 3  # type: ignore[arg-type]
     finally:
         for c in made:
             await c.aclose()
@@ -156,9 +178,17 @@ async def test_cow_nested_fork_dumps_only_what_the_copy_wrote(ws: Workspace, for
 async def test_cow_chain_runs_to_its_limit(ws: Workspace, fork_mode: str) -> None:
     """Copies forked from copies, a little written in each generation: each dump is incremental on the last until
     the chain holds ``MAX_MEM_CHAIN`` images (a restore then maps pages from 14 parent images, within the patch's
-    ``COW_MAX_SRC``), every generation restores the exact memory, and the dump after that is a full one."""
+    ``COW_MAX_SRC``), every generation restores the exact memory, and the dump after that is a full one (the first
+    fork's chain is 1 deep, or 2 when tracked: the pre-copy and the dump on it)."""
     await _start(ws, 8)
     (current,) = await ws.fork()
+    depth = _snapstore.mem_chain_depth(current._core.mem_parent)  # type: ignore[arg-type]
+    assert depth == (2 if Config.current().track_writes else 1)
+    want: list[int] = []  # each dump one deeper than its parent's chain, a whole one once that is full
+    for _ in range(2, _snapstore.MAX_MEM_CHAIN + 2):
+        depth = 1 if depth >= _snapstore.MAX_MEM_CHAIN else depth + 1
+        want.append(depth)
+    assert _snapstore.MAX_MEM_CHAIN in want and 1 in want  # the limit is reached within the test
     depths: list[int] = []
     try:
         for gen in range(2, _snapstore.MAX_MEM_CHAIN + 2):
@@ -172,7 +202,7 @@ async def test_cow_chain_runs_to_its_limit(ws: Workspace, fork_mode: str) -> Non
             assert await _get(current, "/digest") == expected, f"generation {gen}, chain {depths[-1]}"
     finally:
         await current.aclose()
-    assert depths == [*range(2, _snapstore.MAX_MEM_CHAIN + 1), 1]
+    assert depths == want
 
 
 @pytest.mark.fork_modes("criu-cow")

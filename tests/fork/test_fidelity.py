@@ -1,7 +1,8 @@
 """Process states survive a fork exactly (issue #20, item 1): stopped processes stay stopped in the copy and resume
 on SIGCONT, zombies stay zombies, the process groups of a job-control shell keep their groups and states, a process
 that execs in a loop is forked mid-flight; a process that cannot be dumped (one traced by another) fails the fork
-within seconds naming it, and the parent carries on. Run in copy-on-write and stock restore modes."""
+within seconds naming it, and the parent carries on. Run in copy-on-write and stock restore modes, and with
+write-tracked dumps (``criu-cow+track``)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from bunshin_async import ForkError, Workspace
 from bunshin_async._fork import _dump
 
-pytestmark = pytest.mark.fork_modes("criu-cow", "criu")
+pytestmark = [pytest.mark.fork_modes("criu-cow", "criu"), pytest.mark.tracked]
 
 PS = "ps -eo pid=,ppid=,pgid=,sid=,stat=,args="
 
