@@ -365,10 +365,18 @@ async def security_compare(mib: int, repeat: int, ns: tuple[int, ...]) -> None:
     print(json.dumps({"benchmark": "fork-security", **out}, indent=1))
 
 
-def _mode_env(mode: str) -> tuple[str, bool]:
+def _use_mode(mode: str) -> tuple[str, bool]:
     """``--modes`` entry -> (``BUNSHIN_FORK_MODE``, ``Config.track_writes``): ``cow+track`` is the cow mode with
-    write tracking between dumps (criu/patches/0013)."""
+    write tracking between dumps (criu/patches/0013). ``MODE@PATH`` runs that mode with the CRIU binary at PATH
+    (``BUNSHIN_CRIU``; without it, the one the SDK finds): two builds of the same patches side by side in one run,
+    e.g. ``cow+track@/usr/local/lib/bunshin/criu/sbin/criu,cow+track`` (the host's install against a checkout's)."""
+    mode, _, criu = mode.partition("@")
+    if criu:
+        os.environ["BUNSHIN_CRIU"] = criu
+    else:
+        os.environ.pop("BUNSHIN_CRIU", None)
     base, _, extra = mode.partition("+")
+    os.environ["BUNSHIN_FORK_MODE"] = base
     return base, extra == "track"
 
 
@@ -436,15 +444,15 @@ async def checkpoints(mibs: list[int], repeat: int, dirty_mib: int, modes: list[
         restored: dict[str, dict[str, Any]] = {}
         try:
             for mode in modes:
-                os.environ["BUNSHIN_FORK_MODE"] = _mode_env(mode)[0]
+                _use_mode(mode)
                 spaces[mode], _ = await _with_state(mib)
                 await _http(spaces[mode], "/dirty/0")
             for i in range(repeat + 1):
                 for mode in modes:
-                    os.environ["BUNSHIN_FORK_MODE"] = _mode_env(mode)[0]
+                    _use_mode(mode)
                     ws = spaces[mode]
                     [digest[mode]] = await _http(ws, f"/dirty/{dirty_mib}")
-                    snap, row = await _checkpoint(ws, _mode_env(mode)[1])
+                    snap, row = await _checkpoint(ws, _use_mode(mode)[1])
                     if mode in last:
                         await last.pop(mode).aclose()
                     last[mode] = snap
@@ -453,7 +461,7 @@ async def checkpoints(mibs: list[int], repeat: int, dirty_mib: int, modes: list[
                     else:
                         rows[mode].append(row)
             for mode in modes:  # a copy of the last checkpoint (an incremental chain when tracked)
-                os.environ["BUNSHIN_FORK_MODE"] = _mode_env(mode)[0]
+                _use_mode(mode)
                 t0 = time.monotonic()
                 [copy] = await Workspace.from_snapshot(last[mode])
                 try:
@@ -498,12 +506,12 @@ async def tree_search(mib: int, steps: int, dirty_mib: int, modes: list[str], wi
     wall: dict[str, float] = dict.fromkeys(modes, 0.0)
     try:
         for mode in modes:
-            os.environ["BUNSHIN_FORK_MODE"] = _mode_env(mode)[0]
+            _use_mode(mode)
             spaces[mode], _ = await _with_state(mib)
             await _http(spaces[mode], "/dirty/0")
         for step in range(steps):
             for mode in modes:
-                os.environ["BUNSHIN_FORK_MODE"] = _mode_env(mode)[0]
+                _use_mode(mode)
                 ws, snaps = spaces[mode], kept[mode]
                 t0 = time.monotonic()
                 if plan[step] and snaps:
@@ -511,7 +519,7 @@ async def tree_search(mib: int, steps: int, dirty_mib: int, modes: list[str], wi
                     await ws.rollback(snaps[int(picks[step] * len(snaps))])
                     rollbacks[mode].append((time.monotonic() - t1) * 1000)
                 await _http(ws, f"/dirty/{dirty_mib}")
-                snap, row = await _checkpoint(ws, _mode_env(mode)[1])
+                snap, row = await _checkpoint(ws, _use_mode(mode)[1])
                 rows[mode].append(row)
                 snaps.append(snap)
                 if len(snaps) > window:
