@@ -25,11 +25,12 @@ docs: setup
 	NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet
 
 # The unit tier alone: pure logic (tests marked `unit`), no set-up, root, CRIU or workspace; well under a minute.
+# Any user can run it: scripts/unit-env.sh picks .venv, or makes a small environment of the user's own (once).
 # No cache directory, so it also runs from a read-only checkout. Only the modules that mark a test `unit` (written
 # `pytest.mark.unit` in the module) are collected: importing and assertion-rewriting the other ~75 took most of the time.
 UNIT_MODULES = $(shell grep -rlE --include='test_*.py' --exclude-dir=dockerfiles 'mark\.unit\b' tests | sort)
 test-unit:
-	.venv/bin/python -m pytest -q -m unit -p no:cacheprovider $(UNIT_MODULES)
+	py=$$(scripts/unit-env.sh) && PYTHONPATH=$(CURDIR) "$$py" -m pytest -q -m unit -p no:cacheprovider $(UNIT_MODULES)
 
 # The clean-root set-up check: the set-up on a minimal Debian root that has never seen Bunshin (scripts/).
 # Debian 12, then Debian 13, whose Python 3.13 also runs the agent and workspace tests and the wheel test (a second
