@@ -32,7 +32,6 @@ import struct
 import anyio
 from anyio.abc import SocketStream
 
-from .. import _native
 from .._exceptions import AgentError, WorkspaceClosed
 from . import _protocol as P
 
@@ -56,7 +55,6 @@ UTF8_GROWTH = 3
 """Output is sent as UTF-8 with replacement: each byte that is not UTF-8 becomes U+FFFD, three bytes."""
 
 _header = struct.Struct(">I")
-_RESOLVE = _native.RESOLVE_IN_ROOT | _native.RESOLVE_NO_MAGICLINKS | _native.RESOLVE_NO_XDEV
 _EXPECTED: dict[type[P.Request], type[P.Response]] = {
     P.Ping: P.Pong,
     P.Exec: P.ExecResult,
@@ -142,8 +140,11 @@ class AgentClient:
                 signal.pidfd_send_signal(self.pidfd, 0)  # the pid was ours when its root was opened
             except ProcessLookupError as exc:
                 raise self._closed_error(exc) from exc
+            from .. import _native  # the C extension, loaded when first needed: the pure tests import this module
+
+            resolve = _native.RESOLVE_IN_ROOT | _native.RESOLVE_NO_MAGICLINKS | _native.RESOLVE_NO_XDEV
             try:
-                fd = _native.openat2(root, SOCKET, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, _RESOLVE)
+                fd = _native.openat2(root, SOCKET, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, resolve)
             except OSError as exc:
                 if exc.errno in (errno.ENOENT, errno.ENOTDIR):
                     raise self._error(f"the agent socket /{SOCKET} is gone: {exc.strerror}", "socket") from exc
