@@ -8,10 +8,8 @@ import anyio
 
 from bunshin_async.llm import FixedTiming, MessageFinished, replay_server, tap_openai_stream
 from bunshin_async.rollout import iter_trajectories
+from tests._traces import SHARED_TRACE
 
-# ../shared/traces beside the checkout
-_TRACE = "shared/traces/swebench-gemini-3-pro.jsonl.gz"
-SHARED_TRACE = next((d / _TRACE for d in Path(__file__).resolve().parents[2:] if (d / _TRACE).is_file()), Path(_TRACE))
 BASH = [
     {
         "type": "function",

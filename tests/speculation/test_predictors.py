@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from bunshin_async._runtime._calls import chain_root, extend_chain
@@ -21,7 +19,6 @@ from speculator import (
     SiblingTable,
     default_ngram,
     signature,
-    train_ngram,
 )
 
 pytestmark = pytest.mark.unit
@@ -35,11 +32,6 @@ def chain(history: list[CallKey], salt: str = "") -> bytes:
     for call in history:
         key = extend_chain(key, call)
     return key
-
-
-_TRACE = "shared/traces/swebench-gemini-3-pro.jsonl.gz"
-SHARED_TRACE = next((d / _TRACE for d in Path(__file__).resolve().parents[2:] if (d / _TRACE).is_file()), Path(_TRACE))
-"""The public traces beside the checkout (``../shared/traces``; a worktree's checkout sits one level deeper)."""
 
 
 def key(cmd: str) -> CallKey:
@@ -120,9 +112,7 @@ def test_history_predicts_a_rerun_after_an_edit() -> None:
     assert cands and cands[0].arguments["command"] == "python t.py" and cands[0].probability > 0.5
 
 
-def test_history_trained_on_public_traces() -> None:
-    model = train_ngram(SHARED_TRACE, limit=100)
-    assert model.next_signatures(["bash:cat >"])[0][0] == "bash:python script"
+def test_signatures_keep_the_command_not_its_directory() -> None:
     assert signature("bash", {"command": "cd /x && python -m pytest -q"}) == "bash:python -m pytest"
 
 
@@ -158,17 +148,9 @@ def test_policy_weighs_saving_against_the_fork_and_learns() -> None:
     assert policy.select([slow], running=0, forks=0) == []  # forks got expensive
 
 
-def test_the_bundled_table_is_what_the_public_traces_teach(tmp_path: Path) -> None:
+def test_the_bundled_table_round_trips() -> None:
     bundled = default_ngram()  # package data: no trace file needed
-    trained = train_ngram(SHARED_TRACE)
-    for history in (["bash:cat >"], ["bash:ls", "bash:grep"], []):
-        assert [s for s, _ in bundled.next_signatures(history, top=3)] == [
-            s for s, _ in trained.next_signatures(history, top=3)
-        ]
-    assert bundled.repeat_probability("bash:python script") == trained.repeat_probability("bash:python script")
     again = NgramModel.from_table(bundled.to_table(min_count=1))
     assert dict(again.counts) == dict(bundled.counts)
-    import pytest
-
     with pytest.raises(ValueError, match="not an n-gram table"):
         NgramModel.from_table(b"junk")
