@@ -7,10 +7,11 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-# The unit tests' imports: the SDK's dependencies (pyproject.toml), the openai, mcp and e2b-server extras the pure
-# tests of the tap, MCP and E2B protocol use, and the test tools. Pinned by the lock (-c), never resolved afresh.
-PACKAGES=(anyio httpx msgspec xxhash protobuf "exceptiongroup; python_version < '3.11'" openai "mcp" uvicorn
-    starlette python-multipart psutil PyYAML pytest pytest-asyncio pytest-timeout)
+# The unit tests' imports: the SDK's dependencies (pyproject.toml), the extras the pure tests of the tap, the Agents
+# SDK, MCP and E2B adapters use (not Ray's or SkyRL's large binary ones: tests/test_exported_members.py HEAVY), and
+# the test tools. Pinned by the lock (-c), never resolved afresh.
+PACKAGES=(anyio httpx msgspec xxhash protobuf "exceptiongroup; python_version < '3.11'" openai openai-agents mcp
+    uvicorn starlette python-multipart psutil PyYAML pytest pytest-asyncio pytest-timeout)
 
 if .venv/bin/python -c 'import pytest, msgspec' 2>/dev/null; then
     echo .venv/bin/python
