@@ -322,6 +322,32 @@ def test_modules_and_classes_stay_small() -> None:
     assert len(PRIVATE_ALLOWED) <= 5
 
 
+def native_at_import() -> list[str]:
+    """Modules that import the C extension (``_native``) when they are imported, not when first used: an import
+    outside every function and class body."""
+    found = []
+    for mod, path in modules().items():
+        for top in _parse(path).body:
+            if isinstance(top, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                continue
+            for node in ast.walk(top):
+                if isinstance(node, ast.ImportFrom):
+                    names = [node.module or "", *(a.name for a in node.names)]
+                elif isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                else:
+                    continue
+                if any(n.rpartition(".")[2] == "_native" for n in names):
+                    found.append(mod)
+    return found
+
+
+def test_the_package_imports_without_the_native_extension() -> None:
+    """The unit tier runs from a clone that was never built (``make test-unit`` as any user): every module loads the
+    C extension where it first needs it (a function-level import), so ``import bunshin_async`` works without it."""
+    assert native_at_import() == []
+
+
 def test_checks_see_what_they_must() -> None:
     """The checks would catch a circle and a private access: the graph has edges, including function-level ones."""
     edges = graph()
