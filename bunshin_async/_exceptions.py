@@ -26,6 +26,7 @@ failure, an httpx error) are translated once, where the foreign system is called
     ├── HostError                a workspace host of a cluster failed or died (``host``); its rollouts fail, not others
     ├── HostCallError            one call failed inside a host that is alive (``host``, ``error``); its workspaces stay
     ├── ServeError               `bunshin e2b serve` could not start on its ``address``; nothing of it is left
+    ├── UnknownHost              a cluster has no host of that name (``host``, ``known``); a KeyError
     ├── LLMError                 talking to a model endpoint failed
     │   ├── LLMConnectionError   the endpoint could not be reached (after retries)
     │   ├── LLMHTTPError         the endpoint answered an error status (``status``)
@@ -78,6 +79,7 @@ __all__ = [
     "ToolError",
     "ToolTimeout",
     "TransferError",
+    "UnknownHost",
     "UsageError",
     "WorkspaceClosed",
     "WorkspaceError",
@@ -328,6 +330,17 @@ class ServeError(BunshinError):
 
     def __init__(self, message: str, *, address: str) -> None:
         super().__init__(message, address=address)
+
+
+class UnknownHost(BunshinError, KeyError):
+    """A cluster has no host named ``host`` (``known``: the names it has). Also a ``KeyError``, which it was
+    before."""
+
+    host: str
+    known: tuple[str, ...]
+
+    def __init__(self, message: str, *, host: str, known: tuple[str, ...]) -> None:
+        super().__init__(message, host=host, known=known)
 
 
 class LLMError(BunshinError):

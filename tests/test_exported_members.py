@@ -115,6 +115,7 @@ def test_every_error_is_a_bunshin_error_and_pickles() -> None:
         _exceptions.HostError("died", host="n1"),
         _exceptions.HostCallError("KeyError in host n1: 'x'", host="n1", error="KeyError"),
         _exceptions.ServeError("port 3000 is taken", address="http://127.0.0.1:3000"),
+        _exceptions.UnknownHost("no host 'n9'", host="n9", known=("n0", "n1")),
         _exceptions.UsageError("fed twice", what="SpeculativeTurn"),
         _exceptions.InvalidValue("n must be at least 1", argument="n"),
     ]

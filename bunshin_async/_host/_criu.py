@@ -32,7 +32,7 @@ import msgspec
 from anyio.abc import Process
 
 from .._config import Config
-from .._exceptions import CapabilityMissing, ForkError
+from .._exceptions import CapabilityMissing, ForkError, InvalidValue
 from . import _hostsetup, _paths
 
 __all__ = [
@@ -262,7 +262,7 @@ class SwrkCriu:
     ) -> Any:
         pb = _require_rpc()
         if "/" in log_name:
-            raise ValueError("CRIU's log_file is a plain name inside work_dir")
+            raise InvalidValue("CRIU's log_file is a plain name inside work_dir", argument="log_name")
         criu = _criu()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         work_fd = os.open(work_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)

@@ -24,7 +24,7 @@ from typing import Any
 
 import anyio
 
-from .._exceptions import BunshinError, ToolTimeout
+from .._exceptions import BunshinError, InvalidValue, ToolError, ToolTimeout, UsageError, WorkspaceStartError
 from .._host._kernel import Limits
 from .._images._image import Image
 from .._workspace._facade import Workspace
@@ -67,14 +67,16 @@ class BunshinEnvironment(BaseEnvironment):  # type: ignore[misc]  # untyped here
         super().validate_network_policy_support(network_policy)
         policy = network_policy or self._network_policy
         if policy.network_mode != NetworkMode.NO_NETWORK:
-            raise ValueError(
-                "the bunshin environment has no network but loopback: set network_mode = 'no-network' in the task"
+            raise InvalidValue(  # also the ValueError Harbor's own check raises for a policy it cannot honour
+                "the bunshin environment has no network but loopback: set network_mode = 'no-network' in the task",
+                argument="network_mode",
             )
 
     def _validate_definition(self) -> None:
         if self._oci or self._image_ref or self.task_env_config.docker_image:
             return
         if not (self.environment_dir / "Dockerfile").is_file():
+            # Harbor's protocol: its own environments' _validate_definition raises FileNotFoundError
             raise FileNotFoundError(f"{self.environment_dir / 'Dockerfile'} not found and the task names no image")
 
     # ------------------------------------------------------------------------------------------ lifecycle
@@ -89,7 +91,7 @@ class BunshinEnvironment(BaseEnvironment):  # type: ignore[misc]  # untyped here
 
     def _ws(self) -> Workspace:
         if self.workspace is None or self.workspace.closed:
-            raise RuntimeError("the bunshin environment is not started")
+            raise UsageError("the bunshin environment is not started", what="BunshinEnvironment")
         return self.workspace
 
     async def start(self, force_build: bool) -> None:
@@ -111,7 +113,7 @@ class BunshinEnvironment(BaseEnvironment):  # type: ignore[misc]  # untyped here
         try:
             r = await ws.exec(["mkdir", "-p", *_LOG_DIRS], user="root", timeout=60)
             if r.exit_code != 0:
-                raise RuntimeError(f"cannot create {', '.join(_LOG_DIRS)}: {r.stderr}")
+                raise WorkspaceStartError(f"cannot create {', '.join(_LOG_DIRS)}: {r.stderr}", workspace_id=ws.id)
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await self.stop(delete=True)
@@ -144,6 +146,7 @@ class BunshinEnvironment(BaseEnvironment):  # type: ignore[misc]  # untyped here
                 user=None if who is None else str(who),
             )
         except ToolTimeout as exc:
+            # Harbor's protocol: an exec past timeout_sec raises the built-in TimeoutError (its trial maps it)
             raise TimeoutError(f"command timed out after {timeout_sec} s") from exc
         except BunshinError as exc:
             return ExecResult(stdout="", stderr=str(exc), return_code=127)
@@ -160,7 +163,8 @@ class BunshinEnvironment(BaseEnvironment):  # type: ignore[misc]  # untyped here
     async def _in_workspace(self, script: str, *args: str) -> None:
         r = await self._ws().exec(["/bin/sh", "-c", script, "sh", *args], user="root", timeout=600)
         if r.exit_code != 0:
-            raise RuntimeError(f"{script.split()[0]} in the workspace failed: {r.stderr.strip()[-2000:]}")
+            tool = script.split()[0]
+            raise ToolError(f"{tool} in the workspace failed: {r.stderr.strip()[-2000:]}", tool=tool)
 
     async def _unstage(self, stage: str) -> None:
         with anyio.CancelScope(shield=True):

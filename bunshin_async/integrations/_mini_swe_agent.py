@@ -22,7 +22,7 @@ import atexit
 import platform
 from typing import Any
 
-from .._exceptions import BunshinError, ToolTimeout
+from .._exceptions import BunshinError, ToolTimeout, UsageError
 from .._host._kernel import Limits
 from .._workspace._facade import Workspace
 from ._images import resolve_image
@@ -93,7 +93,7 @@ class BunshinEnvironment:
 
     def _ws(self) -> Workspace:
         if self.workspace is None or self.workspace.closed:
-            raise RuntimeError("the Bunshin workspace of this environment is closed")
+            raise UsageError("the Bunshin workspace of this environment is closed", what="BunshinEnvironment")
         return self.workspace
 
     def execute(self, action: dict[str, Any], cwd: str = "", *, timeout: int | None = None) -> dict[str, Any]:

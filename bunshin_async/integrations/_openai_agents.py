@@ -263,12 +263,14 @@ class BunshinSandboxClient(BaseSandboxClient[BunshinSandboxClientOptions | None]
     async def delete(self, session: SandboxSession) -> SandboxSession:
         inner = session._inner
         if not isinstance(inner, BunshinSandboxSession):
+            # the Agents SDK's protocol: its own sandbox clients raise TypeError for another client's session
             raise TypeError("BunshinSandboxClient.delete expects a BunshinSandboxSession")
         await inner.shutdown()
         return session
 
     async def resume(self, state: SandboxSessionState) -> SandboxSession:
         if not isinstance(state, BunshinSandboxSessionState):
+            # the Agents SDK's protocol (as delete)
             raise TypeError("BunshinSandboxClient.resume expects a BunshinSandboxSessionState")
         state.assert_path_grants_rebound()
         live = self._live.get(state.workspace_id)
@@ -291,6 +293,7 @@ class BunshinSandboxClient(BaseSandboxClient[BunshinSandboxClientOptions | None]
         it to ``aclose()``)."""
         inner = session._inner if isinstance(session, SandboxSession) else session
         if not isinstance(inner, BunshinSandboxSession):
+            # the Agents SDK's protocol (as delete)
             raise TypeError("BunshinSandboxClient.fork expects a BunshinSandboxSession")
         if n < 1:
             raise InvalidValue("n must be at least 1", argument="n")

@@ -15,6 +15,7 @@ from minisweagent.environments import get_environment
 from minisweagent.exceptions import Submitted
 from minisweagent.models.test_models import DeterministicModel, make_output
 
+from bunshin_async import UsageError
 from bunshin_async.integrations._portal import PortalRuntime
 from bunshin_async.integrations.mini_swe_agent import BunshinEnvironment, default_runtime
 from tests.images import _build
@@ -95,6 +96,8 @@ def test_execute_contract() -> None:
     finally:
         env.cleanup()
     assert default_runtime().live == 0
+    with pytest.raises(UsageError, match="closed"):  # used after cleanup: the caller's bug, a BunshinError
+        env.execute({"command": "true"})
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ from typing import Any
 
 import anyio
 
-from ..._exceptions import HostError, InvalidValue
+from ..._exceptions import HostError, InvalidValue, UnknownHost
 from ..._fork._transfer import TransferStats
 from ..._host._kernel import Limits
 from ..._images._image import Image
@@ -60,10 +60,12 @@ class RayCluster:
         return cls([HostRef(_remote.lookup(name), name, "") for name in names])
 
     def host(self, name: str) -> HostRef:
+        """The host named ``name``; ``UnknownHost`` (a ``KeyError``) if the cluster has none."""
         for h in self.hosts:
             if h.name == name:
                 return h
-        raise KeyError(name)
+        known = tuple(h.name for h in self.hosts)
+        raise UnknownHost(f"no host {name!r} in this cluster (its hosts: {', '.join(known)})", host=name, known=known)
 
     async def __aenter__(self) -> RayCluster:
         """Start renewing this owner's leases (a daemon thread: the lease must be renewed while the event loop
