@@ -210,17 +210,21 @@ async def test_fork_waits_for_running_command(ws: Workspace) -> None:
     results = {}
 
     async def long_command() -> None:
-        results["exec"] = await ws.exec("sleep 1; echo done > /workspace/cmd; echo ok")
+        results["exec"] = await ws.exec("touch /workspace/started; sleep 1; echo done > /workspace/cmd; echo ok")
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(long_command)
-        await anyio.sleep(0.3)
-        t0 = anyio.current_time()
+        with anyio.fail_after(30):  # the command runs (not: some time has passed)
+            while (await ws.exec("test -e /workspace/started")).exit_code:  # noqa: ASYNC110 - polls the guest
+                await anyio.sleep(0.02)
         (child,) = await ws.fork()
-        waited = anyio.current_time() - t0
+        in_parent = (await ws.exec("cat /workspace/cmd 2>/dev/null || echo running")).stdout
     try:
         assert results["exec"].stdout == "ok\n"
-        assert waited > 0.5
+        # The fork returned after the command: the parent has its effect at once, and the copy has it too without
+        # having run it (a copy made mid-command would still be sleeping, without /workspace/cmd).
+        assert in_parent == "done\n"
         assert await child.read_text("/workspace/cmd") == "done\n"
+        assert "sleep" not in (await child.exec("ps -eo comm")).stdout
     finally:
         await child.aclose()

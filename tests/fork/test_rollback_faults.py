@@ -122,12 +122,15 @@ async def test_cancelled_fork_leaves_nothing(ws: Workspace) -> None:
 
 async def test_snapshot_cancelled_while_draining_reopens_the_workspace(ws: Workspace) -> None:
     async with anyio.create_task_group() as tg:
-        tg.start_soon(ws.exec, "touch /tmp/running; sleep 3")
+        # the command runs until /tmp/hold is gone, which nothing removes before the snapshot is cancelled
+        tg.start_soon(ws.exec, "touch /tmp/hold /tmp/running; while [ -e /tmp/hold ]; do sleep 0.05; done")
         with anyio.fail_after(30):  # the command runs (not: 0.2 s have passed)
             while (await ws.exec("test -e /tmp/running")).exit_code:  # noqa: ASYNC110 - polls the guest
                 await anyio.sleep(0.02)
-        with anyio.move_on_after(0.3) as scope:  # the command holds the drain for 3 s: the snapshot cannot be done
+        with anyio.move_on_after(0.3) as scope:  # the command holds the drain: the snapshot cannot be done
             await ws.snapshot()  # waits for the running command, then is cancelled
         assert scope.cancelled_caught
+        with anyio.fail_after(10):  # reopened: the command ends
+            await ws.exec("rm /tmp/hold")
     with anyio.fail_after(10):
         assert (await ws.exec("echo still-usable")).stdout == "still-usable\n"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -84,16 +83,36 @@ async def test_budgets(make_client: Any) -> None:
         assert result.stop_reason == "time_budget" and 1 <= len(result.steps) <= 2
 
 
+class _Counted:
+    """The SDK's chat-completions client, counting the chunks the agent has read of the stream it asked for, and
+    whether one of them ended the message."""
+
+    def __init__(self, client: Any) -> None:
+        self.client, self.read, self.finished = client, 0, False
+        self.chat = self.completions = self
+
+    async def create(self, **kw: Any) -> Any:
+        return self._stream(await self.client.chat.completions.create(**kw))
+
+    async def _stream(self, stream: Any) -> Any:
+        async with stream:
+            async for chunk in stream:
+                self.read += 1
+                self.finished |= any(choice.finish_reason for choice in chunk.choices)
+                yield chunk
+
+
 async def test_tools_start_before_the_message_ends(make_client: Any) -> None:
-    started: dict[str, float] = {}
+    counted = _Counted(None)
+    seen: dict[str, tuple[int, bool]] = {}  # label -> (chunks read, message ended) when the call ran
 
     async def mark(ws: Workspace, args: dict[str, Any]) -> str:
-        started[args["label"]] = time.monotonic()
+        seen[args["label"]] = (counted.read, counted.finished)
         return "ok"
 
     mark_tool = Tool(
         name="mark",
-        description="record a time",
+        description="record how far the stream was read",
         schema={"type": "object", "properties": {"label": {"type": "string"}}},
         handler=mark,
         result_type=str,
@@ -107,11 +126,13 @@ async def test_tools_start_before_the_message_ends(make_client: Any) -> None:
         Step(None, assistant_text="done"),
     )
     async with replay_server([script], timing=FixedTiming(0.0, 0.01)) as url:
+        counted.client = make_client(url)
         async with Workspace() as ws:
             with anyio.fail_after(30):
-                result = await run_agent(make_client(url), "replay:early:0", "t", ws, tools=[mark_tool, bash_tool()])
-    # Call 0 ran while the ~50 fragments of call 1 were still streaming.
-    assert started["b"] - started["a"] > 0.3
+                result = await run_agent(counted, "replay:early:0", "t", ws, tools=[mark_tool, bash_tool()])
+    # Call 0 ran while the message was still streaming, before the ~50 fragments of call 1 had been read.
+    (read_a, ended_a), (read_b, _) = seen["a"], seen["b"]
+    assert not ended_a and read_b - read_a > 20, seen
     assert [s.tool for s in result.steps] == ["mark", "bash", "mark", None]
     assert result.steps[1].observation == "exit code 0\n" + long_command["command"][5:] + "\n"
     assert [s.turn for s in result.steps] == [0, 0, 0, 1]

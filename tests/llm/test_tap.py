@@ -92,24 +92,29 @@ async def test_reassembles_exactly(make_client: Any, finish_flush: bool, include
 
 
 async def test_first_call_complete_before_second_starts(make_client: Any) -> None:
-    async with replay_server([TWO_CALLS], timing=FixedTiming(ttft=0.05, itl=0.02)) as url:
+    """The tap knows call 0 the moment its last fragment arrives: before the next chunk of the stream is read (call
+    1's first), and long before the message ends (the SDK itself only marks a call done then). Told by how many of
+    the stream's chunks the tap had taken when it said so, not by the clock."""
+    async with replay_server([TWO_CALLS], timing=FixedTiming(0.0, 0.0)) as url:
         stream = await _stream(make_client(url), "replay:two:0")
         async with tap_openai_stream(stream, TOOLS) as tap:
-            events = [e async for e in tap]
+            taken = [(e, len(tap.chunks)) async for e in tap]  # each event with the chunks read when it came
+    events = [e for e, _ in taken]
     kinds = [(type(e).__name__, getattr(e, "index", getattr(getattr(e, "call", None), "index", None))) for e in events]
     complete0 = kinds.index(("ArgumentsComplete", 0))
-    name1 = kinds.index(("ToolNameKnown", 1))
-    first_fragment1 = kinds.index(("ArgumentsDelta", 1))
-    finished = kinds.index(("MessageFinished", None))
-    assert complete0 < name1 < first_fragment1 < finished
-    t_complete0 = events[complete0].t
-    # The tap knew call 0 at the moment its last fragment arrived: a whole token interval (20 ms) before call 1's
-    # first chunk, and long before the message ended (the SDK itself only marks a call done at that point).
-    assert events[name1].t - t_complete0 > 0.012
-    assert events[finished].t - t_complete0 > 0.1
-    last_fragment0 = max(i for i, k in enumerate(kinds) if k == ("ArgumentsDelta", 0))
-    assert last_fragment0 == complete0 - 1
-    assert t_complete0 - events[last_fragment0].t < 0.005
+    assert complete0 < kinds.index(("ToolNameKnown", 1)) < kinds.index(("ArgumentsDelta", 1))
+    assert kinds.index(("ArgumentsDelta", 1)) < kinds.index(("MessageFinished", None))
+    assert kinds[complete0 - 1] == ("ArgumentsDelta", 0)  # said on call 0's last fragment, not later
+
+    def calls_in(chunk: Any) -> set[int]:
+        return {tc.index for choice in chunk.choices for tc in choice.delta.tool_calls or ()}
+
+    read = taken[complete0][1]  # chunks the tap had read when it said call 0 was complete
+    assert 0 in calls_in(tap.chunks[read - 1])  # the chunk that completed it was call 0's
+    assert all(1 not in calls_in(c) for c in tap.chunks[:read])  # nothing of call 1 had been read yet
+    assert not any(choice.finish_reason for c in tap.chunks[:read] for choice in c.choices)
+    fragments1 = [c for c in tap.chunks[read:] if 1 in calls_in(c)]
+    assert len(fragments1) >= 2  # call 1 streamed in several chunks after it
 
 
 async def test_unknown_tool_raises_when_named(make_client: Any) -> None:
