@@ -21,6 +21,7 @@ from __future__ import annotations
 from ._public import publish as _publish
 from ._rollout._rollout import (
     Budget,
+    ForkRule,
     GroupRollout,
     RolloutAgent,
     RolloutContext,
@@ -41,6 +42,7 @@ from ._workspace._accounting import (
 
 __all__ = [
     "Budget",
+    "ForkRule",
     "MemoryReport",
     "GroupRollout",
     "ResourceMonitor",

@@ -136,6 +136,8 @@ class ConfigResult(msgspec.Struct):
     final_states: dict[str, str] = msgspec.field(default_factory=dict)  # "task:rollout" -> workspace_state
     #: Per group (task id): seconds from the run's start to the group's last rollout (its straggler).
     group_latencies: dict[str, float] = msgspec.field(default_factory=dict)
+    #: Per group (task id): whether it forked its set-up (``GroupRollout.forked``; None: its set-up failed).
+    forked: dict[str, bool | None] = msgspec.field(default_factory=dict)
 
 
 class Spread(msgspec.Struct, frozen=True):
@@ -356,6 +358,7 @@ async def _run_config_in(
     results: list[RolloutResult] = []
     ends: dict[str, float] = {}
     setup: list[float] = []
+    forked: dict[str, bool | None] = {}
     caches: list[ToolCache] = []
     unfinished = {t.key: len(turns) for t in trajectories if not (turns := build_turns(t)) or not turns[-1].final}
     async with ReplayServer(
@@ -406,6 +409,7 @@ async def _run_config_in(
                             )
                         if group.setup_seconds is not None:
                             setup.append(group.setup_seconds)
+                        forked[task.task_id] = group.forked
 
                 try:
                     async with anyio.create_task_group() as tg:
@@ -449,6 +453,7 @@ async def _run_config_in(
         rollouts=[_summary(r, _digest(agent.final_states.get((r.task_id, r.rollout), ""))) for r in results],
         final_states={f"{t}:{i}": text for (t, i), text in agent.final_states.items()},
         group_latencies=ends,
+        forked=forked,
         memory_timeline=[(round(s.t, 2), round((s.pss_bytes + s.extra_bytes) / (1 << 20), 1)) for s in report.samples],
         extra=extra,
     )

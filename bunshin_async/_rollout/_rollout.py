@@ -1,9 +1,10 @@
 """The rollout API for RL trainers: GRPO groups forked from one warm workspace.
 
 ``GroupRollout`` sets a task's workspace up once (the expensive part: installs, builds, warm interpreters), forks it
-``n`` ways, runs the ``n`` agent loops concurrently and yields each rollout as it finishes, so a trainer can consume
-results without waiting for stragglers. A rollout that hits a budget is stopped, marked truncated with the reason
-and masked out (``loss_mask == 0``): a trainer must not learn from a cut-off attempt as if it had finished.
+``n`` ways when that pays (``ForkRule``), runs the ``n`` agent loops concurrently and yields each rollout as it
+finishes, so a trainer can consume results without waiting for stragglers. A rollout that hits a budget is stopped,
+marked truncated with the reason and masked out (``loss_mask == 0``): a trainer must not learn from a cut-off attempt
+as if it had finished.
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ from .._exceptions import BunshinError, InvalidValue
 from .._host._kernel import Limits
 from .._host._security import Security
 from .._images._image import Image
-from .._workspace._accounting import ResourceMonitor
+from .._workspace._accounting import ResourceMonitor, workspace_memory
 from .._workspace._facade import Workspace
 from ._trajectory import Trajectory
 
 __all__ = [
     "Budget",
+    "ForkRule",
     "GroupRollout",
     "RolloutAgent",
     "RolloutContext",
@@ -59,6 +61,21 @@ class Task(msgspec.Struct, frozen=True):
     reward_command: str | None = None
     setup_timeout: float = 600.0
     image: Image | str | None = None  # the image its workspaces run (a reference is looked up in the layer store)
+
+
+class ForkRule(msgspec.Struct, frozen=True):
+    """When forking a group's set-up pays (``GroupRollout(fork=True)``). A fork costs its dump and restore (about
+    0.4 s for a small workspace) and a page image the copies hold for the whole group (GiB·s, counted in full), so
+    it pays only when it saves a set-up that took at least ``min_setup_seconds`` (a conservative fork cost), or
+    when the set-up left at least ``min_extra_bytes`` beyond a fresh workspace for the copies to share instead of
+    each holding its own. Otherwise every rollout starts fresh and repeats the cheap set-up."""
+
+    min_setup_seconds: float = 0.5
+    min_extra_bytes: int = 16 << 20
+
+    def pays(self, setup_seconds: float, extra_bytes: int) -> bool:
+        """Pure: ``setup_seconds`` the base's set-up took, ``extra_bytes`` it holds beyond a fresh workspace."""
+        return setup_seconds >= self.min_setup_seconds or extra_bytes >= self.min_extra_bytes
 
 
 class RolloutResult(msgspec.Struct):
@@ -148,8 +165,11 @@ async def prepare(ws: Workspace, task: Task) -> None:
 class GroupRollout:
     """``async with GroupRollout(task, n, agent) as group: async for result in group: ...``
 
-    With ``fork=True`` the task is set up once in a base workspace that is then forked ``n`` ways (BunshinFork);
-    with ``fork=False`` each rollout creates its own workspace and repeats the set-up (the baseline). Leaving the
+    With ``fork=True`` the task is set up once in a base workspace that is then forked ``n`` ways (BunshinFork) if
+    ``fork_rule`` says the fork pays (a slow set-up, or one that holds memory); if not, the base runs rollout 0 as it
+    is and the other rollouts start fresh. ``fork="always"`` forks regardless; with ``fork=False`` each rollout
+    creates its own workspace and repeats the set-up (the baseline). ``forked`` says what the group did (None until
+    it has decided). Leaving the
     ``async with`` early (or cancelling it) stops every rollout and frees every workspace. ``image`` (an ``Image``
     or a reference in the layer store, as ``bunshin image import`` left it) overrides the task's ``image``; with
     neither, the base image.
@@ -162,7 +182,8 @@ class GroupRollout:
         agent: RolloutAgent,
         *,
         budget: Budget | None = None,
-        fork: bool = True,
+        fork: bool | Literal["always"] = True,
+        fork_rule: ForkRule | None = None,
         image: Image | str | None = None,
         limits: Limits | None = None,
         security: Security | None = None,
@@ -172,11 +193,14 @@ class GroupRollout:
     ) -> None:
         if n < 1:
             raise InvalidValue("n must be at least 1", argument="n")
+        if fork not in (True, False, "always"):
+            raise InvalidValue(f"fork must be True, False or 'always', not {fork!r}", argument="fork")
         self.task = task
         self.n = n
         self.agent = agent
         self.budget = budget or Budget()
         self.fork = fork
+        self.fork_rule = fork_rule or ForkRule()
         image = image if image is not None else task.image
         self.image = Image.load(image) if isinstance(image, str) else image
         self.limits = limits
@@ -188,6 +212,7 @@ class GroupRollout:
         self._receive: MemoryObjectReceiveStream[RolloutResult] | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self.setup_seconds: float | None = None
+        self.forked: bool | None = None if fork else False
 
     async def __aenter__(self) -> GroupRollout:
         self._send, self._receive = anyio.create_memory_object_stream[RolloutResult](self.n)
@@ -227,7 +252,7 @@ class GroupRollout:
                 return
             await self.limiter.acquire(self.n)  # the copies; the base rides on one of them until it is closed
             try:
-                copies = await self._setup_and_fork()
+                first = await self._setup_and_fork()
             except BaseException as exc:
                 await self.limiter.release(self.n)
                 if not isinstance(exc, Exception):
@@ -236,10 +261,14 @@ class GroupRollout:
                     await self._send.send(self._failed(i, f"group set-up failed: {exc}"))
                 return
             async with anyio.create_task_group() as tg:
-                for i, ws in enumerate(copies):
+                for i, ws in enumerate(first):
                     tg.start_soon(self._rollout_in, i, ws)
+                for i in range(len(first), self.n):  # not forked: fresh, each on a token reserved above
+                    tg.start_soon(self._rollout_fresh, i, True)
 
     async def _setup_and_fork(self) -> list[Workspace]:
+        """The group's set-up workspaces, each holding one of the group's limiter tokens: ``n`` copies of the base
+        if the group forks, else the base itself (rollout 0). Sets ``forked`` and ``setup_seconds``."""
         t0 = time.monotonic()
         base: Workspace | None = self._new_workspace()
         assert base is not None
@@ -247,9 +276,18 @@ class GroupRollout:
             await base.start()
             if self.monitor:
                 self.monitor.track(base)
+            weigh = self.fork is True and self.n > 1
+            fresh_bytes = await anyio.to_thread.run_sync(workspace_memory, base) if weigh else 0
+            t1 = time.monotonic()
             await prepare(base, self.task)
-            self.setup_seconds = time.monotonic() - t0
-            if self.n == 1:  # nothing to share: a snapshot would only cost its dump and its memory
+            t2 = time.monotonic()
+            self.setup_seconds = t2 - t0
+            if weigh:
+                extra_bytes = await anyio.to_thread.run_sync(workspace_memory, base) - fresh_bytes
+                self.forked = self.fork_rule.pays(t2 - t1, extra_bytes)
+            else:  # a group of one has nothing to share: a snapshot would only cost its dump and its memory
+                self.forked = self.n > 1
+            if not self.forked:
                 keep, base = base, None
                 return [keep]
             copies = await base.fork(self.n)
@@ -263,9 +301,11 @@ class GroupRollout:
                     self.monitor.untrack(base)
                 await base.aclose()
 
-    async def _rollout_fresh(self, i: int) -> None:
+    async def _rollout_fresh(self, i: int, reserved: bool = False) -> None:
+        """Runs rollout ``i`` in a workspace of its own, set up by itself; ``reserved``: the caller holds its token."""
         ws = self._new_workspace()
-        await self.limiter.acquire()
+        if not reserved:
+            await self.limiter.acquire()
         try:
             try:
                 await ws.start()

@@ -101,7 +101,9 @@ def test_a_trajectory_file_replays_as_groups_and_an_unfinished_recording_as_trun
             (0, ("echo b",)): ("finished", None),
         }, config["name"]
     fork = result["configs"][1]
-    assert fork["setup_seconds"] is not None  # t1's two rollouts forked from one set-up
+    assert fork["setup_seconds"] is not None
+    assert fork["forked"] == {"t1": False, "t2": False}  # nothing set up: nothing worth a fork (ForkRule)
+    assert result["configs"][0]["forked"] == {"t1": False, "t2": False}  # the baseline never forks
     assert trajectory_groups(trajs, "rollout")[1][0].task_id == "t1:1"
 
 

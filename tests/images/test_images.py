@@ -150,7 +150,7 @@ async def test_e_group_rollout_on_a_swe_task_image(swe_image: Image) -> None:
         reward_command="cd /testbed && python -m unittest discover -s tests",
         image=swe_image.name,  # a reference, looked up in the layer store
     )
-    async with GroupRollout(task, 4, RunTests()) as group:
+    async with GroupRollout(task, 4, RunTests(), fork="always") as group:  # the live interpreter in every copy
         results = [r async for r in group]
     assert group.image is not None and group.image.digest == swe_image.digest
     assert sorted(r.rollout for r in results) == [0, 1, 2, 3]

@@ -10,6 +10,7 @@ import pytest
 from bunshin_async._host import _paths
 from bunshin_async.rollout import (
     Budget,
+    ForkRule,
     GroupRollout,
     RolloutContext,
     Step,
@@ -69,7 +70,7 @@ async def test_group_of_8_yields_in_completion_order_from_one_setup() -> None:
     agent = ScriptedAgent({}, gates=gates)
     results = []
     with anyio.fail_after(120):
-        async with GroupRollout(TASK, 8, agent) as group:
+        async with GroupRollout(TASK, 8, agent, fork="always") as group:  # a cheap set-up forks only if forced
             async for r in group:
                 results.append(r)
                 if r.rollout - 1 in gates:
@@ -77,7 +78,7 @@ async def test_group_of_8_yields_in_completion_order_from_one_setup() -> None:
     assert [r.rollout for r in results] == list(range(7, -1, -1))
     assert all(r.status == "finished" and r.loss_mask == 1.0 for r in results)
     assert {r.rollout: r.reward for r in results} == {i: 1.0 if i % 2 == 0 else 0.0 for i in range(8)}
-    assert all(r.fork_mode.startswith("criu") for r in results)
+    assert all(r.fork_mode.startswith("criu") for r in results) and group.forked is True
     assert agent.seen_prepared == {i: "prepared\n" for i in range(8)}
     assert all(agent.seen_background.values())  # the forked copies kept the set-up's background process
 
@@ -183,9 +184,9 @@ async def test_the_base_snapshot_is_held_only_by_the_copies_once_they_exist() ->
         assert subtree.snapshot_dir is not None
         agent = HoldersSeen(subtree.snapshot_dir)
         with anyio.fail_after(120):
-            async with GroupRollout(TASK, 2, agent) as group:
+            async with GroupRollout(TASK, 2, agent, fork="always") as group:  # too cheap a set-up to fork unforced
                 results = [r async for r in group]
-        assert all(r.status == "finished" for r in results)
+        assert all(r.status == "finished" for r in results) and group.forked is True
         assert len(agent.copies) == 2 and len(agent.holders) == 2
         for held in agent.holders:
             assert held, "the copies hold their base's layer"
@@ -194,3 +195,65 @@ async def test_the_base_snapshot_is_held_only_by_the_copies_once_they_exist() ->
         usage = subtree.read()
         assert (usage.snapshot_bytes, usage.image_bytes) == (0, 0)
         assert not [p for p in subtree.snapshot_dir.rglob("*") if not p.is_dir()]
+
+
+class SetUpCount:
+    """Reads how often the set-up ran in the rollout's workspace (``ran.txt`` gets a line per run), and which
+    workspace the rollout runs in."""
+
+    def __init__(self) -> None:
+        self.runs: dict[int, str] = {}
+        self.workspaces: dict[int, str] = {}
+
+    async def run(self, ctx: RolloutContext) -> Trajectory:
+        self.runs[ctx.rollout] = await ctx.ws.read_text("ran.txt")
+        self.workspaces[ctx.rollout] = ctx.ws.id
+        return Trajectory(task_id=ctx.task.task_id, rollout=ctx.rollout, steps=[], stop_reason="stop")
+
+
+async def test_a_cheap_set_up_is_not_forked_each_rollout_sets_up_its_own_workspace() -> None:
+    """Nothing worth sharing (one echo, no memory): the base runs rollout 0 and the others start fresh, each
+    repeating the set-up, on the tokens the group reserved (a limit of exactly n would deadlock otherwise)."""
+    cheap = Task(task_id="cheap", prompt="", setup=["echo x >> ran.txt"], reward_command="true")
+    agent, limiter = SetUpCount(), WorkspaceLimiter(3)
+    # A loaded machine must not make one echo look as slow as a fork: only the memory threshold is the default.
+    with anyio.fail_after(120):
+        async with GroupRollout(cheap, 3, agent, limiter=limiter, fork_rule=ForkRule(min_setup_seconds=30)) as group:
+            results = await group.collect()
+    assert group.forked is False
+    assert sorted(r.rollout for r in results) == [0, 1, 2]
+    assert all(r.status == "finished" and r.reward == 1.0 and r.fork_mode == "fresh" for r in results)
+    assert agent.runs == {i: "x\n" for i in range(3)}  # each set itself up, once, in its own workspace
+    assert len(set(agent.workspaces.values())) == 3
+    assert limiter.in_use == 0 and limiter.peak == 3
+
+
+async def test_a_slow_set_up_is_forked() -> None:
+    slow = Task(task_id="slow", prompt="", setup=["echo x >> ran.txt", "sleep 0.6"], reward_command="true")
+    agent = SetUpCount()
+    rule = ForkRule(min_extra_bytes=1 << 40)  # only the set-up's time can decide
+    async with GroupRollout(slow, 3, agent, fork_rule=rule) as group:
+        results = await group.collect()
+    assert group.forked is True
+    assert all(r.status == "finished" and r.fork_mode.startswith("criu") for r in results)
+    assert agent.runs == {i: "x\n" for i in range(3)}  # set up once, in the base
+    assert len(set(agent.workspaces.values())) == 3
+
+
+async def test_a_set_up_holding_memory_is_forked() -> None:
+    hold = "import time; b = bytes(range(256)) * (32 << 12); open('held', 'w').close(); time.sleep(1e6)"
+    heavy = Task(
+        task_id="heavy",
+        prompt="",
+        setup=["echo x >> ran.txt"],
+        background=[f'python3 -c "{hold}"'],  # 32 MiB of written pages
+        ready=["test -e held"],
+        reward_command="true",
+    )
+    agent = SetUpCount()
+    rule = ForkRule(min_setup_seconds=float("inf"))  # only the memory the set-up left can decide
+    async with GroupRollout(heavy, 2, agent, fork_rule=rule) as group:
+        results = await group.collect()
+    assert group.forked is True
+    assert all(r.status == "finished" and r.fork_mode.startswith("criu") for r in results)
+    assert agent.runs == {0: "x\n", 1: "x\n"}
