@@ -169,10 +169,9 @@ class GroupRollout:
     ``fork_rule`` says the fork pays (a slow set-up, or one that holds memory); if not, the base runs rollout 0 as it
     is and the other rollouts start fresh. ``fork="always"`` forks regardless; with ``fork=False`` each rollout
     creates its own workspace and repeats the set-up (the baseline). ``forked`` says what the group did (None until
-    it has decided). Leaving the
-    ``async with`` early (or cancelling it) stops every rollout and frees every workspace. ``image`` (an ``Image``
-    or a reference in the layer store, as ``bunshin image import`` left it) overrides the task's ``image``; with
-    neither, the base image.
+    it has decided). Leaving the ``async with`` early (or cancelling it) stops every rollout and frees every
+    workspace. ``image`` (an ``Image`` or a reference in the layer store, as ``bunshin image import`` left it)
+    overrides the task's ``image``; with neither, the base image.
     """
 
     def __init__(
