@@ -503,6 +503,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         },
         "image": image.name,
         "mib": args.mib,
+        "run_label": RUN_LABEL,  # what its containers carry: a check for leftovers looks for its own only
     }
     try:
         out["create_to_first_exec"] = await row_create(image, refs, args.repeat)

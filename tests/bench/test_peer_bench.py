@@ -40,7 +40,9 @@ def test_quick_run_reports_every_peer(tmp_path: Path) -> None:
         assert "failed" not in out[row]["bunshin"], out[row]["bunshin"]
     # Copy-on-write: two copies of a workspace holding ``mib`` MiB of state together hold less than one private copy.
     assert out["live_fork"]["bunshin"]["2"]["total_pss_mib"] < out["mib"]
-    # Nothing the run started is left in either engine (failed steps included).
+    # Nothing the run started is left in either engine (failed steps included). Only this run's label: another
+    # run on the machine (or one killed before it could clean up) is not this run's leftover.
+    label = f"label={out['run_label']}"
     for cli in (["/usr/bin/docker"], ["podman"]):
-        ps = subprocess.run([*cli, "ps", "-aq", "--filter", "label=bunshin-peer-run"], capture_output=True, text=True)
+        ps = subprocess.run([*cli, "ps", "-aq", "--filter", label], capture_output=True, text=True)
         assert ps.returncode == 0 and ps.stdout.split() == [], (cli, ps.stdout, ps.stderr)
