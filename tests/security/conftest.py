@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -29,9 +30,17 @@ OTHERS = ("/dev/shm/", "/tmp/bunshin-test-", "/var/lib/docker", "/run/docker", "
 
 
 def _other_workspace_disk(point: str, fstype: str, source: str) -> bool:
-    """A workspace's disk (``Limits.disk``, on by default) of another run on this machine: a tmpfs named
-    bunshin-disk holding the workspace's ``owner`` file, wherever that run keeps its workspaces."""
-    return fstype == "tmpfs" and source == "bunshin-disk" and os.path.isfile(os.path.join(point, "owner"))
+    """A workspace's disk (``Limits.disk``, on by default) of another run on this machine (this run's own are under
+    ``OTHERS``' /tmp/bunshin-test-): a tmpfs named bunshin-disk on ``<run dir>/ws/<workspace id>``, wherever that
+    run keeps its workspaces. By its place, not by the ``owner`` file inside: the workspace writes that file only
+    after the mount, and a run beside this one (``make run`` during a CI run) can be caught in between."""
+    parent, name = os.path.split(point)
+    return (
+        fstype == "tmpfs"
+        and source == "bunshin-disk"
+        and os.path.basename(parent) == "ws"
+        and re.fullmatch(r"[0-9a-f]{12}", name) is not None
+    )
 
 
 def _mounts() -> set[str]:
