@@ -20,7 +20,7 @@ from pathlib import Path
 
 import anyio
 
-from bunshin_async import Workspace
+from bunshin_async import Snapshot, Workspace
 
 TESTS = (
     "mem-touch maps00 maps02 maps04 maps05 mprotect00 sigaltstack sleeping00 zombie00 pthread00 futex xids00 cow00 "
@@ -54,6 +54,17 @@ async def _term_and_check(ws: Workspace, t: str) -> str:
     return "PASS" if "PASS" in out and "FAIL" not in out else out[-400:]
 
 
+async def _second_snapshot(ws: Workspace) -> Snapshot:
+    """Two snapshots of the running test a moment apart (the second incremental on the first, tracked or not); the
+    first is let go, the second returned."""
+    await anyio.sleep(0.3)
+    first = await ws.snapshot()
+    await anyio.sleep(0.3)
+    second = await ws.snapshot()
+    await first.aclose()
+    return second
+
+
 async def run_one(bindir: Path, t: str) -> dict[str, str]:
     res: dict[str, str] = {}
     async with Workspace() as ws:
@@ -62,22 +73,14 @@ async def run_one(bindir: Path, t: str) -> dict[str, str]:
         r = await ws.exec(f"cd /workspace && ./{t} --pidfile={t}.pid --outfile={t}.out{extra}", timeout=60)
         if r.exit_code:  # it daemonizes: the starter exits 0 once the test is ready
             return {"start": f"exit {r.exit_code}: {r.stderr[-300:]}"}
-        await anyio.sleep(0.3)
-        s1 = await ws.snapshot()
-        await anyio.sleep(0.3)
-        s2 = await ws.snapshot()
-        await s1.aclose()
+        s2 = await _second_snapshot(ws)
         try:
             [c] = await Workspace.from_snapshot(s2)
             [c2] = await Workspace.from_snapshot(s2)
         finally:
             await s2.aclose()
         try:
-            await anyio.sleep(0.3)
-            s3 = await c2.snapshot()
-            await anyio.sleep(0.3)
-            s4 = await c2.snapshot()
-            await s3.aclose()
+            s4 = await _second_snapshot(c2)
             try:
                 [c3] = await Workspace.from_snapshot(s4)
             finally:
