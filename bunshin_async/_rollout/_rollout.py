@@ -143,6 +143,10 @@ class WorkspaceLimiter:
                 self._changed.notify_all()
 
 
+def _prepares_something(task: Task) -> bool:
+    return bool(task.files or task.setup or task.background or task.ready)
+
+
 async def prepare(ws: Workspace, task: Task) -> None:
     """Put the task's files in place, run its set-up, start its background processes and wait until its ``ready``
     checks pass (a fork taken before a warm interpreter has built its state would copy a half-built one)."""
@@ -167,11 +171,13 @@ class GroupRollout:
 
     With ``fork=True`` the task is set up once in a base workspace that is then forked ``n`` ways (BunshinFork) if
     ``fork_rule`` says the fork pays (a slow set-up, or one that holds memory); if not, the base runs rollout 0 as it
-    is and the other rollouts start fresh. ``fork="always"`` forks regardless; with ``fork=False`` each rollout
-    creates its own workspace and repeats the set-up (the baseline). ``forked`` says what the group did (None until
-    it has decided). Leaving the ``async with`` early (or cancelling it) stops every rollout and frees every
-    workspace. ``image`` (an ``Image`` or a reference in the layer store, as ``bunshin image import`` left it)
-    overrides the task's ``image``; with neither, the base image.
+    is and the other rollouts start fresh. A group of one, or a task with nothing to prepare (no files, set-up,
+    background or ready checks), is not forked: its rollouts all start fresh at once, as in the baseline.
+    ``fork="always"`` forks regardless; with ``fork=False`` each rollout creates its own workspace and repeats the
+    set-up (the baseline). ``forked`` says what the group did (None until it has decided). Leaving the
+    ``async with`` early (or cancelling it) stops every rollout and frees every workspace. ``image`` (an ``Image``
+    or a reference in the layer store, as ``bunshin image import`` left it) overrides the task's ``image``; with
+    neither, the base image.
     """
 
     def __init__(
@@ -211,7 +217,10 @@ class GroupRollout:
         self._receive: MemoryObjectReceiveStream[RolloutResult] | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self.setup_seconds: float | None = None
-        self.forked: bool | None = None if fork else False
+        # Decided now when nothing can be shared: a group of one, or a task that prepares nothing (a fork would only
+        # add its dump, restores and page image, and the base's set-up would delay the other rollouts' start).
+        shares = fork == "always" or (fork is True and n > 1 and _prepares_something(task))
+        self.forked: bool | None = None if shares else False
 
     async def __aenter__(self) -> GroupRollout:
         self._send, self._receive = anyio.create_memory_object_stream[RolloutResult](self.n)
@@ -244,7 +253,7 @@ class GroupRollout:
     async def _run_group(self) -> None:
         assert self._send is not None
         async with self._send:
-            if not self.fork:
+            if self.forked is False:  # decided up front: each rollout in a workspace of its own, as without fork
                 async with anyio.create_task_group() as tg:
                     for i in range(self.n):
                         tg.start_soon(self._rollout_fresh, i)
@@ -275,7 +284,7 @@ class GroupRollout:
             await base.start()
             if self.monitor:
                 self.monitor.track(base)
-            weigh = self.fork is True and self.n > 1
+            weigh = self.fork is True
             fresh_bytes = await anyio.to_thread.run_sync(workspace_memory, base) if weigh else 0
             t1 = time.monotonic()
             await prepare(base, self.task)
@@ -284,7 +293,7 @@ class GroupRollout:
             if weigh:
                 extra_bytes = await anyio.to_thread.run_sync(workspace_memory, base) - fresh_bytes
                 self.forked = self.fork_rule.pays(t2 - t1, extra_bytes)
-            else:  # a group of one has nothing to share: a snapshot would only cost its dump and its memory
+            else:  # "always", unless a group of one: a snapshot would only cost its dump and its memory
                 self.forked = self.n > 1
             if not self.forked:
                 keep, base = base, None

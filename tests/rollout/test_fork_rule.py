@@ -40,10 +40,25 @@ class _Agent:
 
 
 def test_fork_is_true_false_or_always() -> None:
-    task = Task(task_id="t", prompt="")
+    task = Task(task_id="t", prompt="", setup=["true"])
     assert GroupRollout(task, 2, _Agent(), fork=False).forked is False
     assert GroupRollout(task, 2, _Agent()).forked is None  # decided after the set-up
     assert GroupRollout(task, 2, _Agent(), fork="always").forked is None
     with pytest.raises(InvalidValue) as info:
         GroupRollout(task, 2, _Agent(), fork="auto")  # type: ignore[arg-type]
     assert info.value.argument == "fork"
+
+
+@pytest.mark.parametrize(
+    "prepares",
+    [{"files": {"a": b"x"}}, {"setup": ["true"]}, {"background": ["sleep 1"]}, {"ready": ["true"]}],
+)
+def test_a_group_decides_up_front_only_when_nothing_can_be_shared(prepares: dict[str, object]) -> None:
+    """A task that prepares nothing, or a group of one, has nothing a fork could share: the group runs the
+    baseline's path from the start (every rollout fresh at once), not a base that the others wait for."""
+    bare = Task(task_id="t", prompt="")
+    assert GroupRollout(bare, 4, _Agent()).forked is False
+    assert GroupRollout(bare, 4, _Agent(), fork="always").forked is None  # forced: forks the bare image
+    task = Task(task_id="t", prompt="", **prepares)  # type: ignore[arg-type]
+    assert GroupRollout(task, 4, _Agent()).forked is None  # decided after the set-up, by the rule
+    assert GroupRollout(task, 1, _Agent()).forked is False

@@ -197,6 +197,17 @@ async def test_the_base_snapshot_is_held_only_by_the_copies_once_they_exist() ->
         assert not [p for p in subtree.snapshot_dir.rglob("*") if not p.is_dir()]
 
 
+class Workspaces:
+    """Records which workspace each rollout runs in."""
+
+    def __init__(self) -> None:
+        self.workspaces: dict[int, str] = {}
+
+    async def run(self, ctx: RolloutContext) -> Trajectory:
+        self.workspaces[ctx.rollout] = ctx.ws.id
+        return Trajectory(task_id=ctx.task.task_id, rollout=ctx.rollout, steps=[], stop_reason="stop")
+
+
 class SetUpCount:
     """Reads how often the set-up ran in the rollout's workspace (``ran.txt`` gets a line per run), and which
     workspace the rollout runs in."""
@@ -226,6 +237,19 @@ async def test_a_cheap_set_up_is_not_forked_each_rollout_sets_up_its_own_workspa
     assert agent.runs == {i: "x\n" for i in range(3)}  # each set itself up, once, in its own workspace
     assert len(set(agent.workspaces.values())) == 3
     assert limiter.in_use == 0 and limiter.peak == 3
+
+
+async def test_a_task_that_prepares_nothing_runs_every_rollout_fresh() -> None:
+    """Nothing to share: no base is set up first, every rollout gets a fresh workspace of its own."""
+    bare = Task(task_id="bare", prompt="", reward_command="true")
+    agent, limiter = Workspaces(), WorkspaceLimiter(3)
+    with anyio.fail_after(120):
+        async with GroupRollout(bare, 3, agent, limiter=limiter) as group:
+            assert group.forked is False
+            results = await group.collect()
+    assert all(r.status == "finished" and r.reward == 1.0 and r.fork_mode == "fresh" for r in results)
+    assert len(set(agent.workspaces.values())) == 3
+    assert limiter.in_use == 0
 
 
 async def test_a_slow_set_up_is_forked() -> None:

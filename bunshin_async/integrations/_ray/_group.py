@@ -50,7 +50,8 @@ class ClusterGroupRollout(GroupRollout):
         bandwidth: Mapping[str, float] | None = None,
         reward: Callable[[Any, Task], Awaitable[tuple[float, str]]] | None = None,
     ) -> None:
-        super().__init__(task, n, agent, budget=budget, image=image, limits=limits, reward=reward)
+        # A cluster group always forks: its placement plans copies of one snapshot.
+        super().__init__(task, n, agent, budget=budget, fork="always", image=image, limits=limits, reward=reward)
         self.cluster = cluster
         self.rollout_seconds = rollout_seconds
         """Expected rollout duration (s) for the queueing estimate; default the cluster's measured mean, or 10."""
@@ -65,6 +66,7 @@ class ClusterGroupRollout(GroupRollout):
         async with self._send:
             try:
                 base_snap, setup = await self._setup()
+                self.forked = True
             except Exception as exc:
                 for i in range(self.n):
                     await self._send.send(self._failed(i, f"group set-up failed: {type(exc).__name__}: {exc}"))
