@@ -21,6 +21,7 @@ from ._runner import (
     AT_TURN_START,
     CONFIGS,
     UNWEIGHED,
+    ExperimentResult,
     config,
     markdown_table,
     run_experiment,
@@ -148,7 +149,12 @@ def select_groups(
     return groups[:max_groups] if max_groups is not None else groups
 
 
-def main(args: argparse.Namespace) -> int:
+def main(
+    args: argparse.Namespace,
+    *,
+    progress: Callable[[str], None] = print,
+    on_result: Callable[[ExperimentResult], object] | None = None,
+) -> int:
     configs = [c for c in args.configs.split(",") if c]
     unknown = [c for c in configs if config(c) is None]
     if unknown:
@@ -206,6 +212,7 @@ def main(args: argparse.Namespace) -> int:
             tools_for=(lambda ctx: [tools_for(ctx.task.task_id, ctx.rollout)]) if tools_for else None,
             repeats=1 if args.quick else args.repeats,
             on_repeat=lambda partial: write_outputs(partial, args.out),
+            progress=progress,
         )
         paths = write_outputs(result, args.out)
         print()
@@ -216,6 +223,8 @@ def main(args: argparse.Namespace) -> int:
             print("  differs:", d)
         print("models:", *(f"  {k}: {v}" for k, v in result.models.items()), sep="\n")
         print("written:", *map(str, paths))
+        if on_result is not None:
+            on_result(result)
 
     anyio.run(go)
     return 0
