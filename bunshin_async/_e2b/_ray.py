@@ -290,6 +290,12 @@ class RayBackend:
                 async with anyio.create_task_group() as tg:
                     for host, (k, claim) in placed.items():
                         tg.start_soon(place, host, k, claim)
+            except BaseException:  # cancelled, or a host failed otherwise: the copies other hosts made go too
+                with anyio.CancelScope(shield=True):
+                    for got in results.values():
+                        for h in got if not isinstance(got, BunshinError) else ():
+                            await h.aclose()
+                raise
             finally:
                 for _, claim in placed.values():
                     self.cluster.ledger.release(claim)
