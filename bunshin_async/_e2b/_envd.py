@@ -228,21 +228,37 @@ async def read(ws: Handle, path: str, user: str | None) -> bytes:
         raise RpcError(f"unreadable answer reading {path[:100]!r}: {exc}", code="data_loss") from exc
 
 
+# An upload stages each file in a directory of its own beside the target (``.bunshin-upload-<random>``, made by the
+# request's user, mode 700), as a file of the same random name inside it. Every later step first enters that
+# directory (``cd -P``) and checks it is still one only the request's user can change (``_ENTER``): the path lies in
+# a directory a process of another user may own, which can rename what the upload made there and put a symlink in
+# its place; from inside a directory of its own, the upload's file names resolve against that directory, not the
+# path, and nobody else can swap the file (a symlink to another of the user's mode-700 directories only moves the
+# random-named file there, which nothing else has).
+_ENTER = 'cd -P -- "$1" 2>/dev/null && [ "$(stat -c %u:%a .)" = "$(id -u):700" ] && n=${1##*/}'
 _STAGE = (
     f'p=$1 t=$2; [ -d "$p" ] && {{ echo "$p is a directory" >&2; exit {_IS_DIR}; }}; '
     # the topmost directory this upload makes (printed: removed again, if empty, when the upload fails)
     'd=${t%/*}; n=$d; m=; while [ -n "$n" ] && [ ! -e "$n" ] && [ ! -L "$n" ]; do m=$n; n=${n%/*}; done; '
-    'mkdir -p -- "$d/" && (set -C; : >"$t") && printf %s "$m"'
+    'mkdir -p -- "$d/" && mkdir -m 700 -- "$t" && set -- "$t" && '
+    f'{{ {_ENTER} || {{ echo "the upload\'s directory $1 was replaced" >&2; exit 1; }}; }} && : >"$n" && printf %s "$m"'
 )
-# Each pair (temporary, target): keep an existing regular file's mode, then rename over the target (mv -T: never
-# into a directory of that name).
+_APPEND = f'{{ {_ENTER} || {{ echo "the upload\'s directory $1 was replaced" >&2; exit 1; }}; }} && cat >>"$n"'
+# Each pair (staging directory, target): keep an existing regular file's permission bits (not its set-id or sticky
+# bits: the file is the request user's now, and the target's mode is whatever its directory's owner made it), then
+# rename the staged file over the target (mv -T: never into a directory of that name) and remove the directory.
 _COMMIT = (
-    'while [ $# -gt 1 ]; do if [ -f "$2" ] && [ ! -L "$2" ]; then chmod --reference="$2" -- "$1" || exit; fi; '
-    'mv -f -T -- "$1" "$2" || exit; shift 2; done'
+    f'while [ $# -gt 1 ]; do {{ {_ENTER} || {{ echo "the upload\'s directory $1 was replaced" >&2; exit 1; }}; }}; '
+    'if [ -f "$2" ] && [ ! -L "$2" ]; then m=$(stat -c %a -- "$2") && '
+    'chmod "$(printf %o "$((0$m & 0777))")" -- "$n" || exit; fi; '
+    'mv -f -T -- "$n" "$2" || exit; cd / && rmdir -- "$1" 2>/dev/null; shift 2; done; true'
 )
-# Each pair (temporary, topmost directory made or empty): remove the file, then the directories made, while empty.
+# Each pair (staging directory, topmost directory made or empty): remove the staged file (from inside its directory
+# only: rm -rf of the path could be made to remove another tree), the directory, then the directories made, while
+# empty.
 _DISCARD = (
-    'while [ $# -gt 1 ]; do rm -f -- "$1"; if [ -n "$2" ]; then d=${1%/*}; '
+    f'while [ $# -gt 1 ]; do if {_ENTER}; then rm -f -- "$n"; fi; cd / && rmdir -- "$1" 2>/dev/null; '
+    'if [ -n "$2" ]; then d=${1%/*}; '
     'while rmdir -- "$d" 2>/dev/null && [ "$d" != "$2" ]; do d=${d%/*}; done; fi; shift 2; done; true'
 )
 _DISCARD_BOUND = 30.0
@@ -251,17 +267,17 @@ _DISCARD_BOUND = 30.0
 
 class Upload:
     """The files of one upload request, all of them or none. Each is written, as it arrives, under a temporary name
-    beside its target (``.bunshin-upload-<random>`` in the same directory, by the request's user); ``commit``
-    renames them over their targets once every file arrived whole (a symlink at a target is replaced, not written
-    through; an existing file's mode is kept and its owner becomes the request's user, as E2B's envd makes it).
-    Leaving the ``async with`` otherwise (a body past the limit, a workspace error, a cancellation, a client gone)
-    removes what was written and the directories the upload made, shielded. Every step is a command in the
-    workspace: the host resolves no path there."""
+    beside its target (in ``.bunshin-upload-<random>/``, a directory of the request's user only, in the same
+    directory, ``_ENTER``); ``commit`` renames them over their targets once every file arrived whole (a symlink at a
+    target is replaced, not written through; an existing file's permission bits are kept, not its set-id bits, and
+    its owner becomes the request's user, as E2B's envd makes it). Leaving the ``async with`` otherwise (a body past
+    the limit, a workspace error, a cancellation, a client gone) removes what was written and the directories the
+    upload made, shielded. Every step is a command in the workspace: the host resolves no path there."""
 
     def __init__(self, ws: Handle, user: str | None) -> None:
         self.ws = ws
         self.user = user
-        self._staged: list[tuple[str, str, str]] = []  # (target, temporary, topmost directory made or "")
+        self._staged: list[tuple[str, str, str]] = []  # (target, staging directory, topmost directory made or "")
 
     async def __aenter__(self) -> Upload:
         return self
@@ -274,7 +290,7 @@ class Upload:
 
     async def add(self, path: str, data: AsyncIterator[bytes]) -> dict[str, str]:
         """Stage ``data`` for ``path`` (parents made as needed); E2B's WriteInfo of it. At most ``UPLOAD_CHUNK``
-        bytes (and one piece of ``data``) are held at once: each such piece is appended to the temporary file."""
+        bytes (and one piece of ``data``) are held at once: each such piece is appended to the staged file."""
         path = absolute(path)
         temp = f"{posixpath.dirname(path).rstrip('/')}/.bunshin-upload-{secrets.token_hex(8)}"
         self._staged.append((path, temp, ""))
@@ -285,10 +301,10 @@ class Upload:
         async for piece in data:
             pending += piece
             if len(pending) >= UPLOAD_CHUNK:
-                await _run(self.ws, 'cat >> "$1"', temp, stdin=bytes(pending), user=self.user, timeout=300)
+                await _run(self.ws, _APPEND, temp, stdin=bytes(pending), user=self.user, timeout=300)
                 pending.clear()
         if pending:
-            await _run(self.ws, 'cat >> "$1"', temp, stdin=bytes(pending), user=self.user, timeout=300)
+            await _run(self.ws, _APPEND, temp, stdin=bytes(pending), user=self.user, timeout=300)
         return {"name": posixpath.basename(path), "type": "file", "path": path}
 
     async def commit(self) -> None:

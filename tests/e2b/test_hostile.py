@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 import pytest
 from e2b import Sandbox, SandboxException
+
+from bunshin_async._e2b import _envd
 
 from .conftest import Served
 
@@ -40,6 +44,46 @@ def test_another_users_process_cannot_read_or_feed_a_commands_control_files(e2b_
         sbx.commands.send_stdin(cat.pid, "hello\n")
         assert cat.wait().stdout == "hello\n"
         secret.kill()
+
+
+def test_a_root_upload_into_another_users_directory_takes_no_mode_of_theirs(e2b_server: Served) -> None:
+    # The directory's owner made the target set-user-id: what root uploads there keeps the permission bits only.
+    with Sandbox.create() as sbx:
+        sbx.commands.run("mkdir -p /home/att && chown nobody /home/att", user="root")
+        sbx.commands.run("printf old > /home/att/tool && chmod 6755 /home/att/tool", user="nobody")  # type: ignore[arg-type]
+        sbx.files.write("/home/att/tool", "#!/bin/sh\necho hi\n", user="root")
+        assert sbx.commands.run("stat -c '%a %U' /home/att/tool; cat /home/att/tool", user="root").stdout == (
+            "755 root\n#!/bin/sh\necho hi\n"
+        )
+
+
+def test_a_root_upload_whose_staged_file_another_user_swaps_writes_nothing_else(
+    e2b_server: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The owner of the directory a root upload goes to renames what the upload staged there and puts a symlink to a
+    root-only file in its place, between the upload's first step and the next (the upload is held there: the race is
+    won every time). The root file is neither written nor given another mode."""
+    real_run = _envd._run
+    swapped: list[str] = []
+
+    async def run(ws: Any, script: str, *args: str, **kw: Any) -> Any:
+        res = await real_run(ws, script, *args, **kw)
+        if script == _envd._STAGE:
+            swap = 'cd /home/att && for e in .bunshin-upload-*; do mv "$e" "moved$e" && ln -s /root/canary "$e"; done'
+            swapped.append((await real_run(ws, swap, user="nobody")).stdout)
+        return res
+
+    monkeypatch.setattr(_envd, "_run", run)
+    with Sandbox.create() as sbx:
+        sbx.commands.run("mkdir -p /home/att && chown nobody /home/att", user="root")
+        sbx.commands.run("printf secret > /root/canary && chmod 600 /root/canary", user="root")
+        sbx.commands.run("printf old > /home/att/f && chmod 666 /home/att/f", user="nobody")  # type: ignore[arg-type]
+        with pytest.raises(SandboxException, match="was replaced"):
+            sbx.files.write("/home/att/f", "uploaded", user="root")
+        assert swapped == [""]
+        root = sbx.commands.run("stat -c '%a %U' /root/canary; cat /root/canary", user="root").stdout
+        assert root == "600 root\nsecret"
+        assert sbx.commands.run("cat /home/att/f", user="root").stdout == "old"
 
 
 def test_a_command_that_swaps_its_output_for_a_fifo_does_not_hang_its_stream(e2b_server: Served) -> None:
