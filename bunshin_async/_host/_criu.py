@@ -40,6 +40,7 @@ __all__ = [
     "CriuBackend",
     "FdHandler",
     "NotifyHandler",
+    "ReadyHandler",
     "SwrkCriu",
     "criu_features",
     "criu_unavailable",
@@ -58,6 +59,9 @@ except ImportError:  # pragma: no cover - depends on the build
 NotifyHandler = Callable[[str, int], Awaitable[None]]
 """Called with the notification's name (``post-dump``, ``setup-namespaces``, ...) and its pid (0 when none); raising
 fails the CRIU call."""
+
+ReadyHandler = Callable[[], Awaitable[None]]
+"""Awaited once CRIU runs and waits for the request (``SwrkCriu.call``'s ``ready``)."""
 
 FdHandler = Callable[[str, int, int], None]
 """Called with a notification's name, its pid and a descriptor CRIU attached to it (``wp-uffd``,
@@ -223,7 +227,11 @@ class HookFailed(Exception):
 class CriuBackend(Protocol):
     """Runs one CRIU request to its end. ``wrapper`` is a command prefix that ends by exec'ing its last argument
     list (for a restore: join the cgroup and mount the root in a private mount namespace, then ``exec criu``);
-    ``env`` is added to CRIU's environment (the patches' switches)."""
+    ``env`` is added to CRIU's environment (the patches' switches). ``ready``, when given, is awaited once CRIU has
+    started and waits for the request, which is sent when it returns: the caller's last steps before a dump (the
+    drain that pauses the workspace) overlap CRIU's start instead of waiting for it. A cancellation or an error in
+    ``ready`` kills CRIU, which has touched nothing yet; from the request on the call is shielded (a dump's CRIU
+    must not be killed while its parasite runs), so such a caller does not shield the call itself."""
 
     async def call(
         self,
@@ -237,6 +245,7 @@ class CriuBackend(Protocol):
         env: Mapping[str, str] | None = None,
         timeout: float = 120.0,
         on_fd: FdHandler | None = None,
+        ready: ReadyHandler | None = None,
     ) -> Any: ...
 
 
@@ -259,6 +268,7 @@ class SwrkCriu:
         env: Mapping[str, str] | None = None,
         timeout: float = 120.0,
         on_fd: FdHandler | None = None,
+        ready: ReadyHandler | None = None,
     ) -> Any:
         pb = _require_rpc()
         if "/" in log_name:
@@ -268,6 +278,7 @@ class SwrkCriu:
         work_fd = os.open(work_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         proc: Process | None = None
         done = False
+        readying = False  # an OSError of ``ready`` is the caller's, not CRIU dying
         what = pb.criu_req_type.Name(req.type).lower()
         try:
             req.opts.work_dir_fd = work_fd
@@ -291,7 +302,16 @@ class SwrkCriu:
                 theirs.close()
             if self.on_spawn is not None:
                 await self.on_spawn(proc.pid)
-            with anyio.fail_after(timeout):
+            if ready is not None:
+                # A VERSION request kept open (cr-service.c, chk_keepopen_req) is answered once CRIU has exec'd
+                # and initialised; it then waits for the next request.
+                hello = pb.criu_req(type=pb.VERSION, keep_open=True)
+                with anyio.fail_after(timeout):
+                    await self._converse_while_alive(proc, ours, hello, None, None, pb)
+                readying = True
+                await ready()
+                readying = False
+            with anyio.CancelScope(shield=ready is not None), anyio.fail_after(timeout):
                 resp = await self._converse_while_alive(proc, ours, req, notify, on_fd, pb)
             if not resp.success:
                 raise self._error(
@@ -300,10 +320,14 @@ class SwrkCriu:
             done = True
             return resp
         except TimeoutError as exc:
+            if readying:
+                raise
             raise self._error(f"criu {what} timed out after {timeout} s", work_dir / log_name, workspace_id) from exc
         except HookFailed as exc:
             raise self._error(f"criu {what}: {exc}", work_dir / log_name, workspace_id) from exc
         except (OSError, anyio.EndOfStream) as exc:
+            if readying:
+                raise
             stderr = b""
             if proc is not None:
                 with anyio.move_on_after(1, shield=True):

@@ -1,0 +1,111 @@
+"""CRIU's start is not part of the source's pause (issue 39, item 3): a dump's ``criu swrk`` is started, and has
+answered a request, before the workspace is drained (``CriuBackend.call``'s ``ready``); a cancellation or a refusal
+before the dump's request kills that idle CRIU and leaves the workspace running and nothing behind."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from bunshin_async import Config, ForkError, Workspace
+from bunshin_async._fork import _dump, _quiesce
+from bunshin_async._host import _criu
+
+pytestmark = pytest.mark.fork_modes("criu-cow")
+
+
+class Spawns(_criu.SwrkCriu):
+    """The real backend, noting each CRIU it starts."""
+
+    def __init__(self) -> None:
+        super().__init__(on_spawn=self._spawned)
+        self.pids: list[int] = []
+
+    async def _spawned(self, pid: int) -> None:
+        self.pids.append(pid)
+
+
+def _snapshots() -> list[Path]:
+    store = Config.current().snapshot_dir
+    return sorted(p for p in store.iterdir() if not p.name.startswith(".")) if store.exists() else []
+
+
+def _exe(pid: int) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return ""
+
+
+async def test_criu_has_started_before_the_workspace_is_drained(ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
+    backend = Spawns()
+    seen: list[tuple[str, str]] = []
+    real = _quiesce.drain
+
+    async def drain(core: Any) -> Any:
+        seen.append(("drain", _exe(backend.pids[-1]) if backend.pids else ""))
+        return await real(core)
+
+    monkeypatch.setattr(_quiesce, "drain", drain)
+    await ws.write_file("/workspace/f", "kept")
+    async with await _dump.snapshot(ws._core, backend) as snap:
+        assert len(backend.pids) == 1 and len(seen) == 1
+        # the wrapper (bunshin-init --join) has exec'd CRIU, which answered before the drain began
+        assert Path(seen[0][1]).name == "criu", seen
+        assert snap.dump_ms is not None and snap.dump_ms > 0
+        [copy] = await Workspace.from_snapshot(snap)
+        try:
+            assert await copy.read_file("/workspace/f") == b"kept"
+        finally:
+            await copy.aclose()
+    assert (await ws.exec("echo alive")).stdout == "alive\n"
+
+
+async def test_a_cancellation_before_the_request_kills_the_idle_criu(
+    ws: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend = Spawns()
+    waiting = anyio.Event()
+
+    async def drain(core: Any) -> Any:
+        waiting.set()
+        await anyio.sleep_forever()
+
+    monkeypatch.setattr(_quiesce, "drain", drain)
+    before = _snapshots()
+    async with anyio.create_task_group() as tg:
+
+        async def take() -> None:
+            await _dump.snapshot(ws._core, backend)
+
+        tg.start_soon(take)
+        await waiting.wait()
+        [pid] = backend.pids
+        assert Path(_exe(pid)).name == "criu"
+        tg.cancel_scope.cancel()
+    assert not Path(f"/proc/{pid}").exists()  # killed and reaped
+    assert _snapshots() == before
+    monkeypatch.undo()
+    assert (await ws.exec("echo alive")).stdout == "alive\n"
+    async with await ws.snapshot():  # the next dump is unaffected
+        pass
+
+
+async def test_a_refused_dump_kills_the_idle_criu_and_says_why_once(
+    ws: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend = Spawns()
+    monkeypatch.setattr(_dump, "_undumpable", lambda core, after: "cannot snapshot: injected (retry)")
+    before = _snapshots()
+    with pytest.raises(ForkError) as err:
+        await _dump.snapshot(ws._core, backend)
+    assert str(err.value).count("injected") == 1, err.value
+    [pid] = backend.pids
+    assert not Path(f"/proc/{pid}").exists()
+    assert _snapshots() == before
+    monkeypatch.undo()
+    assert (await ws.exec("echo alive")).stdout == "alive\n"  # drained, then resumed
