@@ -44,6 +44,7 @@ from typing import Any
 import anyio
 
 from bunshin_async import Config, Limits, Security, Snapshot, Workspace
+from bunshin_async._fork import _dump
 from bunshin_async._fork._snapshot import record_of
 from bunshin_async._workspace._accounting import rollup_bytes
 
@@ -369,15 +370,18 @@ def _use_mode(mode: str) -> tuple[str, bool]:
     """``--modes`` entry -> (``BUNSHIN_FORK_MODE``, ``Config.track_writes``): ``cow+track`` is the cow mode with
     write tracking between dumps (criu/patches/0013). ``MODE@PATH`` runs that mode with the CRIU binary at PATH
     (``BUNSHIN_CRIU``; without it, the one the SDK finds): two builds of the same patches side by side in one run,
-    e.g. ``cow+track@/usr/local/lib/bunshin/criu/sbin/criu,cow+track`` (the host's install against a checkout's)."""
+    e.g. ``cow+track@/usr/local/lib/bunshin/criu/sbin/criu,cow+track`` (the host's install against a checkout's).
+    ``+late`` starts each dump's CRIU after the drain, as before issue 39's item 3 (``_dump.EARLY_START``), e.g.
+    ``cow+track+late,cow+track``."""
     mode, _, criu = mode.partition("@")
     if criu:
         os.environ["BUNSHIN_CRIU"] = criu
     else:
         os.environ.pop("BUNSHIN_CRIU", None)
-    base, _, extra = mode.partition("+")
+    base, *extra = mode.split("+")
     os.environ["BUNSHIN_FORK_MODE"] = base
-    return base, extra == "track"
+    _dump.EARLY_START = "late" not in extra
+    return base, "track" in extra
 
 
 def _criu_stats(snap: Snapshot) -> dict[str, float]:
@@ -392,6 +396,7 @@ def _criu_stats_dir(images: Path) -> dict[str, float]:
     with open(images / "stats-dump", "rb") as f:
         st = pycriu.images.load(f)["entries"][0]["dump"]
     return {
+        "freezing_ms": st.get("freezing_time", 0) / 1000,
         "frozen_ms": st.get("frozen_time", 0) / 1000,
         "memdump_ms": st.get("memdump_time", 0) / 1000,
         "memwrite_ms": st.get("memwrite_time", 0) / 1000,
@@ -416,7 +421,7 @@ async def _checkpoint(ws: Workspace, track: bool) -> tuple[Snapshot, dict[str, f
 
 
 def _summary(rows: list[dict[str, float]]) -> dict[str, Any]:
-    keys = ("pause", "snapshot", "frozen_ms", "memdump_ms", "memwrite_ms")
+    keys = ("pause", "snapshot", "freezing_ms", "frozen_ms", "memdump_ms", "memwrite_ms")
     out: dict[str, Any] = {f"{k.removesuffix('_ms')}_ms": _stats([r[k] for r in rows]) for k in keys}
     pre = [r["precopy_frozen_ms"] for r in rows if "precopy_frozen_ms" in r]
     if pre:
