@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from bunshin_async.cache import ForkStateProvider  # noqa: E402
 from tests.reliability.campaign import holding_workspace  # noqa: E402
 
 STAGES = [
-    "snapshot:drained",  # tool calls drained, CRIU not started
+    "snapshot:drained",  # tool calls drained, CRIU started but not asked to dump yet
     "snapshot:criu",  # CRIU's dump running (the tree is being frozen and seized)
     "snapshot:post-dump",  # in CRIU's post-dump notification: the tree is frozen, the upper dir being copied
     "snapshot:done",  # the snapshot is on the store, nobody closes it
@@ -54,9 +55,20 @@ async def main(stage: str) -> None:
             die()
 
         if point == "criu":
-            real_backend = _criu.default_backend
-            _criu.default_backend = lambda: _criu.SwrkCriu(on_spawn=on_spawn)  # type: ignore[assignment]
-            assert real_backend
+
+            class Dying(_criu.SwrkCriu):
+                async def call(self, req: Any, *, ready: Any = None, **kw: Any) -> Any:
+                    if ready is None:  # a restore: CRIU works from its start
+                        self.on_spawn = on_spawn
+                        return await super().call(req, **kw)
+
+                    async def then_die() -> None:  # a dump: CRIU works from the request, sent after ready
+                        await ready()
+                        threading.Timer(0.05, die).start()
+
+                    return await super().call(req, ready=then_die, **kw)
+
+            _criu.default_backend = Dying  # type: ignore[assignment]
         if point == "drained":
             real_drain = _quiesce.drain
 
