@@ -250,7 +250,10 @@ class CostAwarePolicy:
         """Whether an unused branch for ``launch`` is worth handing to the next turn (``Speculation.keep``): the model
         asks for its call in a later turn if at all, so the fork is held at least that turn's LLM time (a turn more
         per call it is chained after) while it hides at most its run time: the launch rule (``memory_net``) with a
-        turn that has just started. A branch that fails it is let go (``TurnMetrics.released``)."""
+        turn that has just started. A branch that fails it is let go (``TurnMetrics.released``). A read in the
+        rollout's own workspace (no fork, no chain) holds nothing: it is kept, as ``select`` launches it unweighed."""
+        if not launch.needs_fork and launch.parent is None:
+            return True
         return self.memory_net(msgspec.structs.replace(launch, turn_elapsed=0.0)) >= 0
 
     def active(self) -> bool:

@@ -184,6 +184,22 @@ def test_an_unused_branch_is_kept_for_the_next_turn_only_while_its_hold_pays() -
     assert CostAwarePolicy(contention=None, memory_weight=0.0).keeps(late)  # memory not weighed: kept as before
 
 
+def test_a_read_in_the_rollouts_workspace_is_kept_whatever_forks_cost() -> None:
+    """A read that runs in place holds no fork: keeping it for the next turn costs no byte-seconds (``select``
+    launches it without weighing memory), where a read chained after a write holds that write's fork."""
+    mib = 1 << 20
+    policy = CostAwarePolicy(contention=None, llm_seconds=3.0, fork_seconds=0.2)
+    policy.observe_rollout_memory(16 * mib)
+    policy.observe_fork(0.2, 80 * mib)  # forks far bigger than what a hit frees in a turn
+    read = msgspec.structs.replace(_launch("r", 0, p=0.9, seconds=0.1), effect=Effect.READ)
+    assert policy.select([read], running=0, forks=0) == [read]
+    assert policy.keeps(read)
+    write = _launch("r", 0, p=0.9, seconds=0.1)
+    assert not policy.keeps(write)
+    chained = msgspec.structs.replace(read, parent=write, depth=1)
+    assert not policy.keeps(chained)
+
+
 def test_the_run_times_kept_are_the_last_calls_run() -> None:
     policy = CostAwarePolicy(contention=None, max_calls=3, default_seconds=0.3)
     launches = [_launch(f"r{i}", 0) for i in range(4)]
