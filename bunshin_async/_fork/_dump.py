@@ -252,9 +252,19 @@ async def _dump(
             snap.fresh_net = True
         t0 = time.monotonic()
 
+    upper = _snapstore.TreeCopy(ws.dir / "upper", snap.upper, ws.id)
+    posted = False
+
     async def on_notify(name: str, pid: int) -> None:
-        if name == "post-dump":
-            await _snapstore.copy_tree(ws.dir / "upper", snap.upper, workspace_id=ws.id)
+        # query-ext-files comes once the tree is frozen and seized (cr-dump.c, cr_dump_tasks: after collect_pstree
+        # and network_lock, before any task is dumped): nothing in it can change the upper dir until the thaw, so
+        # its copy runs beside CRIU's dump; post-dump, still frozen, waits for it.
+        nonlocal posted
+        if name == "query-ext-files":
+            upper.start()
+        elif name == "post-dump":
+            await upper.finish()
+            posted = True
 
     uffds: list[int] = []
     refused = False  # a uffd past the bounds (``WriteTracking.room``) or no userfaultfd: the tracking is not kept
@@ -304,12 +314,13 @@ async def _dump(
                 await call()
         snap.dump_ms = (time.monotonic() - t0) * 1000
         await anyio.lowlevel.checkpoint()  # a cancellation during the dump: the caller removes the snapshot
-        if not snap.upper.is_dir():
+        if not posted:
             raise ForkError(f"workspace {ws.id}: CRIU never sent post-dump", workspace_id=ws.id)
         if track and not refused:
             ws.tracking.adopt(uffds, snap.path)
             adopted = True
     finally:
+        await upper.join()  # a dump that failed after the freeze may have left its copy running
         if fd >= 0:
             os.close(fd)
         if track and not adopted:  # the dump may have consumed written sets this snapshot will not keep

@@ -48,7 +48,8 @@ class Snapshot:
 
     @property
     def dump_ms(self) -> float | None:
-        """How long the CRIU dump took (None for ``"fs"``)."""
+        """How long the CRIU dump paused the workspace: from its request (the workspace drained; CRIU, started
+        before the drain, waiting) to CRIU's exit (None for ``"fs"``)."""
         return self._record.dump_ms
 
     @property

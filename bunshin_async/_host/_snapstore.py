@@ -196,7 +196,47 @@ async def copy_tree(src: Path, dst: Path, *, workspace_id: str = "") -> None:
     try:
         await anyio.to_thread.run_sync(_tree.copy_tree, src, dst)
     except OSError as exc:
-        raise ForkError(f"copying {src} to {dst} failed: {exc.strerror or exc}", workspace_id=workspace_id) from exc
+        raise _copy_failed(src, dst, exc, workspace_id) from exc
+
+
+def _copy_failed(src: Path, dst: Path, exc: OSError, workspace_id: str) -> ForkError:
+    return ForkError(f"copying {src} to {dst} failed: {exc.strerror or exc}", workspace_id=workspace_id)
+
+
+class TreeCopy:
+    """A ``copy_tree`` that starts in a thread of its own (``start``, not awaited) and is waited for later
+    (``finish``): a dump starts the upper dir's copy as soon as CRIU has frozen the tree, so that it runs beside
+    CRIU's dump instead of after it. ``finish`` without a ``start`` copies there and then; ``join`` (shielded) only
+    waits, whatever happened, so that no copy outlives its snapshot."""
+
+    def __init__(self, src: Path, dst: Path, workspace_id: str = "") -> None:
+        self.src, self.dst, self.workspace_id = src, dst, workspace_id
+        self._thread: threading.Thread | None = None
+        self._error: OSError | None = None
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="bunshin-tree-copy", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            _tree.copy_tree(self.src, self.dst)
+        except OSError as exc:
+            self._error = exc
+
+    async def finish(self) -> None:
+        if self._thread is None:
+            await copy_tree(self.src, self.dst, workspace_id=self.workspace_id)
+            return
+        await self.join()
+        if self._error is not None:
+            raise _copy_failed(self.src, self.dst, self._error, self.workspace_id) from self._error
+
+    async def join(self) -> None:
+        if self._thread is not None:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self._thread.join)
 
 
 def store_full(exc: BaseException, workspace_id: str, *, dump: bool = True) -> StoreFull | None:

@@ -1,10 +1,12 @@
 """CRIU's start is not part of the source's pause (issue 39, item 3): a dump's ``criu swrk`` is started, and has
 answered a request, before the workspace is drained (``CriuBackend.call``'s ``ready``); a cancellation or a refusal
-before the dump's request kills that idle CRIU and leaves the workspace running and nothing behind."""
+before the dump's request kills that idle CRIU and leaves the workspace running and nothing behind. The upper dir's
+copy starts once CRIU has frozen the tree and runs beside its dump (``_snapstore.TreeCopy``)."""
 
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,7 @@ import pytest
 
 from bunshin_async import Config, ForkError, Workspace
 from bunshin_async._fork import _dump, _quiesce
-from bunshin_async._host import _criu
+from bunshin_async._host import _criu, _tree
 
 pytestmark = [pytest.mark.fork_modes("criu-cow"), pytest.mark.tracked]
 
@@ -109,3 +111,39 @@ async def test_a_refused_dump_kills_the_idle_criu_and_says_why_once(
     assert _snapshots() == before
     monkeypatch.undo()
     assert (await ws.exec("echo alive")).stdout == "alive\n"  # drained, then resumed
+
+
+async def test_the_upper_copy_runs_beside_the_dump_once_the_tree_is_frozen(
+    ws: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    events: list[tuple[str, str, bool]] = []
+    real_copy = _tree.copy_tree
+    view = ws.cgroup
+    assert view is not None
+
+    def copy(src: str | Path, dst: str | Path) -> int:
+        if Path(src) == ws._core.dir / "upper":
+            events.append(("copy", threading.current_thread().name, view.frozen))
+        return real_copy(src, dst)
+
+    class Noting(_criu.SwrkCriu):
+        async def call(self, req: Any, *, notify: Any = None, **kw: Any) -> Any:
+            async def noted(name: str, pid: int) -> None:
+                events.append(("notify", name, False))
+                if notify is not None:
+                    await notify(name, pid)
+
+            return await super().call(req, notify=noted, **kw)
+
+    monkeypatch.setattr(_tree, "copy_tree", copy)
+    await ws.write_file("/workspace/f", "kept")
+    async with await _dump.snapshot(ws._core, Noting()) as snap:
+        names = [e[1] for e in events]
+        copied = names.index("bunshin-tree-copy")
+        assert names.index("query-ext-files") < copied < names.index("post-dump"), events
+        assert events[copied][2], "the tree was not frozen when its upper dir was copied"
+        [copy_ws] = await Workspace.from_snapshot(snap)
+        try:
+            assert await copy_ws.read_file("/workspace/f") == b"kept"
+        finally:
+            await copy_ws.aclose()

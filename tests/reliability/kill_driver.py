@@ -78,14 +78,13 @@ async def main(stage: str) -> None:
 
             _quiesce.drain = drain  # type: ignore[assignment]
         if point == "post-dump":
-            real_copy = _snapstore.copy_tree
+            real_finish = _snapstore.TreeCopy.finish
 
-            async def copy_tree(src: Path, dst: Path, **kw: Any) -> None:
-                await real_copy(src, dst, **kw)
-                if src.name == "upper" and dst.name == "upper":
-                    die()
+            async def finish(self: _snapstore.TreeCopy) -> None:  # the dump's upper dir copied, the tree frozen
+                await real_finish(self)
+                die()
 
-            _snapstore.copy_tree = copy_tree  # type: ignore[assignment]
+            _snapstore.TreeCopy.finish = finish  # type: ignore[method-assign]
         if point == "restored":
             real_restore = _restore.restore_into
 
