@@ -15,15 +15,17 @@ images, ``digest_ok`` that every nested copy serves ``c``'s digest; ``gen3`` for
 ``warm_spares``: ``from_snapshot`` latency with ``--spares`` warm spares (``snap.keep_spares``: frozen pre-restored
 copies handed out thawed), median/p90, against plain restores, in the cow mode when it is measured.
 
-Issue 39's split of a fork: ``pause_ms`` is how long the source was paused (``Snapshot.dump_ms``: the CRIU dump
-call, within which the tree is frozen and its pages written to the store) and ``copy_first_exec_ms`` is the time from
-the snapshot to the first command answered in a copy (the restore plus one ``exec``), per fork and per nested fork.
-``--dirty-mib N`` measures only checkpoints of a parent that keeps running and dirties N MiB before each snapshot,
-for each ``--mib`` size (comma-separated) and mode: the pause, the snapshot and the images' size per checkpoint, and
-CRIU's own split (frozen time, page reading and writing, pages written and left to the parent). ``--steps N`` runs
-issue 39's checkpoint-every-step workload (N steps of ``--dirty-mib`` MiB each followed by a snapshot, rollbacks to
-random recent steps) instead. A mode ``cow+track`` is the cow mode with write tracking (``Config.track_writes``,
-criu/patches/0013): ``--modes cow,cow+track`` compares it with today's mode in one run, the workspaces taking turns.
+Issue 39's split of a fork: ``pause_ms`` is how long the source was paused (``Snapshot.dump_ms``: from the dump's
+request, the workspace drained and CRIU already started, to CRIU's exit; the tree is frozen and its pages written to
+the store within it; a ``+serial`` mode starts CRIU after the drain, as before, and counts its start) and
+``copy_first_exec_ms`` is the time from the snapshot to the first command answered in a copy (the restore plus one
+``exec``), per fork and per nested fork. ``--dirty-mib N`` measures only checkpoints of a parent that keeps running
+and dirties N MiB before each snapshot, for each ``--mib`` size (comma-separated) and mode: the pause, the snapshot
+and the images' size per checkpoint, and CRIU's own split (frozen time, page reading and writing, pages written and
+left to the parent). ``--steps N`` runs issue 39's checkpoint-every-step workload (N steps of ``--dirty-mib`` MiB
+each followed by a snapshot, rollbacks to random recent steps) instead. A mode ``cow+track`` is the cow mode with
+write tracking (``Config.track_writes``, criu/patches/0013): ``--modes cow,cow+track`` compares it with today's mode
+in one run, the workspaces taking turns.
 
 The parent's server indexes its heap's pages (``/dirty/0``) before anything is measured, so that every copy shares
 that index and a copy's first ``/dirty`` allocates nothing.
@@ -371,8 +373,8 @@ def _use_mode(mode: str) -> tuple[str, bool]:
     write tracking between dumps (criu/patches/0013). ``MODE@PATH`` runs that mode with the CRIU binary at PATH
     (``BUNSHIN_CRIU``; without it, the one the SDK finds): two builds of the same patches side by side in one run,
     e.g. ``cow+track@/usr/local/lib/bunshin/criu/sbin/criu,cow+track`` (the host's install against a checkout's).
-    ``+late`` starts each dump's CRIU after the drain, as before issue 39's item 3 (``_dump.EARLY_START``), e.g.
-    ``cow+track+late,cow+track``."""
+    ``+serial`` starts each dump's CRIU after the drain and copies the upper dir after CRIU's dump, as before issue
+    39's item 3 (``_dump.OVERLAP``), e.g. ``cow+track+serial,cow+track``."""
     mode, _, criu = mode.partition("@")
     if criu:
         os.environ["BUNSHIN_CRIU"] = criu
@@ -380,7 +382,7 @@ def _use_mode(mode: str) -> tuple[str, bool]:
         os.environ.pop("BUNSHIN_CRIU", None)
     base, *extra = mode.split("+")
     os.environ["BUNSHIN_FORK_MODE"] = base
-    _dump.EARLY_START = "late" not in extra
+    _dump.OVERLAP = "serial" not in extra
     return base, "track" in extra
 
 

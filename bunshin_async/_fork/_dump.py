@@ -41,11 +41,12 @@ FREEZE_TIMEOUT = 10
 fails the snapshot, named (``_undumpable``), once its retry (``FREEZE_RETRIES``) has failed the same way."""
 DUMP_TIMEOUT = 120.0
 FREEZE_RETRIES = 1
-EARLY_START = True
-"""Start a dump's CRIU before the workspace is drained (``CriuBackend.call``'s ``ready``), so that CRIU's start
-(process, exec, initialisation: 10-20 ms here) is not part of the workspace's pause. ``False`` drains first and then
-starts CRIU, as before (bench/fork_bench's ``+late`` modes measure the difference side by side)."""
 """Dumps taken again after CRIU failed to freeze the tree (``_snapshot``)."""
+OVERLAP = True
+"""Overlap a dump's fixed costs with what runs anyway: its CRIU is started before the workspace is drained
+(``CriuBackend.call``'s ``ready``: CRIU's start, 10-25 ms here, is not part of the workspace's pause), and the upper
+dir is copied beside CRIU's dump from the freeze on (``_snapstore.TreeCopy``), not after it. ``False`` runs both in
+sequence, as before (bench/fork_bench's ``+serial`` modes measure the difference side by side)."""
 _n = itertools.count()
 
 
@@ -260,7 +261,7 @@ async def _dump(
         # and network_lock, before any task is dumped): nothing in it can change the upper dir until the thaw, so
         # its copy runs beside CRIU's dump; post-dump, still frozen, waits for it.
         nonlocal posted
-        if name == "query-ext-files":
+        if name == "query-ext-files" and OVERLAP:
             upper.start()
         elif name == "post-dump":
             await upper.finish()
@@ -306,7 +307,7 @@ async def _dump(
             timeout=DUMP_TIMEOUT,
             on_fd=on_fd,
         )
-        if EARLY_START:
+        if OVERLAP:
             await call(ready=ready)
         else:
             await ready()
