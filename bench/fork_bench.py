@@ -663,10 +663,10 @@ async def main(
         os_fork = [float(x) for x in await _http(parent, *["/osfork"] * (repeat * 3))]
         out["os_fork_ms"] = _stats(os_fork)
         for mode in modes:
-            os.environ["BUNSHIN_FORK_MODE"] = mode
+            base, _ = _use_mode(mode)  # ``+serial``: the dump's order before issue 39's item 3
             per_mode: dict[str, Any] = {}
             for n in ns:
-                per_mode[f"n{n}"] = r = await _fork_n(parent, n, repeat, mode, ksm_wait)
+                per_mode[f"n{n}"] = r = await _fork_n(parent, n, repeat, base, ksm_wait)
                 r["speedup_vs_cold"] = round(statistics.median(cold_state) / r["fork_total_ms"]["median"], 2)
                 r["over_os_fork"] = round(r["fork_total_ms"]["median"] / max(statistics.median(os_fork), 1e-3), 1)
             try:
