@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from contextlib import AsyncExitStack
 from pathlib import Path
 
 import anyio
@@ -59,10 +60,11 @@ async def _second_snapshot(ws: Workspace) -> Snapshot:
     first is let go, the second returned."""
     await anyio.sleep(0.3)
     first = await ws.snapshot()
-    await anyio.sleep(0.3)
-    second = await ws.snapshot()
-    await first.aclose()
-    return second
+    try:
+        await anyio.sleep(0.3)
+        return await ws.snapshot()
+    finally:
+        await first.aclose()
 
 
 async def run_one(bindir: Path, t: str) -> dict[str, str]:
@@ -73,27 +75,24 @@ async def run_one(bindir: Path, t: str) -> dict[str, str]:
         r = await ws.exec(f"cd /workspace && ./{t} --pidfile={t}.pid --outfile={t}.out{extra}", timeout=60)
         if r.exit_code:  # it daemonizes: the starter exits 0 once the test is ready
             return {"start": f"exit {r.exit_code}: {r.stderr[-300:]}"}
-        s2 = await _second_snapshot(ws)
-        try:
-            [c] = await Workspace.from_snapshot(s2)
-            [c2] = await Workspace.from_snapshot(s2)
-        finally:
-            await s2.aclose()
-        try:
+        async with AsyncExitStack() as stack:  # every copy made is closed, whichever step fails
+            s2 = await _second_snapshot(ws)
+            try:
+                [c] = await Workspace.from_snapshot(s2)
+                stack.push_async_callback(c.aclose)
+                [c2] = await Workspace.from_snapshot(s2)
+                stack.push_async_callback(c2.aclose)
+            finally:
+                await s2.aclose()
             s4 = await _second_snapshot(c2)
             try:
                 [c3] = await Workspace.from_snapshot(s4)
+                stack.push_async_callback(c3.aclose)
             finally:
                 await s4.aclose()
-            try:
-                res["copy of a copy's 2nd snapshot"] = await _term_and_check(c3, t)
-            finally:
-                await c3.aclose()
+            res["copy of a copy's 2nd snapshot"] = await _term_and_check(c3, t)
             res["copy after its snapshots"] = await _term_and_check(c2, t)
             res["copy of the 2nd snapshot"] = await _term_and_check(c, t)
-        finally:
-            await c.aclose()
-            await c2.aclose()
         res["source"] = await _term_and_check(ws, t)
     return res
 
