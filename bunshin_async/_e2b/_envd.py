@@ -540,7 +540,8 @@ async def pump(sb: Sandbox, proc: Process) -> None:
                 return
             interval = _FIRST_LOOK if got else min(interval * 1.5, _QUIET_LOOK)
             await anyio.sleep(interval)
-    except BunshinError:
+    except BunshinError as exc:
+        proc.lost = str(exc)
         end_subscribers(proc, None)
     finally:
         proc.pumping = False

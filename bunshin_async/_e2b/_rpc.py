@@ -190,9 +190,8 @@ class EnvdRpc:
                 except anyio.EndOfStream:
                     event = None
             if event is None:
-                error = RpcError(
-                    f"the stream of process {proc.pid} ended (sandbox paused or killed)", code="unavailable"
-                )
+                why = proc.lost or "sandbox paused or killed"
+                error = RpcError(f"the stream of process {proc.pid} ended: {why}", code="unavailable")
                 break
             if idle.cancelled_caught and anyio.current_time() >= until:
                 continue

@@ -84,6 +84,8 @@ class Process:
     user: str | None = None
     """Who runs it (None: the workspace's default user)."""
     stdin_closed: bool = False
+    lost: str | None = None
+    """Why its stream ended without an exit (the workspace's error: killed, or gone with its host)."""
 
     def copy(self) -> Process:
         """The record a fork or a resumed copy starts with: same process, no subscriber, no pump."""

@@ -25,7 +25,14 @@ def test_verifiers_e2b_runtime_runs_commands_and_files(e2b_server: Served, tmp_p
     assert PYTHON.exists(), f"{PYTHON} is missing: run `make setup` (scripts/harness-env.sh)"
     image = bookworm()  # a Docker image of the local engine: the template is built from it
     # verifiers keeps its template locks under $HOME/.cache; the SDK finds the server through E2B_*.
-    env = {**os.environ, **e2b_server.server.env, "HOME": str(tmp_path)}
+    # A crash of the client (in a library it loads) prints its threads' stacks and libc's message to stderr.
+    env = {
+        **os.environ,
+        **e2b_server.server.env,
+        "HOME": str(tmp_path),
+        "PYTHONFAULTHANDLER": "1",
+        "LIBC_FATAL_STDERR_": "1",
+    }
     client = [str(PYTHON), str(Path(__file__).with_name("verifiers_client.py")), image]
     proc = subprocess.run(client, env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-6000:]

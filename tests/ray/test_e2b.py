@@ -27,7 +27,7 @@ import ray
 import uvicorn
 from e2b import AsyncSandbox
 
-from bunshin_async import Limits, ServeError
+from bunshin_async import HostError, Limits, ServeError
 from bunshin_async._e2b._ray import RayBackend, RemoteHandle
 from bunshin_async.integrations.e2b import E2BServer
 from bunshin_async.integrations.ray import HostConfig, HostRef, RayCluster, RemoteWorkspace
@@ -275,20 +275,33 @@ async def test_a_dead_host_stops_its_sandboxes_only(ray_env: RayEnv, e2b_hosts: 
     doomed, other = await AsyncSandbox.create(), await AsyncSandbox.create()  # one on each node
     victim = e2b_hosts.host(node(e2b_server.server, doomed))
     assert node(e2b_server.server, other) != victim.name
-    ray.kill(victim.actor, no_restart=True)
-    with pytest.raises(e2b.exceptions.SandboxUnreachableException, match=f"gone with its host: host {victim.name}"):
-        await doomed.commands.run("true")
-    assert (await other.commands.run("echo alive")).stdout == "alive\n"
-    await doomed.kill()  # the server forgets it; its host is gone already
-    await other.kill()
-    # A host started again on that node collects what the killed one left (the leak check sees none).
-    with anyio.fail_after(30):
-        while True:  # the killed actor's name is free once Ray has seen it die
-            try:
-                fresh = await RayCluster.start(
-                    {victim.node_id: configs(ray_env)[victim.node_id]}, names={victim.node_id: victim.name}
-                )
-                break
-            except ValueError:
-                await anyio.sleep(0.5)
-    e2b_hosts.hosts = [fresh.hosts[0] if h.name == victim.name else h for h in e2b_hosts.hosts]
+    try:
+        running = await doomed.commands.run("sleep 600", background=True)  # its stream is open when the host dies
+        ray.kill(victim.actor, no_restart=True)
+        with anyio.fail_after(60):  # ray.kill only asks: a call that reached the actor before it died would succeed
+            while True:
+                try:
+                    await victim.info()
+                except HostError:
+                    break
+                await anyio.sleep(0.1)
+        gone = f"gone with its host: host {victim.name}"
+        with pytest.raises(e2b.exceptions.SandboxUnreachableException, match=f"stream of process .* ended: .*{gone}"):
+            await running.wait()
+        with pytest.raises(e2b.exceptions.SandboxUnreachableException, match=gone):
+            await doomed.commands.run("true")
+        assert (await other.commands.run("echo alive")).stdout == "alive\n"
+        await doomed.kill()  # the server forgets it; its host is gone already
+        await other.kill()
+    finally:
+        # A host started again on that node collects what the killed one left (the leak check sees none).
+        with anyio.fail_after(30):
+            while True:  # the killed actor's name is free once Ray has seen it die
+                try:
+                    fresh = await RayCluster.start(
+                        {victim.node_id: configs(ray_env)[victim.node_id]}, names={victim.node_id: victim.name}
+                    )
+                    break
+                except ValueError:
+                    await anyio.sleep(0.5)
+        e2b_hosts.hosts = [fresh.hosts[0] if h.name == victim.name else h for h in e2b_hosts.hosts]
