@@ -17,7 +17,8 @@ force, in this task and the tasks and threads it starts) and one snapshot direct
 seconds and reports the peak, the integral over time (GiB-seconds: "total memory consumption") and the CPU seconds.
 
 One reader per kernel figure serves the whole package: PSS (``pss_bytes``), copy-on-write page images
-(``mapped_image_bytes``), file bytes (``tree_bytes``) here; a cgroup's own counters (``Cgroup.cpu_seconds``,
+(``mapped_image_bytes``), file bytes (``tree_bytes``, a walk), a workspace's upper dir (``written_bytes``, its
+tmpfs's own count) here; a cgroup's own counters (``Cgroup.cpu_seconds``,
 ``memory_usage``, ``memory_peak``) in ``_kernel``.
 
     with accounting_scope("my-run") as subtree:                  # sync: set-up and removal are a few mkdir/rmdir
@@ -34,9 +35,9 @@ import os
 import re
 import stat
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from types import TracebackType
+from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING
 
 import anyio
@@ -62,6 +63,7 @@ __all__ = [
     "held_memory",
     "tree_bytes",
     "workspace_memory",
+    "written_bytes",
 ]
 
 
@@ -131,6 +133,14 @@ def mapped_image_bytes(pids: Iterable[int], marker: bytes = b"/pages-") -> tuple
     file stays in RAM while any copy maps it, but PSS only counts the pages a process has touched. For each such
     file (by inode) this returns its size minus the PSS of every mapping of it (so no page is counted twice), and
     the inodes seen, so that a caller also walking the snapshot directory can skip them. Blocking."""
+    sizes, pss = _mapped_images(pids, marker)
+    return sum(max(0, sizes[k] - pss.get(k, 0)) for k in sizes), set(sizes)
+
+
+def _mapped_images(
+    pids: Iterable[int], marker: bytes = b"/pages-"
+) -> tuple[dict[tuple[int, int], int], dict[tuple[int, int], int]]:
+    """``mapped_image_bytes``'s reading: each mapped page image's bytes and the PSS of its mappings, by (dev, ino)."""
     sizes: dict[tuple[int, int], int] = {}
     pss: dict[tuple[int, int], int] = {}
     for pid in pids:
@@ -159,7 +169,7 @@ def mapped_image_bytes(pids: Iterable[int], marker: bytes = b"/pages-") -> tuple
                         pss[key] = pss.get(key, 0) + int(line.split()[1]) * 1024
         except (OSError, ValueError):
             pass
-    return sum(max(0, sizes[k] - pss.get(k, 0)) for k in sizes), set(sizes)
+    return sizes, pss
 
 
 def tree_bytes(path: Path, skip: set[tuple[int, int]] = frozenset()) -> int:  # type: ignore[assignment]
@@ -178,20 +188,59 @@ def tree_bytes(path: Path, skip: set[tuple[int, int]] = frozenset()) -> int:  # 
 def workspace_memory(ws: Workspace) -> int:
     """The memory one running workspace holds, as a subtree reading counts it: its processes' PSS, the page images
     they map copy-on-write (its cgroup is not charged for them, so a restored copy's cgroup peak can be a tenth of
-    what it holds) and its private upper dir (on tmpfs when ``Limits.disk`` is set; written pages either way).
-    Blocking."""
+    what it holds) and its private upper dir (``written_bytes``: on tmpfs when ``Limits.disk`` is set; written pages
+    either way). Blocking; no walk of the workspace's tree with a ``Limits.disk`` (the default): cheap enough for
+    every slow write's capture rule."""
     return held_memory([ws])
 
 
 def held_memory(workspaces: Iterable[Workspace], dirs: Iterable[Path] = ()) -> int:
     """The memory ``workspaces`` hold together (each as ``workspace_memory`` counts it, a page image mapped by
-    several counted once) plus the bytes of ``dirs`` (a snapshot store) not counted already: what a host holding
-    them holds, without a subtree of its own. Blocking."""
+    several counted once) plus the bytes of ``dirs`` (a snapshot store, walked) not counted already: what a host
+    holding them holds, without a subtree of its own. Blocking."""
     held = list(workspaces)
     pids = [pid for ws in held if ws.cgroup is not None for pid in ws.cgroup.pids()]
-    images, inodes = mapped_image_bytes(pids)
-    trees = [Path(ws.directory / "upper") for ws in held] + list(dirs)
-    return pss_bytes(pids) + images + sum(tree_bytes(d, inodes) for d in trees if d.exists())
+    sizes, pss = _mapped_images(pids)
+    images = sum(max(0, sizes[k] - pss.get(k, 0)) for k in sizes)
+    uppers = sum(written_bytes(ws.directory, sizes) for ws in held)
+    return pss_bytes(pids) + images + uppers + sum(tree_bytes(d, set(sizes)) for d in dirs if d.exists())
+
+
+def written_bytes(directory: Path, images: Mapping[tuple[int, int], int] = MappingProxyType({})) -> int:
+    """The bytes in the upper dir of the workspace whose host directory is ``directory`` (what it wrote), the page
+    images named in ``images`` ((dev, ino) -> bytes, ``_mapped_images``: counted as such) left out.
+
+    With ``Limits.disk`` (the default) ``directory`` is a tmpfs of the workspace's own, and the kernel keeps the
+    figure: the pages it holds (fstatvfs; tmpfs counts a file's allocated pages, as its st_blocks do), less the
+    host's few files beside the upper (``owner``, CRIU's ``restore.log``): no walk, whatever the upper's size (a
+    walk of a 100k-file tree takes seconds). Files hard-linked in the upper count once (they are held once). The
+    overlay's work dir holds nothing between operations but the copy-up under way, which counts (it is being
+    written). Without a disk of its own (``Limits(disk=None)``: unbounded, on the host's filesystem, logged at
+    creation) or once it is unmounted, the upper is walked. Blocking."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:  # gone: nothing held
+        return 0
+    try:
+        st = os.fstat(fd)
+        vfs = os.fstatvfs(fd)
+        own_disk = st.st_dev != os.stat(directory.parent).st_dev and vfs.f_blocks > 0  # tmpfs size=0: no figure
+        if not own_disk:  # the directory as it is on the parent's filesystem: what is there is its upper
+            upper = directory / "upper"
+            return tree_bytes(upper, set(images)) if upper.exists() else 0
+        used = (vfs.f_blocks - vfs.f_bfree) * vfs.f_frsize
+        beside = 0  # the host's files at the top (the workspace writes below upper/ only)
+        with os.scandir(fd) as entries:
+            for e in entries:
+                try:
+                    if not e.is_dir(follow_symlinks=False):
+                        beside += e.stat(follow_symlinks=False).st_blocks * 512
+                except OSError:
+                    pass
+        mapped = sum(size for (dev, _ino), size in images.items() if dev == st.st_dev)
+        return max(0, used - beside - mapped)
+    finally:
+        os.close(fd)
 
 
 def byte_seconds_net(

@@ -12,6 +12,7 @@ import pytest
 
 from bunshin_async import Workspace
 from bunshin_async.cache import CachedSession, ForkStateProvider, ToolCache
+from tests._walks import Walks
 
 pytestmark = pytest.mark.usefixtures("need_workspaces")
 
@@ -30,9 +31,10 @@ class Clock:
 
 @asynccontextmanager
 async def group(
-    n: int, *, weigh: bool = True
+    n: int, *, weigh: bool = True, setup: str | None = None
 ) -> AsyncIterator[tuple[ToolCache, ForkStateProvider, Clock, list[CachedSession]]]:
-    """``n`` tiny workspaces whose sessions open together on one cache (a group's rollouts)."""
+    """``n`` tiny workspaces whose sessions open together on one cache (a group's rollouts), each having run
+    ``setup`` first."""
     provider, clock = ForkStateProvider(), Clock()
     async with AsyncExitStack() as stack:
         cache = await stack.enter_async_context(
@@ -40,6 +42,9 @@ async def group(
         )
         cache.tree.clock = clock
         wss = [await stack.enter_async_context(Workspace()) for _ in range(n)]
+        for ws in wss:
+            if setup is not None:
+                assert (await ws.exec(setup)).exit_code == 0
         sessions = [await stack.enter_async_context(cache.session(ws)) for ws in wss]
         yield cache, provider, clock, sessions
 
@@ -76,3 +81,19 @@ async def test_without_the_rule_a_long_hold_is_captured_as_before() -> None:
         await first.call("bash", WRITE)
         m = cache.metrics()
         assert (m.captures, m.captures_skipped_cost, len(provider)) == (1, 0, 1)
+
+
+@pytest.mark.parametrize("think", [1.0, 40.0])
+async def test_the_rule_weighs_a_workspace_of_many_files_without_walking_it(
+    think: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rule runs on every slow write a sibling may follow: its reading of the rollout's bytes walks none of the
+    workspace's 20000 files (a walk takes seconds at 100k) and decides as on a small one."""
+    many = "mkdir many && cd many && seq 20000 | xargs touch && seq 200 | xargs -I{} sh -c 'echo {} > {}'"
+    async with group(3, setup=many) as (cache, provider, clock, (first, *_)):
+        walks = Walks().install(monkeypatch)
+        clock.t = think
+        await first.call("bash", WRITE)
+        m = cache.metrics()
+        assert (m.captures, m.captures_skipped_cost) == ((1, 0) if think == 1.0 else (0, 1))
+        assert walks.under(first.workspace.directory) == []

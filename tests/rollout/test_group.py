@@ -19,6 +19,7 @@ from bunshin_async.rollout import (
     WorkspaceLimiter,
     accounting_scope,
 )
+from tests._walks import Walks
 
 TASK = Task(
     task_id="t",
@@ -281,3 +282,19 @@ async def test_a_set_up_holding_memory_is_forked() -> None:
     assert group.forked is True
     assert all(r.status == "finished" and r.fork_mode.startswith("criu") for r in results)
     assert agent.runs == {0: "x\n", 1: "x\n"}
+
+
+async def test_a_set_up_that_writes_many_files_is_weighed_without_a_walk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rule's two readings of the base (fresh, then set up) take its written bytes from its own disk's count:
+    20000 files and 24 MiB written decide the fork by memory, and no tree of any workspace is walked."""
+    write = "mkdir many && cd many && seq 20000 | xargs touch && head -c $((24 << 20)) /dev/urandom > data"
+    files = Task(task_id="files", prompt="", setup=[write, "echo x >> ran.txt"], reward_command="true")
+    agent = SetUpCount()
+    walks = Walks().install(monkeypatch)
+    rule = ForkRule(min_setup_seconds=float("inf"))  # only the memory the set-up left can decide
+    async with GroupRollout(files, 2, agent, fork_rule=rule) as group:
+        results = await group.collect()
+    assert group.forked is True
+    assert all(r.status == "finished" and r.fork_mode.startswith("criu") for r in results)
+    assert agent.runs == {0: "x\n", 1: "x\n"}
+    assert walks.roots == []

@@ -5,6 +5,7 @@ the background monitor leaves cleanly when cancelled."""
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -14,7 +15,7 @@ from typing import Any
 import anyio
 import pytest
 
-from bunshin_async import InvalidValue, Workspace
+from bunshin_async import InvalidValue, Limits, Workspace
 from bunshin_async._config import Config
 from bunshin_async._host import _criu
 from bunshin_async._workspace._accounting import (
@@ -24,7 +25,9 @@ from bunshin_async._workspace._accounting import (
     mapped_image_bytes,
     tree_bytes,
     workspace_memory,
+    written_bytes,
 )
+from tests._walks import Walks
 
 MAPPER = r"""
 import ctypes, mmap, os, sys
@@ -171,6 +174,57 @@ async def test_copies_read_together_count_their_shared_page_image_once() -> None
         finally:
             for c in copies:
                 await c.aclose()
+
+
+MANY_FILES = (  # 3000 small files in nested directories, a 5 MiB file, 1 MiB written into a sparse 64 MiB, a symlink
+    "import os\n"
+    "for d in range(30):\n"
+    "    os.makedirs(f'/workspace/many/{d}/sub')\n"
+    "    for f in range(100):\n"
+    "        open(f'/workspace/many/{d}/sub/{f}', 'w').write('x' * (f * 97))\n"
+    "open('/workspace/big', 'wb').write(os.urandom(5 << 20))\n"
+    "with open('/workspace/sparse', 'wb') as s:\n"
+    "    s.truncate(64 << 20); s.seek(32 << 20); s.write(os.urandom(1 << 20))\n"
+    "os.symlink('/etc/passwd', '/workspace/link')\n"
+)
+
+
+async def test_a_workspace_s_written_bytes_are_its_own_disk_s_count_not_a_walk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``workspace_memory`` reads a workspace's upper dir (what it wrote) from the kernel: the pages its own tmpfs
+    (``Limits.disk``) holds, less the host's files beside the upper. The figure is the walk's, byte for byte (a
+    hard link counts once: the walk counted its file per name), for a created workspace and for a restored copy
+    (CRIU's ``restore.log`` beside its upper), and it walks nothing; a workspace without a disk of its own is
+    walked."""
+    async with Workspace() as ws:
+        assert (await ws.exec(f"python3 -c {shlex.quote(MANY_FILES)}")).exit_code == 0
+        walks = Walks().install(monkeypatch)
+        upper = ws.directory / "upper"
+        read = await anyio.to_thread.run_sync(written_bytes, ws.directory)
+        memory = await anyio.to_thread.run_sync(workspace_memory, ws)
+        assert walks.roots == []  # neither walked the 3000 files
+        walked = await anyio.to_thread.run_sync(tree_bytes, upper)
+        assert read == walked and walked > 6 << 20, (read, walked)
+        assert memory >= read
+        assert (await ws.exec("ln /workspace/big /workspace/big.again")).exit_code == 0
+        assert await anyio.to_thread.run_sync(written_bytes, ws.directory) == read
+        assert await anyio.to_thread.run_sync(tree_bytes, upper) == walked + (5 << 20)
+        [copy] = await ws.fork(1)
+        try:
+            assert (copy.directory / "restore.log").stat().st_blocks > 0
+            assert (await copy.exec("head -c 300000 /workspace/big > /workspace/copied")).exit_code == 0
+            walks.roots.clear()
+            read = await anyio.to_thread.run_sync(written_bytes, copy.directory)
+            assert walks.roots == []
+            walked = await anyio.to_thread.run_sync(tree_bytes, copy.directory / "upper")
+            assert read == walked and walked >= 300000, (read, walked)
+        finally:
+            await copy.aclose()
+    async with Workspace(limits=Limits(disk=None)) as plain:
+        assert (await plain.exec("head -c 100000 /dev/urandom > /workspace/f")).exit_code == 0
+        walks.roots.clear()
+        read = await anyio.to_thread.run_sync(written_bytes, plain.directory)
+        assert walks.roots == [plain.directory / "upper"]
+        assert read == await anyio.to_thread.run_sync(tree_bytes, plain.directory / "upper") and read >= 100000
 
 
 async def test_a_fork_s_dump_runs_in_the_scope_so_its_cpu_is_the_run_s(monkeypatch: pytest.MonkeyPatch) -> None:
