@@ -72,11 +72,16 @@ class CostAwarePolicy:
     running average of the turns' (``observe_llm``; ``llm_seconds`` before the first), minus the turn's elapsed
     time (but at least a quarter of it: LLM times are heavy-tailed, a long turn tends to go on); all learned
     online. Cost: a fork's measured seconds (running average, ``fork_seconds`` before the first) times
-    ``fork_weight``, or ``read_cost`` for an in-place read; plus, when the CPUs are busy (``contention()``, 0..1, by
-    default ``cpu_contention``), the CPU a wrong guess takes from the rollouts that share them: ``(1 - probability) x
-    expected run time x its CPU share x contention x cpu_weight``, the CPU share being the CPU seconds per second its
-    signature took on the main line (``observe_cpu``; 1 until measured): an install that mostly waits on the network,
-    or a test that sleeps, takes little CPU however long it runs.
+    ``fork_weight``, or ``read_cost`` for an in-place read; plus the CPU a wrong guess takes from the rollouts that
+    share the CPUs: ``(1 - probability) x expected run time x its CPU share x max(contention, min_contention) x
+    cpu_weight``, contention being how busy the CPUs are now (``contention()``, 0..1, by default
+    ``cpu_contention``; ``None``: CPU is not weighed) and the CPU share the CPU seconds per second its signature took
+    on the main line (``observe_cpu``; 1 until measured): an install that mostly waits on the network, or a test that
+    sleeps, takes little CPU however long it runs. ``min_contention`` (0.5) is there because a run's rollouts and
+    its event loop share the CPUs even when the run queue is empty at the moment of the decision: a guess that
+    computes must be right about one time in three before what its hits hide pays for what its misses burn, so
+    where tool calls are short and the guesses long shots (a hit hides a 30 ms ``cat``) nothing is launched, while
+    a long call that waits may still be a long shot.
     Memory, in the experiment's currency (GiB·s, here byte-seconds): a fork exists beside its rollout from its launch
     until the model asks for its call (the LLM time left in the turn, a turn more per chained call) or, if the call
     runs longer, until it finishes (``hold_seconds``), hit or miss; a hit makes the rollout finish the hidden seconds
@@ -130,6 +135,7 @@ class CostAwarePolicy:
         alpha: float = 0.3,
         llm_seconds: float = 3.0,
         cpu_weight: float = 1.0,
+        min_contention: float = 0.5,
         contention: Callable[[], float] | None = cpu_contention,
         loop_load: Callable[[], float] | None = loop_load,
         max_loop_load: float = 0.8,
@@ -161,10 +167,11 @@ class CostAwarePolicy:
         self._llm_prior = llm_seconds
         self._llm_sum, self._llm_n = 0.0, 0
         self.cpu_weight = cpu_weight
+        self.min_contention = min_contention
         self.contention = contention
         self.loop_load = loop_load
         self.max_loop_load = max_loop_load
-        self._load = 0.0
+        self._load = min_contention if contention is not None else 0.0  # read again at each select
         self.max_depth = max_depth
         self.group_forks = group_forks
         self.straggler_weight = straggler_weight
@@ -262,7 +269,7 @@ class CostAwarePolicy:
         return self.loop_load is None or self.loop_load() < self.max_loop_load
 
     def select(self, options: Sequence[Launch], *, running: int, forks: int) -> list[Launch]:
-        self._load = self.contention() if self.contention is not None else 0.0
+        self._load = max(self.contention(), self.min_contention) if self.contention is not None else 0.0
         for o in options:
             if o.rollout:
                 self._progress[o.rollout] = o.progress

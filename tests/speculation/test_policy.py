@@ -229,3 +229,52 @@ def test_under_contention_a_call_that_waits_costs_less_than_one_that_computes() 
     assert policy.select([busy], running=0, forks=0) == []
     policy.observe_cpu(busy.key, 5.0, 0.01)  # too short to say anything
     assert policy.cpu_share(busy) == pytest.approx(0.95)
+
+
+def test_a_long_shot_that_computes_is_not_launched_on_an_idle_machine_where_calls_are_short() -> None:
+    """The SWE replay's case: reads of 30 ms that compute (``cat``, ``grep``), guesses right one time in four, turns
+    under a second: what a hit hides (p x 30 ms) does not pay for the CPU the misses burn, even when the run queue is
+    empty at the moment of the decision; a likely guess, and a long shot that waits, still launch."""
+
+    def read(command: str, p: float) -> Launch:
+        cand = Candidate(name="bash", arguments={"command": command}, probability=p)
+        return Launch(candidate=cand, key=CallKey.of(BASH, {"command": command}), effect=Effect.READ)
+
+    policy = CostAwarePolicy(contention=lambda: 0.0, llm_seconds=0.65, memory_weight=0.0)
+    long_shot, likely = read("cat astropy/table/table.py", 0.25), read("cat astropy/io/fits/card.py", 0.9)
+    for launch in (long_shot, likely):
+        policy.observe_tool(launch.key, 0.03)
+        policy.observe_cpu(launch.key, 0.03, 0.06)  # a 30 ms call at a full CPU (measured over a longer one)
+    assert policy.select([long_shot], running=0, forks=0) == []
+    assert policy.select([likely], running=0, forks=0) == [likely]
+    # where turns last seconds, a long shot that waits (an install on the network) hides seconds and burns little
+    # CPU: it pays; one as long that computes does not
+    slow_turns = CostAwarePolicy(contention=lambda: 0.0, llm_seconds=3.0, memory_weight=0.0)
+    install, build = (
+        Launch(
+            candidate=Candidate(name="bash", arguments={"command": c}, probability=0.25, expected_seconds=4.0),
+            key=CallKey.of(BASH, {"command": c}), effect=Effect.WRITE,
+        )
+        for c in ("pip install numpy", "make -j2")
+    )  # fmt: skip
+    slow_turns.observe_cpu(install.key, 0.2, 4.0)
+    slow_turns.observe_cpu(build.key, 4.0, 4.0)
+    assert slow_turns.select([install], running=0, forks=0) == [install]
+    assert slow_turns.select([build], running=0, forks=0) == []
+    # it is the CPU a miss burns that stops the long shot: without the floor (or without weighing CPU) it launched
+    for unweighed in (
+        CostAwarePolicy(contention=lambda: 0.0, min_contention=0.0, llm_seconds=0.65, memory_weight=0.0),
+        CostAwarePolicy(contention=None, llm_seconds=0.65, memory_weight=0.0),
+    ):
+        unweighed.observe_tool(long_shot.key, 0.03)
+        unweighed.observe_cpu(long_shot.key, 0.03, 0.06)
+        assert unweighed.select([long_shot], running=0, forks=0) == [long_shot]
+    # a busier machine charges more than the floor: the likely guess of a longer computing call still pays at 0.9,
+    # a coin flip does not
+    busy = CostAwarePolicy(contention=lambda: 1.0, llm_seconds=3.0, memory_weight=0.0)
+    coin, sure = read("python3 run.py", 0.5), read("python3 check.py", 0.9)
+    for launch in (coin, sure):
+        busy.observe_tool(launch.key, 1.0)
+        busy.observe_cpu(launch.key, 1.0, 1.0)
+    assert busy.select([coin], running=0, forks=0) == []
+    assert busy.select([sure], running=0, forks=0) == [sure]
