@@ -32,7 +32,7 @@ from ._runtime._calls import (
 from ._runtime._handle import Executor, WorkspaceHandle
 from ._runtime._metrics import BranchRecord, RolloutMetrics, TimelineEvent, TurnMetrics
 from ._runtime._results import CallResult, TurnOutcome
-from ._runtime._speculation import BoundedPolicy, Speculation
+from ._runtime._speculation import BoundedPolicy, LiveForks, Speculation
 from ._runtime._turn import SpeculativeTurn, run_turn
 
 __all__ = [
@@ -43,6 +43,7 @@ __all__ = [
     "Candidate",
     "Executor",
     "Launch",
+    "LiveForks",
     "Policy",
     "PredictionContext",
     "Predictor",

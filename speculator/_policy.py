@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 import msgspec
 
 from bunshin_async.rollout import byte_seconds_net
-from bunshin_async.speculation import CallKey, Launch
+from bunshin_async.speculation import CallKey, Launch, LiveForks
 
 from ._signature import key_signature
 
@@ -177,7 +177,7 @@ class CostAwarePolicy:
         self.straggler_weight = straggler_weight
         self.straggler_reserve = straggler_reserve
         self._progress: dict[str, int] = {}  # calls made, per rollout still running
-        self._live: dict[str, int] = {}  # forks selected and not yet released, per rollout
+        self.live = LiveForks()  # forks selected and not yet released (closing ones included), per rollout
 
     def expected_seconds(self, option: Launch) -> float:
         exact = self._exact.get(option.key)
@@ -293,20 +293,19 @@ class CostAwarePolicy:
                 if not self._group_fork_allowed(option.rollout):
                     continue
                 forks += 1
-                self._live[option.rollout] = self._live.get(option.rollout, 0) + 1
+                self.live.add(option)
             running += 1
             out.append(option)
         return out
 
     def _group_fork_allowed(self, rollout: str) -> bool:
-        live = sum(self._live.values())
+        live = self.live.total()
         limit = self.group_forks if self.lag(rollout) >= 1.0 else self.group_forks - self.straggler_reserve
         return live < limit
 
     def release(self, launch: Launch, used: bool) -> None:
         """A branch this policy selected ended; ``used``: the main line took its result."""
-        if launch.needs_fork and self._live.get(launch.rollout, 0) > 0:
-            self._live[launch.rollout] -= 1
+        self.live.remove(launch)
         acc = self._launched.setdefault(launch.candidate.source, [0.0, 0.0])
         acc[0] += used
         acc[1] += launch.probability  # as predicted: calibration multiplies it
@@ -314,7 +313,7 @@ class CostAwarePolicy:
     def rollout_done(self, rollout: str) -> None:
         """``rollout`` ended: it no longer counts in its group's progress."""
         self._progress.pop(rollout, None)
-        self._live.pop(rollout, None)
+        self.live.forget(rollout)
 
     def observe_tool(self, key: CallKey, seconds: float) -> None:
         exact = self._exact.pop(key, None) or _Ewma(seconds)

@@ -9,19 +9,53 @@ from dataclasses import dataclass, field
 from ._calls import CallKey, Launch, Policy, Predictor
 from ._metrics import RolloutMetrics, TurnMetrics
 
-__all__ = ["BoundedPolicy", "Speculation", "policy_active", "policy_keeps"]
+__all__ = ["BoundedPolicy", "LiveForks", "Speculation", "policy_active", "policy_keeps"]
+
+
+class LiveForks:
+    """The forks a policy selected that the runtime has not released yet (``Policy.release``), per rollout: every
+    fork that exists, those still closing included. A turn's ``forks`` count (what ``select`` is given) shows only
+    its live branches; inside ``handle.background()`` the forks a finished turn let go close in the handle's task
+    group while the next turn already selects, so a policy that bounds forks counts them here, from its ``select``
+    (``add``) to its ``release`` (``remove``). Both policies use it: ``BoundedPolicy`` and ``speculator``'s."""
+
+    def __init__(self) -> None:
+        self._live: dict[str, int] = {}
+
+    def add(self, launch: Launch) -> None:
+        if launch.needs_fork:
+            self._live[launch.rollout] = self._live.get(launch.rollout, 0) + 1
+
+    def remove(self, launch: Launch) -> None:
+        if launch.needs_fork and self._live.get(launch.rollout, 0) > 0:
+            self._live[launch.rollout] -= 1
+
+    def of(self, rollout: str) -> int:
+        """Forks of ``rollout`` selected and not released."""
+        return self._live.get(rollout, 0)
+
+    def total(self) -> int:
+        """Forks of every rollout selected and not released (a group sharing the policy)."""
+        return sum(self._live.values())
+
+    def forget(self, rollout: str) -> None:
+        """``rollout`` ended (``Policy.rollout_done``)."""
+        self._live.pop(rollout, None)
 
 
 class BoundedPolicy:
     """The fallback policy: launch the most probable options while fewer than ``max_branches`` run and fewer than
     ``max_forks`` forks exist, if their probability is at least ``min_probability`` and they are at most
-    ``max_depth`` speculated calls deep. ``speculator`` has the cost-aware one."""
+    ``max_depth`` speculated calls deep. The forks counted are the rollout's that exist: the turn's and those a
+    finished turn's branches still close (``LiveForks``, until ``release``). ``speculator`` has the cost-aware
+    one."""
 
     def __init__(
         self, max_branches: int = 2, max_forks: int = 1, min_probability: float = 0.0, max_depth: int = 1
     ) -> None:
         self.max_branches, self.max_forks, self.min_probability = max_branches, max_forks, min_probability
         self.max_depth = max_depth
+        self.live = LiveForks()
 
     def select(self, options: Sequence[Launch], *, running: int, forks: int) -> list[Launch]:
         out: list[Launch] = []
@@ -31,12 +65,20 @@ class BoundedPolicy:
             if option.probability < self.min_probability or option.depth > self.max_depth:
                 continue
             if option.needs_fork:
-                if forks >= self.max_forks:
+                if max(forks, self.live.of(option.rollout)) >= self.max_forks:
                     continue
                 forks += 1
+                self.live.add(option)
             running += 1
             out.append(option)
         return out
+
+    def release(self, launch: Launch, used: bool) -> None:
+        """A branch this policy selected ended (its fork, if any, closed)."""
+        self.live.remove(launch)
+
+    def rollout_done(self, rollout: str) -> None:
+        self.live.forget(rollout)
 
     def observe_tool(self, key: CallKey, seconds: float) -> None:
         pass

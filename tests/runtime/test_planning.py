@@ -16,7 +16,7 @@ from bunshin_async._runtime._planning import (
     proposals,
     scores,
 )
-from bunshin_async._runtime._speculation import BoundedPolicy
+from bunshin_async._runtime._speculation import BoundedPolicy, LiveForks
 from bunshin_async._tools._tools import Effect, bash_tool
 
 pytestmark = pytest.mark.unit
@@ -72,6 +72,34 @@ def test_the_bounded_policy_keeps_to_its_budgets() -> None:
     assert [o.key for o in policy.select(options, running=0, forks=0)] == [_key("make a"), _key("ls")]
     assert [o.key for o in policy.select(options, running=0, forks=1)] == [_key("ls")]  # the fork budget is spent
     assert policy.select(options, running=3, forks=0) == []  # so is the branch budget
+
+
+def test_the_bounded_policy_counts_a_fork_until_it_is_released_not_while_its_turn_lives() -> None:
+    """Inside ``handle.background()`` a finished turn's unused forks close in the handle's task group while the next
+    turn selects with ``forks=0`` (its own live branches): the policy counts them until the runtime's ``release``
+    (its fork closed), per rollout, and forgets a rollout that ended."""
+    policy = BoundedPolicy(max_branches=4, max_forks=1)
+    (make_a,) = plan_launches([_p("make a", 0.9, effect=Effect.WRITE)], rollout="r")
+    (make_b,) = plan_launches([_p("make b", 0.9, effect=Effect.WRITE)], rollout="r")
+    (ls,) = plan_launches([_p("ls", 0.9)], rollout="r")
+    (other,) = plan_launches([_p("make b", 0.9, effect=Effect.WRITE)], rollout="s")
+    assert policy.select([make_a], running=0, forks=0) == [make_a]
+    assert policy.select([make_b, ls], running=0, forks=0) == [ls]  # make a's fork still closes: the budget is spent
+    assert policy.select([other], running=0, forks=0) == [other]  # another rollout's budget is its own
+    policy.release(ls, used=False)  # an in-place read held no fork
+    assert policy.select([make_b], running=0, forks=0) == []
+    policy.release(make_a, used=False)  # its fork closed
+    assert policy.select([make_b], running=0, forks=0) == [make_b]
+    assert policy.live.of("r") == 1 and policy.live.total() == 2
+    policy.rollout_done("r")
+    assert policy.select([make_a], running=0, forks=0) == [make_a]
+
+
+def test_both_policies_count_forks_in_flight_with_one_ledger() -> None:
+    """``speculator``'s policy bounds a group's forks in flight with the same ``LiveForks`` (not a copy of it)."""
+    from speculator import CostAwarePolicy
+
+    assert type(CostAwarePolicy().live) is type(BoundedPolicy().live) is LiveForks
 
 
 def test_each_predictors_guesses_are_scored_against_the_call_or_what_it_filters() -> None:
