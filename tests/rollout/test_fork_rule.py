@@ -34,6 +34,33 @@ def test_each_threshold_is_a_parameter() -> None:
     assert ForkRule(min_extra_bytes=MIB).pays(0.0, MIB) is True
 
 
+@pytest.mark.parametrize(
+    ("n", "setup_seconds", "extra_bytes", "pays"),
+    [
+        (2, 0.3, 0, False),  # a pair: one set-up spared does not pay for the dump and two restores
+        (3, 0.3, 0, True),  # two spared pay for the dump and three restores (0.6 s)
+        (3, 0.29, 0, False),
+        (16, 0.13, 0, True),  # fifteen spared: 1.95 s against 0.3 + 16 x 0.1
+        (16, 0.12, 0, False),
+        (64, 0.1, 0, False),  # however large the group, a set-up no longer than a restore is never forked
+        (2, 0.0, 8 * MIB, False),  # one copy's duplicate of 8 MiB is not worth the fork
+        (3, 0.0, 8 * MIB, True),  # two copies' are (16 MiB not held twice over)
+        (16, 0.0, 2 * MIB, True),
+        (16, 0.0, MIB, False),
+        (1, 30.0, 1 << 30, False),  # a group of one spares nothing
+    ],
+)
+def test_what_a_fork_spares_grows_with_the_group(n: int, setup_seconds: float, extra_bytes: int, pays: bool) -> None:
+    assert ForkRule().pays(setup_seconds, extra_bytes, n) is pays
+
+
+def test_a_group_of_two_is_the_thresholds_own_case() -> None:
+    rule = ForkRule(min_setup_seconds=1.0, min_extra_bytes=4 * MIB, restore_seconds=0.2)
+    assert rule.pays(1.0, 0) is rule.pays(1.0, 0, 2) is True and rule.pays(0.99, 0, 2) is False
+    assert rule.pays(0.0, 4 * MIB, 2) is True and rule.pays(0.0, 4 * MIB - 1, 2) is False
+    assert rule.pays(0.6, 0, 3) is True and rule.pays(0.59, 0, 3) is False  # 2 x 0.6 >= 1.0 + 0.2
+
+
 class _Agent:
     async def run(self, ctx: RolloutContext) -> Trajectory:
         raise AssertionError("never run")

@@ -298,3 +298,19 @@ async def test_a_set_up_that_writes_many_files_is_weighed_without_a_walk(monkeyp
     assert all(r.status == "finished" and r.fork_mode.startswith("criu") for r in results)
     assert agent.runs == {0: "x\n", 1: "x\n"}
     assert walks.roots == []
+
+
+@pytest.mark.parametrize(("n", "forked"), [(2, False), (3, True)])
+async def test_the_same_set_up_is_forked_for_a_larger_group(n: int, forked: bool) -> None:
+    """12 MiB left beyond a fresh workspace: a pair would hold them twice (under the 16 MiB a fork is worth), a group
+    of three three times (24 MiB spared): the rule weighs what the fork spares the group."""
+    task = Task(task_id="12m", prompt="", setup=["head -c $((12 << 20)) /dev/zero > data", "echo x >> ran.txt"],
+                reward_command="true")  # fmt: skip
+    agent = SetUpCount()
+    rule = ForkRule(min_setup_seconds=float("inf"))  # only the memory the set-up left can decide
+    async with GroupRollout(task, n, agent, fork_rule=rule) as group:
+        results = await group.collect()
+    assert group.forked is forked
+    assert all(r.status == "finished" for r in results)
+    assert agent.runs == dict.fromkeys(range(n), "x\n")
+    assert len(set(agent.workspaces.values())) == n
