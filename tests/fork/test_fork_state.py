@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+
 import anyio
 import pytest
 
@@ -204,27 +207,64 @@ async def test_fan_out_16(ws: Workspace) -> None:
             await c.aclose()
 
 
+def _kill_sleep(ws: Workspace) -> bool:
+    """Kill the workspace's ``sleep`` from the host (its cgroup's pids): what lets the held command go on."""
+    assert ws.cgroup is not None
+    for pid in ws.cgroup.pids():
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().strip() == "sleep":
+                    os.kill(pid, signal.SIGKILL)
+                    return True
+        except (OSError, ProcessLookupError):
+            pass
+    return False
+
+
 async def test_fork_waits_for_running_command(ws: Workspace) -> None:
     """Policy: a fork waits for tool calls in flight (a host connection cannot be dumped); the command finishes
-    in the parent only, and the copy sees its effects."""
+    in the parent only, and the copy sees its effects. The command is held (``sleep 1000``) until the fork waits
+    for it (its client's drain waits for the call in flight); the host then lets it go on. So the order is the
+    policy's whatever a fork takes: the command's result before the fork's copies, the copy with the command's
+    effect and without its process (a copy made mid-command would have the sleep and no /workspace/cmd)."""
+    order: list[str] = []
     results = {}
+    client = ws._core.client
+    assert client is not None
+    idle = client._drained  # the drain waits on a fresh event while a call is in flight (AgentClient.quiesce)
 
     async def long_command() -> None:
-        results["exec"] = await ws.exec("touch /workspace/started; sleep 1; echo done > /workspace/cmd; echo ok")
+        results["exec"] = await ws.exec("touch /workspace/started; sleep 1000; echo done > /workspace/cmd; echo ok")
+        order.append("command returned")
 
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(long_command)
-        with anyio.fail_after(30):  # the command runs (not: some time has passed)
-            while (await ws.exec("test -e /workspace/started")).exit_code:  # noqa: ASYNC110 - polls the guest
-                await anyio.sleep(0.02)
-        (child,) = await ws.fork()
-        in_parent = (await ws.exec("cat /workspace/cmd 2>/dev/null || echo running")).stdout
+    async def fork() -> None:
+        (results["child"],) = await ws.fork()
+        order.append("fork returned")
+
+    async def let_go_once_the_fork_waits() -> None:
+        while client._drained is idle or client._drained.is_set():
+            if order:  # the fork returned without waiting: leave the command held (the copy shows it)
+                return
+            await anyio.sleep(0.005)
+        order.append("fork waits")
+        assert await anyio.to_thread.run_sync(_kill_sleep, ws)
+
     try:
-        assert results["exec"].stdout == "ok\n"
-        # The fork returned after the command: the parent has its effect at once, and the copy has it too without
-        # having run it (a copy made mid-command would still be sleeping, without /workspace/cmd).
-        assert in_parent == "done\n"
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(long_command)
+                while (await ws.exec("test -e /workspace/started")).exit_code:  # noqa: ASYNC110 - polls the guest
+                    await anyio.sleep(0.02)
+                tg.start_soon(let_go_once_the_fork_waits)
+                await fork()
+                if "command returned" not in order:  # a fork that did not wait: let the command end, then fail
+                    await anyio.to_thread.run_sync(_kill_sleep, ws)
+        in_parent = (await ws.exec("cat /workspace/cmd 2>/dev/null || echo running")).stdout
+        assert order == ["fork waits", "command returned", "fork returned"]
+        assert results["exec"].stdout == "ok\n" and in_parent == "done\n"
+        child = results["child"]
         assert await child.read_text("/workspace/cmd") == "done\n"
         assert "sleep" not in (await child.exec("ps -eo comm")).stdout
     finally:
-        await child.aclose()
+        if "child" in results:
+            await results["child"].aclose()
