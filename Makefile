@@ -30,7 +30,7 @@ docs: setup
 # `pytest.mark.unit` in the module) are collected: importing and assertion-rewriting the other ~75 took most of the time.
 UNIT_MODULES = $(shell grep -rlE --include='test_*.py' --exclude-dir=dockerfiles 'mark\.unit\b' tests | sort)
 test-unit:
-	py=$$(scripts/unit-env.sh) && PYTHONPATH=$(CURDIR) "$$py" -m pytest -q -m unit -p no:cacheprovider $(UNIT_MODULES)
+	PYTHONPATH=$(CURDIR) scripts/unit-env.sh -m pytest -q -m unit -p no:cacheprovider $(UNIT_MODULES)
 
 # The clean-root set-up check: the set-up on a minimal Debian root that has never seen Bunshin (scripts/).
 # Debian 12, then Debian 13, whose Python 3.13 also runs the agent and workspace tests and the wheel test (a second
