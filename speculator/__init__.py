@@ -3,9 +3,9 @@
 ``default_speculation(group=task_id, table=shared_table)`` gives a ``Speculation`` with the stream tap (calls
 start as soon as their arguments are complete), siblings (what other rollouts of the group did next from the same
 history), observations (the module an import error names, filled into the calls that followed such errors, and
-into the commands a README quoted), the rollout's own recent runs, history (an n-gram model over call signatures,
-optionally trained on traces), signatures (what that model says comes next, made concrete from the group's calls)
-and user rules, under a cost-aware policy.
+into the commands a README quoted), the rollout's own recent runs, the first run of a script it just wrote,
+history (an n-gram model over call signatures, optionally trained on traces), signatures (what that model says
+comes next, made concrete from the group's calls) and user rules, under a cost-aware policy.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from ._recent import RecentPredictor
 from ._rules import OraclePredictor, Rule, RulePredictor
 from ._siblings import SiblingPredictor, SiblingTable
 from ._signature import command_program, signature
+from ._written import WrittenPredictor
 
 __all__ = [
     "NGRAM_TABLE",
@@ -39,6 +40,7 @@ __all__ = [
     "SiblingPredictor",
     "SiblingTable",
     "SignaturePredictor",
+    "WrittenPredictor",
     "command_program",
     "cpu_contention",
     "loop_load",
@@ -88,6 +90,7 @@ def default_speculation(
         ObservationPredictor(table),
         DocsPredictor(),
         RecentPredictor(),
+        WrittenPredictor(table),
     ]
     if model is not None:
         predictors += [HistoryPredictor(model), SignaturePredictor(model, table)]

@@ -1,0 +1,122 @@
+"""The first run of a script the rollout has just written (``WrittenPredictor``)."""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Sequence
+
+import msgspec
+
+from bunshin_async.speculation import CallKey, Candidate, PredictionContext
+
+from ._siblings import SiblingTable
+
+__all__ = ["WrittenPredictor"]
+
+# A script file, by the interpreter its extension names (the run a fresh one gets when nothing was learned).
+_RUNNERS = {
+    ".py": "python3",
+    ".sh": "bash",
+    ".bash": "bash",
+    ".js": "node",
+    ".mjs": "node",
+    ".rb": "ruby",
+    ".pl": "perl",
+}
+_PATH = r"""(['"]?)(?P<path>[\w.~+/-]+(?:""" + "|".join(re.escape(e) for e in _RUNNERS) + r"))\1(?![\w.-])"
+# Where the first line of a command writes a file: a redirection of cat/echo/printf (``cat > x.py <<'EOF'``,
+# ``cat <<EOF > x.py``, ``echo ... > x.sh``) or tee's argument (``tee x.py <<EOF``).
+_REDIRECT = re.compile(r"(?:^|[;&|]\s*)(?:cat|echo|printf)\b[^;&|\n]*?(?<![\d&])>{1,2}\s*" + _PATH)
+_TEE = re.compile(r"\btee\s+(?:-a\s+)?" + _PATH)
+_HOLE, _BASE = "\x00path\x00", "\x00base\x00"
+
+
+def written_script(command: str) -> str | None:
+    """The script file the first line of ``command`` writes (as the command names it), if any."""
+    first = command.split("\n", 1)[0]
+    m = _REDIRECT.search(first) or _TEE.search(first)
+    return m.group("path") if m else None
+
+
+def _script(call: CallKey) -> str | None:
+    command = call.arguments().get("command")
+    return written_script(command) if isinstance(command, str) else None
+
+
+class WrittenPredictor:
+    """After a call that writes a script (``cat > fix.py <<'EOF'``, ``tee run.sh``), its first run, in the form the
+    rollout used for the scripts it wrote before (``cd /app && python3 X``, ``timeout 30 python3 X 1``; the latest
+    first, ``own``), else in the forms its siblings used (``SiblingTable.templates``, by frequency, ``siblings``),
+    else the interpreter its extension names (``python3 X``, ``default``). Agents run a script they have just
+    written: the traces say it is the next call more often than not, and no sibling made that exact call before."""
+
+    name = "written"
+
+    def __init__(
+        self,
+        table: SiblingTable | None = None,
+        *,
+        own: float = 0.45,
+        siblings: float = 0.5,
+        default: float = 0.3,
+        top: int = 2,
+    ) -> None:
+        self.table = table if table is not None else SiblingTable()
+        self.own_confidence, self.sibling_confidence, self.default_confidence = own, siblings, default
+        self.top = top
+        self.own: dict[str, list[tuple[str, str]]] = defaultdict(list)  # extension -> templates, oldest first
+
+    def predict(self, ctx: PredictionContext) -> Sequence[Candidate]:
+        last = ctx.decided[-1] if ctx.decided else ctx.history[-1] if ctx.history else None
+        path = _script(last) if last is not None else None
+        if path is None:
+            return []
+        kind = _kind(path)
+        scored: dict[tuple[str, str], float] = {}
+        for rank, template in enumerate(reversed(self.own.get(kind, [])[-3:])):
+            scored[template] = max(scored.get(template, 0.0), self.own_confidence * 0.5**rank)
+        counts = self.table.templates.get(f"written{kind}")
+        if counts:
+            total = sum(counts.values())
+            for template, n in counts.most_common(3):
+                p = self.sibling_confidence * (0.3 + 0.7 * n / total)  # a form one sibling in five used: 0.2
+                scored[template] = max(scored.get(template, 0.0), p)
+        if not scored:
+            command = f"{_RUNNERS[kind]} {path}"
+            return [Candidate(name="bash", arguments={"command": command}, probability=self.default_confidence,
+                              source=self.name)]  # fmt: skip
+        base = path.rsplit("/", 1)[-1]
+        out = []
+        for (name, args), p in sorted(scored.items(), key=lambda x: -x[1]):
+            try:
+                arguments = msgspec.json.decode(args.replace(_HOLE, path).replace(_BASE, base))
+            except msgspec.DecodeError:
+                continue
+            if isinstance(arguments, dict):
+                out.append(Candidate(name=name, arguments=arguments, probability=p, source=self.name))
+        return out[: self.top]
+
+    def observe(self, ctx: PredictionContext, call: CallKey) -> None:
+        last = ctx.decided[-1] if ctx.decided else ctx.history[-1] if ctx.history else None
+        path = _script(last) if last is not None else None
+        if path is None:
+            return
+        text = call.args.decode()
+        if "\\n" in text:  # another heredoc, not a run
+            return
+        base = path.rsplit("/", 1)[-1]
+        template = text
+        if "/" in path:
+            template = re.sub(rf"(?<![\w./-]){re.escape(path)}(?![\w.-])", _HOLE, template)
+        if template == text:
+            template = re.sub(rf"(?<![\w.-]){re.escape(base)}(?![\w.-])", _BASE, text)
+        if template == text:
+            return
+        kind = _kind(path)
+        self.own[kind].append((call.name, template))
+        self.table.templates[f"written{kind}"][call.name, template] += 1
+
+
+def _kind(path: str) -> str:
+    return next(e for e in _RUNNERS if path.endswith(e))

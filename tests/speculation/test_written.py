@@ -1,0 +1,72 @@
+"""The first run of a script the rollout just wrote: where the command writes it, and the run's form learned from
+the rollout, then its siblings, else the extension's interpreter."""
+
+from __future__ import annotations
+
+import pytest
+
+from bunshin_async.speculation import CallKey, PredictionContext
+from bunshin_async.tools import bash_tool
+from speculator import SiblingTable, WrittenPredictor
+from speculator._written import written_script
+
+pytestmark = pytest.mark.unit
+
+BASH = bash_tool()
+
+
+def _key(command: str) -> CallKey:
+    return CallKey.of(BASH, {"command": command})
+
+
+def _ctx(*commands: str) -> PredictionContext:
+    return PredictionContext(history=tuple(_key(c) for c in commands), chain=b"", turn=len(commands), position=0)
+
+
+def _commands(predictor: WrittenPredictor, ctx: PredictionContext) -> list[tuple[str, float]]:
+    return [(c.arguments["command"], round(c.probability, 3)) for c in predictor.predict(ctx)]
+
+
+@pytest.mark.parametrize(
+    ("command", "path"),
+    [
+        ("cat > solve.py << 'EOF'\nprint(1)\nEOF", "solve.py"),
+        ("cat <<EOF > /app/run.sh\necho > x.py\nEOF", "/app/run.sh"),
+        ("cd /app && cat >> 'fix.py' <<'PY'\nx = 1\nPY", "fix.py"),
+        ("tee /tmp/check.js << 'EOF'\nconsole.log(1)\nEOF", "/tmp/check.js"),
+        ("echo 'print(2)' > t.py", "t.py"),
+        ("cat > notes.txt << 'EOF'\nhi\nEOF", None),  # not a script
+        ("cat data.json > x.json", None),
+        ("python3 solve.py > out.txt", None),  # a run that writes its output, not a script
+        ("cat solve.py", None),
+        ("ls 2> err.sh", None),  # a redirection of a program that is not writing text
+    ],
+)
+def test_the_script_a_command_writes_is_read_from_its_first_line(command: str, path: str | None) -> None:
+    assert written_script(command) == path
+
+
+def test_a_written_script_is_run_in_the_form_the_rollout_then_its_siblings_used() -> None:
+    table = SiblingTable()
+    mine, sibling = WrittenPredictor(table), WrittenPredictor(table)
+    write = "cat > explore.py << 'EOF'\nimport os\nEOF"
+    # nothing learned: the interpreter its extension names, at the default odds
+    assert _commands(mine, _ctx("ls", write)) == [("python3 explore.py", 0.3)]
+    assert _commands(mine, _ctx("ls")) == []  # the last call wrote nothing
+    # a sibling ran its own script with a timeout and an argument: that form, for this rollout's new script
+    sibling.observe(_ctx("ls", "cat > maze.py << 'EOF'\npass\nEOF"), _key("timeout 30 python3 maze.py 1"))
+    assert _commands(mine, _ctx("ls", write)) == [("timeout 30 python3 explore.py 1", 0.5)]
+    # the rollout's own form comes first (the group has now used each form once: half its odds); a full path fills
+    # the path, a bare name the name
+    mine.observe(_ctx("cat > /app/a.py << 'EOF'\nEOF"), _key("cd /app && python3 /app/a.py"))
+    assert _commands(mine, _ctx("cat > /app/b.py << 'EOF'\nEOF")) == [
+        ("cd /app && python3 /app/b.py", 0.45),
+        ("timeout 30 python3 b.py 1", 0.325),
+    ]
+    # a call after the write that does not run it (another heredoc, an unrelated command) teaches nothing
+    before = dict(table.templates)
+    mine.observe(_ctx(write), _key("cat > other.py << 'EOF'\nexplore.py\nEOF"))
+    mine.observe(_ctx(write), _key("ls -la"))
+    assert dict(table.templates) == before
+    # another kind of script: its own forms (none yet), so its interpreter
+    assert _commands(mine, _ctx("cat > run.sh << 'EOF'\nEOF")) == [("bash run.sh", 0.3)]
