@@ -13,6 +13,7 @@ from bunshin_async.rollout import (
     ForkRule,
     GroupRollout,
     RolloutContext,
+    RolloutResult,
     Step,
     Task,
     Trajectory,
@@ -265,6 +266,14 @@ async def test_a_slow_set_up_is_forked() -> None:
     assert len(set(agent.workspaces.values())) == 3
 
 
+async def _decided_by_memory(task: Task, n: int) -> tuple[bool | None, list[RolloutResult], SetUpCount]:
+    """Runs a group of ``n`` whose fork only the memory its set-up left can decide: what it did, its results."""
+    agent = SetUpCount()
+    async with GroupRollout(task, n, agent, fork_rule=ForkRule(min_setup_seconds=float("inf"))) as group:
+        results = await group.collect()
+    return group.forked, results, agent
+
+
 async def test_a_set_up_holding_memory_is_forked() -> None:
     hold = "import time; b = bytes(range(256)) * (32 << 12); open('held', 'w').close(); time.sleep(1e6)"
     heavy = Task(
@@ -275,11 +284,8 @@ async def test_a_set_up_holding_memory_is_forked() -> None:
         ready=["test -e held"],
         reward_command="true",
     )
-    agent = SetUpCount()
-    rule = ForkRule(min_setup_seconds=float("inf"))  # only the memory the set-up left can decide
-    async with GroupRollout(heavy, 2, agent, fork_rule=rule) as group:
-        results = await group.collect()
-    assert group.forked is True
+    forked, results, agent = await _decided_by_memory(heavy, 2)
+    assert forked is True
     assert all(r.status == "finished" and r.fork_mode.startswith("criu") for r in results)
     assert agent.runs == {0: "x\n", 1: "x\n"}
 
@@ -289,12 +295,9 @@ async def test_a_set_up_that_writes_many_files_is_weighed_without_a_walk(monkeyp
     20000 files and 24 MiB written decide the fork by memory, and no tree of any workspace is walked."""
     write = "mkdir many && cd many && seq 20000 | xargs touch && head -c $((24 << 20)) /dev/urandom > data"
     files = Task(task_id="files", prompt="", setup=[write, "echo x >> ran.txt"], reward_command="true")
-    agent = SetUpCount()
     walks = Walks().install(monkeypatch)
-    rule = ForkRule(min_setup_seconds=float("inf"))  # only the memory the set-up left can decide
-    async with GroupRollout(files, 2, agent, fork_rule=rule) as group:
-        results = await group.collect()
-    assert group.forked is True
+    forked, results, agent = await _decided_by_memory(files, 2)
+    assert forked is True
     assert all(r.status == "finished" and r.fork_mode.startswith("criu") for r in results)
     assert agent.runs == {0: "x\n", 1: "x\n"}
     assert walks.roots == []
@@ -306,11 +309,8 @@ async def test_the_same_set_up_is_forked_for_a_larger_group(n: int, forked: bool
     of three three times (24 MiB spared): the rule weighs what the fork spares the group."""
     task = Task(task_id="12m", prompt="", setup=["head -c $((12 << 20)) /dev/zero > data", "echo x >> ran.txt"],
                 reward_command="true")  # fmt: skip
-    agent = SetUpCount()
-    rule = ForkRule(min_setup_seconds=float("inf"))  # only the memory the set-up left can decide
-    async with GroupRollout(task, n, agent, fork_rule=rule) as group:
-        results = await group.collect()
-    assert group.forked is forked
+    decided, results, agent = await _decided_by_memory(task, n)
+    assert decided is forked
     assert all(r.status == "finished" for r in results)
     assert agent.runs == dict.fromkeys(range(n), "x\n")
     assert len(set(agent.workspaces.values())) == n
