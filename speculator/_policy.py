@@ -112,8 +112,9 @@ class CostAwarePolicy:
     the rest of this turn's LLM time plus at most ``depth`` more turns' (it is asked for at least ``depth`` calls
     later); deeper than ``max_depth`` is never launched.
 
-    Groups: rollouts that share the policy share ``group_forks`` forks in flight, and the one furthest behind
-    (fewest calls made among the rollouts still running: a group's latency is its straggler's) is preferred: its
+    Groups: rollouts that share the policy share ``group_forks`` forks in flight, and the one furthest behind its
+    group (``Launch.group``; fewest calls made among the group's rollouts still running: a group's latency is its
+    straggler's; a group of one has none, whatever other groups share the policy) is preferred: its
     expected gain counts ``1 + straggler_weight`` times (others' in proportion to how far behind they are), and
     the last ``straggler_reserve`` of the group's forks are its alone.
     """
@@ -177,6 +178,7 @@ class CostAwarePolicy:
         self.straggler_weight = straggler_weight
         self.straggler_reserve = straggler_reserve
         self._progress: dict[str, int] = {}  # calls made, per rollout still running
+        self._group: dict[str, str] = {}  # the group of each rollout in _progress
         self.live = LiveForks()  # forks selected and not yet released (closing ones included), per rollout
 
     def expected_seconds(self, option: Launch) -> float:
@@ -197,10 +199,16 @@ class CostAwarePolicy:
         return 1.0 if share is None else min(1.0, share.value)
 
     def lag(self, rollout: str) -> float:
-        """How far ``rollout`` is behind its group, 0 (the front, or alone) to 1 (the straggler)."""
-        if rollout not in self._progress or len(self._progress) < 2:
+        """How far ``rollout`` is behind the other rollouts of its group (``Launch.group``) still running, 0 (the
+        front, or alone: a group of one has no straggler, whatever other groups share the policy) to 1 (the
+        straggler)."""
+        if rollout not in self._progress:
             return 0.0
-        lo, hi = min(self._progress.values()), max(self._progress.values())
+        group = self._group.get(rollout, "")
+        peers = [n for r, n in self._progress.items() if self._group.get(r, "") == group]
+        if len(peers) < 2:
+            return 0.0
+        lo, hi = min(peers), max(peers)
         return 1.0 if hi == lo else (hi - self._progress[rollout]) / (hi - lo)
 
     def calibration(self, source: str) -> float:
@@ -273,6 +281,7 @@ class CostAwarePolicy:
         for o in options:
             if o.rollout:
                 self._progress[o.rollout] = o.progress
+                self._group[o.rollout] = o.group
         ranked = sorted(
             (
                 (self.saving(o), o)
@@ -313,6 +322,7 @@ class CostAwarePolicy:
     def rollout_done(self, rollout: str) -> None:
         """``rollout`` ended: it no longer counts in its group's progress."""
         self._progress.pop(rollout, None)
+        self._group.pop(rollout, None)
         self.live.forget(rollout)
 
     def observe_tool(self, key: CallKey, seconds: float) -> None:

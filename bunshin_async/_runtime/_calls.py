@@ -115,8 +115,9 @@ class Launch(msgspec.Struct, frozen=True, kw_only=True):
     their candidates' probabilities), so the launch pays only with probability ``prior x candidate.probability``;
     ``parent`` is the launch of the branch it follows (a policy that calibrates its predictors recalibrates the
     chain's odds through it).
-    ``rollout`` names the rollout it is for (stable over its turns) and ``progress`` counts the calls that rollout
-    has made: a policy shared by a group prefers its straggler."""
+    ``rollout`` names the rollout it is for (stable over its turns), ``group`` its group (``Speculation.group``) and
+    ``progress`` counts the calls that rollout has made: a policy shared by a group prefers its straggler (one
+    shared by several groups, each group's)."""
 
     candidate: Candidate
     key: CallKey
@@ -127,6 +128,7 @@ class Launch(msgspec.Struct, frozen=True, kw_only=True):
     rollout: str = ""
     progress: int = 0
     parent: Launch | None = None
+    group: str = ""
 
     @property
     def probability(self) -> float:

@@ -56,6 +56,7 @@ def plan_launches(
     parent: Launch | None = None,
     rollout: str = "",
     progress: int = 0,
+    group: str = "",
 ) -> list[Launch]:
     """The launches ``predictions`` allow, best first: speculable ones only, one per call (the most probable
     candidate's), none ``in_flight`` (a branch runs it already, or the main line will), none ``veto`` rejects. A
@@ -69,7 +70,7 @@ def plan_launches(
         if before is None or cand.probability > before.candidate.probability:
             merged[p.key] = Launch(
                 candidate=cand, key=p.key, effect=p.effect, turn_elapsed=turn_elapsed, depth=depth, prior=prior,
-                rollout=rollout, progress=progress, parent=parent,
+                rollout=rollout, progress=progress, parent=parent, group=group,
             )  # fmt: skip
     return sorted(
         (o for k, o in merged.items() if k not in in_flight and (veto is None or not veto(o))),
@@ -202,7 +203,7 @@ class Planner:
         return plan_launches(
             predictions, in_flight=exclude, veto=spec.skip if parent is None else None, parent=parent,
             turn_elapsed=0.0 if ahead else self.log.clock() - self.log.t0, rollout=self.handle.name,
-            progress=len(ctx.history),
+            progress=len(ctx.history), group=spec.group,
         )  # fmt: skip
 
     def score(self, position: int, wanted: Collection[CallKey | None]) -> None:

@@ -40,6 +40,9 @@ def test_one_launch_per_call_the_most_probable_best_first() -> None:
         (_key("ls"), 0.4, "b"),
     ]
     assert [o.needs_fork for o in plans] == [True, False]
+    # each launch says whose it is: the rollout, its progress and its group (a shared policy's straggler is per group)
+    mine = plan_launches([_p("ls", 0.4)], rollout="r1", progress=3, group="task-7")
+    assert [(o.rollout, o.progress, o.group) for o in mine] == [("r1", 3, "task-7")]
 
 
 def test_external_nondeterministic_and_unknown_calls_are_never_planned() -> None:

@@ -60,6 +60,19 @@ def test_the_group_straggler_gets_the_last_forks() -> None:
     assert policy.lag("c") == 1.0 and policy.lag("a") == 0.0
 
 
+def test_the_straggler_is_its_own_groups_and_a_group_of_one_has_none() -> None:
+    """One policy shared by several groups (the experiment's): lag is measured among a rollout's own group, so the
+    rollouts of groups of one (the SWE replay) never count as stragglers of the others."""
+    policy = CostAwarePolicy(contention=None)
+    for rollout, group, calls in (("a0", "a", 9), ("a1", "a", 3), ("b0", "b", 1), ("c0", "c", 20)):
+        launch = msgspec.structs.replace(_launch(rollout, calls, p=0.0), group=group)
+        policy.select([launch], running=0, forks=0)
+    assert policy.lag("a1") == 1.0 and policy.lag("a0") == 0.0
+    assert policy.lag("b0") == 0.0 and policy.lag("c0") == 0.0  # alone in their groups, however far behind
+    policy.rollout_done("a0")
+    assert policy.lag("a1") == 0.0
+
+
 def test_a_lone_rollout_is_nobodys_straggler() -> None:
     policy = CostAwarePolicy(contention=None)
     _group(policy, {"solo": 3})
