@@ -241,6 +241,10 @@ async def _dump(
     req.opts.timeout = FREEZE_TIMEOUT
     if freezer is not None:
         req.opts.freeze_cgroup = str(freezer)
+        if OVERLAP:
+            # CRIU reads the tree's /proc/PID/smaps (a page-table walk) when it answers the ready check, while the
+            # tree runs; frozen, it reads /proc/PID/maps and reuses what is unchanged (criu/patches/0015).
+            env = {**env, "CRIU_SMAPS_EARLY": str(freezer)}
     if parent is not None:
         req.opts.parent_img = f"../../{parent.name}/images"  # relative to snap.images, as CRIU wants it
     t0 = time.monotonic()

@@ -1,11 +1,13 @@
 """Runs inside a workspace (python3 track_guest.py): private anonymous memory the write-tracking tests change
-between checkpoints (tests/fork/test_track_writes.py). It holds a 16 MiB buffer (and a 32 MiB ``PROT_NONE``
-reservation it never touches); for each request file /workspace/req-<n>, in order, it runs the command in it and
-answers the digest of all it holds in /workspace/ans-<n> (written by rename): ``write K`` adds 1 to one byte in each
-of K pages of the buffer spread over it, ``map M`` maps M MiB more (a new VMA) and fills every page, ``zap K`` drops
-the buffer's first K pages (``MADV_DONTNEED``: they read as zeros), ``digest`` only answers. A restored copy answers
-its next request."""
+between checkpoints (tests/fork/test_track_writes.py, test_smaps_early.py). It holds a 16 MiB buffer, a 32 MiB
+``PROT_NONE`` reservation and a 64 KiB mapping of its own; for each request file /workspace/req-<n>, in order, it runs
+the command in it and answers the digest of all it holds in /workspace/ans-<n> (written by rename): ``write K`` adds 1
+to one byte in each of K pages of the buffer spread over it, ``map M`` maps M MiB more (a new VMA) and fills every
+page, ``zap K`` drops the buffer's first K pages (``MADV_DONTNEED``: they read as zeros), ``open`` makes the whole
+reservation readable (``mprotect``: its zeros join the digest), ``lock`` locks the 64 KiB mapping, whole (``mlock``:
+status ``VmLck`` joins the digest), ``digest`` only answers. A restored copy answers its next request."""
 
+import ctypes
 import hashlib
 import mmap
 import os
@@ -13,6 +15,9 @@ import time
 
 PAGE = 4096
 FLAGS = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS  # Python's default anonymous mmap is MAP_SHARED (shmem)
+RESERVED = 32 << 20
+LOCKABLE = 64 << 10
+MAP_NORESERVE = 0x4000
 
 
 def mapping(mib, seed):
@@ -25,8 +30,19 @@ def mapping(mib, seed):
 def main():
     # a reservation never touched, as malloc arenas keep (PROT_NONE): armed, its holes hold uffd-wp PTE markers,
     # which no dump may take for pages (32 MiB of them would be 8192 pages of zeros in every first snapshot)
-    reserved = mmap.mmap(-1, 32 << 20, flags=FLAGS, prot=0)  # noqa: F841 - PROT_NONE, kept mapped
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    libc.mlock.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    reserved = libc.mmap(None, RESERVED, 0, FLAGS, -1, 0)  # PROT_NONE until ``open``, kept mapped
+    assert reserved not in (None, ctypes.c_void_p(-1).value)
+    # MAP_NORESERVE: a VMA no neighbour merges with, so that locking it changes its flags and nothing maps shows
+    lockable = libc.mmap(None, LOCKABLE, mmap.PROT_READ | mmap.PROT_WRITE, FLAGS | MAP_NORESERVE, -1, 0)
+    assert lockable not in (None, ctypes.c_void_p(-1).value)
+    ctypes.memset(lockable, 7, LOCKABLE)
     bufs = [mapping(16, 0)]
+    opened = locked = False
     n = 0
     while True:
         try:
@@ -44,9 +60,22 @@ def main():
             bufs.append(mapping(int(arg[0]), len(bufs)))
         elif cmd == "zap":
             bufs[0].madvise(mmap.MADV_DONTNEED, 0, int(arg[0]) * PAGE)
+        elif cmd == "open":
+            if libc.mprotect(reserved, RESERVED, mmap.PROT_READ):
+                raise OSError(ctypes.get_errno(), "mprotect")
+            opened = True
+        elif cmd == "lock":
+            if libc.mlock(lockable, LOCKABLE):
+                raise OSError(ctypes.get_errno(), "mlock")
+            locked = True
         h = hashlib.sha256()
         for b in bufs:
             h.update(b)
+        if opened:
+            h.update(ctypes.string_at(reserved, RESERVED))  # a copy that restored it PROT_NONE dies here
+        if locked:
+            with open("/proc/self/status") as f:
+                h.update(next(line for line in f if line.startswith("VmLck:")).encode())
         with open(f"/workspace/ans-{n}.tmp", "w") as f:
             f.write(h.hexdigest())
         os.rename(f"/workspace/ans-{n}.tmp", f"/workspace/ans-{n}")
