@@ -304,7 +304,8 @@ class SwrkCriu:
                 await self.on_spawn(proc.pid)
             if ready is not None:
                 # A VERSION request kept open (cr-service.c, chk_keepopen_req) is answered once CRIU has exec'd
-                # and initialised; it then waits for the next request.
+                # and initialised (and, with CRIU_SMAPS_EARLY, read the tree's smaps: criu/patches/0015); it then
+                # waits for the next request.
                 hello = pb.criu_req(type=pb.VERSION, keep_open=True)
                 with anyio.fail_after(timeout):
                     await self._converse_while_alive(proc, ours, hello, None, None, pb)
