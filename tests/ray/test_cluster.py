@@ -56,8 +56,11 @@ class DigestAgent:
     (the cluster, the group's size) the rollouts wait for each other once they have asked, and the last to ask
     records the snapshots each host then holds (``snapshots_held``: every copy exists by then)."""
 
-    def __init__(self, hold: float = 0.0, watch: tuple[RayCluster, int] | None = None) -> None:
+    def __init__(
+        self, hold: float = 0.0, watch: tuple[RayCluster, int] | None = None, release: anyio.Event | None = None
+    ) -> None:
         self.hold = hold
+        self.release = release  # with it, the rollouts hold until it is set instead
         self.watch = watch
         self.answers: dict[int, tuple[str, int]] = {}
         self.nodes: dict[int, str] = {}
@@ -75,6 +78,9 @@ class DigestAgent:
                 self._all_asked.set()
             with anyio.fail_after(60):
                 await self._all_asked.wait()
+        if self.release is not None:
+            with anyio.fail_after(120):
+                await self.release.wait()
         await anyio.sleep(self.hold)
         await ws.exec(f"echo {self.answers[ctx.rollout][0]} > /workspace/digest.txt")
         return Trajectory(task_id=ctx.task.task_id, rollout=ctx.rollout, steps=[Step(tool="bash", exit_code=0)])
@@ -335,7 +341,7 @@ async def test_a_killed_driver_leaks_nothing(ray_env: RayEnv, cluster: RayCluste
 
 async def test_a_host_killed_mid_group_fails_only_its_rollouts(ray_env: RayEnv, hosts: dict[str, Any]) -> None:
     base: RayCluster = hosts["cluster"]
-    agent = DigestAgent(hold=5.0)
+    agent = DigestAgent(release=anyio.Event())
     results = []
     async with RayCluster(base.hosts, lease_seconds=LEASE) as cluster:
         async with ClusterGroupRollout(cluster, task(setup_sleep=2), 8, agent, rollout_seconds=30) as group:
@@ -346,6 +352,16 @@ async def test_a_host_killed_mid_group_fails_only_its_rollouts(ray_env: RayEnv, 
                         await anyio.sleep(0.05)
                 victim = next(h for h in cluster.hosts if h.name != group.base_host)
                 ray.kill(victim.actor, no_restart=True)
+                # ray.kill only asks: the rollouts go on once the host answers no more (a fixed hold raced it)
+                with anyio.fail_after(60):
+                    while True:
+                        try:
+                            await victim.info()
+                        except HostError:
+                            break
+                        await anyio.sleep(0.1)
+                assert agent.release is not None
+                agent.release.set()
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(kill_when_all_started)
