@@ -267,14 +267,16 @@ async def test_async_concurrent_creates_and_metadata_filter(e2b_server: Served) 
 
 
 async def test_a_dead_client_leaves_nothing_after_its_timeout(e2b_server: Served) -> None:
-    script = "import e2b, sys, time; s = e2b.Sandbox.create(timeout=2); print(s.sandbox_id, flush=True); time.sleep(60)"
+    script = "import e2b, sys, time; s = e2b.Sandbox.create(timeout=99); print(s.sandbox_id, flush=True); time.sleep(9)"
     with subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) as proc:
         try:
             assert proc.stdout is not None
             sandbox_id = (await anyio.to_thread.run_sync(proc.stdout.readline)).strip()
         finally:
             proc.send_signal(signal.SIGKILL)
+    # Outlives its client (a short create timeout raced this check on a loaded machine); then its timeout ends it.
     assert (await AsyncSandbox.get_info(sandbox_id)).state.value == "running"
+    await AsyncSandbox.set_timeout(sandbox_id, 1)
     with anyio.fail_after(30):
         while e2b_server.server.sandboxes.reaped == 0:
             await anyio.sleep(0.2)
