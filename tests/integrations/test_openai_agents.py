@@ -120,7 +120,9 @@ async def test_cancelled_and_timed_out_runs_leave_no_workspace(clean: Clean) -> 
             async with asyncio.timeout(3):
                 await Runner.run(_agent("sleep 120"), "go", run_config=config)
         task = asyncio.ensure_future(Runner.run(_agent("sleep 120"), "go", run_config=config))
-        await asyncio.sleep(2)
+        async with asyncio.timeout(60):  # cancelled once the run holds a workspace (a fixed wait may come before)
+            while not client.live_workspaces:
+                await asyncio.sleep(0.05)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
