@@ -350,12 +350,15 @@ def watch_events(before: dict[str, str], after: dict[str, str]) -> list[dict[str
 # With stdin, a holder (a subshell in the command's process group) keeps the FIFO open for writing while the
 # command runs, so that the command sees no end of file between two ``send_stdin`` calls; ``close_stdin`` ends the
 # holder (its pid is in ``hold``) and the command reads to an end of file. The holder leaves within a second of the
-# command (it looks with ``kill -0``); the command's open of the FIFO waits for the holder's (fifo(7)).
+# command (it looks with ``kill -0``). The command's end is opened (fd 3, waiting for the holder's: fifo(7)) before
+# ``hold`` names the holder: a holder ended before that open left the command's open waiting for a writer forever,
+# and what ``send_stdin`` had written was dropped with the pipe.
 _WRAPPER = (
     'd=$1 s=$2; shift 2; mkdir -p "${d%/*}" && mkdir -m 700 "$d" && : >"$d/out" && : >"$d/err" || exit 126; '
     'if [ "$s" = 1 ]; then mkfifo "$d/in" || exit 126; p=$$; '
     '(while kill -0 "$p" 2>/dev/null; do sleep 1 </dev/null; done) <>"$d/in" >/dev/null 2>&1 & '
-    'echo $! >"$d/hold" && exec "$@" <"$d/in" >"$d/out" 2>"$d/err"; exit 126; fi; '
+    'h=$!; exec 3<"$d/in" || exit 126; '
+    'echo $h >"$d/hold" && exec "$@" <&3 3<&- >"$d/out" 2>"$d/err"; exit 126; fi; '
     'exec "$@" </dev/null >"$d/out" 2>"$d/err"'
 )
 

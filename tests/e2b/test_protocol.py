@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import base64
+import os
+import signal
 import struct
+import subprocess
+import time
+from pathlib import Path
 
 import anyio
 import httpx
@@ -84,6 +89,33 @@ def test_commands_from_a_client_are_checked() -> None:
         with pytest.raises(_wire.RpcError) as info:
             _envd.check_config(bad)
         assert info.value.code == "invalid_argument"
+
+
+def test_a_commands_stdin_holder_is_named_only_once_the_command_holds_its_end(tmp_path: Path) -> None:
+    """The start wrapper (run here by the host's /bin/sh) writes ``hold`` after the command's end of the FIFO is
+    open: ending the holder at once, as a ``close_stdin`` right after the start does, gives the command what was
+    sent and an end of file. (The holder named before that open was ended, 1 time in 5, while the command's open
+    still waited for a writer, which then never came: the command hung and the input was lost.)"""
+    for i in range(20):
+        d = tmp_path / "p" / str(i)
+        argv = ["/bin/sh", "-c", _envd._WRAPPER, "sh", str(d), "1", "sh", "-c", "cat; echo done"]
+        proc = subprocess.Popen(argv)
+        try:
+            deadline = time.monotonic() + 30  # a hang guard
+            while not ((d / "hold").exists() and (d / "hold").read_text().strip()):
+                assert time.monotonic() < deadline, "the wrapper named no holder"
+            # the wrapper (which becomes the command) already reads the FIFO: the holder is not its only end
+            fds = [os.path.realpath(f"/proc/{proc.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{proc.pid}/fd")]
+            assert os.path.realpath(d / "in") in fds
+            with open(d / "in", "wb") as fifo:  # send_stdin: a reader is there, the write does not wait
+                fifo.write(b"sent\n")
+            os.kill(int((d / "hold").read_text()), signal.SIGTERM)  # close_stdin
+            assert proc.wait(timeout=30) == 0  # a hang guard: the command reads to its end of file
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert (d / "out").read_text() == "sent\ndone\n"
 
 
 def test_find_output_parses_into_entries() -> None:
