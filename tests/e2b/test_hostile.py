@@ -35,7 +35,9 @@ def test_a_symlink_target_starting_with_a_newline_is_listed(e2b_server: Served) 
 
 def test_another_users_process_cannot_read_or_feed_a_commands_control_files(e2b_server: Served) -> None:
     with Sandbox.create() as sbx:
-        secret = sbx.commands.run("echo root-secret; sleep 60", background=True, stdin=True)
+        secret = sbx.commands.run("echo root-secret; touch /tmp/said; sleep 60", background=True, stdin=True)
+        # the secret is in its output file before the probe looks (else the probe could find nothing to leak)
+        sbx.commands.run("until [ -e /tmp/said ]; do sleep 0.1; done", timeout=60)
         probe = "cat /run/e2b/p/*/out; ls /run/e2b/p | wc -l; for f in /run/e2b/p/*/in; do echo x > $f; done; true"
         out = sbx.commands.run(probe, user="nobody", timeout=10).stdout  # type: ignore[arg-type]
         assert "root-secret" not in out and out.split()[0] == "0"
