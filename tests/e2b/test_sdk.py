@@ -393,9 +393,9 @@ async def test_close_stdin_ends_a_commands_input_and_pty_is_refused(e2b_server: 
         cat = await sbx.commands.run("cat; echo done", background=True, stdin=True)
         await cat.close_stdin()  # the handle's own, with nothing sent
         assert (await cat.wait()).stdout == "done\n"
-        # the stdin holders leave with their commands (within a second: they look every second)
+        # the stdin holders leave with their commands (within a second: they look every second; 30 s is a hang guard)
         left = "grep -h -x -e wc -e cat -e sleep /proc/[0-9]*/comm 2>/dev/null"
-        wait = f'for i in $(seq 50); do n=$({left}); [ -z "$n" ] && break; sleep 0.1; done; echo "[$n]"'
+        wait = f'for i in $(seq 300); do n=$({left}); [ -z "$n" ] && break; sleep 0.1; done; echo "[$n]"'
         assert (await sbx.commands.run(wait)).stdout == "[]\n"
         with pytest.raises(e2b.SandboxException, match="PTY sessions are not served"):
             await sbx.pty.create(e2b.PtySize(rows=24, cols=80), on_data=lambda data: None)
