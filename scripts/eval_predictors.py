@@ -32,7 +32,7 @@ from bunshin_async.speculation import CallKey, Candidate, PredictionContext, Pre
 from speculator import NgramModel, SiblingTable, default_ngram, default_speculation  # noqa: E402
 from speculator._offline import OfflineReport, Record, _calls, evaluate, leave_task_out, load_groups  # noqa: E402
 
-PREDICTORS = ("siblings", "observation", "docs", "recent", "history", "signatures")
+PREDICTORS = ("siblings", "observation", "docs", "recent", "written", "history", "signatures")
 
 
 class _Seen:
