@@ -13,9 +13,11 @@ from typing import Any
 
 import anyio
 import pytest
+import ray
 from ray.cluster_utils import Cluster
 
-from bunshin_async.integrations.ray import HostConfig, RayCluster
+from bunshin_async import HostError
+from bunshin_async.integrations.ray import HostConfig, HostRef, RayCluster
 from tests._leaks import children, leftovers
 from tests.cache.conftest import RedisServer
 from tests.transfer._homes import Home
@@ -130,3 +132,16 @@ async def no_leaks(ray_env: RayEnv) -> AsyncIterator[None]:
             await anyio.sleep(0.1)
     left = [f"{h.cgroup_parent}: {x}" for h in ray_env.homes for x in h.leftovers()]
     assert not left, f"left behind on the hosts: {left}"
+
+
+async def kill_host(host: HostRef) -> None:
+    """Kill a host's actor and return once it answers no more: ``ray.kill`` only asks, and a call that reached the
+    actor before it died would still succeed."""
+    ray.kill(host.actor, no_restart=True)
+    with anyio.fail_after(60):
+        while True:
+            try:
+                await host.info()
+            except HostError:
+                return
+            await anyio.sleep(0.1)

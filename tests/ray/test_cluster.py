@@ -22,7 +22,7 @@ from bunshin_async import (
 from bunshin_async.integrations._ray import _remote
 from bunshin_async.integrations.ray import ClusterGroupRollout, RayCluster, RemoteWorkspace
 from bunshin_async.rollout import RolloutContext, Step, Task, Trajectory
-from tests.ray.conftest import LEASE, LIMIT, RayEnv
+from tests.ray.conftest import LEASE, LIMIT, RayEnv, kill_host
 
 GUEST = (Path(__file__).parents[1] / "transfer" / "memory_guest.py").read_bytes()
 MIB = 16
@@ -351,15 +351,7 @@ async def test_a_host_killed_mid_group_fails_only_its_rollouts(ray_env: RayEnv, 
                     while len(agent.answers) < 8:
                         await anyio.sleep(0.05)
                 victim = next(h for h in cluster.hosts if h.name != group.base_host)
-                ray.kill(victim.actor, no_restart=True)
-                # ray.kill only asks: the rollouts go on once the host answers no more (a fixed hold raced it)
-                with anyio.fail_after(60):
-                    while True:
-                        try:
-                            await victim.info()
-                        except HostError:
-                            break
-                        await anyio.sleep(0.1)
+                await kill_host(victim)  # the rollouts go on once the host answers no more (a fixed hold raced it)
                 assert agent.release is not None
                 agent.release.set()
 

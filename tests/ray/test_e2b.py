@@ -27,7 +27,7 @@ import ray
 import uvicorn
 from e2b import AsyncSandbox
 
-from bunshin_async import HostError, Limits, ServeError
+from bunshin_async import Limits, ServeError
 from bunshin_async._e2b._ray import RayBackend, RemoteHandle
 from bunshin_async.integrations.e2b import E2BServer
 from bunshin_async.integrations.ray import HostConfig, HostRef, RayCluster, RemoteWorkspace
@@ -44,7 +44,7 @@ from tests.e2b.test_sdk import (  # the single-host suite, run here against sand
     test_sync_files_round_trip,  # noqa: F401
     test_sync_lifecycle_commands_and_exit_code,  # noqa: F401
 )
-from tests.ray.conftest import LEASE, ROOT, RayEnv
+from tests.ray.conftest import LEASE, ROOT, RayEnv, kill_host
 
 SLOTS = 10
 """Workspaces per node: 16 sandboxes take 8 + 8, so a fork of 4 finds 2 free slots beside its parent."""
@@ -277,14 +277,7 @@ async def test_a_dead_host_stops_its_sandboxes_only(ray_env: RayEnv, e2b_hosts: 
     assert node(e2b_server.server, other) != victim.name
     try:
         running = await doomed.commands.run("sleep 600", background=True)  # its stream is open when the host dies
-        ray.kill(victim.actor, no_restart=True)
-        with anyio.fail_after(60):  # ray.kill only asks: a call that reached the actor before it died would succeed
-            while True:
-                try:
-                    await victim.info()
-                except HostError:
-                    break
-                await anyio.sleep(0.1)
+        await kill_host(victim)
         gone = f"gone with its host: host {victim.name}"
         with pytest.raises(e2b.exceptions.SandboxUnreachableException, match=f"stream of process .* ended: .*{gone}"):
             await running.wait()
