@@ -94,27 +94,23 @@ def ray_env() -> Iterator[RayEnv]:
 
 
 @pytest.fixture(scope="module")
-def hosts(ray_env: RayEnv) -> Iterator[dict[str, Any]]:
-    """The host actors, started once per module (``RayCluster.start``; restarted by a test that kills one)."""
-    state: dict[str, Any] = {}
-    yield state
-    cluster = state.get("cluster")
-    if cluster is not None:
-        for h in cluster.hosts:
-            try:
-                anyio.run(h.raw, "shutdown")
-            except Exception:
-                pass
+def hosts(ray_env: RayEnv) -> Iterator[RayCluster]:
+    """The host actors, one per node, started once per module by the first test that needs them (a test that
+    kills one starts it again: ``restart_host``); each test's ``cluster`` is a client of its own over them."""
+    base = anyio.run(lambda: RayCluster.start(ray_env.configs(), names=ray_env.names()))
+    yield base
+    for h in base.hosts:
+        try:
+            anyio.run(h.raw, "shutdown")
+        except Exception:
+            pass
 
 
 @pytest.fixture
-async def cluster(ray_env: RayEnv, hosts: dict[str, Any]) -> AsyncIterator[RayCluster]:
-    if "cluster" not in hosts:
-        hosts["cluster"] = await RayCluster.start(ray_env.configs(), names=ray_env.names())
-    base: RayCluster = hosts["cluster"]
-    async with RayCluster(base.hosts, lease_seconds=LEASE) as c:
+async def cluster(hosts: RayCluster) -> AsyncIterator[RayCluster]:
+    async with RayCluster(hosts.hosts, lease_seconds=LEASE) as c:
         yield c
-    for h in base.hosts:
+    for h in hosts.hosts:
         try:
             await h.raw("forget")
         except Exception:
@@ -145,3 +141,22 @@ async def kill_host(host: HostRef) -> None:
             except HostError:
                 return
             await anyio.sleep(0.1)
+
+
+async def restart_host(hosts: RayCluster, name: str, config: HostConfig) -> None:
+    """Start host ``name`` again on its node (after ``kill_host``) in ``hosts``'s list: it collects what the killed
+    one left there, so the leak check sees nothing and later tests find every host alive."""
+    try:
+        await hosts.host(name).info()
+        return  # alive: never killed (a test that failed before its kill)
+    except HostError:
+        pass
+    node_id = hosts.host(name).node_id
+    with anyio.fail_after(60):
+        while True:  # the killed actor's name is free once Ray has seen it die
+            try:
+                fresh = await RayCluster.start({node_id: config}, names={node_id: name})
+                break
+            except ValueError:
+                await anyio.sleep(0.5)
+    hosts.hosts = [fresh.hosts[0] if h.name == name else h for h in hosts.hosts]

@@ -44,7 +44,7 @@ from tests.e2b.test_sdk import (  # the single-host suite, run here against sand
     test_sync_files_round_trip,  # noqa: F401
     test_sync_lifecycle_commands_and_exit_code,  # noqa: F401
 )
-from tests.ray.conftest import LEASE, ROOT, RayEnv, kill_host
+from tests.ray.conftest import LEASE, ROOT, RayEnv, kill_host, restart_host
 
 SLOTS = 10
 """Workspaces per node: 16 sandboxes take 8 + 8, so a fork of 4 finds 2 free slots beside its parent."""
@@ -287,14 +287,4 @@ async def test_a_dead_host_stops_its_sandboxes_only(ray_env: RayEnv, e2b_hosts: 
         await doomed.kill()  # the server forgets it; its host is gone already
         await other.kill()
     finally:
-        # A host started again on that node collects what the killed one left (the leak check sees none).
-        with anyio.fail_after(30):
-            while True:  # the killed actor's name is free once Ray has seen it die
-                try:
-                    fresh = await RayCluster.start(
-                        {victim.node_id: configs(ray_env)[victim.node_id]}, names={victim.node_id: victim.name}
-                    )
-                    break
-                except ValueError:
-                    await anyio.sleep(0.5)
-        e2b_hosts.hosts = [fresh.hosts[0] if h.name == victim.name else h for h in e2b_hosts.hosts]
+        await restart_host(e2b_hosts, victim.name, configs(ray_env)[victim.node_id])
