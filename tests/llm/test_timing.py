@@ -30,18 +30,37 @@ MSGS = [{"role": "user", "content": "go"}]
 COMMAND = {"command": "cd /testbed && python -m pytest tests/test_separable.py -x -q 2>&1 | tail -20"}
 
 
-async def _timed_turn(client: Any, model: str) -> tuple[float, float, float]:
-    """When one streamed turn was requested, its first event came and its MessageFinished came (monotonic)."""
+async def _timed_turn(client: Any, model: str, hold: AllOpen | None = None) -> tuple[float, float, float]:
+    """When one streamed turn was requested, its first event came and its MessageFinished came (monotonic); with
+    ``hold``, the stream is read on from its first event once every stream of the hold has had its own."""
     start = time.monotonic()
     stream = await client.chat.completions.create(model=model, messages=MSGS, tools=TOOLS, stream=True)
     first = None
     async with tap_openai_stream(stream, TOOLS) as tap:
         async for event in tap:
-            first = first or event.t
+            if first is None:
+                first = event.t
+                if hold is not None:
+                    await hold.wait()
             if isinstance(event, MessageFinished):
                 end = event.t
     assert first is not None
     return start, first, end
+
+
+class AllOpen:
+    """A barrier: each caller waits until ``n`` have come (a hang guard bounds it): whoever waits here is open at
+    the same time as the ``n - 1`` others, whatever the machine's speed; one served after another never get there."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.came, self._all = n, 0, anyio.Event()
+
+    async def wait(self) -> None:
+        self.came += 1
+        if self.came == self.n:
+            self._all.set()
+        with anyio.fail_after(60):
+            await self._all.wait()
 
 
 # Pacing is asserted as what a loaded machine cannot change: a turn never ends before its recorded time and its
@@ -73,16 +92,16 @@ async def test_non_streaming_recorded(make_client: Any) -> None:
 
 
 async def _concurrent(label: str, n: int, run_one: Any) -> None:
-    """``n`` turns of ``ONE_SECOND`` at once (``run_one`` returns when a turn was requested, started and ended):
-    each paced (never early) and served concurrently (how many at once depends on how fast this machine starts
-    them: at least half)."""
+    """``n`` turns of ``ONE_SECOND`` at once (``run_one`` returns when a turn was requested, started and ended; it
+    holds each turn at an ``AllOpen`` of ``n``, so all ``n`` are open at once or none ends): each paced (never
+    early). How far apart they ended on this machine is printed, not asserted."""
     turns: list[tuple[float, float, float]] = []
 
     async def one() -> None:
         turns.append(await run_one())
 
     start = time.monotonic()
-    with anyio.fail_after(60):
+    with anyio.fail_after(120):  # a hang guard
         async with anyio.create_task_group() as tg:
             for _ in range(n):
                 tg.start_soon(one)
@@ -91,12 +110,6 @@ async def _concurrent(label: str, n: int, run_one: Any) -> None:
     print(f"{label}: end min {ends[0]:.3f} median {ends[n // 2]:.3f} max {ends[-1]:.3f} wall {wall:.3f}")
     assert len(turns) == n
     assert ends[0] >= 1.0 - EARLY  # paced: never early
-    # between its first event and its end a turn is being streamed; served one by one, at most one would be
-    peak = live = 0
-    for _, step in sorted([(first, 1) for _, first, _ in turns] + [(end, -1) for _, _, end in turns]):
-        live += step
-        peak = max(peak, live)
-    assert peak >= n // 2, f"at most {peak} of {n} turns streamed at once"
 
 
 ONE_SECOND = traj(
@@ -104,9 +117,22 @@ ONE_SECOND = traj(
 )
 
 
+class HeldReplayServer(ReplayServer):
+    """The real server with each stream held before its first token until ``hold``'s ``n`` streams are inside it
+    (injects a wait only): a server that served one stream after another would never let the first go on."""
+
+    hold: AllOpen
+
+    async def _stream(self, *args: Any, **kwargs: Any) -> None:
+        await self.hold.wait()
+        await super()._stream(*args, **kwargs)
+
+
 async def test_64_concurrent_streams_in_process() -> None:
-    """Server and our httpx client share one event loop (and, with the other tests, the host's 2 cores)."""
-    async with ReplayServer([ONE_SECOND], timing=RecordedTiming(ttft=0.2)) as server:
+    """Server and our httpx client share one event loop (and, with the other tests, the host's 2 cores); the
+    server holds each stream until all 64 are open in it."""
+    async with HeldReplayServer([ONE_SECOND], timing=RecordedTiming(ttft=0.2)) as server:
+        server.hold = AllOpen(64)
         async with ChatClient(server.base_url, "k") as client:
 
             async def run_one() -> tuple[float, float, float]:
@@ -120,12 +146,14 @@ async def test_64_concurrent_streams_in_process() -> None:
                 raise AssertionError("no MessageFinished")
 
             await _concurrent("64 streams, in-process server + ChatClient", 64, run_one)
+    assert server.hold.came == 64
     print(f"server max token lag {server.max_lag * 1000:.1f} ms")
 
 
 async def test_64_concurrent_openai_streams_cli_server(tmp_path: Path, make_client: Any) -> None:
     """The ``bunshin replay-server`` process against one ``openai.AsyncOpenAI`` with 64 streams at once (the SDK
-    parses each chunk into pydantic models, so the client side is the heavy one)."""
+    parses each chunk into pydantic models, so the client side is the heavy one): each stream is read on from its
+    first event once all 64 have had theirs (the server itself held in the test above)."""
     path = dump_trajectories(tmp_path / "t.jsonl.gz", [ONE_SECOND])
     argv = [sys.executable, "-m", "bunshin_async", "replay-server", "--trajectories", str(path)]
     argv += ["--port", "0", "--time-model", "recorded", "--ttft", "0.2"]
@@ -137,13 +165,14 @@ async def test_64_concurrent_openai_streams_cli_server(tmp_path: Path, make_clie
             url = line.split()[3]
             assert line.startswith("replay server on http://127.0.0.1:") and "1 trajectories" in line
             client = make_client(url)
+            await _timed_turn(client, "replay:c:0")  # warm-up: the SDK builds its response models lazily
+            hold = AllOpen(64)
 
             async def run_one() -> tuple[float, float, float]:
-                return await _timed_turn(client, "replay:c:0")
-
-            await run_one()  # warm-up: the SDK builds its response models lazily, on the first stream
+                return await _timed_turn(client, "replay:c:0", hold)
 
             await _concurrent("64 streams, CLI server + openai SDK", 64, run_one)
+            assert hold.came == 64
         finally:
             proc.terminate()
 

@@ -300,11 +300,21 @@ async def test_a_transfer_cut_by_a_dying_source_leaves_nothing(cluster: RayClust
 
 
 async def test_an_owner_that_stops_renewing_is_freed(cluster: RayCluster) -> None:
-    dead = RayCluster(cluster.hosts, lease_seconds=LEASE)  # never entered: renews nothing, as a killed driver
-    ws = await dead.workspace(cluster.host("n1"))
-    assert (await ws.exec("echo hi")).stdout == "hi\n"
+    n1 = cluster.host("n1")
+    dead = RayCluster(cluster.hosts, lease_seconds=LEASE)  # never entered: its lease thread renews nothing
+
+    async def renewing() -> None:  # what its lease thread would do while the driver lives (a slow call outlived
+        while True:  # the 3 s lease on a loaded machine)
+            await n1.raw("renew", dead.owner)
+            await anyio.sleep(LEASE / 3)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(renewing)
+        ws = await dead.workspace(n1)
+        assert (await ws.exec("echo hi")).stdout == "hi\n"
+        tg.cancel_scope.cancel()  # the driver dies: no renewal from here on
     with anyio.fail_after(60):  # a hang guard (lease, reaper and close take ~4 s; more on a loaded machine)
-        while (await cluster.host("n1").info()).workspaces:
+        while (await n1.info()).workspaces:
             await anyio.sleep(0.2)
     with pytest.raises(WorkspaceClosed):
         await ws.exec("true")
