@@ -147,7 +147,8 @@ libc = ctypes.CDLL(None, use_errno=True)
 child = os.fork()
 if child == 0:
     os.execvp("sleep", ["sleep", "1000"])
-time.sleep(0.2)
+while open(f"/proc/{child}/comm").read() != "sleep\\n":  # attach once it runs sleep (the name the error gives)
+    time.sleep(0.01)
 if libc.ptrace(16, child, 0, 0):  # PTRACE_ATTACH
     raise SystemExit(os.strerror(ctypes.get_errno()))
 os.waitpid(child, 0)

@@ -84,7 +84,13 @@ async def test_watches_survive_fork_exactly(ws: Workspace) -> None:
                     if all(line in seen for line in _expected(tag)):
                         break
                     await anyio.sleep(0.05)
-        await anyio.sleep(0.3)  # time for a misdirected event to arrive
+        # A misdirected event would be queued in the other's inotify instance while the change was made, so before
+        # a later change of that instance's own: once each has logged its own later change, it has logged any.
+        with anyio.fail_after(10):
+            for w in (ws, *copies):
+                await w.exec("touch /tmp/x-sync")
+                while "x-sync" not in await _events(w):
+                    await anyio.sleep(0.05)
         assert "-c0" not in await _events(ws) and "-p" not in await _events(copies[0])
         assert "new-" not in await _events(copies[1])
         for w in (ws, *copies):
