@@ -6,11 +6,12 @@ one JSON line, what each of its calls returned; the test judges them."""
 from __future__ import annotations
 
 import asyncio
-import atexit
 import json
-import os
 import sys
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from _sdk_exit import exit_without_finalizing  # noqa: E402
 from verifiers.v1.runtimes.e2b import E2BConfig, E2BRuntime
 
 
@@ -41,12 +42,4 @@ async def main(image: str) -> dict[str, object]:
 
 if __name__ == "__main__":
     print(json.dumps(asyncio.run(main(sys.argv[1]))), flush=True)
-    # Skip the interpreter's finalization (exit handlers still run): e2b's HTTP client (pyqwest, Rust/tokio) hands
-    # each response to asyncio from a tokio thread (loop.call_soon_threadsafe), and the thread that woke the loop
-    # with the teardown's last response can still be inside the self-pipe send when this process reaches
-    # Py_FinalizeEx. CPython 3.11 then ends it with pthread_exit, whose forced unwind cannot cross its Rust frames:
-    # glibc aborts (SIGABRT after the result was printed; CPython gh-87135, fixed in 3.14 by hanging such threads;
-    # same family as curioswitch/pyqwest#164).
-    atexit._run_exitfuncs()  # verifiers' backstop that kills a sandbox its teardown missed
-    sys.stderr.flush()
-    os._exit(0)
+    exit_without_finalizing(0)  # e2b's HTTP client can abort a finalizing 3.11 (bench/_sdk_exit.py)
