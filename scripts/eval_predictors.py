@@ -20,6 +20,7 @@ of the time to a first token).
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import sys
 from collections.abc import Callable, Sequence
@@ -77,7 +78,9 @@ def main() -> int:
 
     def speculation(without: frozenset[str]) -> Callable[[str], Callable[[], Sequence[Predictor]]]:
         def make(task: str) -> Callable[[], Sequence[Predictor]]:
-            table, model = SiblingTable(), models.get(task, bundled)
+            # a copy per group: the history predictor learns online into its model, and a model shared by the
+            # rows would have learned the task it predicts from an earlier row
+            table, model = SiblingTable(), copy.deepcopy(models.get(task, bundled))
             return lambda: list(default_speculation(group=task, table=table, model=model, without=without).predictors)
 
         return make
@@ -112,8 +115,40 @@ def main() -> int:
     print("\nCalibration of the default predictors (stated probability tenth: guesses, hit rate):")
     for source, bins in first.calibration.items():
         print(f"  {source}: " + ", ".join(f"{lo:.1f}: {n} {h / n:.0%}" for lo, n, h in bins))
+    _held_out_calibration(groups, speculation(frozenset()))
     _lead_time(groups, [float(d) for d in args.delays.split(",") if d])
     return 0
+
+
+def _held_out_calibration(
+    groups: dict[str, list[Record]], make: Callable[[str], Callable[[], Sequence[Predictor]]]
+) -> None:
+    """Each task's guesses scored against the hit rates the other tasks' guesses of the same source and stated
+    tenth scored (leave-task-out): what a calibration fitted on other tasks would have expected, and what hit."""
+    per_task = {task: evaluate({task: records}, make).calibration for task, records in groups.items()}
+    totals: dict[tuple[str, float], list[int]] = {}
+    for calib in per_task.values():
+        for source, bins in calib.items():
+            for lo, n, h in bins:
+                t = totals.setdefault((source, lo), [0, 0])
+                t[0], t[1] = t[0] + n, t[1] + h
+    rows: dict[tuple[str, float], list[float]] = {}  # guesses, hits, expected from the other tasks
+    for calib in per_task.values():
+        for source, bins in calib.items():
+            if source == "all":
+                continue
+            for lo, n, h in bins:
+                n_all, h_all = totals[source, lo]
+                rate = (h_all - h) / (n_all - n) if n_all > n else lo + 0.05
+                row = rows.setdefault((source, lo), [0.0, 0.0, 0.0])
+                row[0], row[1], row[2] = row[0] + n, row[1] + h, row[2] + n * rate
+    print("\nHeld out (leave-task-out): per source and stated tenth, guesses, hits, the hits the other tasks' rates")
+    print("expected, and the hit rate")
+    print("| source | stated | guesses | hits | expected from other tasks | hit rate |")
+    print("|---|---|---|---|---|---|")
+    for (source, lo), (n, h, e) in sorted(rows.items()):
+        if n >= 10:
+            print(f"| {source} | {lo:.1f}-{lo + 0.1:.1f} | {n:.0f} | {h:.0f} | {e:.1f} | {h / n:.0%} |")
 
 
 def _lead_time(groups: dict[str, list[Record]], delays: list[float]) -> None:

@@ -6,6 +6,7 @@ import re
 from collections.abc import Sequence
 
 from bunshin_async.speculation import CallKey, Candidate, PredictionContext
+from bunshin_async.tools import Effect, classify_command
 
 from ._signature import key_signature
 
@@ -17,44 +18,105 @@ __all__ = [
 # Programs whose runs a rollout repeats after changing something (tests, scripts, builds).
 _RUNS = re.compile(r"^bash:(python( -m \S+| script)?|pytest|make|npm|yarn|cargo|go|node|mvn|gradle|ctest|tox)$")
 _EDITS = re.compile(r"^bash:(sed|cat >|tee|echo >|printf >|patch|git apply|python -c >)$|^(write_file|str_replace)")
+# A heredoc or redirect writes a whole file: often a new one no earlier run used.
+_WRITES = re.compile(r"^bash:(cat >|tee|echo >|printf >)$|^write_file")
 # Package managers: ``<one of these> ... install|add ...`` changes the environment a run failed in.
 _MANAGERS = re.compile(r"^bash:(pip\d*|python -m pip|uv|apt|apt-get|npm|yarn|pnpm|conda|mamba|gem|cargo|go|poetry)$")
 _INSTALL = re.compile(r"(?<![\w-])(install|add)(?![\w-])")
+# A file a command names: a word with an extension (``a.py``, ``src/x.test.js``, ``'conf.yaml'``).
+_FILE = re.compile(r"[\w.~+/-]*[\w-]\.[A-Za-z]\w{0,7}(?![\w/])")
 
 
 def _installs(call: CallKey, sig: str) -> bool:
     return bool(_MANAGERS.match(sig)) and bool(_INSTALL.search(call.args.decode(errors="replace")))
 
 
+def _command(call: CallKey) -> str | None:
+    command = call.arguments().get("command")
+    return command if isinstance(command, str) else None
+
+
+def _reads(call: CallKey) -> bool:
+    """A shell command that only reads (``cat``, ``nl -ba``, ``ls``): what an agent looks at between a change
+    and the run that checks it."""
+    command = _command(call)
+    return command is not None and classify_command(command).effect is Effect.READ
+
+
+def _edited(call: CallKey) -> set[str]:
+    """The base names of the files an edit's first line names (its target among them)."""
+    text = _command(call)
+    first = (text if text is not None else call.args.decode(errors="replace")).split("\n", 1)[0]
+    return {m.group(0).rsplit("/", 1)[-1] for m in _FILE.finditer(first)}
+
+
+def _names(command: str, files: set[str]) -> bool:
+    return any(re.search(rf"(?<![\w.-]){re.escape(f)}(?![\w-])", command) for f in files)
+
+
 class RecentPredictor:
     """The rollout's own recent runs: after an edit (``sed -i``, a heredoc, ``write_file``) or an install (``pip
-    install``, ``npm add``), the runs it made before (the last test command first), which agents repeat to check
-    the change. Installs are never the runs repeated."""
+    install``, ``npm add``), possibly followed by up to ``reads`` reads (``nl -ba`` of what was changed), the runs
+    it made before the change (the last first), which agents repeat to check it. Installs are never the runs
+    repeated.
+
+    Its odds are what such guesses scored on timed terminal-benchmark traces (``scripts/eval_predictors.py``): a
+    run that names the file just edited is repeated about half the time (``named``), the last run after an install
+    about as often (``installed``), a run after an in-place edit of another file one time in four (``confidence``),
+    a run after a heredoc that wrote a file it does not name almost never (``written``: the new file is run
+    instead, ``WrittenPredictor``); each older run of the same kind (naming the file or not) is ``decay`` as
+    likely."""
 
     name = "recent"
 
-    def __init__(self, *, confidence: float = 0.6, top: int = 2) -> None:
-        self.confidence = confidence
+    def __init__(
+        self,
+        *,
+        confidence: float = 0.25,
+        named: float = 0.55,
+        installed: float = 0.45,
+        written: float = 0.05,
+        reads: int = 3,
+        decay: float = 0.4,
+        top: int = 2,
+    ) -> None:
+        self.confidence, self.named, self.installed, self.written = confidence, named, installed, written
+        self.reads = reads
+        self.decay = decay
         self.top = top
 
     def predict(self, ctx: PredictionContext) -> Sequence[Candidate]:
-        if not ctx.history:
+        history = ctx.history
+        j = len(history) - 1
+        while j >= 0 and len(history) - 1 - j < self.reads and _reads(history[j]):
+            j -= 1
+        if j < 0:
             return []
-        last = ctx.history[-1]
-        sig = key_signature(last)
-        if not _EDITS.match(sig) and not _installs(last, sig):
+        change = history[j]
+        sig = key_signature(change)
+        install = _installs(change, sig)
+        if not _EDITS.match(sig) and not install:
             return []
+        files = set() if install else _edited(change)
+        base = self.installed if install else self.written if _WRITES.match(sig) else self.confidence
         out: list[Candidate] = []
         seen: set[CallKey] = set()
-        for call in reversed(ctx.history[:-1]):
+        older = {True: 0, False: 0}  # runs already proposed, by whether they name the edited file
+        for call in reversed(history[:j]):
             sig = key_signature(call)
-            if call in seen or not _RUNS.match(sig) or _installs(call, sig):
+            if _installs(call, sig):
+                continue
+            if call in seen or not _RUNS.match(sig):
                 continue
             seen.add(call)
-            p = self.confidence * (0.4 ** len(out))
+            command = _command(call)
+            named = command is not None and _names(command, files)
+            p = (self.named if named else base) * self.decay ** older[named]
+            older[named] += 1
             out.append(Candidate(name=call.name, arguments=call.arguments(), probability=p, source=self.name))
             if len(out) >= self.top:
                 break
+        out.sort(key=lambda c: -c.probability)
         return out
 
     def observe(self, ctx: PredictionContext, call: CallKey) -> None:

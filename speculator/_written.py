@@ -57,7 +57,7 @@ class WrittenPredictor:
         self,
         table: SiblingTable | None = None,
         *,
-        own: float = 0.45,
+        own: float = 0.35,
         siblings: float = 0.5,
         default: float = 0.3,
         top: int = 2,

@@ -60,7 +60,7 @@ def test_a_written_script_is_run_in_the_form_the_rollout_then_its_siblings_used(
     # the path, a bare name the name
     mine.observe(_ctx("cat > /app/a.py << 'EOF'\nEOF"), _key("cd /app && python3 /app/a.py"))
     assert _commands(mine, _ctx("cat > /app/b.py << 'EOF'\nEOF")) == [
-        ("cd /app && python3 /app/b.py", 0.45),
+        ("cd /app && python3 /app/b.py", 0.35),
         ("timeout 30 python3 b.py 1", 0.325),
     ]
     # a call after the write that does not run it (another heredoc, an unrelated command) teaches nothing

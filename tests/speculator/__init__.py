@@ -1,0 +1,1 @@
+"""speculator's predictors, without workspaces (the package's modules, mirrored)."""
