@@ -3,9 +3,7 @@ call from a worker thread, except ``cgroup_cpu_seconds``, a few bytes of sysfs).
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from .._workspace._accounting import tree_bytes, workspace_memory
+from .._workspace._accounting import workspace_memory, written_bytes
 from .._workspace._facade import Workspace
 
 __all__ = ["cgroup_cpu_seconds", "fork_cost", "upper_bytes"]
@@ -28,6 +26,6 @@ def fork_cost(ws: Workspace) -> tuple[float, int]:
 
 
 def upper_bytes(ws: Workspace) -> int:
-    """The bytes of ``ws``'s private upper dir (what it wrote). Blocking."""
-    upper = Path(ws.directory / "upper")
-    return tree_bytes(upper) if upper.exists() else 0
+    """The bytes of ``ws``'s private upper dir (what it wrote): its own tmpfs's count (``written_bytes``), no walk of
+    its tree but without a disk of its own (``Limits(disk=None)``). Blocking."""
+    return written_bytes(ws.directory)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import shlex
 import warnings
 from collections.abc import AsyncIterator
 from typing import Any
@@ -13,8 +14,8 @@ import pytest
 from bunshin_async import Workspace
 from bunshin_async._llm._openai import tap_openai_stream
 from bunshin_async._rollout._state import workspace_state
-from bunshin_async._runtime._probes import fork_cost
-from bunshin_async._workspace._accounting import workspace_memory
+from bunshin_async._runtime._probes import fork_cost, upper_bytes
+from bunshin_async._workspace._accounting import tree_bytes, workspace_memory
 from bunshin_async.llm import FixedTiming, MessageFinished, TapEvent
 from bunshin_async.speculation import (
     CallKey,
@@ -29,6 +30,8 @@ from bunshin_async.speculation import (
 )
 from bunshin_async.tools import Effect, bash_tool, read_file_tool
 from speculator import CostAwarePolicy, Rule, RulePredictor
+from tests._walks import Walks
+from tests.workspace.test_accounting import MANY_FILES
 
 from .agent_loop import agent_rollout, off_and_on
 from .conftest import bash, final, trajectory
@@ -167,10 +170,11 @@ async def test_the_policy_learns_which_calls_compute_and_which_wait(serve: Any) 
     assert share(spin) > share("sleep 0.5") and share("sleep 0.5") < 0.2, (share(spin), share("sleep 0.5"))
 
 
-async def test_a_restored_copys_footprint_counts_the_page_image_it_maps() -> None:
+async def test_a_restored_copys_footprint_counts_the_page_image_it_maps(monkeypatch: pytest.MonkeyPatch) -> None:
     """A rollout that is a copy-on-write copy maps its snapshot's page image, which its cgroup is not charged for: its
     footprint (what a fork's memory is weighed against) counts it, so a fork is not judged many times its size; and
-    so does a fork's own cost (``fork_cost``), so a fork is not judged a tenth of what it holds."""
+    so does a fork's own cost (``fork_cost``), so a fork is not judged a tenth of what it holds. Neither walks the
+    copy's tree: what it wrote is its tmpfs's count (``upper_bytes``), the walk's bytes."""
     hold = "import os, time; x = os.urandom(48 << 20); open('/workspace/ready', 'w').close(); time.sleep(1e6)"
     async with Workspace() as ws:
         await ws.spawn(["python3", "-c", hold])
@@ -187,6 +191,14 @@ async def test_a_restored_copys_footprint_counts_the_page_image_it_maps() -> Non
             peak = copy.cgroup.memory_peak() or 0
             if copy.fork_mode == "criu-cow":  # the image is charged to no copy: the cgroup alone would say ~nothing
                 assert peak < footprint / 2, (peak, footprint)
+            assert (await copy.exec(f"python3 -c {shlex.quote(MANY_FILES)}")).exit_code == 0
+            walks = Walks().install(monkeypatch)
+            _cpu, cost = await anyio.to_thread.run_sync(fork_cost, copy)
+            written = await anyio.to_thread.run_sync(upper_bytes, copy)
+            assert walks.roots == []  # neither walked the copy's 3000 files
+            walked = await anyio.to_thread.run_sync(tree_bytes, copy.directory / "upper")
+            assert written == walked and written > 6 << 20, (written, walked)
+            assert cost >= (48 << 20) + written, cost  # the image it maps and what it wrote
         finally:
             await copy.aclose()
 
