@@ -9,7 +9,13 @@ probability >= 0.3, up to three per call), the hideable tool time their hits wou
 ``min(tool, LLM)`` per call the prefix cache does not serve) and the tool time wrong launches would run. Two
 ceilings say what any predictor limited to exact calls could reach: the calls the group made before (in time), and
 those plus the calls other tasks made. The n-gram table is the bundled one (trained on other traces, SWE-bench) or,
-with ``--leave-task-out``, trained for each task on every other task of TRACES: never on the task it predicts.
+with ``--leave-task-out``, trained for each task on every other task of TRACES: never on the task it predicts;
+each group gets its own copy (the history predictor learns online into it).
+
+Calibration: per predictor and tenth of stated probability, guesses and hit rate; and held out, each task's guesses
+against the hit rates the other tasks' guesses scored. Where the hideable time lies: by call kind, by program, and
+by where an exact guess could have come from (the rollout's own earlier calls, a sibling's before, another task's,
+nowhere).
 
 Lead time: the oracle's hideable time if each branch started ``d`` seconds after the previous call's observation
 (``min(tool, LLM - d)`` per call; ``--delays``), beside what the traces' timestamps say of the recorded agent's own
@@ -116,8 +122,66 @@ def main() -> int:
     for source, bins in first.calibration.items():
         print(f"  {source}: " + ", ".join(f"{lo:.1f}: {n} {h / n:.0%}" for lo, n, h in bins))
     _held_out_calibration(groups, speculation(frozenset()))
+    _where(groups)
     _lead_time(groups, [float(d) for d in args.delays.split(",") if d])
     return 0
+
+
+class _Where:
+    """Records, for one rollout, each call's hideable time and where an exact guess of it could have come from."""
+
+    name = "where"
+
+    def __init__(self, task: str, record: Record, group: set[tuple[bytes, CallKey]], made: set[CallKey],
+                 elsewhere: set[CallKey], out: dict[tuple[str, str], float]) -> None:  # fmt: skip
+        self.task, self.group, self.made, self.elsewhere, self.out = task, group, made, elsewhere, out
+        steps = [s for s in record.get("steps", ()) if s.get("tool") and s.get("kind") != "format_error"]
+        self.kinds = [(s.get("kind") or "?", s.get("program") or "?") for s in steps]
+        self.calls = _calls(record)
+
+    def predict(self, ctx: PredictionContext) -> Sequence[Candidate]:
+        return []
+
+    def observe(self, ctx: PredictionContext, call: CallKey) -> None:
+        _, llm, tool = self.calls[len(ctx.history)]
+        cached = (ctx.chain, call) in self.group
+        self.group.add((ctx.chain, call))
+        if cached:
+            origin = "served by the prefix cache"
+        elif call in ctx.history:
+            origin = "the rollout's own earlier call"
+        elif call in self.made:
+            origin = "a sibling made it before"
+        elif call in self.elsewhere:
+            origin = "another task made it"
+        else:
+            origin = "made nowhere before"
+        self.made.add(call)
+        hideable = 0.0 if cached else min(llm, tool)
+        kind, program = self.kinds[len(ctx.history)]
+        for key in (("origin", origin), ("kind", kind), ("program", program)):
+            self.out[key] = self.out.get(key, 0.0) + hideable
+
+
+def _where(groups: dict[str, list[Record]]) -> None:
+    """Where the hideable time lies: by call kind, by program (the largest ten), and by where an exact guess of the
+    call could come from."""
+    by_task = {t: {k for r in rs for k, _, _ in _calls(r)} for t, rs in groups.items()}
+    out: dict[tuple[str, str], float] = {}
+
+    def make(task: str) -> Callable[[], Sequence[Predictor]]:
+        records = iter(groups[task])
+        group: set[tuple[bytes, CallKey]] = set()
+        made: set[CallKey] = set()
+        elsewhere = {k for t, ks in by_task.items() if t != task for k in ks}
+        return lambda: [_Where(task, next(records), group, made, elsewhere, out)]
+
+    total = evaluate(groups, make).hideable_seconds
+    for what in ("kind", "program", "origin"):
+        print(f"\nHideable tool time by {what}:")
+        rows = sorted(((label, v) for (w, label), v in out.items() if w == what), key=lambda x: -x[1])
+        for label, seconds in rows[:10]:
+            print(f"  {label}: {seconds:.1f} s ({100 * seconds / total:.1f}%)")
 
 
 def _held_out_calibration(
@@ -146,9 +210,10 @@ def _held_out_calibration(
     print("expected, and the hit rate")
     print("| source | stated | guesses | hits | expected from other tasks | hit rate |")
     print("|---|---|---|---|---|---|")
-    for (source, lo), (n, h, e) in sorted(rows.items()):
-        if n >= 10:
-            print(f"| {source} | {lo:.1f}-{lo + 0.1:.1f} | {n:.0f} | {h:.0f} | {e:.1f} | {h / n:.0%} |")
+    for (source, lo), (guesses, hits, e) in sorted(rows.items()):
+        if guesses >= 10:
+            rate = hits / guesses
+            print(f"| {source} | {lo:.1f}-{lo + 0.1:.1f} | {guesses:.0f} | {hits:.0f} | {e:.1f} | {rate:.0%} |")
 
 
 def _lead_time(groups: dict[str, list[Record]], delays: list[float]) -> None:
