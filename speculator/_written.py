@@ -48,8 +48,9 @@ class WrittenPredictor:
     """After a call that writes a script (``cat > fix.py <<'EOF'``, ``tee run.sh``), its first run, in the form the
     rollout used for the scripts it wrote before (``cd /app && python3 X``, ``timeout 30 python3 X 1``; the latest
     first, ``own``), else in the forms its siblings used (``SiblingTable.templates``, by frequency, ``siblings``),
-    else the interpreter its extension names (``python3 X``, ``default``). Agents run a script they have just
-    written: the traces say it is the next call more often than not, and no sibling made that exact call before."""
+    else the interpreter its extension names (``python3 X``, or ``python X`` if that is how the rollout ran Python
+    before; ``default``). Agents run a script they have just written: the traces say it is the next call more often
+    than not, and no sibling made that exact call before."""
 
     name = "written"
 
@@ -83,7 +84,7 @@ class WrittenPredictor:
                 p = self.sibling_confidence * (0.3 + 0.7 * n / total)  # a form one sibling in five used: 0.2
                 scored[template] = max(scored.get(template, 0.0), p)
         if not scored:
-            command = f"{_RUNNERS[kind]} {path}"
+            command = f"{_interpreter(kind, ctx.history)} {path}"
             return [Candidate(name="bash", arguments={"command": command}, probability=self.default_confidence,
                               source=self.name)]  # fmt: skip
         base = path.rsplit("/", 1)[-1]
@@ -116,6 +117,23 @@ class WrittenPredictor:
         kind = _kind(path)
         self.own[kind].append((call.name, template))
         self.table.templates[f"written{kind}"][call.name, template] += 1
+
+
+def _interpreter(kind: str, history: Sequence[CallKey]) -> str:
+    """The interpreter for ``kind``'s scripts: the one the rollout last ran by name (``python`` where that is what
+    it types), else the extension's."""
+    runner = _RUNNERS[kind]
+    if runner != "python3":
+        return runner
+    for call in reversed(history):
+        command = call.arguments().get("command")
+        m = _PYTHON.search(command.split("\n", 1)[0]) if isinstance(command, str) else None
+        if m:
+            return m.group(1)
+    return runner
+
+
+_PYTHON = re.compile(r"(?:^|[;&|]\s*|\btimeout\s+\S+\s+)(python(?:3(?:\.\d+)?)?)\s")
 
 
 def _kind(path: str) -> str:

@@ -70,3 +70,12 @@ def test_a_written_script_is_run_in_the_form_the_rollout_then_its_siblings_used(
     assert dict(table.templates) == before
     # another kind of script: its own forms (none yet), so its interpreter
     assert _commands(mine, _ctx("cat > run.sh << 'EOF'\nEOF")) == [("bash run.sh", 0.3)]
+
+
+def test_a_fresh_script_runs_with_the_interpreter_the_rollout_types() -> None:
+    write = "cat > solve.py << 'EOF'\nprint(1)\nEOF"
+    mine = WrittenPredictor(SiblingTable())
+    assert _commands(mine, _ctx('python -c "import sys"', write)) == [("python solve.py", 0.3)]
+    assert _commands(mine, _ctx("timeout 5 python3.11 x.py", "ls", write)) == [("python3.11 solve.py", 0.3)]
+    assert _commands(mine, _ctx("pythonista", "ls", write)) == [("python3 solve.py", 0.3)]  # not an interpreter
+    assert _commands(mine, _ctx("python -V", "cat > run.sh << 'EOF'\nEOF")) == [("bash run.sh", 0.3)]
