@@ -12,32 +12,37 @@ trained on every trajectory. Never build it from the traces you measure the prod
 
 from __future__ import annotations
 
+import copy
 import sys
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bunshin_async.speculation import Predictor  # noqa: E402
 from speculator import NGRAM_TABLE, NgramModel, SiblingTable, default_speculation, train_ngram  # noqa: E402
-from speculator._offline import calibration, evaluate, load_groups  # noqa: E402
+from speculator._offline import OfflineReport, Record, calibration, evaluate, load_groups  # noqa: E402
 
 
-def held_out_calibration(traces: Path) -> dict[str, list[float]]:
-    groups = load_groups(traces, group_by="rollout")
+def held_out_calibration(groups: Mapping[str, Sequence[Record]]) -> dict[str, list[float]]:
+    """Per predictor, its hit rate per tenth of stated probability, measured out of sample: ``groups`` are split in
+    two halves (by name); a model trained on one half predicts the other, and the other way round."""
     names = sorted(groups)
     halves = [{n: groups[n] for n in names[k::2]} for k in (0, 1)]
     merged: dict[str, list[tuple[float, int, int]]] = {}
+    report = OfflineReport()
     for train, test in ((halves[0], halves[1]), (halves[1], halves[0])):
         model = NgramModel(3)
         for records in train.values():
             for r in records:
                 model.add_record(r)
 
-        def make(task: str, model: NgramModel = model) -> object:
-            table = SiblingTable()
-            return lambda: list(default_speculation(group=task, table=table, model=model).predictors)
+        def make(task: str, model: NgramModel = model) -> Callable[[], Sequence[Predictor]]:
+            table, own = SiblingTable(), copy.deepcopy(model)  # the history predictor learns into its model
+            return lambda: list(default_speculation(group=task, table=table, model=own).predictors)
 
-        report = evaluate(test, make)  # type: ignore[arg-type]
+        report = evaluate(test, make)
         for source, bins in report.calibration.items():
             acc = {lo: [n, h] for lo, n, h in merged.get(source, [])}
             for lo, n, h in bins:
@@ -59,12 +64,13 @@ def main() -> int:
         return 2
     out = Path(sys.argv[2]) if len(sys.argv) > 2 else ROOT / "speculator" / NGRAM_TABLE
     model = train_ngram(traces)
-    model.calibration = {k: v for k, v in held_out_calibration(traces).items() if k in ("history", "signatures")}
+    rates = held_out_calibration(load_groups(traces, group_by="rollout"))
+    model.calibration = {k: v for k, v in rates.items() if k in ("history", "signatures")}
     data = model.to_table()
     out.write_bytes(data)
     print(f"{out}: {len(data)} bytes, {len(model.counts)} contexts trained from {traces}")
-    for source, rates in model.calibration.items():
-        print(f"  calibration of {source} (hit rate per tenth of stated probability): {rates}")
+    for source, table in model.calibration.items():
+        print(f"  calibration of {source} (hit rate per tenth of stated probability): {table}")
     return 0
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Offline, held-out evaluation of speculator's predictors on timed multi-rollout traces (no workspaces).
 
-Usage: .venv/bin/python scripts/eval_predictors.py TRACES [--table FILE | --leave-task-out]
+Usage: .venv/bin/python scripts/eval_predictors.py TRACES [--table FILE | --leave-task-out [--calibrated]]
 
 Replays each task's rollouts as a GRPO group that starts together (``speculator._offline``) and reports, for the
 default predictors together and for each one left out (the ablation), exact top-1 hits, launches (stated
@@ -9,8 +9,9 @@ probability >= 0.3, up to three per call), the hideable tool time their hits wou
 ``min(tool, LLM)`` per call the prefix cache does not serve) and the tool time wrong launches would run. Two
 ceilings say what any predictor limited to exact calls could reach: the calls the group made before (in time), and
 those plus the calls other tasks made. The n-gram table is the bundled one (trained on other traces, SWE-bench) or,
-with ``--leave-task-out``, trained for each task on every other task of TRACES: never on the task it predicts;
-each group gets its own copy (the history predictor learns online into it).
+with ``--leave-task-out``, trained for each task on every other task of TRACES: never on the task it predicts
+(``--calibrated``: its odds calibrated on those other tasks, as ``build_ngram_table.py`` calibrates the bundled
+one); each group gets its own copy (the history predictor learns online into it).
 
 Calibration: per predictor and tenth of stated probability, guesses and hit rate; and held out, each task's guesses
 against the hit rates the other tasks' guesses scored. Where the hideable time lies: by call kind, by program, and
@@ -39,6 +40,9 @@ from bunshin_async.speculation import CallKey, Candidate, PredictionContext, Pre
 from speculator import NgramModel, SiblingTable, default_ngram, default_speculation  # noqa: E402
 from speculator._offline import OfflineReport, Record, _calls, evaluate, leave_task_out, load_groups  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "scripts"))
+from build_ngram_table import held_out_calibration  # noqa: E402
+
 PREDICTORS = ("siblings", "observation", "docs", "recent", "written", "history", "signatures")
 
 
@@ -60,10 +64,15 @@ class _Seen:
         self.group.add(call)
 
 
-def _model(records: list[Record]) -> NgramModel:
+def _model(groups: dict[str, list[Record]], calibrated: bool) -> NgramModel:
+    """A model trained on ``groups`` (every other task), its odds calibrated on them out of sample if asked."""
     model = NgramModel(3)
-    for r in records:
-        model.add_record(r)
+    for records in groups.values():
+        for r in records:
+            model.add_record(r)
+    if calibrated:
+        rates = held_out_calibration(groups)
+        model.calibration = {k: v for k, v in rates.items() if k in ("history", "signatures")}
     return model
 
 
@@ -73,6 +82,10 @@ def main() -> int:
     p.add_argument("--table", type=Path, help="an n-gram table (default: the bundled one)")
     p.add_argument("--leave-task-out", action="store_true", help="per task, a table trained on the other tasks")
     p.add_argument(
+        "--calibrated", action="store_true",
+        help="with --leave-task-out: calibrate each task's table out of sample on the other tasks (slower)",
+    )  # fmt: skip
+    p.add_argument(
         "--delays", default="0,0.05,0.1,0.25,0.5,1,2",
         help="lead-time table: launch delays after the observation, seconds (comma-separated)",
     )  # fmt: skip
@@ -80,7 +93,10 @@ def main() -> int:
     groups = load_groups(args.traces)
     others = dict(leave_task_out(groups))
     bundled = NgramModel.from_table(args.table.read_bytes()) if args.table else default_ngram()
-    models = {t: _model(rs) for t, rs in others.items()} if args.leave_task_out else {}
+    models: dict[str, NgramModel] = {}
+    if args.leave_task_out:
+        for task in groups:
+            models[task] = _model({t: rs for t, rs in groups.items() if t != task}, args.calibrated)
 
     def speculation(without: frozenset[str]) -> Callable[[str], Callable[[], Sequence[Predictor]]]:
         def make(task: str) -> Callable[[], Sequence[Predictor]]:
@@ -108,6 +124,7 @@ def main() -> int:
     rows.append(("ceiling: those + other tasks' calls", evaluate(groups, ceiling(True), top=1 << 30), "ceiling"))
     first = rows[0][1]
     table = "bundled (other traces)" if not args.leave_task_out else "leave-task-out (the other tasks of TRACES)"
+    table += ", calibrated out of sample" if args.leave_task_out and args.calibrated else ""
     print(f"{args.traces.name}: {len(groups)} groups, {first.calls} calls, {first.cache_hits} served by the "
           f"prefix cache; hideable tool time (the oracle's bound) {first.hideable_seconds:.0f} s; n-gram table: "
           f"{table}\n")  # fmt: skip
