@@ -174,7 +174,8 @@ def chroot_escape(marker: str) -> None:
 
 
 def fork_bomb(limit: int) -> None:
-    """Fork until the kernel says no; the children hold nothing the exec waits for."""
+    """Fork until the kernel says no; the children hold nothing the exec waits for, and their pids until the exec's
+    end kills them (however slowly this machine forks)."""
     made = 0
     for _ in range(limit * 4):
         try:
@@ -183,7 +184,7 @@ def fork_bomb(limit: int) -> None:
             out(False, exc.errno, f"forked {made}")
         if pid == 0:
             os.closerange(0, 256)
-            time.sleep(3)
+            time.sleep(3600)
             os._exit(0)
         made += 1
     out(True, detail=f"forked {made} without a limit")
