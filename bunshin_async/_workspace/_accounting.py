@@ -8,8 +8,9 @@ force, in this task and the tasks and threads it starts) and one snapshot direct
 
 - memory: the summed PSS of every process in every cgroup of the subtree (shared pages divided among their sharers,
   so copy-on-write copies are not counted twice), plus what PSS cannot see: the page images that copy-on-write
-  copies map (resident in full on tmpfs, unlinked or not, however few pages were touched) and the bytes of the
-  run's snapshot directory (``memory_bytes``);
+  copies map (resident in full on tmpfs, unlinked or not, however few pages were touched), the bytes of the
+  run's snapshot directory, and what each of its workspaces wrote (its upper dir, on a tmpfs of its own: files no
+  process maps are in no PSS) (``memory_bytes``);
 - CPU: the subtree's own CPU counter (v1 ``cpuacct.usage``, v2 ``cpu.stat``): exact, hierarchical, and it keeps what
   processes and cgroups that are gone were charged.
 
@@ -72,7 +73,7 @@ class MemorySample(msgspec.Struct, frozen=True, array_like=True):
 
     t: float  # seconds since the monitor started
     pss_bytes: int
-    extra_bytes: int  # snapshots on tmpfs and copy-on-write page images, beyond what PSS shows
+    extra_bytes: int  # snapshots, copy-on-write page images and workspaces' upper dirs, beyond what PSS shows
     workspaces: int  # cgroups in the subtree (or workspaces tracked)
     cpu_seconds: float = 0.0  # CPU charged since the monitor started (the subtree's counter; tracked: alive only)
 
@@ -99,10 +100,11 @@ class Usage(msgspec.Struct, frozen=True):
     cpu_seconds: float | None
     processes: int
     cgroups: int
+    upper_bytes: int = 0  # what its workspaces wrote (``written_bytes`` of each), the images above not again
 
     @property
     def memory_bytes(self) -> int:
-        return self.pss_bytes + self.image_bytes + self.snapshot_bytes
+        return self.pss_bytes + self.image_bytes + self.snapshot_bytes + self.upper_bytes
 
 
 def rollup_bytes(pids: Iterable[int], *fields: str) -> int:
@@ -200,10 +202,17 @@ def held_memory(workspaces: Iterable[Workspace], dirs: Iterable[Path] = ()) -> i
     holding them holds, without a subtree of its own. Blocking."""
     held = list(workspaces)
     pids = [pid for ws in held if ws.cgroup is not None for pid in ws.cgroup.pids()]
+    return pss_bytes(pids) + sum(_beyond_pss(pids, [ws.directory for ws in held], dirs))
+
+
+def _beyond_pss(pids: Iterable[int], uppers: Iterable[Path], dirs: Iterable[Path]) -> tuple[int, int, int]:
+    """What ``pids``' PSS does not show: (the page images they map, beyond the PSS of those mappings; the bytes of
+    ``dirs`` not counted as images; the upper dirs of the workspaces whose host directories are ``uppers``, images
+    not again). One reading serves a subtree, a tracked set and a host's workspaces alike. Blocking."""
     sizes, pss = _mapped_images(pids)
     images = sum(max(0, sizes[k] - pss.get(k, 0)) for k in sizes)
-    uppers = sum(written_bytes(ws.directory, sizes) for ws in held)
-    return pss_bytes(pids) + images + uppers + sum(tree_bytes(d, set(sizes)) for d in dirs if d.exists())
+    files = sum(tree_bytes(d, set(sizes)) for d in dirs if d.exists())
+    return images, files, sum(written_bytes(d, sizes) for d in uppers)
 
 
 def written_bytes(directory: Path, images: Mapping[tuple[int, int], int] = MappingProxyType({})) -> int:
@@ -254,13 +263,19 @@ def byte_seconds_net(
     return uses * seconds_saved * freed_bytes - held_bytes * hold_seconds * weight
 
 
+_WS_CGROUP = re.compile(r"ws-([0-9a-f]{12})")  # a workspace's cgroup (``_core``: ``ws-`` + token_hex(6))
+
+
 class Subtree:
     """The cgroups under one parent (``parent``, relative to each hierarchy, as ``Config.cgroup_parent``) and one
-    snapshot directory: everything a run made, read by the kernel's counters (``read``). Blocking methods."""
+    snapshot directory: everything a run made, read by the kernel's counters (``read``). A workspace's upper dir is
+    found by its cgroup's name (``ws-<id>``) in ``workspaces`` (the run dir, ``Config.run_dir`` when made): a
+    workspace that is gone has neither. Blocking methods."""
 
-    def __init__(self, parent: str, snapshot_dir: Path | None = None) -> None:
+    def __init__(self, parent: str, snapshot_dir: Path | None = None, workspaces: Path | None = None) -> None:
         self.parent = parent.strip("/")
         self.snapshot_dir = snapshot_dir
+        self.workspaces = workspaces if workspaces is not None else Config.current().run_dir
 
     def __repr__(self) -> str:
         return f"Subtree({self.parent!r}, {self.snapshot_dir!r})"
@@ -305,19 +320,25 @@ class Subtree:
         roots = self.roots()
         return _kernel.Cgroup(_kernel.cgroup_version() or 1, roots).cpu_seconds() if roots else None
 
+    def workspace_ids(self, cgroups: Iterable[Path] = ()) -> set[str]:
+        """The ids of the workspaces whose cgroups are in the subtree (``cgroups``: a listing already made)."""
+        return {m[1] for d in (cgroups or self.cgroups()) if (m := _WS_CGROUP.fullmatch(d.name))}
+
     def read(self, extra_dirs: Iterable[Path] = ()) -> Usage:
         """Memory and CPU of the subtree now (``extra_dirs``: more directories whose bytes the run holds)."""
         cgroups = self.cgroups()
         pids = self.pids()
-        images, inodes = mapped_image_bytes(pids)
-        dirs = [d for d in (self.snapshot_dir, *extra_dirs) if d is not None and d.exists()]
+        uppers = [self.workspaces / i for i in sorted(self.workspace_ids(cgroups))]
+        dirs = [d for d in (self.snapshot_dir, *extra_dirs) if d is not None]
+        images, files, written = _beyond_pss(pids, uppers, dirs)
         return Usage(
             pss_bytes=pss_bytes(pids),
             image_bytes=images,
-            snapshot_bytes=sum(tree_bytes(d, inodes) for d in dirs),
+            snapshot_bytes=files,
             cpu_seconds=self.cpu_seconds(),
             processes=len(pids),
             cgroups=sum(1 for d in cgroups if d.is_relative_to(cgroups[0])) - 1 if cgroups else 0,  # not the parent
+            upper_bytes=written,
         )
 
     def remove(self) -> list[Path]:
@@ -441,13 +462,13 @@ class ResourceMonitor:
                 if self._cpu0 is None:
                     self._cpu0 = u.cpu_seconds
                 cpu = u.cpu_seconds - self._cpu0
-            return MemorySample(t, u.pss_bytes, u.image_bytes + u.snapshot_bytes, u.cgroups, cpu)
-        pids = [pid for ws in list(self._workspaces) if ws.cgroup is not None for pid in ws.cgroup.pids()]
+            return MemorySample(t, u.pss_bytes, u.image_bytes + u.snapshot_bytes + u.upper_bytes, u.cgroups, cpu)
+        tracked = list(self._workspaces)
+        pids = [pid for ws in tracked if ws.cgroup is not None for pid in ws.cgroup.pids()]
         for pid in pids:
             self._cpu[pid] = _cpu_seconds([pid])
-        images, inodes = mapped_image_bytes(pids)
-        extra = images + sum(tree_bytes(d, inodes) for d in self.extra_dirs if d.exists())
-        return MemorySample(t, pss_bytes(pids), extra, len(self._workspaces), sum(self._cpu.values()))
+        extra = sum(_beyond_pss(pids, [ws.directory for ws in tracked], self.extra_dirs))
+        return MemorySample(t, pss_bytes(pids), extra, len(tracked), sum(self._cpu.values()))
 
     async def _run(self) -> None:
         while True:  # every ``interval`` from the start of the last reading (not after it: readings take time)

@@ -1,8 +1,9 @@
 """An independent reading of what a run of the experiment holds and burns, beside the experiment's own accounting:
-the PSS of every process in every cgroup under a cgroup parent, the page images they map beyond their PSS and the
-snapshot store's file bytes, every ``interval`` seconds; CPU from the parent's own counter. Written from /proc and the
-cgroup files directly, on purpose without the SDK's or the experiment's accounting code (``_accounting``,
-``ResourceMonitor``): it is what that code is checked against (``test_experiment_accounting``, ``accounting_check``)."""
+the PSS of every process in every cgroup under a cgroup parent, the page images they map beyond their PSS, the
+snapshot store's file bytes and each workspace's own disk (its upper dir), every ``interval`` seconds; CPU from the
+parent's own counter. Written from /proc, statvfs and the cgroup files directly, on purpose without the SDK's or
+the experiment's accounting code (``_accounting``, ``ResourceMonitor``): it is what that code is checked against
+(``test_experiment_accounting``, ``accounting_check``)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ class Sampler:
         self.memory_root = CGROUP_ROOT / ("" if v2 else "memory") / parent
         self.cpu_file = CGROUP_ROOT / ("" if v2 else "cpuacct") / parent / ("cpu.stat" if v2 else "cpuacct.usage")
         self.store = store or config.snapshot_dir
+        self.run_dir = config.run_dir  # workspace ws-<id>'s disk (its upper dir, a tmpfs) is <run_dir>/<id>
         self.interval = interval
         self.label = ""
         self.samples: list[tuple[str, float, int]] = []
@@ -59,7 +61,17 @@ class Sampler:
 
     def memory(self) -> int:
         pids: set[int] = set()
+        disks: dict[str, int] = {}  # workspace id -> bytes used on its own disk
         for d, _, _ in os.walk(self.memory_root):
+            name = os.path.basename(d)
+            if name.startswith("ws-"):  # what the workspace wrote: its own disk's used blocks (statvfs)
+                disk = self.run_dir / name.removeprefix("ws-")
+                try:
+                    if os.stat(disk).st_dev != os.stat(self.run_dir).st_dev:  # mounted: a disk of its own
+                        vfs = os.statvfs(disk)
+                        disks[disk.name] = (vfs.f_blocks - vfs.f_bfree) * vfs.f_frsize
+                except OSError:
+                    pass
             try:
                 pids.update(int(x) for x in Path(d, "cgroup.procs").read_text().split())
             except OSError:
@@ -92,6 +104,7 @@ class Sampler:
                     if image is not None:
                         image[1] += int(head[1]) * 1024
         total += sum(max(0, size - pss) for size, pss in images.values())
+        total += sum(disks.values())
         for root, _, files in os.walk(self.store):
             for name in files:
                 try:

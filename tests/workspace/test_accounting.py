@@ -290,3 +290,25 @@ async def test_a_scope_on_a_plain_store_unmounts_the_store_its_forks_mounted(tmp
         assert os.path.ismount(subtree.snapshot_dir)  # the fork mounted the store on the scope's directory
     assert not subtree.snapshot_dir.exists()
     assert [line for line in Path("/proc/self/mounts").read_text().splitlines() if str(store) in line] == []
+
+
+async def test_what_a_workspace_wrote_counts_in_its_run_s_reading_and_in_a_tracked_one() -> None:
+    """A file a workspace wrote lives in its upper dir, a tmpfs of its own that no process maps: PSS does not show
+    it, yet it is memory the run holds for as long as the workspace lives. A subtree reading and a monitor tracking
+    the workspace both count it (once), and not after the workspace is gone."""
+    with accounting_scope("uppers") as subtree:
+        async with Workspace() as ws:
+            before = await anyio.to_thread.run_sync(subtree.read)
+            await ws.exec(["python3", "-c", "open('/workspace/big', 'wb').write(b'1' * (48 << 20))"])
+            usage = await anyio.to_thread.run_sync(subtree.read)
+            assert usage.upper_bytes - before.upper_bytes >= 48 << 20, (before, usage)
+            assert usage.memory_bytes - usage.pss_bytes - usage.image_bytes - usage.snapshot_bytes == usage.upper_bytes
+            assert usage.upper_bytes == await anyio.to_thread.run_sync(written_bytes, ws.directory)
+            monitor = ResourceMonitor(interval=60)
+            monitor.track(ws)
+            async with monitor:
+                pass
+            [*_, last] = monitor.report().samples
+            assert last.extra_bytes >= 48 << 20, last
+        after = await anyio.to_thread.run_sync(subtree.read)
+        assert after.upper_bytes == 0 and after.cgroups == 0, after
