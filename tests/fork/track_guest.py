@@ -5,7 +5,10 @@ the command in it and answers the digest of all it holds in /workspace/ans-<n> (
 to one byte in each of K pages of the buffer spread over it, ``map M`` maps M MiB more (a new VMA) and fills every
 page, ``zap K`` drops the buffer's first K pages (``MADV_DONTNEED``: they read as zeros), ``open`` makes the whole
 reservation readable (``mprotect``: its zeros join the digest), ``lock`` locks the 64 KiB mapping, whole (``mlock``:
-status ``VmLck`` joins the digest), ``digest`` only answers. A restored copy answers its next request."""
+status ``VmLck`` joins the digest), ``fmap`` maps a 1.5 MiB file privately right after a 64 KiB anonymous mapping,
+both inside one 2 MiB-aligned span (so a dump's pagemap cache scans them in one window), and reads every page of it
+(present file pages: the file's content joins the digest), ``digest`` only answers. A restored copy answers its next
+request."""
 
 import ctypes
 import hashlib
@@ -18,6 +21,9 @@ FLAGS = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS  # Python's default anonymous mmap
 RESERVED = 32 << 20
 LOCKABLE = 64 << 10
 MAP_NORESERVE = 0x4000
+MAP_FIXED = 0x10
+SPAN = 2 << 20
+FILE_BYTES = 3 << 19  # 1.5 MiB
 
 
 def mapping(mib, seed):
@@ -25,6 +31,27 @@ def mapping(mib, seed):
     for i in range(0, len(m), PAGE):
         m[i] = (i // PAGE + seed) % 251 + 1
     return m
+
+
+def file_after_anon(libc):
+    """The ``fmap`` layout: 64 KiB of anonymous memory at a 2 MiB boundary, a private file mapping right after it."""
+    with open("/workspace/fmap.bin", "wb") as f:
+        for i in range(FILE_BYTES // PAGE):
+            f.write(bytes([i % 249 + 3]) * PAGE)
+    span = libc.mmap(None, 2 * SPAN, 0, FLAGS | MAP_NORESERVE, -1, 0)  # PROT_NONE, to place both in
+    assert span not in (None, ctypes.c_void_p(-1).value)
+    at = (span + SPAN - 1) & ~(SPAN - 1)
+    rw = mmap.PROT_READ | mmap.PROT_WRITE
+    anon = libc.mmap(at, 64 << 10, rw, FLAGS | MAP_FIXED, -1, 0)
+    assert anon == at
+    ctypes.memset(anon, 5, 64 << 10)
+    fd = os.open("/workspace/fmap.bin", os.O_RDONLY)
+    try:
+        mapped = libc.mmap(at + (64 << 10), FILE_BYTES, mmap.PROT_READ, mmap.MAP_PRIVATE | MAP_FIXED, fd, 0)
+    finally:
+        os.close(fd)
+    assert mapped == at + (64 << 10)
+    return mapped
 
 
 def main():
@@ -43,6 +70,7 @@ def main():
     ctypes.memset(lockable, 7, LOCKABLE)
     bufs = [mapping(16, 0)]
     opened = locked = False
+    fmapped = None
     n = 0
     while True:
         try:
@@ -64,6 +92,8 @@ def main():
             if libc.mprotect(reserved, RESERVED, mmap.PROT_READ):
                 raise OSError(ctypes.get_errno(), "mprotect")
             opened = True
+        elif cmd == "fmap":
+            fmapped = file_after_anon(libc)
         elif cmd == "lock":
             if libc.mlock(lockable, LOCKABLE):
                 raise OSError(ctypes.get_errno(), "mlock")
@@ -73,6 +103,8 @@ def main():
             h.update(b)
         if opened:
             h.update(ctypes.string_at(reserved, RESERVED))  # a copy that restored it PROT_NONE dies here
+        if fmapped is not None:
+            h.update(ctypes.string_at(fmapped, FILE_BYTES))  # reads (faults in) every page of the file mapping
         if locked:
             with open("/proc/self/status") as f:
                 h.update(next(line for line in f if line.startswith("VmLck:")).encode())
