@@ -69,6 +69,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     p.add_argument("--max-groups", type=int, help="--trajectories: replay only the first N groups (file order)")
     p.add_argument(
+        "--tasks",
+        help="--trajectories: replay only the groups of these comma-separated task ids (file order kept; an "
+        "unknown id is an error): e.g. the long-tool groups, stated in the output",
+    )  # fmt: skip
+    p.add_argument(
         "--max-rollout-seconds", type=float,
         help="--trajectories: replay only the groups whose longest rollout's recorded LLM + tool time is at most "
         "this (before --time-scale): a subset that fits a time budget, stated in the output",
@@ -140,10 +145,18 @@ def recorded_seconds(t: Trajectory) -> float:
 
 
 def select_groups(
-    groups: list[tuple[Task, list[Trajectory]]], max_groups: int | None, max_rollout_seconds: float | None
+    groups: list[tuple[Task, list[Trajectory]]],
+    max_groups: int | None,
+    max_rollout_seconds: float | None,
+    tasks: list[str] | None = None,
 ) -> list[tuple[Task, list[Trajectory]]]:
-    """The groups whose longest rollout lasts at most ``max_rollout_seconds`` (recorded), then the first
-    ``max_groups`` of them."""
+    """The groups of ``tasks`` (all when None) whose longest rollout lasts at most ``max_rollout_seconds``
+    (recorded), then the first ``max_groups`` of them."""
+    if tasks is not None:
+        unknown = sorted(set(tasks) - {task.task_id for task, _ in groups})
+        if unknown:
+            raise ValueError(f"--tasks: no group for {unknown}")
+        groups = [(task, ts) for task, ts in groups if task.task_id in tasks]
     if max_rollout_seconds is not None:
         groups = [(task, ts) for task, ts in groups if max(map(recorded_seconds, ts)) <= max_rollout_seconds]
     return groups[:max_groups] if max_groups is not None else groups
@@ -166,12 +179,17 @@ def main(
     if args.trajectories:
         trajs = load_trajectories(args.trajectories)[: args.limit]
         group_by = args.group_by or ("task" if len({t.task_id for t in trajs}) < len(trajs) else "rollout")
-        groups = select_groups(trajectory_groups(trajs, group_by), args.max_groups, args.max_rollout_seconds)
+        tasks = [t for t in args.tasks.split(",") if t] if args.tasks else None
+        try:
+            groups = select_groups(trajectory_groups(trajs, group_by), args.max_groups, args.max_rollout_seconds, tasks)
+        except ValueError as e:
+            print(e, file=sys.stderr)
+            return 2
         workload = {"kind": "trajectory file", "path": str(args.trajectories), "trajectories": len(trajs),
                     "groups": len(groups), "group_by": group_by, "time_scale": args.time_scale,
                     "pad_tools": args.pad_tools, "rollouts": sum(len(ts) for _, ts in groups),
                     "tasks": [task.task_id for task, _ in groups], "max_groups": args.max_groups,
-                    "max_rollout_seconds": args.max_rollout_seconds}  # fmt: skip
+                    "max_rollout_seconds": args.max_rollout_seconds, "selected_tasks": tasks}  # fmt: skip
         if args.pad_tools:
             tools_for = _padded_bash(_recorded_pads(groups), args.time_scale)
     else:

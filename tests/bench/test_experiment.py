@@ -308,3 +308,19 @@ def test_a_grouped_replay_reports_the_share_of_the_oracles_gain(tmp_path: Path) 
     assert by_name["oracle"]["by_source"]["oracle"]["committed"] > 0
     assert all(set(c["group_latencies"]) == {"t"} for c in result["configs"])
     assert "share of oracle's" in (tmp_path / "out" / "experiment.md").read_text()
+
+
+@pytest.mark.unit
+def test_tasks_select_groups_by_task_id_in_file_order_and_an_unknown_one_is_an_error() -> None:
+    from bench.experiment._cli import select_groups
+
+    def traj(task: str, seconds: float) -> Trajectory:
+        return Trajectory(
+            task_id=task, steps=[Step("bash", {"command": "true"}, llm_seconds=seconds), Step(None, None)]
+        )
+
+    groups = trajectory_groups([traj("a", 1), traj("b", 50), traj("c", 2), traj("c", 3)], "task")
+    assert [t.task_id for t, _ in select_groups(groups, None, None, ["c", "b"])] == ["b", "c"]
+    assert [t.task_id for t, _ in select_groups(groups, None, 10, ["c", "b"])] == ["c"]  # both filters apply
+    with pytest.raises(ValueError, match="'x'"):
+        select_groups(groups, None, None, ["a", "x"])
