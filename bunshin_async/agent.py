@@ -85,6 +85,10 @@ class WorkspaceExecutor:
         """A speculative branch ran this call in ``workspace`` (a fork, for a write): continue there."""
         await self._slot.swap(workspace)
 
+    async def move(self, workspace: Workspace) -> None:
+        """Continue in ``workspace``, a speculative write's fork whose call still runs (``adopt`` follows)."""
+        await self._slot.swap(workspace)
+
     async def aclose(self) -> None:
         """Close the current workspace if the executor owns it. Idempotent."""
         await self._slot.aclose()

@@ -271,6 +271,13 @@ class CachedSession:
             return cache.flights.get(key) is not None or cache.tree.snapshot(key) is not None
         return cache.known(pure_key(call) if cls.effect is Effect.PURE else self._pos.chain.read_key(call))
 
+    async def move(self, workspace: Workspace) -> None:
+        """Continue in ``workspace``, a speculative write's fork whose call still runs (owned by the session from now
+        on, the previous workspace closed if owned): ``adopt`` of the same workspace records the call once it ended.
+        Until then the session stands where it stood (the call's state is not known yet), as during a live write."""
+        async with self._lock:
+            await self._pos.slot.swap(workspace)
+
     async def adopt(
         self, workspace: Workspace, tool: str, args: Mapping[str, Any], result: Any, duration: float
     ) -> CallRecord:

@@ -15,15 +15,15 @@ from typing import Any, Literal
 import anyio
 from anyio.abc import TaskGroup
 
-from .._exceptions import ToolError
+from .._exceptions import ToolError, unwrap_group
 from .._tools._tools import Tool
-from .._workspace._accounting import workspace_memory
+from .._workspace._accounting import workspace_memory, written_bytes
 from .._workspace._facade import Workspace
 from ._calls import Launch, PredictionContext
 from ._handle import CLOSE_DEADLINE, WorkspaceHandle
 from ._metrics import BranchRecord, TurnLog, TurnMetrics, merge_counts
 from ._planning import KeepOption, choose_kept
-from ._probes import fork_cost
+from ._probes import fork_cost, memory_peak
 from ._speculation import Speculation, policy_keeps
 
 __all__ = ["FORK_DEADLINE", "Branch", "BranchSet", "descends", "run_tool"]
@@ -81,6 +81,11 @@ class Branch:
         self.finished = anyio.Event()
         self.tail: int | None = None  # committed as a near miss: keep the last ``tail`` lines of stdout
         self.started = False  # its task began (a task cancelled before it starts holds nothing)
+        self.calling = anyio.Event()  # its call started (in its fork, for a write), or the branch ended
+        self.exc: BaseException | None = None  # what ended it when it ``failed``
+        self.ready_peak: int | None = None  # its fork's cgroup peak when its call started (the restore's charge)
+        self.base: Workspace | None = None  # what it forked (its parent's fork, or the rollout's workspace)
+        self.layer_bytes: int | None = None  # its snapshot layer: what ``base`` had written, copied for the fork
         self.lock = anyio.Lock()  # held while a chained child forks this branch's fork, and while it is committed
 
 
@@ -195,6 +200,7 @@ class BranchSet:
                             if base is None:
                                 return
                             b.ws = await _fork_shielded(base)
+                            b.base = base
                     b.forked = True
                     b.fork_seconds = clock() - t
                     await anyio.lowlevel.checkpoint()  # a cancellation that came during the fork lands here
@@ -205,7 +211,14 @@ class BranchSet:
                         return
                     b.ws = base
                 b.run_start = clock()
-                b.result, b.error = await run_tool(tool, b.ws, args)
+                b.calling.set()
+                if b.forked:
+                    b.ready_peak = memory_peak(b.ws)
+                    async with unwrap_group(), anyio.create_task_group() as tg:
+                        tg.start_soon(self._measure_ready, b)
+                        b.result, b.error = await run_tool(tool, b.ws, args)
+                else:
+                    b.result, b.error = await run_tool(tool, b.ws, args)
                 b.run_end = clock()
                 b.ok = True
                 b.owner.log.mark("branch_done", b.position, b.key.name)
@@ -214,13 +227,38 @@ class BranchSet:
                     b.owner.on_ready(b)
                 await b.released.wait()  # until the main line took it, or the scope is cancelled
         except Exception as exc:  # a failed branch only costs its work: the call will run normally
-            b.failed = True
+            b.failed, b.exc = True, exc
             b.owner.log.mark("branch_done", b.position, f"failed: {exc!r}"[:200])
         finally:
             b.done.set()
+            b.calling.set()
             with anyio.CancelScope(shield=True):
                 await self._settle(b)
             b.finished.set()
+
+    async def _measure_ready(self, b: Branch) -> None:
+        """Beside the start of a fork's call: what the fork holds and what its rollout holds at that moment, for the
+        policy (``observe_fork``, ``observe_rollout_memory``). Every fork's, used or not: a committed one becomes
+        the rollout and is never measured at its end. A fork holds its page image and processes
+        (``workspace_memory``) and the snapshot layer it mounts: a copy of what its base had written (its upper),
+        made for it in the snapshot store."""
+        spec = b.owner.speculation
+        observe_rollout = getattr(spec.policy, "observe_rollout_memory", None) if spec is not None else None
+        if spec is None or observe_rollout is None or b.ws is None or b.base is None:
+            return
+        fork, base, rollout = b.ws, b.base, self.handle.workspace
+
+        def measure() -> tuple[int, int]:  # a few /proc reads and fstatvfs: milliseconds, in a worker thread
+            b.layer_bytes = written_bytes(base.directory)
+            return workspace_memory(fork) + b.layer_bytes, workspace_memory(rollout)
+
+        try:
+            held, beside = await anyio.to_thread.run_sync(measure)
+        except Exception:  # noqa: BLE001 - a reading that failed (a workspace closing meanwhile) teaches nothing
+            return
+        if held and beside:
+            spec.policy.observe_fork(0.0, held)
+            observe_rollout(beside)
 
     async def _settle(self, b: Branch) -> None:
         """Account for a branch whose task ends, and close its fork unless it was committed."""
@@ -245,7 +283,10 @@ class BranchSet:
             fork, rollout = b.ws, (self.handle.workspace if observe_rollout is not None else None)
 
             def measure() -> tuple[tuple[float, int], int]:  # the rollout at the same moment
-                return fork_cost(fork), (workspace_memory(rollout) if rollout is not None else 0)
+                cpu, held = fork_cost(fork, b.ready_peak)
+                if b.layer_bytes is None and b.base is not None:
+                    b.layer_bytes = written_bytes(b.base.directory)
+                return (cpu, held + (b.layer_bytes or 0)), (workspace_memory(rollout) if rollout is not None else 0)
 
             with anyio.move_on_after(CLOSE_DEADLINE):
                 (b.cpu_seconds, b.memory_bytes), rollout_bytes = await anyio.to_thread.run_sync(measure)

@@ -85,6 +85,10 @@ class Executor(Runner, Protocol):
     ``adopt`` accounts a call a speculative branch ran as if ``call`` had run it: ``workspace`` is where it ran (a
     committed fork for a write, which the executor owns from then on; the current workspace for a read), ``result``
     the tool's result or its ``ToolError``, ``duration`` its run time in seconds.
+    An executor may also have ``move(workspace)``: continue in a write branch's fork while its call still runs
+    (owned from then on, the previous workspace closed), ``adopt`` of the same workspace following once the call
+    ended; the rollout then holds one workspace, not two, for the rest of that call. Without it the runtime waits
+    for the call to end before it commits.
     """
 
     async def adopt(
@@ -168,6 +172,22 @@ class WorkspaceHandle:
                 )
             before = self.executor.workspace
             await self.executor.adopt(workspace, call.name, call.arguments(), result, duration)
+            self.swaps += self.executor.workspace is not before
+        elif await self._slot.swap(workspace):
+            self.swaps += 1
+
+    @property
+    def can_move(self) -> bool:
+        """Whether ``move`` can take a fork whose call still runs (an executor needs a ``move`` method)."""
+        return self.executor is None or callable(getattr(self.executor, "move", None))
+
+    async def move(self, workspace: Workspace) -> None:
+        """The rollout continues in ``workspace``, a write branch's fork whose call still runs: from now on it is the
+        handle's (or the executor's, through its ``move``) and the previous workspace is closed (if owned); the
+        call is recorded by ``commit`` once it ended. Caller holds ``lock`` until then (``can_move`` first)."""
+        if self.executor is not None:
+            before = self.executor.workspace
+            await getattr(self.executor, "move")(workspace)  # noqa: B009 (optional: can_move checked it)
             self.swaps += self.executor.workspace is not before
         elif await self._slot.swap(workspace):
             self.swaps += 1

@@ -13,7 +13,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
-from .._exceptions import ToolError
+from .._exceptions import ToolError, WorkspaceError
 from .._llm._events import ToolCall
 from .._tools._tools import Effect, Tool, lookup
 from .._workspace._facade import Workspace
@@ -122,8 +122,16 @@ class MainLine:
 
     async def _use_branch(self, d: Decided, b: Branch, t_due: float) -> CallResult | None:
         try:
-            await b.done.wait()
+            moved = False
+            if b.launch.needs_fork and b.launch.depth == 0 and b.tail is None and self.handle.can_move:
+                await b.calling.wait()  # a fork that fails before its call starts leaves the workspace as it was
+                if not b.done.is_set() and b.epoch == self.handle.epoch:
+                    moved = await self._move(d, b)
+            if not moved:
+                await b.done.wait()
             t_ready = self.log.clock()
+            if moved:
+                return self._taken(d, b, t_due, t_ready)
             if not b.ok or b.epoch != self.handle.epoch:
                 return None
             skip = self.speculation.skip if self.speculation is not None else None
@@ -150,20 +158,58 @@ class MainLine:
             elif self.handle.executor is not None:  # a read: let the executor account it (a cache records it)
                 assert b.ws is not None
                 await self.handle.commit(b.ws, d.key, outcome(b.result, b.error), b.run_end - b.run_start)
-            now = self.log.clock()
-            self.log.mark("branch_commit", d.position, f"{d.call.name} {b.launch.effect.value}")
-            run = b.run_end - b.run_start
-            # What the main line would have waited for without the branch, less what it waited for the branch;
-            # the commit itself (the executor's bookkeeping, a cache capture) is not counted: a call run on the
-            # main line pays for it too.
-            b.used, b.saved = True, (t_due + run) - t_ready
-            return CallResult(
-                index=d.call.index, call=d.call, result=b.result, error=b.error, source="speculated", seconds=run, t=now
-            )
+            return self._taken(d, b, t_due, t_ready)
         finally:
             if b in self.branches.live:
                 self.branches.live.remove(b)
             b.released.set()
+
+    async def _move(self, d: Decided, b: Branch) -> bool:
+        """Commit write branch ``b`` while its call still runs: the rollout moves into its fork now and its previous
+        workspace is closed (a hit holds two workspaces only until the model asks for the call, not until the call
+        ends); the call is recorded once it ends (``handle.commit``). From the move on the fork is the rollout's
+        workspace: if its call then dies of anything but a ``ToolError`` (the workspace failed), that is raised, as
+        a main-line call in a failing workspace raises it. False: ``b`` ended first (its result is used, or the
+        call runs here, as before)."""
+        assert d.key is not None and b.ws is not None
+        async with self.handle.lock, b.lock:
+            if b.done.is_set():  # (while this waited for the locks)
+                return False
+            self.branches.writing = True  # nothing may start from the state in between (the planner waits too)
+            try:
+                self.branches.cancel(lambda other: other is not b and not descends(other, b))
+                await self.branches.quiesce()
+                b.committed = True  # from here the fork is the handle's (or its executor's)
+                await self.handle.move(b.ws)
+                self.log.mark("branch_move", d.position, d.call.name)
+                await b.done.wait()
+                if not b.ok:
+                    if b.exc is not None:
+                        raise b.exc
+                    raise WorkspaceError(
+                        f"the workspace ended while running {d.call.name} (a committed branch)", workspace_id=b.ws.id
+                    )
+                await self.handle.commit(b.ws, d.key, outcome(b.result, b.error), b.run_end - b.run_start)
+                self.handle.advance()
+                for child in b.children:  # (none: a branch chains only once it finished unclaimed)
+                    child.parent, child.epoch = None, self.handle.epoch
+                b.children = []
+            finally:
+                self.branches.writing = False
+        return True
+
+    def _taken(self, d: Decided, b: Branch, t_due: float, t_ready: float) -> CallResult:
+        """``b``'s result, used for ``d``."""
+        now = self.log.clock()
+        self.log.mark("branch_commit", d.position, f"{d.call.name} {b.launch.effect.value}")
+        run = b.run_end - b.run_start
+        # What the main line would have waited for without the branch, less what it waited for the branch; the
+        # commit itself (the executor's bookkeeping, a cache capture) is not counted: a call run on the main line
+        # pays for it too.
+        b.used, b.saved = True, (t_due + run) - t_ready
+        return CallResult(
+            index=d.call.index, call=d.call, result=b.result, error=b.error, source="speculated", seconds=run, t=now
+        )
 
     async def _execute(self, d: Decided, tool: Tool) -> CallResult:
         args = d.key.arguments() if d.key is not None else dict(d.call.arguments)

@@ -19,6 +19,7 @@ EventKind = Literal[
     "branch_launch",
     "branch_ready",
     "branch_done",
+    "branch_move",  # a write branch committed at the ask while its call still runs (the rollout moved into it)
     "branch_commit",
     "branch_discard",
     "branch_kept",

@@ -6,7 +6,7 @@ from __future__ import annotations
 from .._workspace._accounting import workspace_memory, written_bytes
 from .._workspace._facade import Workspace
 
-__all__ = ["cgroup_cpu_seconds", "fork_cost", "upper_bytes"]
+__all__ = ["cgroup_cpu_seconds", "fork_cost", "memory_peak", "upper_bytes"]
 
 
 def cgroup_cpu_seconds(ws: Workspace) -> float:
@@ -16,13 +16,25 @@ def cgroup_cpu_seconds(ws: Workspace) -> float:
     return -1.0 if seconds is None else seconds
 
 
-def fork_cost(ws: Workspace) -> tuple[float, int]:
+def fork_cost(ws: Workspace, ready_peak: int | None = None) -> tuple[float, int]:
     """(CPU seconds, memory bytes) of a fork. Memory as the experiment's subtree reading counts it (its processes'
-    PSS, the page images they map copy-on-write, its upper dir: ``workspace_memory``), or the cgroup's peak plus the
-    upper dir where that is more (what its command held at its height). Blocking."""
+    PSS, the page images they map copy-on-write, its upper dir: ``workspace_memory``) plus what its call held only
+    for a while: the cgroup's peak above both its peak when the call started (``ready_peak``: the restore's own
+    charge, ~2 MiB, which the subtree reading of a running fork does not show) and its charge now. Without
+    ``ready_peak``, the cgroup's peak plus the upper dir where that is more. Blocking."""
     cg = ws.cgroup
+    held = workspace_memory(ws)
     peak = (cg.memory_peak() or 0) if cg is not None else 0
-    return cgroup_cpu_seconds(ws), max(peak + upper_bytes(ws), workspace_memory(ws))
+    if cg is None or ready_peak is None:
+        return cgroup_cpu_seconds(ws), max(peak + upper_bytes(ws), held)
+    return cgroup_cpu_seconds(ws), held + max(0, peak - max(ready_peak, cg.memory_usage() or 0))
+
+
+def memory_peak(ws: Workspace) -> int | None:
+    """The most bytes charged to ``ws``'s cgroup at once so far (None without a memory controller): a few bytes of
+    sysfs, read in place."""
+    cg = ws.cgroup
+    return cg.memory_peak() if cg is not None else None
 
 
 def upper_bytes(ws: Workspace) -> int:

@@ -47,11 +47,11 @@ class _Closing:
     def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
         real = _branches.fork_cost
 
-        def fork_cost(ws: Workspace) -> tuple[float, int]:
+        def fork_cost(ws: Workspace, ready_peak: int | None = None) -> tuple[float, int]:
             if not self.gate.is_set():
                 self.held.set()
                 assert self.gate.wait(60)
-            return real(ws)
+            return real(ws, ready_peak)
 
         monkeypatch.setattr(_branches, "fork_cost", fork_cost)
 

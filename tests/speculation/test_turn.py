@@ -115,7 +115,8 @@ async def test_a_predictor_that_is_never_right_stops_being_launched(serve: Any) 
     assert policy.calibration("always-wrong") < 0.2
     assert sum(launched[-5:]) == 0, (launched, policy.calibration("always-wrong"))
     # each discarded fork's memory was measured on its cgroup, and the rollout's footprint, to charge misses with
-    assert policy.fork_bytes.n == policy.rollout_bytes.n == sum(launched) > 0
+    # (and, beside the start of its call, a fork's and its rollout's: what a fork holds, used or not)
+    assert policy.fork_bytes.n == policy.rollout_bytes.n >= sum(launched) > 0
     assert policy.fork_bytes.value > 0 and policy.rollout_bytes.value > 0
 
 
