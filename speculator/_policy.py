@@ -83,15 +83,17 @@ class CostAwarePolicy:
     where tool calls are short and the guesses long shots (a hit hides a 30 ms ``cat``) nothing is launched, while
     a long call that waits may still be a long shot.
     Memory, in the experiment's currency (GiB·s, here byte-seconds): a fork exists beside its rollout from its launch
-    until the model asks for its call (the LLM time left in the turn, a turn more per chained call) or, if the call
-    runs longer, until it finishes (``hold_seconds``), hit or miss; a hit makes the rollout finish the hidden seconds
-    sooner, freeing its memory that much earlier (the straggler's more: ``1 + straggler_weight x lag`` times, since a
-    group's base and captures are held until its last rollout ends). A fork is launched only when that pays:
-    ``probability x hidden seconds x rollout bytes x straggler factor >= fork bytes x hold_seconds x memory_weight``
-    (``memory_net``). Fork bytes are measured as the experiment counts them (``observe_fork``: PSS, mapped page
-    images, upper dir), rollout bytes likewise (``observe_rollout_memory``); until measured a fork is as big as its
-    rollout. A copy-on-write fork holds a page image of its whole rollout, so on small workspaces with long LLM turns
-    (hold far longer than what it hides) a fork rarely pays and is not launched; in-place reads hold nothing.
+    until the model asks for its call (the LLM time left in the turn, a turn more per chained call: ``hold_seconds``),
+    hit or miss: a hit is committed at the ask even while its call still runs (the runtime moves the rollout into
+    the fork and closes its previous workspace), a miss still running is cancelled then. A hit makes the rollout
+    finish the hidden seconds sooner, freeing its memory that much earlier (the straggler's more: ``1 +
+    straggler_weight x lag`` times, since a group's base and captures are held until its last rollout ends). A fork
+    is launched only when that pays: ``probability x hidden seconds x rollout bytes x straggler factor >= fork bytes
+    x hold_seconds x memory_weight`` (``memory_net``). Fork bytes are measured as the experiment counts them
+    (``observe_fork``: PSS, mapped page images, upper dir, and memory its call held only for a while), rollout bytes
+    likewise (``observe_rollout_memory``); until measured a fork is as big as its rollout. A copy-on-write fork holds
+    a page image of its whole rollout, so a fork pays only when its call runs about as long as the LLM time left and
+    the guess is near certain (or the rollout is its group's straggler); in-place reads hold nothing.
     On a saturated machine only likely guesses run (a coin flip never does), so speculation backs off instead of
     slowing the rollouts it serves. When the event loop itself is saturated (``loop_load()`` at least
     ``max_loop_load``: many rollouts, short tool calls) the policy is not ``active``: the runtime does not even ask
@@ -249,13 +251,15 @@ class CostAwarePolicy:
 
     def hold_seconds(self, option: Launch) -> float:
         """How long a fork for ``option`` is expected to exist beside its rollout, hit or miss: the fork itself, then
-        until the model asks for the call (``hideable``) or the call finishes, whichever is later."""
-        return self.fork_seconds.value + max(self.expected_seconds(option), self.hideable(option))
+        until the model asks for the call (``hideable``). A hit is committed then, its call still running or not
+        (the rollout moves into the fork and its previous workspace is closed: one workspace again); a miss still
+        running is cancelled then (a finished one may stay to the turn's end, unless a write comes first)."""
+        return self.fork_seconds.value + self.hideable(option)
 
     def memory_net(self, option: Launch) -> float:
         """Expected byte-seconds a fork for ``option`` saves, net of what it holds (negative: it cannot pay): a hit
         frees the rollout's memory (the straggler's counts its group's share, ``straggler_weight``) the hidden
-        seconds sooner; hit or miss, the fork holds its bytes for ``hold_seconds``."""
+        seconds sooner; hit or miss, the fork holds its bytes beside the rollout's for ``hold_seconds``."""
         hidden = min(self.expected_seconds(option), self.hideable(option))
         freed = self.rollout_bytes.value * (1 + self.straggler_weight * self.lag(option.rollout))
         held, hold = self.fork_bytes.value, self.hold_seconds(option)

@@ -89,7 +89,9 @@ def test_a_chained_launch_pays_with_its_chain_probability_within_the_llm_time_it
     # at most this turn's LLM time
     assert policy.saving(one) == pytest.approx(0.9 * 1.0 - 0.2)
     assert policy.saving(two) == pytest.approx(0.81 * 2.0 - 0.2)  # this turn's and the next one's
-    assert policy.hold_seconds(two) == pytest.approx(0.2 + 5.0)  # its fork is held until its 5 s call ends
+    # its fork is held until the model asks for its call, this turn and the next (a hit is committed then, its call
+    # still running or not; a miss still running is cancelled then), not until its 5 s call ends
+    assert policy.hold_seconds(two) == pytest.approx(0.2 + 1.0 + 1.0)
     unlikely = _launch("r", 0, p=0.3, seconds=5.0, depth=1, prior=0.1)
     assert policy.select([unlikely], running=0, forks=0) == []  # 0.03: below min_probability
     too_deep = _launch("r", 0, p=1.0, seconds=5.0, depth=3)
@@ -144,8 +146,9 @@ def test_a_predictor_whose_launched_guesses_are_never_used_stops_launching() -> 
 
 
 def test_a_fork_is_launched_only_when_the_gib_seconds_it_saves_pay_for_what_it_holds() -> None:
-    """A fork exists beside its rollout from its launch until the model asks for its call (or the call ends), hit or
-    miss; a hit frees the rollout's memory the hidden seconds sooner. Byte-seconds, the experiment's currency."""
+    """A fork exists beside its rollout from its launch until the model asks for its call, hit or miss (a hit is
+    committed then even while its call runs on); a hit frees the rollout's memory the hidden seconds sooner.
+    Byte-seconds, the experiment's currency."""
     mib = 1 << 20
     policy = CostAwarePolicy(contention=None, llm_seconds=3.0, fork_seconds=0.2)
     policy.observe_rollout_memory(64 * mib)
@@ -163,6 +166,12 @@ def test_a_fork_is_launched_only_when_the_gib_seconds_it_saves_pay_for_what_it_h
     policy.observe_fork(0.2, 32 * mib)  # forks half the rollout's size (running average: 0.7 x 64 + 0.3 x 32)
     assert policy.memory_net(long) > 0 and len(policy.select([long], running=0, forks=0)) == 1
     assert policy.select([_launch("r", 0, p=0.6, seconds=3.0)], running=0, forks=0) == []
+    # a call far longer than the turn (a 28 s install): held only until the ask (the rollout then moves into the
+    # fork), not until it ends: it hides the 3 s the turn has left for 3.2 s of holding 54.4 MiB
+    install = _launch("r", 0, p=1.0, seconds=28.0)
+    assert policy.hold_seconds(install) == pytest.approx(3.2)
+    assert policy.memory_net(install) == pytest.approx((3.0 * 64 - 3.2 * (0.7 * 64 + 0.3 * 32)) * mib)
+    assert policy.select([install], running=0, forks=0) == [install]
     # long LLM turns on a small workspace: held for the whole turn, hiding only the run: never
     slow_model = CostAwarePolicy(contention=None, llm_seconds=30.0, fork_seconds=0.2)
     slow_model.observe_rollout_memory(16 * mib)
@@ -187,8 +196,8 @@ def test_an_unused_branch_is_kept_for_the_next_turn_only_while_its_hold_pays() -
     policy.observe_fork(0.2, 16 * mib)
     late = msgspec.structs.replace(_launch("r", 0, p=1.0, seconds=1.0), turn_elapsed=2.9)
     # launched 2.9 s into a 3 s turn (a quarter of a turn left, at least): 0.75 s hidden x 64 MiB against
-    # 0.2 + max(1, 0.75) = 1.2 s x 16 MiB held: pays
-    assert policy.memory_net(late) == pytest.approx((0.75 * 64 - 1.2 * 16) * mib)
+    # 0.2 + 0.75 = 0.95 s x 16 MiB held (until the ask: a hit whose call runs on is committed then): pays
+    assert policy.memory_net(late) == pytest.approx((0.75 * 64 - 0.95 * 16) * mib)
     assert policy.select([late], running=0, forks=0) == [late]
     # unused when the turn ended: a new turn holds it 0.2 + 3 s and it hides its whole 1 s: 64 > 3.2 x 16 pays
     assert policy.keeps(late)
