@@ -63,9 +63,9 @@ class RecentPredictor:
     Its odds are what such guesses scored on timed terminal-benchmark traces (``scripts/eval_predictors.py``): a
     run that names the file just edited is repeated about half the time (``named``), the last run after an install
     about as often (``installed``), a run after an in-place edit of another file one time in four (``confidence``),
-    a run after a heredoc that wrote a file it does not name almost never (``written``: the new file is run
-    instead, ``WrittenPredictor``); each older run of the same kind (naming the file or not) is ``decay`` as
-    likely."""
+    a run after a heredoc that rewrote a file the rollout named before half the time (``rewritten``), after one that
+    wrote a new file almost never (``written``: the new file is run instead, ``WrittenPredictor``); each older run
+    is ``decay`` as likely (a run naming the file, only than the runs naming it after it)."""
 
     name = "recent"
 
@@ -75,12 +75,14 @@ class RecentPredictor:
         confidence: float = 0.25,
         named: float = 0.55,
         installed: float = 0.45,
-        written: float = 0.05,
+        written: float = 0.01,
+        rewritten: float = 0.5,
         reads: int = 3,
         decay: float = 0.4,
         top: int = 2,
     ) -> None:
-        self.confidence, self.named, self.installed, self.written = confidence, named, installed, written
+        self.confidence, self.named, self.installed = confidence, named, installed
+        self.written, self.rewritten = written, rewritten
         self.reads = reads
         self.decay = decay
         self.top = top
@@ -98,10 +100,14 @@ class RecentPredictor:
         if not _EDITS.match(sig) and not install:
             return []
         files = set() if install else _edited(change)
-        base = self.installed if install else self.written if _WRITES.match(sig) else self.confidence
+        base = self.installed if install else self.confidence
+        if not install and _WRITES.match(sig):
+            # a whole file written: a rewrite of one the rollout used before, or a new one (which is run instead)
+            earlier = (_command(call) for call in history[:j])
+            base = self.rewritten if any(c is not None and _names(c, files) for c in earlier) else self.written
         out: list[Candidate] = []
         seen: set[CallKey] = set()
-        older = {True: 0, False: 0}  # runs already proposed, by whether they name the edited file
+        naming = 0  # runs already proposed that name the edited file
         for call in reversed(history[:j]):
             sig = key_signature(call)
             if _installs(call, sig):
@@ -111,8 +117,8 @@ class RecentPredictor:
             seen.add(call)
             command = _command(call)
             named = command is not None and _names(command, files)
-            p = (self.named if named else base) * self.decay ** older[named]
-            older[named] += 1
+            p = self.named * self.decay**naming if named else base * self.decay ** len(out)
+            naming += named
             out.append(Candidate(name=call.name, arguments=call.arguments(), probability=p, source=self.name))
             if len(out) >= self.top:
                 break

@@ -36,7 +36,7 @@ def test_a_run_that_names_the_edited_file_comes_first_and_likeliest() -> None:
 
 def test_a_new_file_written_whole_rarely_brings_back_an_old_run() -> None:
     # the script just written is what runs next (the written predictor's guess), not the rollout's older run
-    assert _guesses("python3 explore.py", "cat > solve.py <<'EOF'\nx = 1\nEOF") == [("python3 explore.py", 0.05)]
+    assert _guesses("python3 explore.py", "cat > solve.py <<'EOF'\nx = 1\nEOF") == [("python3 explore.py", 0.01)]
     # an in-place edit of another file: now and then
     assert _guesses("python -m pytest -q", "sed -i 's/a/b/' setup.cfg") == [("python -m pytest -q", 0.25)]
     # a name inside another word is not the file (``a.py`` in ``data.py``)
@@ -58,3 +58,11 @@ def test_reads_after_the_change_still_lead_to_the_run_other_calls_do_not() -> No
     assert _guesses("python3 solve.py", edit, "cat a", "cat b", "cat c", "cat d") == []  # too long ago
     assert _guesses("python3 solve.py", edit, "mkdir out") == []  # not a read: something else is going on
     assert _guesses("python3 solve.py", edit, "python3 solve.py") == []  # the run already checked the change
+
+
+def test_a_heredoc_that_rewrites_a_file_used_before_brings_the_run_back() -> None:
+    rewrite = "cat > csvtool/core.py <<'EOF'\nrows = rows[1:]\nEOF"
+    # the rollout read the module before: a rewrite of it, checked by the tests it ran
+    assert _guesses("python -m unittest -q", "cat csvtool/core.py", rewrite) == [("python -m unittest -q", 0.5)]
+    # never named before: a new file, which is what runs next, not the tests
+    assert _guesses("python -m unittest -q", "cat csvtool/cli.py", rewrite) == [("python -m unittest -q", 0.01)]
