@@ -21,6 +21,7 @@ from ._runner import (
     AT_TURN_START,
     CONFIGS,
     UNWEIGHED,
+    UNWEIGHED_FORKS,
     ExperimentResult,
     config,
     markdown_table,
@@ -34,7 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--configs", default=",".join(CONFIGS),
         help="comma-separated, baseline first; a speculative one + '-at-turn-start' launches a turn's first call "
-        "when the turn starts, not on the previous turn's last observation (e.g. oracle-at-turn-start)",
+        "when the turn starts, not on the previous turn's last observation (e.g. oracle-at-turn-start); + "
+        "'-unweighed-forks' launches forks without the GiB·s rule (e.g. oracle-unweighed-forks)",
     )  # fmt: skip
     p.add_argument(
         "--workload", choices=["bundled", "terminal"], default="bundled",
@@ -172,7 +174,8 @@ def main(
     unknown = [c for c in configs if config(c) is None]
     if unknown:
         print(f"unknown configuration(s) {unknown}; choose from {list(CONFIGS)} or {ABLATION}NAME[+NAME], "
-              f"with a cache +'{UNWEIGHED}', any speculative one +'{AT_TURN_START}'", file=sys.stderr)  # fmt: skip
+              f"with a cache +'{UNWEIGHED}', any speculative one +'{AT_TURN_START}' or +'{UNWEIGHED_FORKS}'",
+              file=sys.stderr)  # fmt: skip
         return 2
     groups: list[tuple[Task, list[Trajectory]]]
     tools_for = None

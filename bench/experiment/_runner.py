@@ -65,6 +65,7 @@ class Config(msgspec.Struct, frozen=True):
     without: frozenset[str] = frozenset()  # predictors (by name) left out: the ablation's configurations
     weigh_captures: bool = True  # the cache's GiB·s rule for captures (``ToolCache(weigh_captures=...)``)
     on_observation: bool = True  # Speculation.on_observation (False: the ``-at-turn-start`` configurations)
+    weigh_forks: bool = True  # the policy's GiB·s rule for forks (False: ``-unweighed-forks``, memory_weight=0)
 
 
 CONFIGS = {
@@ -82,6 +83,7 @@ CONFIGS = {
 ABLATION = "fork+cache+spec-without-"
 UNWEIGHED = "-unweighed"
 AT_TURN_START = "-at-turn-start"
+UNWEIGHED_FORKS = "-unweighed-forks"
 
 
 def config(name: str) -> Config | None:
@@ -89,9 +91,16 @@ def config(name: str) -> Config | None:
     without the predictors named ``A`` and ``B``: an ablation), or either with a cache followed by ``-unweighed``
     (its cache captures every reachable slow write, without weighing the hold in GiB·s), or a speculative one of
     these followed by ``-at-turn-start`` (a turn's first call launched when the turn starts, not on the last
-    observation). None for anything else."""
+    observation), or a speculative one followed by ``-unweighed-forks`` (its policy launches forks without the GiB·s
+    rule, ``CostAwarePolicy(memory_weight=0)``: what that rule costs in latency and saves in GiB·s). None for
+    anything else."""
     if name in CONFIGS:
         return CONFIGS[name]
+    if name.endswith(UNWEIGHED_FORKS):
+        base = config(name.removesuffix(UNWEIGHED_FORKS))
+        if base is None or not base.speculation:
+            return None
+        return msgspec.structs.replace(base, name=name, weigh_forks=False)
     if name.endswith(AT_TURN_START):
         base = config(name[: -len(AT_TURN_START)])
         if base is None or not base.speculation:
@@ -385,9 +394,9 @@ async def _run_config_in(
             lambda ctx: f"replay:{ctx.task.task_id}:{ctx.rollout}",
             cache=cache,
             speculation=(
-                _oracle_factory(trajectories, config.on_observation)
+                _oracle_factory(trajectories, config.on_observation, config.weigh_forks)
                 if config.oracle
-                else _speculation_factory(config.without, config.on_observation)
+                else _speculation_factory(config.without, config.on_observation, config.weigh_forks)
             )
             if config.speculation
             else None,
@@ -460,14 +469,15 @@ async def _run_config_in(
 
 
 def _speculation_factory(
-    without: frozenset[str] = frozenset(), on_observation: bool = True
+    without: frozenset[str] = frozenset(), on_observation: bool = True, weigh_forks: bool = True
 ) -> Callable[[RolloutContext], Any]:
     """Per rollout: the default predictors (stream tap, siblings of the same group, n-gram history of the public
-    traces (the bundled table), cost-aware policy shared by all rollouts), but those named in ``without``."""
+    traces (the bundled table), cost-aware policy shared by all rollouts), but those named in ``without``;
+    ``weigh_forks=False``: the policy without its GiB·s rule for forks."""
     from speculator import CostAwarePolicy, SiblingTable, default_ngram, default_speculation
 
     model = default_ngram()
-    policy = CostAwarePolicy()
+    policy = CostAwarePolicy(memory_weight=1.0 if weigh_forks else 0.0)
     tables: dict[str, SiblingTable] = {}
 
     def make(ctx: RolloutContext) -> Any:
@@ -479,13 +489,15 @@ def _speculation_factory(
     return make
 
 
-def _oracle_factory(trajectories: Sequence[Trajectory], on_observation: bool = True) -> Callable[[RolloutContext], Any]:
+def _oracle_factory(
+    trajectories: Sequence[Trajectory], on_observation: bool = True, weigh_forks: bool = True
+) -> Callable[[RolloutContext], Any]:
     """Per rollout: a predictor told the rollout's true next call (from its recording), under the same policy,
-    runtime and cache veto as ``fork+cache+spec``."""
+    runtime and cache veto as ``fork+cache+spec`` (``weigh_forks=False``: without its GiB·s rule for forks)."""
     from bunshin_async.speculation import Speculation
     from speculator import CostAwarePolicy, OraclePredictor
 
-    policy = CostAwarePolicy()
+    policy = CostAwarePolicy(memory_weight=1.0 if weigh_forks else 0.0)
     calls = {t.key: [(s.tool, s.args or {}) for s in t.steps if not s.final and s.tool] for t in trajectories}
 
     def make(ctx: RolloutContext) -> Any:

@@ -324,3 +324,21 @@ def test_tasks_select_groups_by_task_id_in_file_order_and_an_unknown_one_is_an_e
     assert [t.task_id for t, _ in select_groups(groups, None, 10, ["c", "b"])] == ["c"]  # both filters apply
     with pytest.raises(ValueError, match="'x'"):
         select_groups(groups, None, None, ["a", "x"])
+
+
+@pytest.mark.unit
+def test_unweighed_forks_is_a_speculative_configuration_whose_policy_ignores_the_gib_seconds_rule() -> None:
+    from types import SimpleNamespace
+
+    from bench.experiment._runner import _oracle_factory, _speculation_factory
+
+    assert named_config("oracle-unweighed-forks") == Config(
+        "oracle-unweighed-forks", fork=True, cache=True, speculation=True, oracle=True, weigh_forks=False)  # fmt: skip
+    both = named_config("fork+cache+spec-unweighed-forks-at-turn-start")
+    assert both is not None and not both.weigh_forks and not both.on_observation
+    for plain in ("fork+cache-unweighed-forks", "baseline-unweighed-forks", "-unweighed-forks"):
+        assert named_config(plain) is None, plain
+    ctx: Any = SimpleNamespace(task=SimpleNamespace(task_id="t"), rollout=0)
+    for weigh in (True, False):
+        assert _speculation_factory(weigh_forks=weigh)(ctx).policy.memory_weight == float(weigh)
+        assert _oracle_factory([], weigh_forks=weigh)(ctx).policy.memory_weight == float(weigh)
