@@ -37,13 +37,28 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bunshin_async.speculation import CallKey, Candidate, PredictionContext, Predictor  # noqa: E402
-from speculator import NgramModel, SiblingTable, default_ngram, default_speculation  # noqa: E402
+from speculator import (  # noqa: E402
+    NgramModel,
+    RecentPredictor,
+    SiblingPredictor,
+    SiblingTable,
+    default_ngram,
+    default_speculation,
+)
 from speculator._offline import OfflineReport, Record, _calls, evaluate, leave_task_out, load_groups  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "scripts"))
 from build_ngram_table import held_out_calibration  # noqa: E402
 
 PREDICTORS = ("siblings", "observation", "docs", "recent", "written", "history", "signatures")
+# Ablations of a predictor's parts: (row, the predictor in place of the default one of its name, given the table).
+VARIANTS: tuple[tuple[str, Callable[[SiblingTable], Predictor]], ...] = (
+    ("all, siblings without the first-line level", lambda t: SiblingPredictor(t, head_confidence=0.0)),
+    (
+        "all, recent at one odds for every case (0.6)",
+        lambda t: RecentPredictor(confidence=0.6, named=0.6, installed=0.6, written=0.6, rewritten=0.6),
+    ),
+)
 
 
 class _Seen:
@@ -98,12 +113,25 @@ def main() -> int:
         for task in groups:
             models[task] = _model({t: rs for t, rs in groups.items() if t != task}, args.calibrated)
 
-    def speculation(without: frozenset[str]) -> Callable[[str], Callable[[], Sequence[Predictor]]]:
+    def speculation(
+        without: frozenset[str], variant: Callable[[SiblingTable], Predictor] | None = None
+    ) -> Callable[[str], Callable[[], Sequence[Predictor]]]:
+        """The default predictors but ``without``; ``variant`` replaces the one of its name (made otherwise)."""
+
         def make(task: str) -> Callable[[], Sequence[Predictor]]:
             # a copy per group: the history predictor learns online into its model, and a model shared by the
             # rows would have learned the task it predicts from an earlier row
             table, model = SiblingTable(), copy.deepcopy(models.get(task, bundled))
-            return lambda: list(default_speculation(group=task, table=table, model=model, without=without).predictors)
+
+            def one() -> list[Predictor]:
+                spec = default_speculation(group=task, table=table, model=model, without=without)
+                predictors = list(spec.predictors)
+                if variant is not None:
+                    made = variant(table)
+                    predictors = [made if p.name == made.name else p for p in predictors]
+                return predictors
+
+            return one
 
         return make
 
@@ -111,6 +139,10 @@ def main() -> int:
     for name in PREDICTORS:
         rows.append((f"all but {name}", evaluate(groups, speculation(frozenset({name}))), "all"))
         rows.append((f"{name} alone", evaluate(groups, speculation(frozenset(PREDICTORS) - {name})), "all"))
+
+    # what this session's refinements add: each predictor made as before them, in place of its current form
+    for label, variant in VARIANTS:
+        rows.append((label, evaluate(groups, speculation(frozenset(), variant)), "all"))
 
     def ceiling(cross: bool) -> Callable[[str], Callable[[], Sequence[Predictor]]]:
         def make(task: str) -> Callable[[], Sequence[Predictor]]:
