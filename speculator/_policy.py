@@ -62,6 +62,37 @@ def loop_load() -> float:
     return m.value
 
 
+class _CallTimes:
+    """What calls took on this machine, learned online: each exact call's run time (the ``max_calls`` run last), its
+    signature's (``tool:program``) and the CPU seconds per second its signature took on the main line."""
+
+    def __init__(self, alpha: float, max_calls: int) -> None:
+        self.alpha, self.max_calls = alpha, max_calls
+        self.exact: dict[CallKey, _Ewma] = {}  # insertion-ordered: the least recently run first
+        self.sig: dict[str, _Ewma] = {}
+        self.cpu: dict[str, _Ewma] = {}
+
+    def seconds(self, key: CallKey) -> float | None:
+        exact = self.exact.get(key)
+        if exact is not None:
+            return exact.value
+        sig = self.sig.get(key_signature(key))
+        return sig.value if sig is not None else None
+
+    def observe(self, key: CallKey, seconds: float) -> None:
+        exact = self.exact.pop(key, None) or _Ewma(seconds)
+        exact.add(seconds, self.alpha)
+        self.exact[key] = exact
+        if len(self.exact) > self.max_calls:
+            del self.exact[next(iter(self.exact))]
+        self.sig.setdefault(key_signature(key), _Ewma(seconds)).add(seconds, self.alpha)
+
+    def observe_cpu(self, key: CallKey, cpu_seconds: float, seconds: float) -> None:
+        if seconds >= 0.05 and cpu_seconds >= 0:
+            share = cpu_seconds / seconds
+            self.cpu.setdefault(key_signature(key), _Ewma(share)).add(share, self.alpha)
+
+
 class CostAwarePolicy:
     """Launch a candidate when its expected saving beats its expected cost, best saving first.
 
@@ -164,9 +195,7 @@ class CostAwarePolicy:
         self.fork_bytes = _Ewma(float(fork_bytes))
         self.rollout_bytes = _Ewma(float(fork_bytes))  # until measured, a fork is as big as its rollout
         self.max_calls = max_calls
-        self._exact: dict[CallKey, _Ewma] = {}  # insertion-ordered: the least recently run first
-        self._sig: dict[str, _Ewma] = {}
-        self._cpu_share: dict[str, _Ewma] = {}  # signature -> CPU seconds per second
+        self._times = _CallTimes(alpha, max_calls)
         self._llm_prior = llm_seconds
         self._llm_sum, self._llm_n = 0.0, 0
         self.cpu_weight = cpu_weight
@@ -184,12 +213,9 @@ class CostAwarePolicy:
         self.live = LiveForks()  # forks selected and not yet released (closing ones included), per rollout
 
     def expected_seconds(self, option: Launch) -> float:
-        exact = self._exact.get(option.key)
-        if exact is not None:
-            return exact.value
-        sig = self._sig.get(key_signature(option.key))
-        if sig is not None:
-            return sig.value
+        seen = self._times.seconds(option.key)
+        if seen is not None:
+            return seen
         if option.candidate.expected_seconds is not None:
             return option.candidate.expected_seconds
         return self.default_seconds
@@ -197,7 +223,7 @@ class CostAwarePolicy:
     def cpu_share(self, option: Launch) -> float:
         """CPU seconds per second of ``option``'s signature when it ran (1 until measured, at most 1: the contention
         term charges one CPU's worth at most)."""
-        share = self._cpu_share.get(key_signature(option.key))
+        share = self._times.cpu.get(key_signature(option.key))
         return 1.0 if share is None else min(1.0, share.value)
 
     def lag(self, rollout: str) -> float:
@@ -330,19 +356,11 @@ class CostAwarePolicy:
         self.live.forget(rollout)
 
     def observe_tool(self, key: CallKey, seconds: float) -> None:
-        exact = self._exact.pop(key, None) or _Ewma(seconds)
-        exact.add(seconds, self.alpha)
-        self._exact[key] = exact
-        if len(self._exact) > self.max_calls:
-            del self._exact[next(iter(self._exact))]
-        sig = key_signature(key)
-        self._sig.setdefault(sig, _Ewma(seconds)).add(seconds, self.alpha)
+        self._times.observe(key, seconds)
 
     def observe_cpu(self, key: CallKey, cpu_seconds: float, seconds: float) -> None:
         """A call run on the main line took ``cpu_seconds`` of CPU in ``seconds`` (calls under 50 ms say little)."""
-        if seconds >= 0.05 and cpu_seconds >= 0:
-            share = cpu_seconds / seconds
-            self._cpu_share.setdefault(key_signature(key), _Ewma(share)).add(share, self.alpha)
+        self._times.observe_cpu(key, cpu_seconds, seconds)
 
     @property
     def llm_seconds(self) -> float:

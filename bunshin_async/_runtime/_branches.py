@@ -116,6 +116,49 @@ async def _fork_shielded(ws: Workspace) -> Workspace:
     return copies[0]
 
 
+async def observe_ready(b: Branch, rollout: Workspace) -> None:
+    """Beside the start of fork branch ``b``'s call: what the fork holds and what its rollout holds at that moment,
+    for the policy (``observe_fork``, ``observe_rollout_memory``). Every fork's, used or not: a committed one becomes
+    the rollout and is never measured at its end. A fork holds its page image and processes (``workspace_memory``)
+    and the snapshot layer it mounts: a copy of what its base had written (its upper), made for it in the snapshot
+    store."""
+    spec = b.owner.speculation
+    observe_rollout = getattr(spec.policy, "observe_rollout_memory", None) if spec is not None else None
+    if spec is None or observe_rollout is None or b.ws is None or b.base is None:
+        return
+    fork, base = b.ws, b.base
+
+    def measure() -> tuple[int, int]:  # a few /proc reads and fstatvfs: milliseconds, in a worker thread
+        b.layer_bytes = written_bytes(base.directory)
+        return workspace_memory(fork) + b.layer_bytes, workspace_memory(rollout)
+
+    try:
+        held, beside = await anyio.to_thread.run_sync(measure)
+    except Exception:  # noqa: BLE001 - a reading that failed (a workspace closing meanwhile) teaches nothing
+        return
+    if held and beside:
+        spec.policy.observe_fork(0.0, held)
+        observe_rollout(beside)
+
+
+async def measure_discarded(b: Branch, rollout: Workspace | None) -> int:
+    """Fork branch ``b`` ends unused: set its CPU seconds and memory bytes (``fork_cost`` and its layer); returns
+    ``rollout``'s bytes at the same moment (0 without one). Within ``CLOSE_DEADLINE``."""
+    assert b.ws is not None
+    fork = b.ws
+
+    def measure() -> tuple[tuple[float, int], int]:
+        cpu, held = fork_cost(fork, b.ready_peak)
+        if b.layer_bytes is None and b.base is not None:
+            b.layer_bytes = written_bytes(b.base.directory)
+        return (cpu, held + (b.layer_bytes or 0)), (workspace_memory(rollout) if rollout is not None else 0)
+
+    rollout_bytes = 0
+    with anyio.move_on_after(CLOSE_DEADLINE):
+        (b.cpu_seconds, b.memory_bytes), rollout_bytes = await anyio.to_thread.run_sync(measure)
+    return rollout_bytes
+
+
 class BranchSet:
     """The branches one turn owns: ``live`` ones (running or done, not yet taken, discarded or settled) and ``all``
     it ever held. ``writing``: a main-line write of the turn runs (an in-place read must not start). ``on_ready``
@@ -215,7 +258,7 @@ class BranchSet:
                 if b.forked:
                     b.ready_peak = memory_peak(b.ws)
                     async with unwrap_group(), anyio.create_task_group() as tg:
-                        tg.start_soon(self._measure_ready, b)
+                        tg.start_soon(observe_ready, b, self.handle.workspace)
                         b.result, b.error = await run_tool(tool, b.ws, args)
                 else:
                     b.result, b.error = await run_tool(tool, b.ws, args)
@@ -235,30 +278,6 @@ class BranchSet:
             with anyio.CancelScope(shield=True):
                 await self._settle(b)
             b.finished.set()
-
-    async def _measure_ready(self, b: Branch) -> None:
-        """Beside the start of a fork's call: what the fork holds and what its rollout holds at that moment, for the
-        policy (``observe_fork``, ``observe_rollout_memory``). Every fork's, used or not: a committed one becomes
-        the rollout and is never measured at its end. A fork holds its page image and processes
-        (``workspace_memory``) and the snapshot layer it mounts: a copy of what its base had written (its upper),
-        made for it in the snapshot store."""
-        spec = b.owner.speculation
-        observe_rollout = getattr(spec.policy, "observe_rollout_memory", None) if spec is not None else None
-        if spec is None or observe_rollout is None or b.ws is None or b.base is None:
-            return
-        fork, base, rollout = b.ws, b.base, self.handle.workspace
-
-        def measure() -> tuple[int, int]:  # a few /proc reads and fstatvfs: milliseconds, in a worker thread
-            b.layer_bytes = written_bytes(base.directory)
-            return workspace_memory(fork) + b.layer_bytes, workspace_memory(rollout)
-
-        try:
-            held, beside = await anyio.to_thread.run_sync(measure)
-        except Exception:  # noqa: BLE001 - a reading that failed (a workspace closing meanwhile) teaches nothing
-            return
-        if held and beside:
-            spec.policy.observe_fork(0.0, held)
-            observe_rollout(beside)
 
     async def _settle(self, b: Branch) -> None:
         """Account for a branch whose task ends, and close its fork unless it was committed."""
@@ -280,16 +299,7 @@ class BranchSet:
         observe_rollout = getattr(spec.policy, "observe_rollout_memory", None) if spec is not None else None
         rollout_bytes = 0
         if b.forked and b.ws is not None and not b.committed:
-            fork, rollout = b.ws, (self.handle.workspace if observe_rollout is not None else None)
-
-            def measure() -> tuple[tuple[float, int], int]:  # the rollout at the same moment
-                cpu, held = fork_cost(fork, b.ready_peak)
-                if b.layer_bytes is None and b.base is not None:
-                    b.layer_bytes = written_bytes(b.base.directory)
-                return (cpu, held + (b.layer_bytes or 0)), (workspace_memory(rollout) if rollout is not None else 0)
-
-            with anyio.move_on_after(CLOSE_DEADLINE):
-                (b.cpu_seconds, b.memory_bytes), rollout_bytes = await anyio.to_thread.run_sync(measure)
+            rollout_bytes = await measure_discarded(b, self.handle.workspace if observe_rollout is not None else None)
             with anyio.move_on_after(CLOSE_DEADLINE):
                 await b.ws.aclose()
         if spec is not None:
