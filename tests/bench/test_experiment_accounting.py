@@ -8,11 +8,8 @@ memory and burns CPU in a short-lived process."""
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 
-import speculator
 from bench.experiment._runner import run_experiment
 from bunshin_async.rollout import Step, Task, Trajectory
 
@@ -39,9 +36,7 @@ def _step(command: str, llm: float) -> Step:
 
 
 @pytest.mark.timeout(900)
-async def test_a_committed_write_then_memory_and_cpu_are_counted_in_every_configuration(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+async def test_a_committed_write_then_memory_and_cpu_are_counted_in_every_configuration() -> None:
     """Each rollout: a slow write (committed from a speculative fork in the oracle, served by a restored fork
     from the cache's capture in a sibling), then a process that allocates HOLD_MIB MiB and burns CPU in the
     rollout's workspace, whichever fork that is now. Every configuration counts it: at least the rollouts' memory
@@ -53,14 +48,15 @@ async def test_a_committed_write_then_memory_and_cpu_are_counted_in_every_config
         for i in range(2)  # the siblings' allocations differ: each runs its own, at the same time
     ]
     # What is counted once a branch commits is the point here: the policy's GiB·s rule (a fork pays only when its
-    # hidden seconds outweigh what it holds) would launch nothing on these few-MiB workspaces, so it is off.
-    monkeypatch.setattr(speculator, "CostAwarePolicy", functools.partial(speculator.CostAwarePolicy, memory_weight=0.0))
+    # hidden seconds outweigh what it holds) would launch nothing on these few-MiB workspaces, so the speculative
+    # configurations run without it ('-unweighed-forks').
+    configs = ["baseline", "fork", "fork+cache", "fork+cache+spec-unweighed-forks", "oracle-unweighed-forks"]
     with Sampler() as sampler:
-        result = await run_experiment([(task, trajs)], progress=sampler.progress)
+        result = await run_experiment([(task, trajs)], configs=configs, progress=sampler.progress)
     assert result.same_calls_and_results, result.differences
     disagree = disagreements(compare(result, sampler))
     by_name = {c.name: c for c in result.configs}
-    assert by_name["oracle"].extra["spec"]["committed"] >= 2  # the write, then the allocation, in forks
+    assert by_name["oracle-unweighed-forks"].extra["spec"]["committed"] >= 2  # the write, then the allocation, in forks
     for c in result.configs:
         assert [r.status for r in c.rollouts] == ["finished", "finished"], c.name
         assert c.peak_memory_mib >= 2 * (HOLD_MIB + WRITE_MIB), (c.name, c.peak_memory_mib)
