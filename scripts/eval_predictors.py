@@ -28,10 +28,13 @@ from __future__ import annotations
 
 import argparse
 import copy
+import re
 import statistics
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
+import msgspec
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -39,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 from bunshin_async.speculation import CallKey, Candidate, PredictionContext, Predictor  # noqa: E402
 from speculator import (  # noqa: E402
     NgramModel,
+    ObservationPredictor,
     RecentPredictor,
     SiblingPredictor,
     SiblingTable,
@@ -50,7 +54,7 @@ from speculator._offline import OfflineReport, Record, _calls, evaluate, leave_t
 sys.path.insert(0, str(ROOT / "scripts"))
 from build_ngram_table import held_out_calibration  # noqa: E402
 
-PREDICTORS = ("siblings", "observation", "docs", "recent", "written", "history", "signatures")
+PREDICTORS = ("siblings", "observation", "docs", "recent", "written", "steps", "history", "signatures")
 # Ablations of a predictor's parts: (row, the predictor in place of the default one of its name, given the table).
 VARIANTS: tuple[tuple[str, Callable[[SiblingTable], Predictor]], ...] = (
     ("all, siblings without the first-line level", lambda t: SiblingPredictor(t, head_confidence=0.0)),
@@ -171,6 +175,7 @@ def main() -> int:
     for source, bins in first.calibration.items():
         print(f"  {source}: " + ", ".join(f"{lo:.1f}: {n} {h / n:.0%}" for lo, n, h in bins))
     _held_out_calibration(groups, speculation(frozenset()))
+    _observation_forms(groups)
     _where(groups)
     _lead_time(groups, [float(d) for d in args.delays.split(",") if d])
     return 0
@@ -233,8 +238,71 @@ def _where(groups: dict[str, list[Record]]) -> None:
             print(f"  {label}: {seconds:.1f} s ({100 * seconds / total:.1f}%)")
 
 
+# Options of ``pip install`` that take a value as the next word.
+_PIP_VALUED = frozenset({"--index-url", "--extra-index-url", "-i", "--timeout", "-c", "--constraint", "-t", "--target"})
+
+
+def _installed(call: CallKey) -> str | None:
+    """The one package a command's one ``pip install`` names (version aside), if it is also a module's name."""
+    command = call.arguments().get("command")
+    if not isinstance(command, str) or "\n" in command:
+        return None
+    segments = [s.split() for s in re.split(r"&&|\|\||;|\|", command)]
+    pips = [w for w in segments if "install" in w and any(re.fullmatch(r"pip3?(\.\d+)?", x) for x in w)]
+    if len(pips) != 1:
+        return None
+    words = pips[0][pips[0].index("install") + 1 :]
+    names = [w for i, w in enumerate(words) if not w.startswith("-") and (i == 0 or words[i - 1] not in _PIP_VALUED)]
+    if len(names) != 1:
+        return None
+    m = re.fullmatch(r"([A-Za-z_]\w*)(?:[=<>~!]=?[\w.*]+)?", names[0])
+    return m.group(1) if m else None
+
+
+class _Told:
+    """An ``ObservationPredictor`` told, before each single-package pip install, the observation that would have
+    named its package (``No module named 'x'``), and no observation otherwise: what its guesses score when the
+    entity is right, an upper bound of its hit rate (the traces hold no observations)."""
+
+    name = "observation"
+
+    def __init__(self, record: Record, table: SiblingTable) -> None:
+        self.inner = ObservationPredictor(table)
+        self.calls = [k for k, _, _ in _calls(record)]
+
+    def _ctx(self, ctx: PredictionContext) -> PredictionContext:
+        package = _installed(self.calls[len(ctx.history)])
+        if package is None:
+            return ctx
+        return msgspec.structs.replace(ctx, last_output=f"ModuleNotFoundError: No module named '{package}'")
+
+    def predict(self, ctx: PredictionContext) -> Sequence[Candidate]:
+        return self.inner.predict(self._ctx(ctx))
+
+    def observe(self, ctx: PredictionContext, call: CallKey) -> None:
+        self.inner.observe(self._ctx(ctx), call)
+
+
+def _observation_forms(groups: dict[str, list[Record]]) -> None:
+    """How often the observation predictor's filled call is exactly the next one when the error named what the
+    next call installs (its own form, then its siblings'): the most its odds could be."""
+
+    def make(task: str) -> Callable[[], Sequence[Predictor]]:
+        records, table = iter(groups[task]), SiblingTable()
+        return lambda: [_Told(next(records), table)]
+
+    rep = evaluate(groups, make)
+    n = sum(1 for rs in groups.values() for r in rs for k, _, _ in _calls(r) if _installed(k) is not None)
+    s = rep.by_source.get("observation", {})
+    print(f"\nThe observation predictor told the package of each of the {n} single-package pip installs before it "
+          f"(an upper bound: the error named what was installed next): {s.get('launched', 0):.0f} launched, "
+          f"{s.get('committed', 0):.0f} hits, {s.get('hidden_seconds', 0):.1f} s hidden "
+          f"({100 * rep.share('observation'):.1f}%), wrong launches {s.get('wasted_seconds', 0):.0f} s")  # fmt: skip
+    _held_out_calibration(groups, make, "so told")
+
+
 def _held_out_calibration(
-    groups: dict[str, list[Record]], make: Callable[[str], Callable[[], Sequence[Predictor]]]
+    groups: dict[str, list[Record]], make: Callable[[str], Callable[[], Sequence[Predictor]]], told: str = ""
 ) -> None:
     """Each task's guesses scored against the hit rates the other tasks' guesses of the same source and stated
     tenth scored (leave-task-out): what a calibration fitted on other tasks would have expected, and what hit."""
@@ -255,12 +323,13 @@ def _held_out_calibration(
                 rate = (h_all - h) / (n_all - n) if n_all > n else lo + 0.05
                 row = rows.setdefault((source, lo), [0.0, 0.0, 0.0])
                 row[0], row[1], row[2] = row[0] + n, row[1] + h, row[2] + n * rate
-    print("\nHeld out (leave-task-out): per source and stated tenth, guesses, hits, the hits the other tasks' rates")
+    print(f"\nHeld out (leave-task-out){', ' + told if told else ''}: per source and stated tenth, guesses, hits, "
+          "the hits the other tasks' rates")  # fmt: skip
     print("expected, and the hit rate")
     print("| source | stated | guesses | hits | expected from other tasks | hit rate |")
     print("|---|---|---|---|---|---|")
     for (source, lo), (guesses, hits, e) in sorted(rows.items()):
-        if guesses >= 10:
+        if guesses >= 5:
             rate = hits / guesses
             print(f"| {source} | {lo:.1f}-{lo + 0.1:.1f} | {guesses:.0f} | {hits:.0f} | {e:.1f} | {rate:.0%} |")
 

@@ -3,9 +3,10 @@
 ``default_speculation(group=task_id, table=shared_table)`` gives a ``Speculation`` with the stream tap (calls
 start as soon as their arguments are complete), siblings (what other rollouts of the group did next from the same
 history), observations (the module an import error names, filled into the calls that followed such errors, and
-into the commands a README quoted), the rollout's own recent runs, the first run of a script it just wrote,
-history (an n-gram model over call signatures, optionally trained on traces), signatures (what that model says
-comes next, made concrete from the group's calls) and user rules, under a cost-aware policy.
+into the commands a README quoted), the rollout's own recent runs, the first run of a script it just wrote, the
+next case of a run it steps through (``x.py 3`` after ``x.py 1``, ``x.py 2``), history (an n-gram model over call
+signatures, optionally trained on traces), signatures (what that model says comes next, made concrete from the
+group's calls) and user rules, under a cost-aware policy.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ._recent import RecentPredictor
 from ._rules import OraclePredictor, Rule, RulePredictor
 from ._siblings import SiblingPredictor, SiblingTable
 from ._signature import command_program, signature
+from ._steps import StepPredictor
 from ._written import WrittenPredictor
 
 __all__ = [
@@ -40,6 +42,7 @@ __all__ = [
     "SiblingPredictor",
     "SiblingTable",
     "SignaturePredictor",
+    "StepPredictor",
     "WrittenPredictor",
     "command_program",
     "cpu_contention",
@@ -91,6 +94,7 @@ def default_speculation(
         DocsPredictor(),
         RecentPredictor(),
         WrittenPredictor(table),
+        StepPredictor(),
     ]
     if model is not None:
         predictors += [HistoryPredictor(model), SignaturePredictor(model, table)]

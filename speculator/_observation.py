@@ -44,15 +44,27 @@ class ObservationPredictor:
     followed such an observation before (in this rollout first, then in its siblings: the ``SiblingTable``'s
     templates) with the new name filled in (``pip install ... ./vendor/x``). A template is a one-line call whose
     arguments contained an entity one of the ``recall`` observations before it named (agents often read a file
-    between an import error and the install), with the entity cut out."""
+    between an import error and the install), with the entity cut out.
+
+    Its odds are at most what its guesses scored on timed terminal-benchmark traces told, before each
+    single-package pip install, the error that would have named the package (``scripts/eval_predictors.py``; the
+    traces hold no observations, so an upper bound): the rollout's latest form was the exact call about half the
+    time (``own``), an older one of its forms almost never (``older``: each is that much less likely than the
+    next), a form a share of the siblings used about ``siblings`` times that share."""
 
     name = "observation"
 
     def __init__(
-        self, table: SiblingTable | None = None, *, own: float = 0.85, siblings: float = 0.7, recall: int = 3
+        self,
+        table: SiblingTable | None = None,
+        *,
+        own: float = 0.5,
+        older: float = 0.1,
+        siblings: float = 0.7,
+        recall: int = 3,
     ) -> None:
         self.table = table if table is not None else SiblingTable()
-        self.own_confidence = own
+        self.own_confidence, self.older = own, older
         self.sibling_confidence = siblings
         self.own: dict[str, list[tuple[str, str]]] = defaultdict(list)
         self._recent: deque[dict[str, str]] = deque(maxlen=recall)  # the entities of the latest observations
@@ -65,7 +77,7 @@ class ObservationPredictor:
         for kind, entity in _entities(ctx.last_output).items():
             scored: dict[tuple[str, str], float] = {}
             for rank, template in enumerate(reversed(self.own.get(kind, [])[-3:])):
-                scored[template] = max(scored.get(template, 0.0), self.own_confidence * 0.5**rank)
+                scored[template] = max(scored.get(template, 0.0), self.own_confidence * self.older**rank)
             counts = self.table.templates.get(kind)
             if counts:
                 total = sum(counts.values())

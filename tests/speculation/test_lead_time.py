@@ -139,7 +139,7 @@ def test_observation_templates_fill_in_the_module_of_an_import_error() -> None:
     assert cand.arguments["command"] == "pip install colstats" and cand.source == "observation"
     mine.observe(_ctx(last_output=error), CallKey.of(BASH, {"command": "pip install -q ./vendor/fastcsv"}))
     top = mine.predict(_ctx(last_output="No module named 'colstats'"))[0]  # its own spelling first
-    assert top.arguments["command"] == "pip install -q ./vendor/colstats" and top.probability > 0.8
+    assert top.arguments["command"] == "pip install -q ./vendor/colstats" and top.probability == 0.5
     assert mine.predict(_ctx(last_output="all good")) == []
     # a script that names the module in passing is no template: the next import error does not predict it
     other = ObservationPredictor(SiblingTable())
@@ -151,7 +151,8 @@ def test_observation_templates_fill_in_the_module_of_an_import_error() -> None:
     reader.observe(_ctx(last_output=error), CallKey.of(BASH, {"command": "cat csvtool/core.py"}))
     reader.observe(_ctx(last_output="import fastcsv\n"), CallKey.of(BASH, {"command": "pip3 install vendor/fastcsv"}))
     [cand] = reader.predict(_ctx(last_output="No module named 'colstats'"))
-    assert cand.arguments["command"] == "pip3 install vendor/colstats" and cand.probability > 0.8
+    # (the group's only form so far: its siblings' odds, which count the rollout's own uses too)
+    assert cand.arguments["command"] == "pip3 install vendor/colstats" and cand.probability == 0.7
     other.observe(_ctx(last_output=error), CallKey.of(BASH, {"command": "pip install fastcsv"}))
     assert [c.arguments["command"] for c in other.predict(_ctx(last_output="No module named 'x1'"))] == [
         "pip install x1"

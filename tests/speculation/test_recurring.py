@@ -97,9 +97,9 @@ def test_offline_replay_starts_a_group_together_and_credits_only_siblings_ahead(
 
 def test_default_speculation_leaves_out_what_the_ablation_names() -> None:
     names = [p.name for p in default_speculation(model=_model()).predictors]
-    assert names == ["siblings", "observation", "docs", "recent", "written", "history", "signatures"]
+    assert names == ["siblings", "observation", "docs", "recent", "written", "steps", "history", "signatures"]
     without = default_speculation(model=_model(), without=["siblings", "signatures"]).predictors
-    assert [p.name for p in without] == ["observation", "docs", "recent", "written", "history"]
+    assert [p.name for p in without] == ["observation", "docs", "recent", "written", "steps", "history"]
 
 
 def test_signatures_see_the_calls_decided_earlier_in_the_message() -> None:
