@@ -13,10 +13,15 @@ with ``--leave-task-out``, trained for each task on every other task of TRACES: 
 (``--calibrated``: its odds calibrated on those other tasks, as ``build_ngram_table.py`` calibrates the bundled
 one); each group gets its own copy (the history predictor learns online into it).
 
+A row re-asks the predictors whenever a sibling decides a call during a rollout's turn (what a runtime that plans
+again on a sibling's decision could add; a guess first made then hides only what is left of the turn).
+
 Calibration: per predictor and tenth of stated probability, guesses and hit rate; and held out, each task's guesses
-against the hit rates the other tasks' guesses scored. Where the hideable time lies: by call kind, by program, and
-by where an exact guess could have come from (the rollout's own earlier calls, a sibling's before, another task's,
-nowhere).
+against the hit rates the other tasks' guesses scored. The traces hold no observations, so the observation
+predictor is scored apart, told before each single-package pip install the error that would have named the package
+(an upper bound of its hit rate: the entity is always right). Where the hideable time lies: by call kind, by
+program, and by where an exact guess could have come from (the rollout's own earlier calls, a sibling's before,
+another task's, nowhere).
 
 Lead time: the oracle's hideable time if each branch started ``d`` seconds after the previous call's observation
 (``min(tool, LLM - d)`` per call; ``--delays``), beside what the traces' timestamps say of the recorded agent's own
@@ -147,6 +152,8 @@ def main() -> int:
     # what this session's refinements add: each predictor made as before them, in place of its current form
     for label, variant in VARIANTS:
         rows.append((label, evaluate(groups, speculation(frozenset(), variant)), "all"))
+    reasked = evaluate(groups, speculation(frozenset()), reask=True)
+    rows.append(("all, asked again whenever a sibling decides during the turn", reasked, "all"))
 
     def ceiling(cross: bool) -> Callable[[str], Callable[[], Sequence[Predictor]]]:
         def make(task: str) -> Callable[[], Sequence[Predictor]]:

@@ -88,9 +88,12 @@ def evaluate(
     threshold: float = 0.3,
     top: int = 3,
     delays: Sequence[float] = (),
+    reask: bool = False,
 ) -> OfflineReport:
     """Replay ``groups`` (task -> its rollouts' records); ``make(task)`` gives, per group, a factory of one
-    rollout's predictors (sharing what the group shares: its ``SiblingTable``)."""
+    rollout's predictors (sharing what the group shares: its ``SiblingTable``). ``reask``: a rollout's predictors
+    are asked again whenever a sibling decides a call during its turn; a guess first made then hides only what is
+    left of the turn (``min(tool, LLM - elapsed)``)."""
     from bunshin_async._runtime._calls import chain_root, extend_chain
 
     report = OfflineReport(threshold=threshold)
@@ -120,14 +123,16 @@ def evaluate(
         heapq.heapify(events)
         chains: list[list[bytes]] = [[chain_root(task)] for _ in rollouts]
         made: set[bytes] = set()  # (chain after the call) the cache could serve
-        guesses: dict[tuple[int, int], list[Candidate]] = {}
+        guesses: dict[tuple[int, int], list[tuple[Candidate, float]]] = {}  # open turns: (guess, when made)
+        started: dict[tuple[int, int], float] = {}
+
         while events:
-            _, _, kind, r, i = heapq.heappop(events)
+            now, _, kind, r, i = heapq.heappop(events)
             key, llm, tool = rollouts[r][i]
-            history = tuple(k for k, _, _ in rollouts[r][:i])
-            ctx = PredictionContext(history=history, chain=chains[r][i], turn=i, position=0, group=task)
+            ctx = _context(task, rollouts[r], chains[r], i)
             if kind == 0:
-                guesses[r, i] = [c for p in predictors[r] for c in p.predict(ctx)]
+                guesses[r, i] = [(c, 0.0) for p in predictors[r] for c in p.predict(ctx)]
+                started[r, i] = now
                 continue
             after = extend_chain(chains[r][i], key)
             chains[r].append(after)
@@ -140,11 +145,15 @@ def evaluate(
             for d in delayed:
                 delayed[d] += 0.0 if cached else min(tool, max(0.0, llm - d))
             cands = guesses.pop((r, i))
+            started.pop((r, i))
             best: dict[str, dict[CallKey, float]] = defaultdict(dict)
-            for c in cands:
+            first: dict[tuple[str, CallKey], float] = {}  # when a guess was first made at the launch threshold
+            for c, at in cands:
                 ck = CallKey(c.name, _BASH_VERSION, msgspec.json.encode(c.arguments, order="deterministic"))
                 for source in (c.source, "all"):
                     best[source][ck] = max(best[source].get(ck, 0.0), c.probability)
+                    if c.probability >= threshold:
+                        first[source, ck] = min(first.get((source, ck), at), at)
             for source, ranked in best.items():
                 order = sorted(ranked.items(), key=lambda x: -x[1])
                 s = stats[source]
@@ -157,12 +166,16 @@ def evaluate(
                     if p >= threshold and not cached:
                         s["launched"] += 1
                         if k == key:
-                            hidden[source] += hideable
+                            hidden[source] += min(hideable, max(0.0, llm - first.get((source, k), 0.0)))
                             s["committed"] += 1
                         else:
                             wasted[source] += durations.get(k, median_tool)
             for predictor in predictors[r]:
                 predictor.observe(ctx, key)
+            if reask:  # the siblings still in their turn see what this rollout just decided
+                for (r2, i2), open_guesses in guesses.items():
+                    ctx2 = _context(task, rollouts[r2], chains[r2], i2)
+                    open_guesses += [(c, now - started[r2, i2]) for p in predictors[r2] for c in p.predict(ctx2)]
     for source, s in stats.items():
         report.by_source[source] = {
             **{k: float(v) for k, v in s.items()},
@@ -174,6 +187,14 @@ def evaluate(
     report.hideable_seconds = round(report.hideable_seconds, 2)
     report.hideable_after = [(d, round(v, 2)) for d, v in delayed.items()]
     return report
+
+
+def _context(
+    task: str, calls: Sequence[tuple[CallKey, float, float]], chain: Sequence[bytes], i: int
+) -> PredictionContext:
+    """What the predictors see at turn ``i`` of a rollout: its calls before it and their chain key."""
+    history = tuple(k for k, _, _ in calls[:i])
+    return PredictionContext(history=history, chain=chain[i], turn=i, position=0, group=task)
 
 
 def leave_task_out(groups: Mapping[str, Sequence[Record]]) -> Iterable[tuple[str, list[Record]]]:

@@ -95,6 +95,28 @@ def test_offline_replay_starts_a_group_together_and_credits_only_siblings_ahead(
     assert dict(leave_task_out({**groups, "u": [_record("u", ("ls", 1, 0))]}))["t"] == [_record("u", ("ls", 1, 0))]
 
 
+def test_offline_reask_credits_a_siblings_call_made_during_the_turn_with_what_is_left_of_it() -> None:
+    """Rollout 1's install turn starts at t=2 s and lasts 8 s; rollout 0 installs after the same previous call at
+    t=6 s. Asked only at the turn's start, nothing is guessed; asked again when the sibling decides, the install is
+    guessed with 4 s of the turn left: it hides min(tool 10, 8 - 4)."""
+    groups = {
+        "t": [
+            _record("t", ("ls", 1.0, 0.0), ("cat a", 1.0, 0.0), ("pip install numpy", 4.0, 10.0)),
+            _record("t", ("ls", 1.0, 0.0), ("cat b", 0.5, 0.0), ("cat a", 0.5, 0.0), ("pip install numpy", 8.0, 10.0)),
+        ]
+    }
+
+    def make(task: str) -> Any:
+        table = SiblingTable()
+        return lambda: [SiblingPredictor(table, after_confidence=0.6)]
+
+    once = evaluate(groups, make)
+    assert once.by_source.get("siblings", {}).get("hidden_seconds", 0.0) == 0.0
+    again = evaluate(groups, make, reask=True)
+    assert again.by_source["siblings"]["hidden_seconds"] == pytest.approx(4.0)
+    assert again.by_source["siblings"]["committed"] == 1 and again.hideable_seconds == once.hideable_seconds
+
+
 def test_default_speculation_leaves_out_what_the_ablation_names() -> None:
     names = [p.name for p in default_speculation(model=_model()).predictors]
     assert names == ["siblings", "observation", "docs", "recent", "written", "steps", "history", "signatures"]
