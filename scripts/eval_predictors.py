@@ -55,6 +55,8 @@ from speculator import (  # noqa: E402
     default_speculation,
 )
 from speculator._offline import OfflineReport, Record, _calls, evaluate, leave_task_out, load_groups  # noqa: E402
+from speculator._steps import _stepped  # noqa: E402
+from speculator._written import written_script  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "scripts"))
 from build_ngram_table import held_out_calibration  # noqa: E402
@@ -220,13 +222,49 @@ class _Where:
         self.made.add(call)
         hideable = 0.0 if cached else min(llm, tool)
         kind, program = self.kinds[len(ctx.history)]
-        for key in (("origin", origin), ("kind", kind), ("program", program)):
+        keys = [("origin", origin), ("kind", kind), ("program", program)]
+        if origin == "made nowhere before":
+            keys.append(("signal", _signal(ctx.history, call, kind, program)))
+        for key in keys:
             self.out[key] = self.out.get(key, 0.0) + hideable
 
 
+def _first(call: CallKey) -> str:
+    command = call.arguments().get("command")
+    return command.split("\n", 1)[0] if isinstance(command, str) else ""
+
+
+def _signal(history: Sequence[CallKey], call: CallKey, kind: str, program: str) -> str:
+    """What, known when the turn starts, names a call made nowhere before: the rollout's own actions (a script it
+    wrote, a run it steps through, a module it imported or looked for), or nothing but new text or an observation."""
+    line = _first(call)
+    if kind == "install":
+        named = {
+            m for c in history[-3:] for m in re.findall(r"(?:\bimport|\bfrom|\bwhich)\s+([\w-]+)", c.args.decode())
+        }
+        if any(re.search(rf"(?<![\w-]){re.escape(m)}(?![\w-])", line) for m in named if len(m) > 1):
+            return "an install of a module the last three commands import or look for"
+        return "an install of what only an observation names"
+    for back, earlier in enumerate(reversed(history[-6:])):
+        path = written_script(_first(earlier))
+        if path is not None and "\n" not in call.args.decode():
+            base = path.rsplit("/", 1)[-1]
+            if re.search(rf"(?<![\w.-]){re.escape(base)}(?![\w-])", line):
+                return "a run of the script the previous call wrote" if back == 0 else (
+                    "a run of a script written 2-6 calls before")  # fmt: skip
+            break
+    command = call.arguments().get("command")
+    previous = [c for k in history[-9:-1] if isinstance(c := k.arguments().get("command"), str)]
+    if history and isinstance(command, str) and _stepped(_first(history[-1]), previous) == command:
+        return "the next step of a run stepped through"
+    if program in ("cat >", "python -c") or "<<" in line:
+        return "new text (a heredoc, python -c)"
+    return "other"
+
+
 def _where(groups: dict[str, list[Record]]) -> None:
-    """Where the hideable time lies: by call kind, by program (the largest ten), and by where an exact guess of the
-    call could come from."""
+    """Where the hideable time lies: by call kind, by program (the largest ten), by where an exact guess of the
+    call could come from, and for calls made nowhere before, by what at the turn's start names them."""
     by_task = {t: {k for r in rs for k, _, _ in _calls(r)} for t, rs in groups.items()}
     out: dict[tuple[str, str], float] = {}
 
@@ -238,7 +276,7 @@ def _where(groups: dict[str, list[Record]]) -> None:
         return lambda: [_Where(task, next(records), group, made, elsewhere, out)]
 
     total = evaluate(groups, make).hideable_seconds
-    for what in ("kind", "program", "origin"):
+    for what in ("kind", "program", "origin", "signal"):
         print(f"\nHideable tool time by {what}:")
         rows = sorted(((label, v) for (w, label), v in out.items() if w == what), key=lambda x: -x[1])
         for label, seconds in rows[:10]:
