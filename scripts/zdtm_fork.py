@@ -25,9 +25,10 @@ from bunshin_async import Snapshot, Workspace
 
 TESTS = (
     "mem-touch maps00 maps02 maps04 maps05 mprotect00 sigaltstack sleeping00 zombie00 pthread00 futex xids00 cow00 "
-    "pipe00 session00 write_read00 file_shared"
+    "pipe00 session00 write_read00 file_shared msgque sem shm"
 ).split()
-"""Memory (mem-touch writes random pages while it is checkpointed), mappings, signals, process states, files."""
+"""Memory (mem-touch writes random pages while it is checkpointed), mappings, signals, process states, files, SysV
+IPC objects (the workspace's IPC namespace, which CRIU dumps in place: criu/patches/0019)."""
 FILE_TESTS = {"maps00", "maps06", "file_shared", "unlink_mmap00", "write_read00", "write_read01", "cow01"}
 
 
