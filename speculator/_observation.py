@@ -50,7 +50,8 @@ class ObservationPredictor:
     single-package pip install, the error that would have named the package (``scripts/eval_predictors.py``; the
     traces hold no observations, so an upper bound): the rollout's latest form was the exact call about half the
     time (``own``), an older one of its forms almost never (``older``: each is that much less likely than the
-    next), a form a share of the siblings used about ``siblings`` times that share."""
+    next), a form the whole group used (the rollout itself included) about ``siblings``, one a part of it used
+    much less than that part (one in ten at a third to a half: ``siblings`` times the share squared)."""
 
     name = "observation"
 
@@ -82,7 +83,7 @@ class ObservationPredictor:
             if counts:
                 total = sum(counts.values())
                 for template, n in counts.most_common(3):
-                    scored[template] = max(scored.get(template, 0.0), self.sibling_confidence * n / total)
+                    scored[template] = max(scored.get(template, 0.0), self.sibling_confidence * (n / total) ** 2)
             for (name, args), p in scored.items():
                 key = (name, args.replace(_HOLE.format(kind), entity))
                 filled[key] = max(filled.get(key, 0.0), p)

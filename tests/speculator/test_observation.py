@@ -27,13 +27,17 @@ def test_the_latest_own_form_at_half_an_older_one_at_a_tenth_of_that() -> None:
     mine = ObservationPredictor(table)
     mine.observe(_ctx(ERROR.format("numpy")), CallKey.of(BASH, {"command": "pip install numpy"}))
     mine.observe(_ctx(ERROR.format("pandas")), CallKey.of(BASH, {"command": "pip install pandas --no-deps"}))
-    # the group's forms (this rollout's included) each a half share: 0.7 x 1/2; the own latest 0.5, older 0.05
-    assert _guesses(mine, "scipy") == [("pip install scipy --no-deps", 0.5), ("pip install scipy", 0.35)]
+    # the group's forms (this rollout's included) each a half share: 0.7 x (1/2)^2; the own latest 0.5, older 0.05
+    assert _guesses(mine, "scipy") == [("pip install scipy --no-deps", 0.5), ("pip install scipy", 0.175)]
     # a rollout that used no form yet: the group's, by share
     assert _guesses(ObservationPredictor(table), "scipy") == [
-        ("pip install scipy", 0.35),
-        ("pip install scipy --no-deps", 0.35),
+        ("pip install scipy", 0.175),
+        ("pip install scipy --no-deps", 0.175),
     ]
+    # a form the whole group used: 0.7
+    whole = ObservationPredictor(SiblingTable())
+    whole.observe(_ctx(ERROR.format("numpy")), CallKey.of(BASH, {"command": "pip install numpy"}))
+    assert _guesses(ObservationPredictor(whole.table), "scipy") == [("pip install scipy", 0.7)]
     older = ObservationPredictor(SiblingTable(), siblings=0.0)
     older.observe(_ctx(ERROR.format("numpy")), CallKey.of(BASH, {"command": "pip install numpy"}))
     older.observe(_ctx(ERROR.format("pandas")), CallKey.of(BASH, {"command": "pip3 install pandas"}))
