@@ -17,6 +17,9 @@ a speculative configuration's name ending in ``-at-turn-start`` (``fork+cache+sp
 
 With ``repeats`` the configurations run in turn, repeat after repeat (paired: each repeat runs every
 configuration once, back to back), and the summary gives each figure's median and spread (min, max) over repeats.
+The order is counterbalanced (``run_order``): odd repeats run the list reversed, so that over an even number of
+repeats each configuration runs as often before as after any other, and an effect of the order (a warm host after
+the configuration before) does not pass for one of a configuration; ``ExperimentResult.orders`` records it.
 
 LLM model: the replay server serves scripted (or recorded) assistant turns with their ``llm_seconds`` times
 ``time_scale``; tools execute for real in the workspace (optionally padded with ``sleep`` to their recorded duration
@@ -196,6 +199,9 @@ class ExperimentResult(msgspec.Struct):
     #: repeats of the *baseline itself* (random keys, clocks): the equivalence check skips them, and says so here.
     #: Found only with ``repeats`` >= 2; with one repeat every difference counts.
     nondeterministic: list[str] = msgspec.field(default_factory=list)
+    #: The order the configurations ran in, per repeat (``run_order``); ``configs``, ``later_repeats`` and every
+    #: figure keep the order of the configuration list.
+    orders: list[list[str]] = msgspec.field(default_factory=list)
 
 
 class ReplayAgent:
@@ -611,16 +617,29 @@ async def run_experiment(
         default = [bash_tool(timeout=600.0)]
         tools_for = lambda ctx: default  # noqa: E731
     runs: list[list[ConfigResult]] = []
+    orders: list[list[str]] = []
     for rep in range(max(1, repeats)):
-        out: list[ConfigResult] = []
-        for name in configs:
+        done: dict[str, ConfigResult] = {}
+        orders.append(run_order(configs, rep))
+        for name in orders[-1]:
             progress(f"configuration {name}" + (f" (repeat {rep + 1} of {repeats})" if repeats > 1 else ""))
-            out.append(await run_config(_config(name), groups, time_scale=time_scale, budget=budget,
-                                        tools_for=tools_for, progress=progress))  # fmt: skip
-        runs.append(out)
+            done[name] = await run_config(_config(name), groups, time_scale=time_scale, budget=budget,
+                                          tools_for=tools_for, progress=progress)  # fmt: skip
+        runs.append([done[name] for name in configs])  # the list's order: pairs and ratios index it
         if on_repeat is not None and rep + 1 < repeats:
-            on_repeat(_result(runs, workload, time_scale))
-    return _result(runs, workload, time_scale)
+            on_repeat(_result(runs, workload, time_scale, orders))
+    return _result(runs, workload, time_scale, orders)
+
+
+def run_order(configs: Sequence[str], rep: int) -> list[str]:
+    """The order repeat ``rep`` (from 0) runs ``configs`` in: as listed on even repeats, reversed on odd ones. Over
+    an even number of repeats every configuration runs as often just before as just after its neighbours, and as
+    often first as last, so an order effect cancels in the paired ratios' medians instead of favouring the
+    configurations listed later (fork+cache+spec always ran right after fork+cache before: ~1-3% faster with no
+    branch committed, cause unknown)."""
+    if len(set(configs)) != len(configs):
+        raise InvalidValue(f"configurations listed twice: {list(configs)}", argument="configs")
+    return list(configs)[::-1] if rep % 2 else list(configs)
 
 
 def _config(name: str) -> Config:
@@ -631,7 +650,12 @@ def _config(name: str) -> Config:
     return c
 
 
-def _result(runs: list[list[ConfigResult]], workload: dict[str, Any] | None, time_scale: float) -> ExperimentResult:
+def _result(
+    runs: list[list[ConfigResult]],
+    workload: dict[str, Any] | None,
+    time_scale: float,
+    orders: list[list[str]] | None = None,
+) -> ExperimentResult:
     out = runs[0]
     summary = _summaries(runs)
     base = summary[0]
@@ -678,6 +702,7 @@ def _result(runs: list[list[ConfigResult]], workload: dict[str, Any] | None, tim
         later_repeats=runs[1:],
         vs_fork_cache=_vs_fork_cache(runs),
         nondeterministic=sorted(volatile),
+        orders=orders if orders is not None else [[c.name for c in run] for run in runs],
     )
 
 
@@ -816,7 +841,10 @@ def markdown_table(result: ExperimentResult) -> str:
             f"{rel} | {spec} |"
         )
     if n > 1:
-        rows.append(f"\n{n} paired repeats: medians [min-max]; speculation counts summed over the repeats.")
+        rows.append(
+            f"\n{n} paired repeats: medians [min-max]; speculation counts summed over the repeats; odd repeats ran "
+            "the configurations in reverse order (`orders` in the JSON)."
+        )
     if result.vs_fork_cache:
         rows += ["", _vs_fork_cache_table(result)]
     sources = [(c.name, src, v) for c in summary for src, v in c.by_source.items()]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from bench.experiment._runner import (
     config as named_config,
 )
 from bench.experiment._terminal import BUILD, PIP, TESTS, call_kind, padded_seconds
-from bunshin_async import Workspace
+from bunshin_async import InvalidValue, Workspace
 from bunshin_async._llm._replay import ReplayServer
 from bunshin_async._llm._timing import RecordedTiming
 from bunshin_async.rollout import GroupRollout, Step, Trajectory, dump_trajectories
@@ -342,3 +343,39 @@ def test_unweighed_forks_is_a_speculative_configuration_whose_policy_ignores_the
     for weigh in (True, False):
         assert _speculation_factory(weigh_forks=weigh)(ctx).policy.memory_weight == float(weigh)
         assert _oracle_factory([], weigh_forks=weigh)(ctx).policy.memory_weight == float(weigh)
+
+
+@pytest.mark.unit
+async def test_odd_repeats_run_the_configurations_reversed_and_the_pairs_stay_per_repeat(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The order is counterbalanced (a configuration that always runs after another must not gain from it) and
+    recorded; results stay in the listed order, so that each repeat's ratios pair the same repeat's runs."""
+    from bench.experiment import _runner
+
+    names = ["baseline", "fork+cache", "fork+cache+spec"]
+    ran: list[str] = []
+
+    async def fake_run_config(config: Config, groups: Any, **kwargs: Any) -> ConfigResult:
+        ran.append(config.name)
+        latency = {"baseline": 200.0, "fork+cache": 100.0, "fork+cache+spec": 90.0}[config.name]
+        latency += 10 * len(ran)  # a host that slows down as the run goes on: later runs take longer
+        return _config_result(config.name, latency, {"t": latency}, 1.0, ["x"])
+
+    monkeypatch.setattr(_runner, "run_config", fake_run_config)
+    result = await run_experiment([], configs=names, repeats=4, progress=lambda _: None)
+    forward, backward = names, names[::-1]
+    assert ran == forward + backward + forward + backward
+    assert result.orders == [forward, backward, forward, backward]
+    assert [c.name for c in result.configs] == names
+    assert all([c.name for c in run] == names for run in result.later_repeats)
+    # Paired within each repeat: spec ran right after fork+cache (10 s slower host) on forward repeats, right
+    # before it on backward ones; the gains are those of the same repeat's two runs (repeat r's runs are 3r+1..3r+3).
+    gains = [1 - (90 + 10 * (3 * r + 3)) / (100 + 10 * (3 * r + 2)) for r in (0, 2)]
+    gains += [1 - (90 + 10 * (3 * r + 1)) / (100 + 10 * (3 * r + 2)) for r in (1, 3)]
+    gain = result.vs_fork_cache["fork+cache+spec"]["latency_gain"]
+    assert (gain.min, gain.max) == (pytest.approx(min(gains), abs=1e-3), pytest.approx(max(gains), abs=1e-3))
+    assert gain.median == pytest.approx(statistics.median(gains), abs=1e-3)
+    assert _runner.run_order(names, 0) == forward and _runner.run_order(names, 7) == backward
+    with pytest.raises(InvalidValue):
+        _runner.run_order(["fork", "fork"], 0)
