@@ -22,7 +22,6 @@ import anyio
 
 from .._exceptions import ForkError
 from .._fork._snapshot import Snapshot, record_of
-from .._workspace._accounting import tree_bytes
 from .._workspace._facade import Workspace
 from ._hold import Waiter
 from ._records import SnapshotRef
@@ -52,7 +51,8 @@ class ForkStateProvider:
     running processes (and what they hold in memory) included.
 
     ``capture`` takes ``ws.snapshot()`` and keeps it until ``discard`` (the cache calls it on eviction and when it
-    closes); a ref's ``size`` is the bytes of the snapshot directory (CRIU images and the upper dir copy, on tmpfs).
+    closes); a ref's ``size`` is the bytes of the snapshot directory (CRIU images and the upper dir copy, on tmpfs),
+    read without walking the workspace's tree (``SnapshotRecord.stored_bytes``: the copy tallied what it made).
     ``restore`` returns a new workspace forked from the snapshot, which the session that asked owns; ``ws`` is left
     alone. Refs name snapshots held by this object only: one evicted meanwhile, or read from a shared store where
     another process put it, fails the restore with ``ForkError`` and the call runs instead.
@@ -68,7 +68,7 @@ class ForkStateProvider:
     async def capture(self, ws: Workspace) -> SnapshotRef:
         snap = await ws.snapshot()
         try:
-            size = await anyio.to_thread.run_sync(tree_bytes, record_of(snap).path)
+            size = await anyio.to_thread.run_sync(record_of(snap).stored_bytes)
         except BaseException:
             await snap.aclose()
             raise

@@ -268,7 +268,7 @@ async def _dump(
         if name == "query-ext-files" and OVERLAP:
             upper.start()
         elif name == "post-dump":
-            await upper.finish()
+            snap.upper_bytes = await upper.finish()
             posted = True
 
     uffds: list[int] = []
@@ -437,7 +437,7 @@ async def _fs_copy(ws: WorkspaceCore, snap: SnapshotRecord) -> None:
             raise ForkError(f"workspace {ws.id}: cannot freeze its cgroup: {exc!r}", workspace_id=ws.id) from exc
         live = await anyio.to_thread.run_sync(_live_ns_pids, ws)
         snap.setup = [(step, pid) for step, pid in snap.setup if pid in live]
-        await _snapstore.copy_tree(ws.dir / "upper", snap.upper, workspace_id=ws.id)
+        snap.upper_bytes = await _snapstore.copy_tree(ws.dir / "upper", snap.upper, workspace_id=ws.id)
     finally:
         ws.cgroup.thaw()
     snap.frozen_ms = (time.monotonic() - t0) * 1000

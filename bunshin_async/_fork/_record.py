@@ -5,8 +5,11 @@ they work on the record, so the layers point down."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import os
 import secrets
+import stat
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -57,6 +60,9 @@ class SnapshotRecord:
         self._layer_lock = anyio.Lock()
         self.spec = spec
         """How the workspace was made (its ``env`` a copy): what each copy gets."""
+        self.upper_bytes: int | None = None
+        """The bytes the dump's copy of the upper dir holds, tallied by the copy (``_tree.Copied``); ``None`` for a
+        record that made no copy (an imported one)."""
         self.dump_ms: float | None = None
         self.frozen_ms: float | None = None
         self.fresh_net = False
@@ -110,6 +116,27 @@ class SnapshotRecord:
                     if partial.exists():
                         await anyio.to_thread.run_sync(_tree.discard, partial)
             await anyio.to_thread.run_sync(_tree.discard, self.upper)
+
+    def stored_bytes(self) -> int:
+        """The bytes this snapshot holds in the store (blocking): its own files (CRIU's images, a flat directory CRIU
+        wrote, and the record's files beside them: no tree of the workspace's) plus the upper dir's copy as its copy
+        tallied it (``upper_bytes``), so that no one walks the workspace's tree again to size it. What a record
+        without a tally holds is walked (from descriptors, ``_tree.walk``)."""
+        if self.upper_bytes is None:
+            walked = 0
+            with contextlib.suppress(OSError):  # gone: what was counted
+                for e in _tree.walk(self.path):
+                    walked += 0 if stat.S_ISDIR(e.st.st_mode) else e.st.st_blocks * 512
+            return walked
+        total = self.upper_bytes
+        for d in (self.path, self.images):
+            try:
+                with os.scandir(d) as entries:
+                    files = [e for e in entries if e.is_file(follow_symlinks=False)]
+                    total += sum(e.stat(follow_symlinks=False).st_blocks * 512 for e in files)
+            except OSError:  # no images (a filesystem-only snapshot), or gone: what was counted
+                pass
+        return total
 
     @property
     def closed(self) -> bool:

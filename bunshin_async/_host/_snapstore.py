@@ -188,13 +188,14 @@ def _collect(base: Path, what: str) -> list[str]:
     return out
 
 
-async def copy_tree(src: Path, dst: Path, *, workspace_id: str = "") -> None:
+async def copy_tree(src: Path, dst: Path, *, workspace_id: str = "") -> int:
     """Copy the directory ``src`` (a workspace's upper dir or a snapshot's layer: hostile content) to ``dst``
     (which must not exist) as ``cp -a`` does, from descriptors (``bunshin_async._host._tree``: no symlink followed, no
-    PATH_MAX limit, holes kept, overlay's trusted.* xattrs kept). A failed copy is a ``ForkError`` and leaves no
-    ``dst``: a snapshot or copy with missing files must never be used."""
+    PATH_MAX limit, holes kept, overlay's trusted.* xattrs kept); returns the bytes the copy holds
+    (``_tree.Copied``). A failed copy is a ``ForkError`` and leaves no ``dst``: a snapshot or copy with missing
+    files must never be used."""
     try:
-        await anyio.to_thread.run_sync(_tree.copy_tree, src, dst)
+        return (await anyio.to_thread.run_sync(_tree.copy_tree, src, dst)).bytes
     except OSError as exc:
         raise _copy_failed(src, dst, exc, workspace_id) from exc
 
@@ -206,13 +207,14 @@ def _copy_failed(src: Path, dst: Path, exc: OSError, workspace_id: str) -> ForkE
 class TreeCopy:
     """A ``copy_tree`` that starts in a thread of its own (``start``, not awaited) and is waited for later
     (``finish``): a dump starts the upper dir's copy as soon as CRIU has frozen the tree, so that it runs beside
-    CRIU's dump instead of after it. ``finish`` without a ``start`` copies there and then; ``join`` (shielded) only
-    waits, whatever happened, so that no copy outlives its snapshot."""
+    CRIU's dump instead of after it. ``finish`` without a ``start`` copies there and then and returns the bytes the
+    copy holds; ``join`` (shielded) only waits, whatever happened, so that no copy outlives its snapshot."""
 
     def __init__(self, src: Path, dst: Path, workspace_id: str = "") -> None:
         self.src, self.dst, self.workspace_id = src, dst, workspace_id
         self._thread: threading.Thread | None = None
         self._error: OSError | None = None
+        self._bytes = 0
 
     def start(self) -> None:
         if self._thread is None:
@@ -221,17 +223,17 @@ class TreeCopy:
 
     def _run(self) -> None:
         try:
-            _tree.copy_tree(self.src, self.dst)
+            self._bytes = _tree.copy_tree(self.src, self.dst).bytes
         except OSError as exc:
             self._error = exc
 
-    async def finish(self) -> None:
+    async def finish(self) -> int:
         if self._thread is None:
-            await copy_tree(self.src, self.dst, workspace_id=self.workspace_id)
-            return
+            return await copy_tree(self.src, self.dst, workspace_id=self.workspace_id)
         await self.join()
         if self._error is not None:
             raise _copy_failed(self.src, self.dst, self._error, self.workspace_id) from self._error
+        return self._bytes
 
     async def join(self) -> None:
         if self._thread is not None:

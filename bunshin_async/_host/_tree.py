@@ -28,8 +28,9 @@ import os
 import stat
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
-__all__ = ["FD_DEPTH", "LINKS_MAX", "Entry", "copy_tree", "discard", "remove_tree", "walk"]
+__all__ = ["FD_DEPTH", "LINKS_MAX", "Copied", "Entry", "copy_tree", "discard", "remove_tree", "walk"]
 
 FD_DEPTH = 32
 """Levels of a walk that keep their directory descriptors open (two per level for a copy); deeper ones are reopened
@@ -44,6 +45,15 @@ _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _CHUNK = 1 << 30
+
+
+class Copied(NamedTuple):
+    """What ``copy_tree`` made: ``entries`` copied (the top directory not counted) and the ``bytes`` the copy holds
+    (st_blocks of its files and symlinks, a hard-linked file once, directories not counted), tallied as it goes, so
+    that nobody walks the copy again to size it."""
+
+    entries: int
+    bytes: int
 
 
 def _listing(fd: int) -> list[str]:
@@ -128,10 +138,10 @@ class _Stack:
 # ---------------------------------------------------------------------------------------------------- copy
 
 
-def copy_tree(src: str | Path, dst: str | Path) -> int:
+def copy_tree(src: str | Path, dst: str | Path) -> Copied:
     """Copy the directory ``src`` to ``dst`` (which must not exist; its parent must), as ``cp -a`` would, from
-    descriptors (module doc; blocking). Returns how many entries were copied. On failure ``dst`` is removed and the
-    ``OSError`` raised."""
+    descriptors (module doc; blocking). Returns how many entries were copied and the bytes the copy holds. On
+    failure ``dst`` is removed and the ``OSError`` raised."""
     sfd = os.open(src, _DIR)
     try:
         top = os.fstat(sfd)
@@ -157,9 +167,10 @@ class _Copy:
         self.stack = _Stack(root)
         self.links: dict[tuple[int, int], list[int]] = {}  # (dev, ino) in src -> [fd of the copy, links left]
         self.count = 0
+        self.bytes = 0  # what the copy holds (``Copied``)
         self.cross = False  # copy_file_range refused these two filesystems: sendfile from now on
 
-    def run(self) -> int:
+    def run(self) -> Copied:
         stack = self.stack
         try:
             while stack.levels:
@@ -180,6 +191,7 @@ class _Copy:
                     self._file(s, d, name, st)
                 elif stat.S_ISLNK(st.st_mode):
                     os.symlink(os.readlink(name, dir_fd=s), name, dir_fd=d)
+                    self.bytes += os.stat(name, dir_fd=d, follow_symlinks=False).st_blocks * 512
                     os.chown(name, st.st_uid, st.st_gid, dir_fd=d, follow_symlinks=False)
                     _copy_xattrs_at(s, d, name)
                     os.utime(name, ns=(st.st_atime_ns, st.st_mtime_ns), dir_fd=d, follow_symlinks=False)
@@ -194,7 +206,7 @@ class _Copy:
             for fd, _left in self.links.values():
                 os.close(fd)
             self.links.clear()
-        return self.count
+        return Copied(self.count, self.bytes)
 
     def _dir(self, s: int, d: int, name: str, st: os.stat_result) -> _Level:
         os.mkdir(name, 0o700, dir_fd=d)
@@ -240,6 +252,7 @@ class _Copy:
                 os.fchmod(fo, stat.S_IMODE(got.st_mode))  # after the chown, which clears set-id bits
                 _copy_xattrs(fi, fo)  # after the chown, which drops security.capability
                 os.utime(fo, ns=(got.st_atime_ns, got.st_mtime_ns))
+                self.bytes += os.fstat(fo).st_blocks * 512  # a further link of it returns above, uncounted
                 if got.st_nlink > 1 and len(self.links) < LINKS_MAX:
                     self.links[key] = [fo, got.st_nlink - 1]
                     fo = -1

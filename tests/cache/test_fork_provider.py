@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import stat
 from typing import Any
 
 import pytest
 
 from bunshin_async import Workspace
+from bunshin_async._fork._snapshot import record_of
+from bunshin_async._host import _tree
 from bunshin_async._rollout._state import workspace_state
 from bunshin_async.cache import ForkStateProvider, ToolCache
 from bunshin_async.tools import builtin_tools
@@ -109,3 +112,29 @@ async def test_who_closes_which_workspace() -> None:
         await s.aclose()
         assert not live.closed and (await live.read_file("f")) == b"v\n"
         await live.aclose()
+
+
+async def test_a_captures_size_is_what_its_snapshot_holds_without_a_walk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``capture`` sizes the snapshot from the copy's own tally and CRIU's flat image directory: it walks no tree of
+    the workspace's (one of 100k files took seconds), and the figure is what the directory holds, each inode once."""
+    provider = ForkStateProvider()
+    async with Workspace() as ws:
+        await ws.exec(
+            "mkdir -p d/e && head -c 300000 /dev/urandom > d/e/f && ln d/e/f hard && ln -s /etc/passwd link "
+            "&& truncate -s 1G sparse && echo x >> sparse"
+        )
+
+        def no_walk(path: Any) -> Any:
+            raise AssertionError(f"capture walked {path}")
+
+        with monkeypatch.context() as m:
+            m.setattr(_tree, "walk", no_walk)
+            ref = await provider.capture(ws)
+        try:
+            snap = record_of(provider._snaps[ref.id])
+            walked = [e.st for e in _tree.walk(snap.path) if not stat.S_ISDIR(e.st.st_mode)]
+            held = {(st.st_dev, st.st_ino): st.st_blocks * 512 for st in walked}
+            assert ref.size == sum(held.values())
+            assert 300_000 < snap.upper_bytes < 400_000  # the hard link once, the sparse file's hole not at all
+        finally:
+            await provider.discard(ref)
