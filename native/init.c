@@ -39,6 +39,7 @@
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <grp.h>
+#include <stdint.h>
 #include <unistd.h>
 
 #include "security.h"
@@ -524,6 +525,89 @@ static int join_wrap(int argc, char **argv)
 	return 1;
 }
 
+#define LAST_PID "/proc/sys/kernel/ns_last_pid"
+
+/* clone3(2)'s argument up to set_tid (CLONE_ARGS_SIZE_VER1, Linux 5.5), spelled out: glibc 2.36 has no wrapper and
+ * <linux/sched.h> clashes with <sched.h>. */
+struct clone_args_v1 {
+	uint64_t flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls, set_tid, set_tid_size;
+};
+
+/* --last-pid FD: the last pid handed out in the pid namespace of the process FD (a pidfd) refers to, printed as
+ * "L <pid>" once a "g" arrives on stdin (the host starts this before it freezes the workspace and asks once it is
+ * frozen, so that the exec is not part of the pause; EOF: exit quietly). For the host's _host/_pidns.py: a dump keeps
+ * the value for the restore, criu/patches/0021. kernel.ns_last_pid
+ * answers for the pid namespace of the task that reads it (kernel/pid_namespace.c, pid_ns_ctl_handler:
+ * task_active_pid_ns(current)), not for the procfs it is opened on, so a task inside that namespace must read it.
+ * This process joins the namespace for its children (setns) and makes one child there with clone3's set_tid at a pid
+ * nobody holds: a pid asked for that way is allocated exactly (kernel/pid.c, alloc_pid: idr_alloc) and leaves the
+ * namespace's cursor alone, where a plain fork would move it. The child lives for one pread and is not dumpable; the
+ * host runs this while the workspace is frozen, so nothing in it runs meanwhile anyway. */
+static int last_pid(int argc, char **argv)
+{
+	char buf[128], *end;
+	long fd, max = 0;
+
+	if (argc != 3)
+		failf("usage: bunshin-init --last-pid PIDFD");
+	fd = strtol(argv[2], &end, 10);
+	if (*argv[2] == 0 || *end || fd < 0 || fd > 1 << 20)
+		failf("bad descriptor %s", argv[2]);
+	prctl(PR_SET_DUMPABLE, 0);
+	int maxfd = open("/proc/sys/kernel/pid_max", O_RDONLY | O_CLOEXEC);
+	ssize_t n = maxfd < 0 ? -1 : read(maxfd, buf, sizeof(buf) - 1);
+	if (n <= 0)
+		fail("pid_max", errno);
+	buf[n] = 0;
+	max = strtol(buf, NULL, 10);
+	close(maxfd);
+	int sysctl = open(LAST_PID, O_RDONLY | O_CLOEXEC);
+	if (sysctl < 0)
+		fail(LAST_PID, errno);
+	if (setns((int)fd, CLONE_NEWPID) < 0)
+		fail("setns", errno);
+	int out[2];
+	if (pipe2(out, O_CLOEXEC) < 0)
+		fail("pipe", errno);
+	char go = 0;
+	while ((n = read(STDIN_FILENO, &go, 1)) < 0 && errno == EINTR)
+		;
+	if (n != 1 || go != 'g')
+		return 0;
+	/* Candidates from the top down, halving: the namespace's pid_max may be lower than the host's (EINVAL), a
+	 * candidate held by one of its processes (EEXIST) is skipped. RESERVED_PIDS (300) is where the kernel wraps. */
+	long child = -1;
+	for (pid_t tid = (pid_t)max - 1; tid > 300 && child < 0; tid /= 2) {
+		struct clone_args_v1 ca = {.exit_signal = SIGCHLD, .set_tid = (uintptr_t)&tid, .set_tid_size = 1};
+		child = syscall(SYS_clone3, &ca, sizeof(ca));
+		if (child < 0 && errno != EEXIST && errno != EINVAL)
+			fail("clone3", errno);
+	}
+	if (child < 0)
+		failf("no free pid in the namespace to read it from");
+	if (child == 0) {
+		close(out[0]);
+		n = pread(sysctl, buf, sizeof(buf) - 1, 0);
+		if (n > 0 && write(out[1], buf, n) == n)
+			_exit(0);
+		dprintf(out[1], "E read " LAST_PID ": %s", strerror(errno));
+		_exit(1);
+	}
+	close(out[1]);
+	n = read(out[0], buf, sizeof(buf) - 1);
+	buf[n > 0 ? n : 0] = 0;
+	int status;
+	while (waitpid(child, &status, 0) < 0)
+		if (errno != EINTR)
+			fail("waitpid", errno);
+	if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+		failf("%s", buf[0] == 'E' ? buf + 2 : "the reader in the namespace died");
+	if (n <= 0)
+		failf("the reader in the namespace said nothing");
+	dprintf(STDOUT_FILENO, "L %ld\n", strtol(buf, NULL, 10));
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	struct config c = {0};
@@ -533,6 +617,8 @@ int main(int argc, char **argv)
 		return restore_wrap(argc, argv);
 	if (argc >= 2 && !strcmp(argv[1], "--join"))
 		return join_wrap(argc, argv);
+	if (argc >= 2 && !strcmp(argv[1], "--last-pid"))
+		return last_pid(argc, argv);
 	if (argc == 3 && !strcmp(argv[1], "--pid1")) {
 		c.agent = argv[2];
 		for (char **e = environ; *e && c.nenv < MAX_ENV; e++)

@@ -17,7 +17,7 @@ from pathlib import Path
 import anyio
 
 from .._exceptions import ForkError, InvalidValue
-from .._host import _criu, _kernel, _paths, _snapstore, _wptrack
+from .._host import _criu, _kernel, _paths, _pidns, _snapstore, _wptrack
 from .._host._client import AgentClient
 from .._host._criu import CriuBackend, rpc
 from .._host._kernel import task_status
@@ -258,17 +258,23 @@ async def _dump(
         t0 = time.monotonic()
 
     upper = _snapstore.TreeCopy(ws.dir / "upper", snap.upper, ws.id)
+    last_pid = _pidns.LastPid(ws.pid, snap.images)  # for the copies' pids (criu/patches/0021)
+    last_pid.start()  # its helper's exec before the freeze; it reads once asked
     posted = False
 
     async def on_notify(name: str, pid: int) -> None:
         # query-ext-files comes once the tree is frozen and seized (cr-dump.c, cr_dump_tasks: after collect_pstree
-        # and network_lock, before any task is dumped): nothing in it can change the upper dir until the thaw, so
-        # its copy runs beside CRIU's dump; post-dump, still frozen, waits for it.
+        # and network_lock, before any task is dumped): nothing in it can change the upper dir or make a process
+        # until the thaw, so the upper dir's copy and the reading of its pid namespace's last pid run beside CRIU's
+        # dump; post-dump, still frozen, waits for them.
         nonlocal posted
-        if name == "query-ext-files" and OVERLAP:
-            upper.start()
+        if name == "query-ext-files":
+            last_pid.ask()
+            if OVERLAP:
+                upper.start()
         elif name == "post-dump":
             snap.upper_bytes = await upper.finish()
+            await last_pid.finish()
             posted = True
 
     uffds: list[int] = []
@@ -326,6 +332,7 @@ async def _dump(
             adopted = True
     finally:
         await upper.join()  # a dump that failed after the freeze may have left its copy running
+        await last_pid.join()
         if fd >= 0:
             os.close(fd)
         if track and not adopted:  # the dump may have consumed written sets this snapshot will not keep
