@@ -1,10 +1,10 @@
 """A copy continues its source's pid sequence (criu/patches/0021): the next process started in a copy gets the pid
-the source's next process gets, in a fork, a fork of a fork, a copy made from a snapshot and a rollback. CRIU gives
-each restored task its old pid with clone3's set_tid, which leaves the namespace's cursor where a new namespace starts
-it; before 0021 a copy's next process got the lowest free pid (the experiment's oracle runs printed another pid for
-`nohup ... & echo PID: $!` in a fork than on the main line). The dumped value is read from a file among the
-snapshot's images, which the host treats as untrusted: garbage there is ignored, the copy works. Run in both restore
-modes (``criu-cow``, ``criu-ksm``) and with write-tracked dumps."""
+the source's next process gets, in a fork, a fork of a fork, a copy made from a snapshot, a warm spare and a
+rollback. CRIU gives each restored task its old pid with clone3's set_tid, which leaves the namespace's cursor
+behind; before 0021 a copy's next process got the lowest free pid (the experiment's oracle runs printed another pid
+for `nohup ... & echo PID: $!` in a fork than on the main line). The dump's value is kept in a file among the
+snapshot's images, which the restore treats as untrusted: garbage there is ignored, the copy works. Run in both
+restore modes (``criu-cow``, ``criu-ksm``) and with write-tracked dumps."""
 
 from __future__ import annotations
 
@@ -70,6 +70,19 @@ async def test_a_snapshots_copies_and_rollbacks_continue_where_the_snapshot_was_
         assert await _next_pid(ws) == want
         await ws.rollback(snap)  # a second rollback to the same snapshot
         assert await _next_pid(ws) == want
+
+
+async def test_a_warm_spare_gets_the_pid_its_snapshots_source_got(ws: Workspace) -> None:
+    """A spare is restored ahead and kept frozen: handed out, it continues where the snapshot was taken."""
+    await _gapped(ws)
+    async with await ws.snapshot() as snap, snap.keep_spares(1) as pool:
+        await pool.wait_ready(1)
+        want = await _next_pid(ws)
+        (copy,) = await Workspace.from_snapshot(snap)
+        try:
+            assert await _next_pid(copy) == want
+        finally:
+            await copy.aclose()
 
 
 @pytest.mark.fork_modes("criu-cow")
