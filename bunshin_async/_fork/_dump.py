@@ -259,7 +259,6 @@ async def _dump(
 
     upper = _snapstore.TreeCopy(ws.dir / "upper", snap.upper, ws.id)
     last_pid = _pidns.LastPid(ws.pid, snap.images)  # for the copies' pids (criu/patches/0021)
-    last_pid.start()  # its helper's exec before the freeze; it reads once asked
     posted = False
 
     async def on_notify(name: str, pid: int) -> None:
@@ -298,6 +297,7 @@ async def _dump(
     account, wrapper = _cpu_account()
     fd = -1
     try:
+        last_pid.start()  # its helper's exec before the freeze; it reads once asked (the finally lets it go)
         fd = os.open(snap.images, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         req.opts.images_dir_fd = fd
         # Not cancelled midway: CRIU killed while its parasite runs inside a task of the tree leaves that task
