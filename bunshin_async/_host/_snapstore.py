@@ -236,9 +236,15 @@ class TreeCopy:
         return self._bytes
 
     async def join(self) -> None:
-        if self._thread is not None:
-            with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(self._thread.join)
+        if self._thread is None:
+            return
+        if not self._thread.is_alive():
+            # Done already (the usual case at a dump's post-dump, with the tree frozen): no worker thread round
+            # trip (a wake-up of a worker and of this loop, 0.1-0.3 ms on a busy 2-core host) to learn it.
+            self._thread.join()
+            return
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(self._thread.join)
 
 
 def store_full(exc: BaseException, workspace_id: str, *, dump: bool = True) -> StoreFull | None:

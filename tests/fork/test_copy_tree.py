@@ -8,8 +8,12 @@ import os
 import socket
 import stat
 import subprocess
+import threading
 from pathlib import Path
+from typing import Any
 
+import anyio
+import anyio.lowlevel
 import pytest
 
 from bunshin_async._exceptions import ForkError
@@ -98,3 +102,37 @@ async def test_copy_tree_failure(tmp_path: Path) -> None:
     with pytest.raises(ForkError, match="File exists"):
         await _snapstore.copy_tree(tmp_path / "src", tmp_path / "dst")
     assert (tmp_path / "dst" / "keep").read_text() == "y"
+
+
+async def test_a_finished_tree_copy_is_joined_without_a_worker_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At a dump's post-dump (the tree frozen) the upper dir's copy has usually finished: ``finish`` then costs no
+    worker thread round trip; one still running is waited for in a worker (the loop is never blocked)."""
+    _make_tree(tmp_path / "src")
+    copy = _snapstore.TreeCopy(tmp_path / "src", tmp_path / "dst")
+    copy.start()
+    assert copy._thread is not None
+    copy._thread.join()  # the copy has finished, as at a post-dump
+    hops: list[object] = []
+    real = anyio.to_thread.run_sync
+
+    async def counted(func: Any, *args: Any, **kwargs: Any) -> Any:
+        hops.append(func)
+        return await real(func, *args, **kwargs)
+
+    monkeypatch.setattr(anyio.to_thread, "run_sync", counted)
+    await copy.finish()
+    assert hops == []
+    assert (tmp_path / "dst" / "plain").read_bytes() == b"hello\n"
+
+    release = threading.Event()
+    slow = _snapstore.TreeCopy(tmp_path / "src", tmp_path / "dst2")
+    monkeypatch.setattr(slow, "_run", release.wait)  # a copy still running when finish is awaited
+    slow.start()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(slow.finish)
+        while not hops:  # finish went to a worker thread: this loop still runs
+            await anyio.lowlevel.checkpoint()
+        release.set()
+    assert len(hops) == 1
