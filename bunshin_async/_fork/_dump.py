@@ -298,6 +298,8 @@ async def _dump(
     fd = -1
     try:
         last_pid.start()  # its helper's exec before the freeze; it reads once asked (the finally lets it go)
+        if OVERLAP:
+            upper.prepare()  # its thread made before the freeze: query-ext-files only lets it go
         fd = os.open(snap.images, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         req.opts.images_dir_fd = fd
         # Not cancelled midway: CRIU killed while its parasite runs inside a task of the tree leaves that task

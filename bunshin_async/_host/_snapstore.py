@@ -205,30 +205,46 @@ def _copy_failed(src: Path, dst: Path, exc: OSError, workspace_id: str) -> ForkE
 
 
 class TreeCopy:
-    """A ``copy_tree`` that starts in a thread of its own (``start``, not awaited) and is waited for later
+    """A ``copy_tree`` that runs in a thread of its own (``start``, not awaited) and is waited for later
     (``finish``): a dump starts the upper dir's copy as soon as CRIU has frozen the tree, so that it runs beside
-    CRIU's dump instead of after it. ``finish`` without a ``start`` copies there and then and returns the bytes the
-    copy holds; ``join`` (shielded) only waits, whatever happened, so that no copy outlives its snapshot."""
+    CRIU's dump instead of after it. ``prepare`` makes the thread beforehand, idle until ``start``: starting a thread
+    waits until it runs (0.16 ms median, 3 ms p90 at load 4 on a 2-core host), which is then not in the freeze.
+    ``finish`` without a ``start`` copies there and then and returns the bytes the copy holds; ``join`` (shielded)
+    only waits, whatever happened, so that no copy outlives its snapshot (a prepared copy never started copies
+    nothing)."""
 
     def __init__(self, src: Path, dst: Path, workspace_id: str = "") -> None:
         self.src, self.dst, self.workspace_id = src, dst, workspace_id
         self._thread: threading.Thread | None = None
+        self._go = threading.Event()
+        self._copy = False  # set before ``_go``: copy (``start``), or leave without copying (``join``)
         self._error: OSError | None = None
         self._bytes = 0
 
-    def start(self) -> None:
+    def prepare(self) -> None:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="bunshin-tree-copy", daemon=True)
             self._thread.start()
 
+    def start(self) -> None:
+        self.prepare()
+        if not self._go.is_set():
+            self._copy = True
+            self._go.set()
+
     def _run(self) -> None:
+        self._go.wait()
+        if not self._copy:
+            return
         try:
             self._bytes = _tree.copy_tree(self.src, self.dst).bytes
         except OSError as exc:
             self._error = exc
 
     async def finish(self) -> int:
-        if self._thread is None:
+        if not self._copy:
+            if self._thread is not None:  # prepared, never started: let the idle thread go, copy here
+                self._go.set()
             return await copy_tree(self.src, self.dst, workspace_id=self.workspace_id)
         await self.join()
         if self._error is not None:
@@ -238,6 +254,7 @@ class TreeCopy:
     async def join(self) -> None:
         if self._thread is None:
             return
+        self._go.set()  # a prepared copy never started leaves without copying
         if not self._thread.is_alive():
             # Done already (the usual case at a dump's post-dump, with the tree frozen): no worker thread round
             # trip (a wake-up of a worker and of this loop, 0.1-0.3 ms on a busy 2-core host) to learn it.

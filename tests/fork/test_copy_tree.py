@@ -136,3 +136,31 @@ async def test_a_finished_tree_copy_is_joined_without_a_worker_thread(
             await anyio.lowlevel.checkpoint()
         release.set()
     assert len(hops) == 1
+
+
+async def test_a_prepared_tree_copy_copies_only_once_started(tmp_path: Path) -> None:
+    """A dump makes the copy's thread before the freeze (``prepare``) and lets it go at query-ext-files (``start``);
+    a dump that fails before that joins a thread that copied nothing, and a serial dump's ``finish`` copies itself."""
+    _make_tree(tmp_path / "src")
+    never = _snapstore.TreeCopy(tmp_path / "src", tmp_path / "never")
+    never.prepare()
+    assert never._thread is not None and never._thread.is_alive()  # idle, waiting for start
+    await never.join()
+    assert not never._thread.is_alive()
+    assert not (tmp_path / "never").exists()
+
+    started = _snapstore.TreeCopy(tmp_path / "src", tmp_path / "started")
+    started.prepare()
+    thread = started._thread
+    started.start()
+    assert started._thread is thread  # the prepared thread copies, no second one
+    assert await started.finish() > 0
+    assert (tmp_path / "started" / "plain").read_bytes() == b"hello\n"
+
+    serial = _snapstore.TreeCopy(tmp_path / "src", tmp_path / "serial")
+    serial.prepare()
+    assert await serial.finish() > 0  # never started: copied by finish, the idle thread let go
+    assert serial._thread is not None
+    await serial.join()
+    assert not serial._thread.is_alive()
+    assert (tmp_path / "serial" / "plain").read_bytes() == b"hello\n"
