@@ -3,6 +3,7 @@ a filesystem-only cold start, into a new core) and ``rollback`` (the same into a
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -15,7 +16,7 @@ from .._exceptions import BunshinError, ForkError, InvalidValue
 from .._host import _criu, _paths, _snapstore, _tree, _userns
 from .._host._criu import CriuBackend, rpc
 from .._host._kernel import Cgroup, task_status
-from .._host._snapstore import MAX_LAYERS, chain_layers, hold_layers, release_layers, store_full
+from .._host._snapstore import MAX_LAYERS, MAX_MEM_CHAIN, chain_layers, hold_layers, release_layers, store_full
 from .._workspace._core import WorkspaceCore, prime_attach
 from ._modes import ksm_enable, mode_wrapper, restore_mode
 from ._quiesce import coordinator
@@ -235,6 +236,46 @@ async def _restore(ws: WorkspaceCore, snap: SnapshotRecord, backend: CriuBackend
     ws.adopt(int(resp.restore.pid))
     ws.fork_mode = mode
     ws.setup, ws.restarted = list(snap.setup), []  # carried, with their pids
+    if ws.mem_parent is not None:
+        await anyio.to_thread.run_sync(_let_go_unless_mapped, ws)
+
+
+def _let_go_unless_mapped(ws: WorkspaceCore) -> None:
+    """A CoW restore maps only runs of at least 16 pages of plain anonymous memory (criu/patches/0001,
+    ``COW_MIN_PAGES``) and reads the rest: a copy of a small workspace (a shell, an agent) may map nothing. Such a
+    copy's memory is private, its dumps gain nothing from its snapshot's images (every restored page is soft-dirty,
+    so CRIU writes them all again), and holding the snapshot's directory for it would keep the whole directory (and,
+    through the incremental chain of its own snapshots, every earlier one) for the rest of its life. So it lets go
+    at once (blocking; after ``adopt``). Mapped images are recognised by device and inode, not by name: a process
+    inside cannot map the store's files, only keep what the restore mapped."""
+    assert ws.mem_parent is not None and ws.cgroup is not None
+    images: set[tuple[int, int, int]] = set()
+    cur: Path | None = ws.mem_parent
+    for _ in range(MAX_MEM_CHAIN + 1):  # the images a restore maps from: its snapshot's and those it is incremental on
+        if cur is None:
+            break
+        for page_image in (cur / "images").glob("pages-*.img"):
+            with contextlib.suppress(OSError):
+                st = page_image.stat()
+                images.add((os.major(st.st_dev), os.minor(st.st_dev), st.st_ino))
+        cur = _snapstore.mem_parent_of(cur)
+    if not any(_maps_any(pid, images) for pid in ws.cgroup.pids()):
+        ws.map_from(None)
+
+
+def _maps_any(pid: int, files: set[tuple[int, int, int]]) -> bool:
+    """Whether ``pid`` maps one of ``files`` ((major, minor, inode)); a process gone counts as not (blocking)."""
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as f:
+            for line in f:
+                fields = line.split(None, 5)
+                if len(fields) >= 5 and fields[4] != b"0":
+                    major, minor = (int(x, 16) for x in fields[3].split(b":"))
+                    if (major, minor, int(fields[4])) in files:
+                        return True
+    except (OSError, ValueError):
+        pass
+    return False
 
 
 async def _restart(ws: WorkspaceCore, snap: SnapshotRecord) -> None:
