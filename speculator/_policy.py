@@ -12,20 +12,10 @@ import msgspec
 from bunshin_async.rollout import byte_seconds_net
 from bunshin_async.speculation import CallKey, Launch, LiveForks
 
+from ._memory import Ewma, ForkMemory
 from ._signature import key_signature
 
 __all__ = ["CostAwarePolicy", "cpu_contention", "loop_load"]
-
-
-class _Ewma:
-    __slots__ = ("value", "n")
-
-    def __init__(self, value: float) -> None:
-        self.value, self.n = value, 0
-
-    def add(self, x: float, alpha: float) -> None:
-        self.value = x if self.n == 0 else (1 - alpha) * self.value + alpha * x
-        self.n += 1
 
 
 def cpu_contention() -> float:
@@ -68,9 +58,9 @@ class _CallTimes:
 
     def __init__(self, alpha: float, max_calls: int) -> None:
         self.alpha, self.max_calls = alpha, max_calls
-        self.exact: dict[CallKey, _Ewma] = {}  # insertion-ordered: the least recently run first
-        self.sig: dict[str, _Ewma] = {}
-        self.cpu: dict[str, _Ewma] = {}
+        self.exact: dict[CallKey, Ewma] = {}  # insertion-ordered: the least recently run first
+        self.sig: dict[str, Ewma] = {}
+        self.cpu: dict[str, Ewma] = {}
 
     def seconds(self, key: CallKey) -> float | None:
         exact = self.exact.get(key)
@@ -80,17 +70,17 @@ class _CallTimes:
         return sig.value if sig is not None else None
 
     def observe(self, key: CallKey, seconds: float) -> None:
-        exact = self.exact.pop(key, None) or _Ewma(seconds)
+        exact = self.exact.pop(key, None) or Ewma(seconds)
         exact.add(seconds, self.alpha)
         self.exact[key] = exact
         if len(self.exact) > self.max_calls:
             del self.exact[next(iter(self.exact))]
-        self.sig.setdefault(key_signature(key), _Ewma(seconds)).add(seconds, self.alpha)
+        self.sig.setdefault(key_signature(key), Ewma(seconds)).add(seconds, self.alpha)
 
     def observe_cpu(self, key: CallKey, cpu_seconds: float, seconds: float) -> None:
         if seconds >= 0.05 and cpu_seconds >= 0:
             share = cpu_seconds / seconds
-            self.cpu.setdefault(key_signature(key), _Ewma(share)).add(share, self.alpha)
+            self.cpu.setdefault(key_signature(key), Ewma(share)).add(share, self.alpha)
 
 
 class CostAwarePolicy:
@@ -113,18 +103,11 @@ class CostAwarePolicy:
     computes must be right about one time in three before what its hits hide pays for what its misses burn, so
     where tool calls are short and the guesses long shots (a hit hides a 30 ms ``cat``) nothing is launched, while
     a long call that waits may still be a long shot.
-    Memory, in the experiment's currency (GiB·s, here byte-seconds): a fork exists beside its rollout from its launch
-    until the model asks for its call (the LLM time left in the turn, a turn more per chained call: ``hold_seconds``),
-    hit or miss: a hit is committed at the ask even while its call still runs (the runtime moves the rollout into
-    the fork and closes its previous workspace), a miss still running is cancelled then. A hit makes the rollout
-    finish the hidden seconds sooner, freeing its memory that much earlier (the straggler's more: ``1 +
-    straggler_weight x lag`` times, since a group's base and captures are held until its last rollout ends). A fork
-    is launched only when that pays: ``probability x hidden seconds x rollout bytes x straggler factor >= fork bytes
-    x hold_seconds x memory_weight`` (``memory_net``). Fork bytes are measured as the experiment counts them
-    (``observe_fork``: PSS, mapped page images, upper dir, and memory its call held only for a while), rollout bytes
-    likewise (``observe_rollout_memory``); until measured a fork is as big as its rollout. A copy-on-write fork holds
-    a page image of its whole rollout, so a fork pays only when its call runs about as long as the LLM time left and
-    the guess is near certain (or the rollout is its group's straggler); in-place reads hold nothing.
+    Memory, in the experiment's currency (GiB·s, here byte-seconds): a fork is held beside its rollout until the
+    model asks for its call (``hold_seconds``), hit or miss; a hit makes the rollout finish the hidden seconds
+    sooner (a straggler's frees its group's base and captures too: ``1 + straggler_weight x lag`` times) and leaves
+    it the fork's copy for the rest of its life. A fork is launched only when that pays (``memory_net``); fork,
+    rollout and copy bytes are measured as the experiment counts them (``ForkMemory``). Reads in place hold nothing.
     On a saturated machine only likely guesses run (a coin flip never does), so speculation backs off instead of
     slowing the rollouts it serves. When the event loop itself is saturated (``loop_load()`` at least
     ``max_loop_load``: many rollouts, short tool calls) the policy is not ``active``: the runtime does not even ask
@@ -178,6 +161,8 @@ class CostAwarePolicy:
         straggler_weight: float = 1.0,
         straggler_reserve: int = 1,
         max_calls: int = 8192,
+        rollout_seconds: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.max_branches = max_branches
         self.max_forks = max_forks
@@ -191,9 +176,9 @@ class CostAwarePolicy:
         self._precision: dict[str, list[float]] = {}  # source -> [hits, expected hits], every guess
         self._launched: dict[str, list[float]] = {}  # source -> [used, expected used], launched guesses
         self.alpha = alpha
-        self.fork_seconds = _Ewma(fork_seconds)
-        self.fork_bytes = _Ewma(float(fork_bytes))
-        self.rollout_bytes = _Ewma(float(fork_bytes))  # until measured, a fork is as big as its rollout
+        self.fork_seconds = Ewma(fork_seconds)
+        m = self.memory = ForkMemory(float(fork_bytes), alpha, rollout_seconds, clock)
+        self.fork_bytes, self.rollout_bytes, self.copy_extra = m.fork_bytes, m.rollout_bytes, m.copy_extra
         self.max_calls = max_calls
         self._times = _CallTimes(alpha, max_calls)
         self._llm_prior = llm_seconds
@@ -283,13 +268,19 @@ class CostAwarePolicy:
         return self.fork_seconds.value + self.hideable(option)
 
     def memory_net(self, option: Launch) -> float:
-        """Expected byte-seconds a fork for ``option`` saves, net of what it holds (negative: it cannot pay): a hit
-        frees the rollout's memory (the straggler's counts its group's share, ``straggler_weight``) the hidden
-        seconds sooner; hit or miss, the fork holds its bytes beside the rollout's for ``hold_seconds``."""
+        """Expected byte-seconds a fork for ``option`` saves, net of what it holds (negative: it cannot pay)::
+
+            p x hidden x rollout bytes x straggler factor - (fork bytes x hold_seconds + p x lasting) x memory_weight
+
+        A hit frees the rollout's memory (the straggler's counts its group's share, ``straggler_weight``) the hidden
+        seconds sooner; hit or miss, the fork holds its bytes beside the rollout's for ``hold_seconds``; and a hit
+        leaves the rollout the fork's copy to its end (``ForkMemory.lasting``)."""
+        p = self.probability(option)
         hidden = min(self.expected_seconds(option), self.hideable(option))
         freed = self.rollout_bytes.value * (1 + self.straggler_weight * self.lag(option.rollout))
         held, hold = self.fork_bytes.value, self.hold_seconds(option)
-        return byte_seconds_net(self.probability(option), hidden, freed, held, hold, self.memory_weight)
+        lasting = p * self.memory.lasting(option.rollout) * self.memory_weight
+        return byte_seconds_net(p, hidden, freed, held, hold, self.memory_weight) - lasting
 
     def keeps(self, launch: Launch) -> bool:
         """Whether an unused branch for ``launch`` is worth handing to the next turn (``Speculation.keep``): the model
@@ -312,6 +303,7 @@ class CostAwarePolicy:
             if o.rollout:
                 self._progress[o.rollout] = o.progress
                 self._group[o.rollout] = o.group
+                self.memory.rollouts.seen(o.rollout)
         ranked = sorted(
             (
                 (self.saving(o), o)
@@ -354,6 +346,7 @@ class CostAwarePolicy:
         self._progress.pop(rollout, None)
         self._group.pop(rollout, None)
         self.live.forget(rollout)
+        self.memory.rollouts.done(rollout)
 
     def observe_tool(self, key: CallKey, seconds: float) -> None:
         self._times.observe(key, seconds)
@@ -377,10 +370,12 @@ class CostAwarePolicy:
     def observe_fork(self, seconds: float, memory_bytes: int) -> None:
         if seconds > 0:
             self.fork_seconds.add(seconds, self.alpha)
-        if memory_bytes > 0:
-            self.fork_bytes.add(float(memory_bytes), self.alpha)
+        self.memory.observe_fork(memory_bytes)
+
+    def observe_copy(self, copy_bytes: int, rollout_bytes: int) -> None:
+        """A fork's and its rollout's bytes, side by side before its call (``ForkMemory.observe_copy``)."""
+        self.memory.observe_copy(copy_bytes, rollout_bytes)
 
     def observe_rollout_memory(self, memory_bytes: int) -> None:
         """A rollout's footprint (its PSS, the page images it maps, its upper dir), to weigh forks' against."""
-        if memory_bytes > 0:
-            self.rollout_bytes.add(float(memory_bytes), self.alpha)
+        self.memory.observe_rollout(memory_bytes)

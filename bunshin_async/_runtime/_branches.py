@@ -15,7 +15,7 @@ from typing import Any, Literal
 import anyio
 from anyio.abc import TaskGroup
 
-from .._exceptions import ToolError, unwrap_group
+from .._exceptions import ToolError
 from .._tools._tools import Tool
 from .._workspace._accounting import workspace_memory, written_bytes
 from .._workspace._facade import Workspace
@@ -117,15 +117,19 @@ async def _fork_shielded(ws: Workspace) -> Workspace:
 
 
 async def observe_ready(b: Branch, rollout: Workspace) -> None:
-    """Beside the start of fork branch ``b``'s call: what the fork holds and what its rollout holds at that moment,
-    for the policy (``observe_fork``, ``observe_rollout_memory``). Every fork's, used or not: a committed one becomes
-    the rollout and is never measured at its end. A fork holds its page image and processes (``workspace_memory``)
-    and the snapshot layer it mounts: a copy of what its base had written (its upper), made for it in the snapshot
-    store."""
+    """Fork branch ``b`` is ready, its call not yet started: what the fork holds and what its rollout holds at that
+    moment, for the policy (``observe_fork``, ``observe_rollout_memory``, ``observe_copy`` where it has them). Every
+    fork's, used or not: a committed one becomes the rollout and is never measured at its end. A fork holds its
+    processes and the page images they map (``workspace_memory``) and the snapshot layer it mounts: a copy of what
+    its base had written (its upper), made for it in the snapshot store. Measured before the call (a few /proc
+    reads, milliseconds) because beside it the call's own processes (a shell, what it runs: 0.5 MiB for a
+    ``sleep``) were counted as the fork's, though a hit's call would hold them on the main line alike; what a miss's
+    call held is measured when it is discarded (``measure_discarded``)."""
     spec = b.owner.speculation
     observe_rollout = getattr(spec.policy, "observe_rollout_memory", None) if spec is not None else None
     if spec is None or observe_rollout is None or b.ws is None or b.base is None:
         return
+    observe_copy = getattr(spec.policy, "observe_copy", None)
     fork, base = b.ws, b.base
 
     def measure() -> tuple[int, int]:  # a few /proc reads and fstatvfs: milliseconds, in a worker thread
@@ -139,6 +143,8 @@ async def observe_ready(b: Branch, rollout: Workspace) -> None:
     if held and beside:
         spec.policy.observe_fork(0.0, held)
         observe_rollout(beside)
+        if observe_copy is not None:
+            observe_copy(held, beside)
 
 
 async def measure_discarded(b: Branch, rollout: Workspace | None) -> int:
@@ -253,15 +259,12 @@ class BranchSet:
                     if base is None or (b.parent is None and b.owner.writing):
                         return
                     b.ws = base
+                if b.forked:  # before its call: the call's own processes would be the fork's (and a hit's alike)
+                    b.ready_peak = memory_peak(b.ws)
+                    await observe_ready(b, self.handle.workspace)
                 b.run_start = clock()
                 b.calling.set()
-                if b.forked:
-                    b.ready_peak = memory_peak(b.ws)
-                    async with unwrap_group(), anyio.create_task_group() as tg:
-                        tg.start_soon(observe_ready, b, self.handle.workspace)
-                        b.result, b.error = await run_tool(tool, b.ws, args)
-                else:
-                    b.result, b.error = await run_tool(tool, b.ws, args)
+                b.result, b.error = await run_tool(tool, b.ws, args)
                 b.run_end = clock()
                 b.ok = True
                 b.owner.log.mark("branch_done", b.position, b.key.name)

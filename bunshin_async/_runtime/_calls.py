@@ -151,7 +151,9 @@ class Policy(Protocol):
     decided, for each predictor (``source``) that guessed it, the guesses' summed probability and whether one of
     them was the call (to learn its precision); ``observe_rollout_memory(bytes)``: after a fork's cost, the rollout
     workspace's footprint at that moment (PSS, the page images it maps, its upper dir), to weigh what a fork holds
-    against what the rollout does; ``observe_cpu(key, cpu_seconds, seconds)``: a call run on the main line took
+    against what the rollout does; ``observe_copy(copy_bytes, rollout_bytes)``: beside each fork before its call,
+    what the fork holds and what its rollout holds (a hit's copy replaces the rollout: their difference is what a
+    hit leaves it); ``observe_cpu(key, cpu_seconds, seconds)``: a call run on the main line took
     ``cpu_seconds`` of CPU (its workspace's cgroup, where it has CPU accounting) in ``seconds``, to tell waiting
     from computing; ``active()``: asked before the predictors are, False when no launch could pay now (the
     predictors are then not asked at all); ``keeps(launch)``: asked when a turn ends for each unused branch it

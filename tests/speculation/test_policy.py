@@ -186,6 +186,41 @@ def test_a_fork_is_launched_only_when_the_gib_seconds_it_saves_pay_for_what_it_h
     assert len(group.select([_launch("behind", 4, p=0.9, seconds=3.0)], running=0, forks=0)) == 1
 
 
+def test_a_hit_is_charged_what_its_copy_holds_beyond_the_rollout_until_the_rollout_ends() -> None:
+    """A hit leaves the rollout the fork's copy for the rest of its life: what the copy holds more than the rollout
+    did (measured in pairs, ``observe_copy``) is charged, times the hit's probability, over the rollout's expected
+    remaining time: as long again as it has run until a rollout ended (at least ``rollout_seconds``), then the
+    ended ones' mean less its elapsed time (at least a quarter of that mean). A copy smaller than its rollout is
+    no gain: a fork is never launched to save memory."""
+    mib, now = 1 << 20, [0.0]
+    policy = CostAwarePolicy(contention=None, llm_seconds=3.0, fork_seconds=0.2, rollout_seconds=60.0,
+                             clock=lambda: now[0])  # fmt: skip
+    policy.observe_rollout_memory(16 * mib)
+    policy.observe_fork(0.2, 8 * mib)
+    sure = _launch("r", 1, p=1.0, seconds=3.0)
+    held = (1.0 * 3.0 * 16 - 3.2 * 8) * mib  # hides 3 s of a 16 MiB rollout, holds 8 MiB for 3.2 s
+    assert policy.memory_net(sure) == pytest.approx(held)  # nothing measured: a copy is taken to hold no more
+    policy.observe_copy(24 * mib, 16 * mib)  # a copy 8 MiB bigger than its rollout
+    assert policy.memory_net(sure) == pytest.approx(held - 8 * mib * 60.0)  # never seen: the prior, 60 s
+    assert policy.select([sure], running=0, forks=0) == []
+    _group(policy, {"r": 1, "other": 0})  # both start now ("r" ahead: no straggler)
+    now[0] = 10.0
+    assert policy.memory_net(sure) == pytest.approx(held - 8 * mib * 50.0)  # 60 s in all, 10 s run
+    now[0] = 100.0
+    assert policy.memory_net(sure) == pytest.approx(held - 8 * mib * 100.0)  # as long again as it has run
+    unlikely = _launch("r", 1, p=0.5, seconds=3.0)
+    assert policy.memory_net(unlikely) == pytest.approx((0.5 * 3.0 * 16 - 3.2 * 8 - 0.5 * 8 * 100.0) * mib)
+    policy.rollout_done("other")  # ended after 100 s: the mean
+    now[0] = 110.0
+    assert policy.memory_net(sure) == pytest.approx(held - 8 * mib * 25.0)  # past the mean: a quarter of it
+    assert CostAwarePolicy(contention=None, memory_weight=0.0).memory_net(sure) > 0  # memory not weighed
+    for _ in range(20):  # copies turn out smaller than their rollouts: no lasting cost, and no gain either
+        policy.observe_copy(8 * mib, 16 * mib)
+    assert policy.copy_extra.value < 0
+    assert policy.memory_net(sure) == pytest.approx(held)
+    assert policy.select([sure], running=0, forks=0) == [sure]
+
+
 def test_an_unused_branch_is_kept_for_the_next_turn_only_while_its_hold_pays() -> None:
     """A branch kept past its turn is asked for a turn later at the earliest: it holds its fork for at least the next
     turn's LLM time, whatever it hides. Late in a turn a long call may have been worth launching; kept into a new

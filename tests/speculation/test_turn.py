@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
+import msgspec
 import pytest
 
 from bunshin_async import Workspace
@@ -65,6 +66,37 @@ async def test_correct_prediction_of_slow_write_commits_the_fork(serve: Any) -> 
     # launched in this turn, or (on the previous turn's last observation) in that one and adopted by this one
     started = t["branch_launch"] if "branch_launch" in t else t["branch_kept"]
     assert started < t["message_finished"] < t["branch_commit"], slow_turn.timeline
+
+
+async def test_a_fork_is_weighed_before_its_call_runs(serve: Any) -> None:
+    """What a fork and its rollout hold is read when the fork is ready and before its call starts: read beside the
+    call, the call's own processes (a shell and what it runs: 0.5 MiB for a ``sleep``) were counted as the fork's,
+    though a hit's call holds them on the main line alike; the launch rule then found a fork of a small workspace
+    several times its rollout's size (issue 38)."""
+    order: list[str] = []
+
+    class Spy(CostAwarePolicy):
+        def observe_copy(self, copy_bytes: int, rollout_bytes: int) -> None:
+            order.append("weighed")
+            super().observe_copy(copy_bytes, rollout_bytes)
+
+    bash_ = bash_tool()
+    assert bash_.handler is not None
+    run_bash = bash_.handler
+
+    async def handler(ws: Workspace, args: Any) -> Any:
+        order.append(args["command"])
+        return await run_bash(ws, args)
+
+    tools = [msgspec.structs.replace(bash_, handler=handler), read_file_tool()]
+    steps = [bash("echo a > start", llm=0.05), bash(SLOW, llm=1.2), final()]
+    rule = Rule(after="start", then_tool="bash", then_args={"command": SLOW}, probability=0.9, expected_seconds=1.0)
+    policy = Spy(contention=None, memory_weight=0.0)
+    async with serve([trajectory("weighed", steps)]) as client, Workspace() as ws:
+        on = await agent_rollout(client, "replay:weighed", ws, tools, Speculation([RulePredictor([rule])], policy))
+    assert on.metrics.committed == 1
+    assert order == ["echo a > start", "weighed", SLOW], order  # the branch's call ran in the fork, after
+    assert policy.copy_extra.n == 1 and policy.fork_bytes.n >= 1
 
 
 async def test_wrong_prediction_leaves_no_trace(serve: Any) -> None:
