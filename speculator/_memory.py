@@ -60,13 +60,16 @@ class ForkMemory:
     """Bytes as the experiment counts them (PSS, mapped page images, upper dirs, a fork's layer), running averages
     (``alpha``): ``fork_bytes`` what a fork holds beside its rollout (until measured: ``prior_bytes``),
     ``rollout_bytes`` what a rollout holds (until measured: as much), ``copy_extra`` what a fork holds more than its
-    rollout, measured in pairs (``observe_copy``), and ``rollouts``, how long each rollout has to go."""
+    rollout, measured in pairs (``observe_copy``), ``miss_bytes`` what a discarded fork held at its end, its call's
+    memory included (``observe_miss``; until measured: as much as a fork), and ``rollouts``, how long each rollout
+    has to go."""
 
     def __init__(self, prior_bytes: float, alpha: float, rollout_seconds: float, clock: Callable[[], float]) -> None:
         self.alpha = alpha
         self.fork_bytes = Ewma(prior_bytes)
         self.rollout_bytes = Ewma(prior_bytes)
         self.copy_extra = Ewma(0.0)
+        self.miss_bytes: Ewma | None = None
         self.rollouts = RolloutClock(rollout_seconds, clock)
 
     def observe_fork(self, memory_bytes: int) -> None:
@@ -76,6 +79,19 @@ class ForkMemory:
     def observe_rollout(self, memory_bytes: int) -> None:
         if memory_bytes > 0:
             self.rollout_bytes.add(float(memory_bytes), self.alpha)
+
+    def observe_miss(self, memory_bytes: int) -> None:
+        if memory_bytes > 0:
+            if self.miss_bytes is None:
+                self.miss_bytes = Ewma(float(memory_bytes))
+            self.miss_bytes.add(float(memory_bytes), self.alpha)
+
+    def held(self, probability: float) -> float:
+        """The bytes a fork is expected to hold beside its rollout until the ask: its own (``fork_bytes``, measured
+        before its call), and, for a miss, what its call held (``miss_bytes`` beyond that): a hit's call holds the
+        same on the main line, only earlier, so it is no cost of the fork."""
+        miss = self.miss_bytes.value if self.miss_bytes is not None else 0.0
+        return self.fork_bytes.value + (1 - probability) * max(0.0, miss - self.fork_bytes.value)
 
     def observe_copy(self, copy_bytes: int, rollout_bytes: int) -> None:
         """Beside a fork, before its call: what the fork holds (its processes, its layer) and what its rollout

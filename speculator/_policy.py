@@ -270,15 +270,15 @@ class CostAwarePolicy:
     def memory_net(self, option: Launch) -> float:
         """Expected byte-seconds a fork for ``option`` saves, net of what it holds (negative: it cannot pay)::
 
-            p x hidden x rollout bytes x straggler factor - (fork bytes x hold_seconds + p x lasting) x memory_weight
+            p x hidden x rollout bytes x straggler factor - (held x hold_seconds + p x lasting) x memory_weight
 
         A hit frees the rollout's memory (the straggler's counts its group's share, ``straggler_weight``) the hidden
-        seconds sooner; hit or miss, the fork holds its bytes beside the rollout's for ``hold_seconds``; and a hit
-        leaves the rollout the fork's copy to its end (``ForkMemory.lasting``)."""
+        seconds sooner; hit or miss, the fork holds its bytes (a miss's call's too: ``ForkMemory.held``) beside the
+        rollout's for ``hold_seconds``; a hit leaves the rollout the fork's copy to its end (``ForkMemory.lasting``)."""
         p = self.probability(option)
         hidden = min(self.expected_seconds(option), self.hideable(option))
         freed = self.rollout_bytes.value * (1 + self.straggler_weight * self.lag(option.rollout))
-        held, hold = self.fork_bytes.value, self.hold_seconds(option)
+        held, hold = self.memory.held(p), self.hold_seconds(option)
         lasting = p * self.memory.lasting(option.rollout) * self.memory_weight
         return byte_seconds_net(p, hidden, freed, held, hold, self.memory_weight) - lasting
 
@@ -371,6 +371,10 @@ class CostAwarePolicy:
         if seconds > 0:
             self.fork_seconds.add(seconds, self.alpha)
         self.memory.observe_fork(memory_bytes)
+
+    def observe_miss(self, memory_bytes: int) -> None:
+        """What a discarded fork held at its end, its call's memory included (``ForkMemory.held``)."""
+        self.memory.observe_miss(memory_bytes)
 
     def observe_copy(self, copy_bytes: int, rollout_bytes: int) -> None:
         """A fork's and its rollout's bytes, side by side before its call (``ForkMemory.observe_copy``)."""

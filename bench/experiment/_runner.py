@@ -535,6 +535,11 @@ def _spec_counts(specs: Sequence[Any]) -> dict[str, float]:
     }
     out["hit_rate"] = round(out["committed"] / out["calls"], 3) if out["calls"] else 0.0
     out["launch_precision"] = round(out["committed"] / out["launched"], 3) if out["launched"] else 0.0
+    # what the launch rule weighed forks with at the end of the run (bytes, running averages: ``ForkMemory``)
+    memory = getattr(specs[0].policy, "memory", None) if specs else None
+    for name in ("fork_bytes", "rollout_bytes", "copy_extra") if memory is not None else ():
+        figure = getattr(memory, name)
+        out[f"policy_{name}"], out[f"policy_{name}_n"] = round(figure.value), figure.n
     return out
 
 

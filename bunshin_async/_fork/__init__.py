@@ -45,12 +45,14 @@ mode the host cannot give (no CRIU, a CRIU without the patches, no snapshot stor
   write it.
   The image must never be modified while copies live. Each such copy holds its snapshot's directory
   (``core.mem_parent``, reference-counted like the layers: ``<id>.users/``), so closing the snapshot keeps it while
-  copies map it. Dumps run with ``CRIU_COW_ANON_PREFIX=<snapshot dir>/``, so such mappings are dumped as anonymous
-  memory (forks of forks), and a dump of a CoW copy is incremental on the images it was restored from
-  (criu/patches/0002, ``_dump._dump_parent``): pages it never wrote are referenced, not written again, so a fork of
-  a copy costs what the copy dirtied. The new snapshot holds that parent directory (its ``parent`` file names it) and
-  lets go of it when it is deleted; a chain longer than ``MAX_MEM_CHAIN`` is cut by a full dump. Differences from
-  plain anonymous memory are listed in criu/README.md.
+  copies map it. The patch maps runs of at least 16 pages only and reads the rest: a copy that maps none of the images
+  (a small workspace: a shell, the agent) lets go of the directory right after its restore, so it goes with the
+  snapshot; such a copy's memory is private and its own snapshots are whole ones. Dumps run with
+  ``CRIU_COW_ANON_PREFIX=<snapshot dir>/``, so such mappings are dumped as anonymous memory (forks of forks), and a dump
+  of a CoW copy is incremental on the images it was restored from (criu/patches/0002, ``_dump._dump_parent``): pages it
+  never wrote are referenced, not written again, so a fork of a copy costs what the copy dirtied. The new snapshot holds
+  that parent directory (its ``parent`` file names it) and lets go of it when it is deleted; a chain longer than
+  ``MAX_MEM_CHAIN`` is cut by a full dump. Differences from plain anonymous memory are listed in criu/README.md.
 - ``"criu"``: stock restore, every copy reads all its pages into private memory.
 - ``"criu-ksm"`` (``BUNSHIN_FORK_MODE=ksm``): stock restore through a wrapper that sets ``PR_SET_MEMORY_MERGE`` (it is
   inherited across fork and exec) before exec'ing CRIU, so the restored tasks are mergeable; KSM is switched on

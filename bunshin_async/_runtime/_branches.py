@@ -306,8 +306,11 @@ class BranchSet:
             with anyio.move_on_after(CLOSE_DEADLINE):
                 await b.ws.aclose()
         if spec is not None:
-            if b.forked:
-                spec.policy.observe_fork(b.fork_seconds, b.memory_bytes)
+            if b.forked:  # a discarded fork's bytes: what a miss held, its call's memory included
+                observe_miss = getattr(spec.policy, "observe_miss", None) if b.memory_bytes else None
+                spec.policy.observe_fork(b.fork_seconds, 0 if observe_miss is not None else b.memory_bytes)
+                if observe_miss is not None:
+                    observe_miss(b.memory_bytes)
                 if observe_rollout is not None and b.memory_bytes and rollout_bytes:
                     observe_rollout(rollout_bytes)
             release = getattr(spec.policy, "release", None)

@@ -221,6 +221,24 @@ def test_a_hit_is_charged_what_its_copy_holds_beyond_the_rollout_until_the_rollo
     assert policy.select([sure], running=0, forks=0) == [sure]
 
 
+def test_a_miss_is_charged_what_its_call_held_and_a_hit_is_not() -> None:
+    """A fork is measured before its call (``observe_fork``); a discarded one again at its end, with what its call
+    held (``observe_miss``). Until the ask a miss holds both; a hit's call holds the same memory on the main line,
+    only earlier, so the fork is charged it in proportion to the chance of a miss."""
+    mib = 1 << 20
+    policy = CostAwarePolicy(contention=None, llm_seconds=3.0, fork_seconds=0.2)
+    policy.observe_rollout_memory(16 * mib)
+    policy.observe_fork(0.2, 4 * mib)
+    sure, even = _launch("r", 0, p=1.0, seconds=3.0), _launch("r", 0, p=0.5, seconds=3.0)
+    assert policy.memory_net(sure) == pytest.approx((3.0 * 16 - 3.2 * 4) * mib)
+    assert policy.memory_net(even) == pytest.approx((0.5 * 3.0 * 16 - 3.2 * 4) * mib)
+    policy.observe_miss(24 * mib)  # a discarded fork held 20 MiB more: its call's
+    assert policy.fork_bytes.value == 4 * mib  # what a fork holds of its own is unchanged
+    assert policy.memory_net(sure) == pytest.approx((3.0 * 16 - 3.2 * 4) * mib)
+    assert policy.memory_net(even) == pytest.approx((0.5 * 3.0 * 16 - 3.2 * (4 + 0.5 * 20)) * mib)
+    assert policy.select([even], running=0, forks=0) == [] and policy.select([sure], running=0, forks=0) == [sure]
+
+
 def test_an_unused_branch_is_kept_for_the_next_turn_only_while_its_hold_pays() -> None:
     """A branch kept past its turn is asked for a turn later at the earliest: it holds its fork for at least the next
     turn's LLM time, whatever it hides. Late in a turn a long call may have been worth launching; kept into a new

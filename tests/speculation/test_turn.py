@@ -146,10 +146,11 @@ async def test_a_predictor_that_is_never_right_stops_being_launched(serve: Any) 
     # later turns launched nothing (at 0.9 and the runtime's default costs they would all have launched)
     assert policy.calibration("always-wrong") < 0.2
     assert sum(launched[-5:]) == 0, (launched, policy.calibration("always-wrong"))
-    # each discarded fork's memory was measured on its cgroup, and the rollout's footprint, to charge misses with
-    # (and, beside the start of its call, a fork's and its rollout's: what a fork holds, used or not)
-    assert policy.fork_bytes.n == policy.rollout_bytes.n >= sum(launched) > 0
-    assert policy.fork_bytes.value > 0 and policy.rollout_bytes.value > 0
+    # each discarded fork's memory was measured on its cgroup, its call's included (what a miss holds), and the
+    # rollout's footprint; and, before each fork's call, the fork's and its rollout's (what a fork holds, used or not)
+    miss = policy.memory.miss_bytes
+    assert miss is not None and miss.n >= 1 and policy.fork_bytes.n >= 1 and policy.rollout_bytes.n >= sum(launched)
+    assert miss.value > 0 and policy.fork_bytes.value > 0 and policy.rollout_bytes.value > 0
 
 
 class _Counting(_AlwaysWrong):
