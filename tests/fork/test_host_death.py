@@ -26,9 +26,15 @@ HOST = textwrap.dedent(
     import anyio, sys
     from bunshin_async import Workspace
 
+    HEAP = "import pathlib, time; x = b'x' * (8 << 20); pathlib.Path('/tmp/ready').touch(); time.sleep(3600)"
+
     async def main():
         ws = Workspace()
         await ws.start()
+        # a heap the CoW restore maps (a copy that maps none of its images holds no snapshot directory)
+        await ws.spawn(["python3", "-c", HEAP])
+        while (await ws.exec("test -e /tmp/ready")).exit_code:
+            await anyio.sleep(0.05)
         copies = await ws.fork(2)
         print(ws.id, ws.pid, *[f"{c.id}:{c.pid}" for c in copies], flush=True)
         await anyio.sleep(3600)
