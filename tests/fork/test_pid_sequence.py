@@ -8,8 +8,12 @@ restore modes (``criu-cow``, ``criu-ksm``) and with write-tracked dumps."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
+from typing import Any
 
+import anyio
+import anyio.lowlevel
 import pytest
 
 from bunshin_async import Workspace
@@ -133,3 +137,37 @@ async def test_a_reading_never_asked_for_leaves_nothing(ws: Workspace, tmp_path:
     assert 10 < value < await _next_pid(ws) <= value + 2  # the gapped workspace's; the next exec's shell after it
     gone = LastPid(2**22 + 1, tmp_path / "none")
     assert await gone.finish() is None
+
+
+async def test_a_finished_helper_is_joined_without_a_worker_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At a dump's post-dump (the tree frozen) the helper asked at query-ext-files has usually finished: ``finish``
+    then costs no worker thread round trip; one still running is waited for in a worker (the loop is never
+    blocked), as ``TreeCopy.join`` does."""
+    hops: list[object] = []
+    real = anyio.to_thread.run_sync
+
+    async def counted(func: Any, *args: Any, **kwargs: Any) -> Any:
+        hops.append(func)
+        return await real(func, *args, **kwargs)
+
+    monkeypatch.setattr(anyio.to_thread, "run_sync", counted)
+    done = LastPid(1, tmp_path)
+    monkeypatch.setattr(done, "_run", lambda: None)  # a helper that has answered
+    done.start()
+    assert done._thread is not None
+    done._thread.join()
+    await done.finish()
+    assert hops == []
+
+    release = threading.Event()
+    slow = LastPid(1, tmp_path)
+    monkeypatch.setattr(slow, "_run", release.wait)  # a helper still reading when finish is awaited
+    slow.start()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(slow.finish)
+        while not hops:  # finish went to a worker thread: this loop still runs
+            await anyio.lowlevel.checkpoint()
+        release.set()
+    assert len(hops) == 1
