@@ -75,6 +75,26 @@ def phases(log: Path) -> tuple[dict[str, float], float]:
     return out, span
 
 
+PAGES_OF = re.compile(r"Pages of \d+: (\d+) us: (.*)")
+PAGES_PART = re.compile(r"([a-z][a-z ]*?) (\d+) us")
+
+
+def pages_of(log: Path) -> dict[str, float]:
+    """The largest process's page dump, part by part (ms), from CRIU's ``Pages of PID`` line (criu/patches/0022):
+    the parent pagemap read and freed, the page scans, the page pipe's iovs, the parasite's vmsplice calls, the
+    pagemap entries and the splice into the pages image, the parasite's mprotects and the arming."""
+    best: dict[str, float] = {}
+    for m in PAGES_OF.finditer(log.read_text(errors="replace")):
+        parts = {"all": int(m[1]) / 1000}
+        for name, us in PAGES_PART.findall(m[2]):
+            parts[name.strip()] = int(us) / 1000
+        if parts["all"] > best.get("all", -1.0):
+            best = parts
+    if "xfer" in best and "splice" in best:
+        best["xfer without splice"] = round(best["xfer"] - best["splice"], 3)
+    return best
+
+
 def summary(logs: list[Path]) -> dict[str, object]:
     per = [phases(p) for p in logs]
     names: list[str] = []
@@ -85,7 +105,15 @@ def summary(logs: list[Path]) -> dict[str, object]:
         xs = [d.get(k, 0.0) for d, _ in per]
         rows[k] = {"median": round(statistics.median(xs), 3), "min": round(min(xs), 3), "max": round(max(xs), 3)}
     spans = [s for _, s in per]
-    return {"logs": len(logs), "span_ms": round(statistics.median(spans), 2), "phases_ms": rows}
+    out: dict[str, object] = {"logs": len(logs), "span_ms": round(statistics.median(spans), 2), "phases_ms": rows}
+    pages = [d for d in (pages_of(p) for p in logs) if d]
+    if pages:
+        out["largest_pages_ms"] = {
+            k: {"median": round(statistics.median(d.get(k, 0.0) for d in pages), 3)}
+            | {"min": round(min(d.get(k, 0.0) for d in pages), 3), "max": round(max(d.get(k, 0.0) for d in pages), 3)}
+            for k in pages[0]
+        }
+    return out
 
 
 def main() -> None:
