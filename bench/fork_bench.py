@@ -48,6 +48,7 @@ import anyio
 from bunshin_async import Config, Limits, Security, Snapshot, Workspace
 from bunshin_async._fork import _dump
 from bunshin_async._fork._snapshot import record_of
+from bunshin_async._host import _snapstore
 from bunshin_async._workspace._accounting import rollup_bytes
 
 GUEST = Path(__file__).resolve().parent.parent / "tests" / "fork" / "guest_state.py"
@@ -415,6 +416,7 @@ async def _checkpoint(ws: Workspace, track: bool) -> tuple[Snapshot, dict[str, f
     path = record_of(snap).path
     image = await anyio.to_thread.run_sync(_tree_mib, path / "images")
     row = {"pause": snap.dump_ms or snap.frozen_ms or 0.0, "snapshot": took, "image": image, **_criu_stats(snap)}
+    row["chain"] = await anyio.to_thread.run_sync(_snapstore.mem_chain_depth, path)
     parent = path / "parent"
     pre = path.with_name(parent.read_text().strip()) if parent.exists() else None
     if pre is not None and (pre / "images" / "pre-dump.log").exists():  # a tracked snapshot's pre-copy pass
@@ -546,6 +548,8 @@ async def tree_search(mib: int, steps: int, dirty_mib: int, modes: list[str], wi
             "pause_total_ms": round(sum(r["pause"] for r in rows[mode]), 1),
             "wall_ms": round(wall[mode], 1),
             "image_total_mib": round(sum(r["image"] for r in rows[mode]), 1),
+            "whole_dumps": sum(1 for r in rows[mode] if r["chain"] == 1),
+            "chain_depths": [int(r["chain"]) for r in rows[mode]],
         }
     base = out[modes[0]]
     for mode in modes[1:]:

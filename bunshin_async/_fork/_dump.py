@@ -153,7 +153,7 @@ async def _snapshot_once(ws: WorkspaceCore, backend: CriuBackend | None) -> Snap
         return netns
 
     try:
-        parent, track, env = await anyio.to_thread.run_sync(_open, ws, snap)
+        parent, track, env, rebase = await anyio.to_thread.run_sync(_open, ws, snap)
         if track and parent is None:
             parent = await _precopy(ws, snap, backend)
         if snap.mode == "fs":
@@ -163,7 +163,15 @@ async def _snapshot_once(ws: WorkspaceCore, backend: CriuBackend | None) -> Snap
             try:
                 if track:
                     env = {**env, "CRIU_WP_TRACK": "1"}
-                await _dump(ws, snap, backend, parent, env, drained, track)
+                if rebase:
+                    # The dump ends the tree (``leave_running`` off), so the restore must follow it whatever
+                    # happens; a cancellation takes effect after both (the drain is bounded, DRAIN_TIMEOUT).
+                    with anyio.CancelScope(shield=True):
+                        await _dump(ws, snap, backend, None, env, drained, rebase=True)
+                        await _restore.rebase(ws, snap, backend)
+                    await anyio.lowlevel.checkpoint()
+                else:
+                    await _dump(ws, snap, backend, parent, env, drained, track)
             except ForkError as exc:
                 if requested and (blocked := await anyio.to_thread.run_sync(_undumpable, ws, True)):
                     raise ForkError(f"workspace {ws.id}: {blocked}; {exc}", **exc.fields) from exc
@@ -182,19 +190,19 @@ async def _snapshot_once(ws: WorkspaceCore, backend: CriuBackend | None) -> Snap
     return snap
 
 
-def _open(ws: WorkspaceCore, snap: SnapshotRecord) -> tuple[Path | None, bool, dict[str, str]]:
+def _open(ws: WorkspaceCore, snap: SnapshotRecord) -> tuple[Path | None, bool, dict[str, str], bool]:
     """Make the snapshot's directory and take its references; the directory its dump is incremental on, if any
-    (``_dump_parent``), whether the dump tracks writes (``_tracked_parent``) and CRIU's environment (``dump_env``;
-    blocking)."""
+    (``_dump_parent``), whether the dump tracks writes (``_tracked_parent``), CRIU's environment (``dump_env``) and
+    whether the dump re-bases ``ws`` (``_rebases``; blocking)."""
     (snap.path if snap.mode == "fs" else snap.images).mkdir(parents=True)
     hold_layers([snap.path, *chain_layers(snap.lower)], snap.holder)
     if snap.mode == "fs":
-        return None, False, {}
+        return None, False, {}, False
     parent = _dump_parent(ws, snap)
     if parent is not None or ws.mem_parent is not None or not tracking_wanted():
         ws.tracking.drop()  # a CoW copy's dumps are incremental on the memory it maps (criu/patches/0002)
-        return parent, False, dump_env()
-    return _tracked_parent(ws, snap), True, dump_env()
+        return parent, False, dump_env(), parent is None and _rebases(ws)
+    return _tracked_parent(ws, snap), True, dump_env(), False
 
 
 def _before_dump(ws: WorkspaceCore) -> tuple[str, int | None]:
@@ -221,18 +229,22 @@ async def _dump(
     env: dict[str, str],
     drained: Callable[[], Awaitable[int | None]],
     track: bool = False,
+    rebase: bool = False,
 ) -> None:
     """CRIU dump of the workspace into ``snap.images``, the upper dir copied in the post-dump notification
     (``parent``: the snapshot directory the dump is incremental on, see ``_dump_parent``; ``env``: CRIU's;
-    ``track``: CRIU tracks writes and hands us the uffds, ``WriteTracking``). ``drained`` drains the workspace
-    once CRIU has started (so that CRIU's start is not part of the workspace's pause) and returns the net
+    ``track``: CRIU tracks writes and hands us the uffds, ``WriteTracking``; ``rebase``: CRIU kills the tree once
+    it is dumped, for ``_restore.rebase``, and leaves it running if the dump fails). ``drained`` drains the
+    workspace once CRIU has started (so that CRIU's start is not part of the workspace's pause) and returns the net
     namespace to leave out of the images (``_before_dump``); ``snap.dump_ms`` is counted from then."""
     assert ws.pid is not None
     freezer = ws.cgroup.freezer_dir if ws.cgroup is not None else None
     req = rpc.criu_req(type=rpc.DUMP)
     _criu.base_opts(req)
     req.opts.pid = ws.pid
-    req.opts.leave_running = True
+    # Killed while still frozen (cr-dump.c, cr_dump_finish: the final state is TASK_DEAD only on success), so
+    # nothing runs between the dump and the restore that the restore would undo.
+    req.opts.leave_running = not rebase
     # The workspace's net namespace has only loopback, so every TCP peer is in the frozen tree and no packet can
     # arrive while it is dumped: no lock is needed (and a lock left by a killed CRIU would cut the workspace's
     # loopback).
@@ -502,10 +514,22 @@ def _dump_parent(ws: WorkspaceCore, snap: SnapshotRecord) -> Path | None:
     if ws.fork_mode != "criu-cow" or parent is None or not (parent / "images").is_dir():
         return None
     if mem_chain_depth(parent) >= MAX_MEM_CHAIN:
-        return None
+        return None  # a whole dump, which re-bases ``ws`` on it (``_rebases``)
     (snap.path / "parent").write_text(parent.name)
     hold_layers([parent], f"child-{snap.id}")
     return parent
+
+
+def _rebases(ws: WorkspaceCore) -> bool:
+    """Whether ``ws``'s next dump is whole because the image chain it maps is ``MAX_MEM_CHAIN`` deep, and ``ws`` is
+    then restored from it in place (``_restore.rebase``; blocking). 0002 leaves a page to the parent only where the
+    parent chain resolves it to the very image file and offset the copy maps, so a later dump can be incremental
+    on no other snapshot than the one the copy maps: without the restore, every dump until the next rollback would
+    be whole (a rolled-back workspace's chain grows by one per rollback to one of its own snapshots)."""
+    parent = ws.mem_parent
+    if ws.fork_mode != "criu-cow" or parent is None or not (parent / "images").is_dir():
+        return False
+    return mem_chain_depth(parent) >= MAX_MEM_CHAIN
 
 
 def _tracked_parent(ws: WorkspaceCore, snap: SnapshotRecord) -> Path | None:

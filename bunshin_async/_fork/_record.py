@@ -64,6 +64,9 @@ class SnapshotRecord:
         """The bytes the dump's copy of the upper dir holds, tallied by the copy (``_tree.Copied``); ``None`` for a
         record that made no copy (an imported one)."""
         self.dump_ms: float | None = None
+        self.rebase_ms: float | None = None
+        """How long the workspace's restore from this snapshot took when its dump re-based it (``_restore.rebase``):
+        part of the workspace's pause, after ``dump_ms``."""
         self.frozen_ms: float | None = None
         self.fresh_net = False
         """The net namespace was left out of the images (``plain_netns``): each copy gets a fresh loopback-only one."""

@@ -22,7 +22,7 @@ from ._modes import ksm_enable, mode_wrapper, restore_mode
 from ._quiesce import coordinator
 from ._record import SnapshotRecord
 
-__all__ = ["copies", "restore_into", "rollback"]
+__all__ = ["copies", "rebase", "restore_into", "rollback"]
 
 RESTORE_TIMEOUT = 120.0
 
@@ -133,18 +133,36 @@ async def _rollback(ws: WorkspaceCore, snap: SnapshotRecord, backend: CriuBacken
     if snap.closed:
         raise ForkError(f"snapshot {snap.id} is closed", workspace_id=ws.id)
     ws.state = "starting"
+    await _replace(ws, snap, backend or _criu.default_backend())
+    ws.state = "running"
+
+
+async def rebase(ws: WorkspaceCore, snap: SnapshotRecord, backend: CriuBackend) -> None:
+    """Restore ``ws`` in place from ``snap``, a whole dump of it that ended its tree (``leave_running`` off), as a
+    CoW copy of ``snap``: a copy whose image chain is ``MAX_MEM_CHAIN`` deep cannot dump incrementally on it, and it
+    then maps ``snap``'s one image, so that its later dumps are incremental again (``_dump._rebases``). What runs
+    inside sees nothing but time pass (the dump and restore are CRIU's); calls held by the snapshot's drain go to
+    the restored agent. Called with the workspace drained and the coordinator's lock held; a failed restore closes
+    the workspace, as a failed rollback does."""
+    t0 = time.monotonic()
+    await _replace(ws, snap, backend, keep_client=True)
+    snap.rebase_ms = (time.monotonic() - t0) * 1000
+
+
+async def _replace(ws: WorkspaceCore, snap: SnapshotRecord, backend: CriuBackend, keep_client: bool = False) -> None:
+    """Replace the processes and files of ``ws`` by ``snap``'s (``rollback``, ``rebase``); on failure ``ws`` is
+    closed."""
     async with ws.failing_closes():
         prime_attach()
         with anyio.CancelScope(shield=True):
-            await _stop_processes(ws)
+            await _stop_processes(ws, keep_client)
         await anyio.to_thread.run_sync(_tree.remove_tree, ws.dir / "upper")
         await anyio.to_thread.run_sync(_tree.remove_tree, ws.dir / "work")
         (ws.dir / "work").mkdir()
         if ws.spec.security.userns:
             _userns.chown_root(ws.dir / "work")
         await _upper_from(ws, snap)
-        await _restore(ws, snap, backend or _criu.default_backend())
-        ws.state = "running"
+        await _restore(ws, snap, backend)
 
 
 async def _upper_from(ws: WorkspaceCore, snap: SnapshotRecord) -> None:
@@ -173,9 +191,9 @@ async def _upper_from(ws: WorkspaceCore, snap: SnapshotRecord) -> None:
     await anyio.to_thread.run_sync(swap)
 
 
-async def _stop_processes(ws: WorkspaceCore) -> None:
+async def _stop_processes(ws: WorkspaceCore, keep_client: bool = False) -> None:
     """Kill the tree of ``ws`` and reap its pid 1 (or shim), leaving directory and cgroup in place."""
-    await ws.stop_processes()
+    await ws.stop_processes(keep_client=keep_client)
     if ws.cgroup is not None:  # stragglers outside pid 1's namespace cannot exist, but be exact
         ws.cgroup.kill_all()
         delay = 0.0005
@@ -233,7 +251,7 @@ async def _restore(ws: WorkspaceCore, snap: SnapshotRecord, backend: CriuBackend
     finally:
         os.close(fd)
     ws.restore_ms = (time.monotonic() - t0) * 1000
-    ws.adopt(int(resp.restore.pid))
+    await ws.adopt(int(resp.restore.pid))
     ws.fork_mode = mode
     ws.setup, ws.restarted = list(snap.setup), []  # carried, with their pids
     if ws.mem_parent is not None:

@@ -274,6 +274,12 @@ class AgentClient:
         for conn in idle:
             await conn.aclose()
 
+    async def rebind(self, pid: int, pidfd: int) -> None:
+        """Talk to a new pid 1 from now on (a workspace restored in place under a snapshot, ``_restore.rebase``):
+        calls held by ``quiesce`` go to it once resumed, instead of failing on a closed client."""
+        await self._close_idle()
+        self.pid, self.pidfd = pid, pidfd
+
     async def aclose(self) -> None:
         self._closed = True
         await self._close_idle()

@@ -296,16 +296,21 @@ class WorkspaceCore:
             raise WorkspaceStartError(f"workspace {self.id}: pid 1 exited while it started", workspace_id=self.id)
         self.client = AgentClient(self.pid, self.pidfd, self.id)
 
-    def adopt(self, pid: int) -> None:
-        """Take a pid 1 that CRIU restored (our child through rst_sibling) as this workspace's."""
+    async def adopt(self, pid: int) -> None:
+        """Take a pid 1 that CRIU restored (our child through rst_sibling) as this workspace's; a client kept by
+        ``stop_processes(keep_client=True)`` talks to it from now on."""
         self.pid = pid
         self.pidfd = os.pidfd_open(pid)
-        self.client = AgentClient(pid, self.pidfd, self.id)
-
-    async def stop_processes(self, *, kill_shim: bool = False) -> None:
-        """Kill the tree and reap its pid 1 (or shim), leaving directory and cgroup in place. ``kill_shim``: a
-        start that failed before pid 1 reported itself kills the shim itself."""
         if self.client is not None:
+            await self.client.rebind(pid, self.pidfd)
+        else:
+            self.client = AgentClient(pid, self.pidfd, self.id)
+
+    async def stop_processes(self, *, kill_shim: bool = False, keep_client: bool = False) -> None:
+        """Kill the tree and reap its pid 1 (or shim), leaving directory and cgroup in place. ``kill_shim``: a
+        start that failed before pid 1 reported itself kills the shim itself. ``keep_client``: the agent client
+        stays, with the calls it holds, for the pid 1 ``adopt`` takes next."""
+        if self.client is not None and not keep_client:
             await self.client.aclose()
             self.client = None
         if self.pidfd is not None:
