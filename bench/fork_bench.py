@@ -415,7 +415,11 @@ async def _checkpoint(ws: Workspace, track: bool) -> tuple[Snapshot, dict[str, f
     took = (time.monotonic() - t0) * 1000
     path = record_of(snap).path
     image = await anyio.to_thread.run_sync(_tree_mib, path / "images")
-    row = {"pause": snap.dump_ms or snap.frozen_ms or 0.0, "snapshot": took, "image": image, **_criu_stats(snap)}
+    # A dump that re-based the workspace (a CoW copy at MAX_MEM_CHAIN, ``_restore.rebase``) paused it until the
+    # restore in place was done too: that restore is part of its pause (``getattr``: an SDK before it has none).
+    rebase = getattr(record_of(snap), "rebase_ms", None) or 0.0
+    row = {"pause": (snap.dump_ms or snap.frozen_ms or 0.0) + rebase, "snapshot": took, "image": image,
+           "rebase": rebase, **_criu_stats(snap)}  # fmt: skip
     row["chain"] = await anyio.to_thread.run_sync(_snapstore.mem_chain_depth, path)
     parent = path / "parent"
     pre = path.with_name(parent.read_text().strip()) if parent.exists() else None
@@ -500,7 +504,9 @@ async def tree_search(mib: int, steps: int, dirty_mib: int, modes: list[str], wi
     steps, each dirtying ``dirty_mib`` MiB and followed by a snapshot; about one step in five instead rolls back to
     a random one of the last ``window`` snapshots first (older ones are closed: a search keeps a frontier). One
     workspace per mode, taking turns step by step, the same random choices for each. Per mode: the pause and
-    snapshot time per step, the rollback time, the wall time of the whole run and the images written."""
+    snapshot time per step, the rollback time, the wall time of the whole run and the images written; each
+    snapshot's image chain depth (``chain_depths``, ``mem_chain_depth``: 1 is a whole dump) and the restores in
+    place of a copy whose chain was full (``rebase_ms``, counted in its step's pause)."""
     import random
 
     out: dict[str, Any] = {"mib": mib, "steps": steps, "dirty_mib": dirty_mib, "window": window,
@@ -549,6 +555,7 @@ async def tree_search(mib: int, steps: int, dirty_mib: int, modes: list[str], wi
             "wall_ms": round(wall[mode], 1),
             "image_total_mib": round(sum(r["image"] for r in rows[mode]), 1),
             "whole_dumps": sum(1 for r in rows[mode] if r["chain"] == 1),
+            "rebase_ms": [round(r["rebase"], 1) for r in rows[mode] if r["rebase"]],
             "chain_depths": [int(r["chain"]) for r in rows[mode]],
         }
     base = out[modes[0]]

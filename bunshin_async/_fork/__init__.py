@@ -52,7 +52,9 @@ mode the host cannot give (no CRIU, a CRIU without the patches, no snapshot stor
   of a CoW copy is incremental on the images it was restored from (criu/patches/0002, ``_dump._dump_parent``): pages it
   never wrote are referenced, not written again, so a fork of a copy costs what the copy dirtied. The new snapshot holds
   that parent directory (its ``parent`` file names it) and lets go of it when it is deleted; a chain longer than
-  ``MAX_MEM_CHAIN`` is cut by a full dump. Differences from plain anonymous memory are listed in criu/README.md.
+  ``MAX_MEM_CHAIN`` is cut by a full dump, from which the copy is then restored in place (``_restore.rebase``), so
+  that its later dumps are incremental on that one image (0002 can leave pages to no image but the one the copy
+  maps). Differences from plain anonymous memory are listed in criu/README.md.
 - ``"criu"``: stock restore, every copy reads all its pages into private memory.
 - ``"criu-ksm"`` (``BUNSHIN_FORK_MODE=ksm``): stock restore through a wrapper that sets ``PR_SET_MEMORY_MERGE`` (it is
   inherited across fork and exec) before exec'ing CRIU, so the restored tasks are mergeable; KSM is switched on

@@ -81,11 +81,12 @@ MAX_LAYERS = 40
 
 MAX_MEM_CHAIN = 15
 """Longest chain of incremental memory images (criu/patches/0002): a dump of a copy whose chain is this long
-writes all its memory again, so restores open at most this many images (the patch's limit, ``COW_MAX_SRC``, is
-16). As long as the patch allows: a cut copies every page the copy maps into a new image, which doubles its memory
-while older layers are held elsewhere (the cache's captures, siblings), and a rollout that commits a speculated
-write at every turn forks once per call (at 8, the terminal workload's stragglers cut their chains once or twice,
-each adding a full image of ~66 MiB for the rest of the run)."""
+writes all its memory again, and the copy is restored in place from it (``_fork._restore.rebase``), so restores open
+at most this many images (the patch's limit, ``COW_MAX_SRC``, is 16) and the copy's later dumps are incremental on
+the new image. As long as the patch allows: a cut copies every page the copy maps into a new image, which doubles
+its memory while older layers are held elsewhere (the cache's captures, siblings), and a rollout that commits a
+speculated write at every turn forks once per call (at 8, the terminal workload's stragglers cut their chains once
+or twice, each adding a full image of ~66 MiB for the rest of the run)."""
 
 lock = threading.RLock()
 """Held while reference files are written or layers deleted (``bunshin_async._fork._transfer`` installs under it)."""
