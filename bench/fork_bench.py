@@ -557,6 +557,8 @@ async def tree_search(mib: int, steps: int, dirty_mib: int, modes: list[str], wi
             "whole_dumps": sum(1 for r in rows[mode] if r["chain"] == 1),
             "rebase_ms": [round(r["rebase"], 1) for r in rows[mode] if r["rebase"]],
             "chain_depths": [int(r["chain"]) for r in rows[mode]],
+            "pauses_ms": [round(r["pause"], 1) for r in rows[mode]],
+            "images_mib": [round(r["image"], 1) for r in rows[mode]],
         }
     base = out[modes[0]]
     for mode in modes[1:]:
