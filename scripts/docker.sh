@@ -27,8 +27,16 @@ log "starting dockerd (log: $LOG)"
 # --experimental enables `docker checkpoint` (the peer benchmark compares it with BunshinFork); runc finds CRIU on
 # the daemon's PATH, so the project's CRIU 4.2.1 goes first (Debian 12's criu 3.17 fails on newer kernels).
 CRIU_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/criu/dist/sbin
-PATH="$CRIU_DIR:$PATH" setsid /usr/sbin/dockerd -H "unix://$SOCK" --iptables=false --ip6tables=false \
-    --bridge=none --experimental </dev/null >>"$LOG" 2>&1 &
+# The daemon gets no descriptor of its caller's beyond 0-2: one inherited (a `flock` on a lock file around
+# `make setup`) would be held for the daemon's life.
+(
+    for fd in /proc/$BASHPID/fd/*; do
+        fd=${fd##*/}
+        if [[ $fd -gt 2 ]]; then eval "exec $fd>&-"; fi
+    done
+    PATH="$CRIU_DIR:$PATH" exec setsid /usr/sbin/dockerd -H "unix://$SOCK" --iptables=false --ip6tables=false \
+        --bridge=none --experimental </dev/null >>"$LOG" 2>&1
+) &
 for _ in $(seq 1 300); do
     up && { echo "dockerd up"; exit 0; }
     sleep 0.1
