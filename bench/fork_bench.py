@@ -559,6 +559,8 @@ async def tree_search(mib: int, steps: int, dirty_mib: int, modes: list[str], wi
             "chain_depths": [int(r["chain"]) for r in rows[mode]],
             "pauses_ms": [round(r["pause"], 1) for r in rows[mode]],
             "images_mib": [round(r["image"], 1) for r in rows[mode]],
+            "frozen_ms_steps": [round(r["frozen_ms"], 1) for r in rows[mode]],
+            "memdump_ms_steps": [round(r["memdump_ms"], 1) for r in rows[mode]],
         }
     base = out[modes[0]]
     for mode in modes[1:]:
