@@ -48,6 +48,7 @@ from bunshin_async.speculation import CallKey, Candidate, PredictionContext, Pre
 from speculator import (  # noqa: E402
     NgramModel,
     ObservationPredictor,
+    OraclePredictor,
     RecentPredictor,
     SiblingPredictor,
     SiblingTable,
@@ -55,12 +56,14 @@ from speculator import (  # noqa: E402
     default_speculation,
 )
 from speculator._offline import OfflineReport, Record, _calls, evaluate, leave_task_out, load_groups  # noqa: E402
+from speculator._replay import ByteModel, replay  # noqa: E402
 from speculator._steps import _stepped  # noqa: E402
 from speculator._written import written_script  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "scripts"))
 from build_ngram_table import held_out_calibration  # noqa: E402
 
+_DEFAULT = ByteModel()
 PREDICTORS = ("siblings", "observation", "docs", "recent", "written", "steps", "history", "signatures")
 # Ablations of a predictor's parts: (row, the predictor in place of the default one of its name, given the table).
 VARIANTS: tuple[tuple[str, Callable[[SiblingTable], Predictor]], ...] = (
@@ -115,8 +118,28 @@ def main() -> int:
         "--delays", default="0,0.05,0.1,0.25,0.5,1,2",
         help="lead-time table: launch delays after the observation, seconds (comma-separated)",
     )  # fmt: skip
+    q = p.add_argument_group("after the policy (--policy): the runtime's launch decision replayed")
+    q.add_argument("--policy", action="store_true", help="only the tables after the runtime's policy")
+    q.add_argument("--tasks", help="only these tasks (comma-separated)")
+    q.add_argument("--together", action="store_true", help="the tasks in one run sharing one policy (else each alone)")
+    q.add_argument("--time-scale", type=float, default=1.0, help="LLM and tool times x this (the experiment's)")
+    q.add_argument("--fork-mib", type=float, default=_DEFAULT.fork_mib, help="a fork's bytes beside its rollout")
+    q.add_argument("--rollout-mib", type=float, default=_DEFAULT.rollout_mib, help="a rollout's bytes")
+    q.add_argument("--copy-extra-mib", type=float, default=_DEFAULT.copy_extra_mib, help="a copy's beyond its rollout")
+    q.add_argument("--fork-seconds", type=float, default=_DEFAULT.fork_seconds, help="a fork's seconds")
+    q.add_argument("--cpu-share", type=float, default=_DEFAULT.cpu_share, help="CPU s per s of a main-line call")
+    q.add_argument("--contention", type=float, default=_DEFAULT.contention, help="how busy the CPUs are, 0-1")
+    q.add_argument("--learned", action="store_true", help="the policy's priors until its first fork (the runtime's)")
+    q.add_argument("--why", type=float, metavar="S", help="list the right guesses refused whose call took >= S s")
+    q.add_argument("--no-ablation", action="store_true", help="with --policy: skip the ablation rows")
     args = p.parse_args()
     groups = load_groups(args.traces)
+    if args.tasks:
+        wanted = args.tasks.split(",")
+        missing = [t for t in wanted if t not in groups]
+        if missing:
+            p.error(f"no such task in {args.traces.name}: {', '.join(missing)}")
+        groups = {t: groups[t] for t in wanted}
     others = dict(leave_task_out(groups))
     bundled = NgramModel.from_table(args.table.read_bytes()) if args.table else default_ngram()
     models: dict[str, NgramModel] = {}
@@ -146,6 +169,13 @@ def main() -> int:
 
         return make
 
+    if args.policy:
+        model = ByteModel(
+            fork_mib=args.fork_mib, rollout_mib=args.rollout_mib, copy_extra_mib=args.copy_extra_mib,
+            fork_seconds=args.fork_seconds, cpu_share=args.cpu_share, contention=args.contention, learned=args.learned,
+        )  # fmt: skip
+        _after_policy(groups, speculation, model, args)
+        return 0
     rows: list[tuple[str, OfflineReport, str]] = [("all predictors", evaluate(groups, speculation(frozenset())), "all")]
     for name in PREDICTORS:
         rows.append((f"all but {name}", evaluate(groups, speculation(frozenset({name}))), "all"))
@@ -188,6 +218,116 @@ def main() -> int:
     _where(groups)
     _lead_time(groups, [float(d) for d in args.delays.split(",") if d])
     return 0
+
+
+class _TimedOracle(OraclePredictor):
+    """The oracle, its guesses stating their recorded run time (``expected_seconds``, x ``scale``)."""
+
+    def __init__(self, calls: Sequence[tuple[CallKey, float, float]], scale: float) -> None:
+        super().__init__([(k.name, k.arguments()) for k, _, _ in calls])
+        self.seconds = [tool * scale for _, _, tool in calls]
+
+    def predict(self, ctx: PredictionContext) -> Sequence[Candidate]:
+        n = len(ctx.history)
+        return [msgspec.structs.replace(c, expected_seconds=self.seconds[n]) for c in super().predict(ctx)]
+
+
+def _oracle(
+    groups: dict[str, list[Record]], scale: float | None = None
+) -> Callable[[str], Callable[[], Sequence[Predictor]]]:
+    """Per rollout, the experiment's oracle: told its true calls (``scale``: and their run times, x scale)."""
+
+    def make(task: str) -> Callable[[], Sequence[Predictor]]:
+        records = iter(groups[task])
+
+        def one() -> list[Predictor]:
+            calls = _calls(next(records))
+            if scale is not None:
+                return [_TimedOracle(calls, scale)]
+            return [OraclePredictor([(k.name, k.arguments()) for k, _, _ in calls])]
+
+        return one
+
+    return make
+
+
+_REFUSED = (
+    "odds",
+    "latency",
+    "GiB·s",
+    "fork budget",
+    "group forks",
+    "branches",
+    "cached",
+    "unspeculable",
+    "unexplained",
+)
+
+
+def _row(label: str, s: dict[str, float], hideable: float) -> str:
+    hidden = s.get("hidden", 0.0)
+    refused = " / ".join(f"{s.get(r, 0):.0f}" for r in _REFUSED)
+    return (f"| {label} | {s.get('offered', 0):.0f} | {s.get('launched', 0):.0f} ({s.get('forks', 0):.0f}) | "
+            f"{s.get('hits', 0):.0f} | {hidden:.1f} | {100 * hidden / hideable if hideable else 0:.1f}% | "
+            f"{s.get('wrong', 0):.1f} | {s.get('held', 0):.1f} / {s.get('freed', 0):.1f} | {refused} |")  # fmt: skip
+
+
+def _after_policy(
+    groups: dict[str, list[Record]],
+    speculation: Callable[[frozenset[str]], Callable[[str], Callable[[], Sequence[Predictor]]]],
+    model: ByteModel,
+    args: argparse.Namespace,
+) -> None:
+    """The tables after the runtime's launch decision (``speculator._replay``): per task, per predictor, the
+    experiment's oracle under the same policy, and the ablation (each predictor left out, each alone)."""
+    run = {"model": model, "time_scale": args.time_scale, "together": args.together}
+    rep = replay(groups, speculation(frozenset()), **run)
+    oracle = replay(groups, _oracle(groups), **run)
+    timed = replay(groups, _oracle(groups, args.time_scale), **run)
+    hideable = sum(rep.hideable.values())
+    print(f"{args.traces.name}: {len(groups)} groups ({'one run' if args.together else 'each its own run'}), "
+          f"{sum(rep.calls.values())} calls, x {args.time_scale:g}; hideable {hideable:.1f} s; policy told: fork "
+          f"{model.fork_mib} MiB, {model.fork_seconds} s, rollout {model.rollout_mib} MiB, copy "
+          f"{model.copy_extra_mib:+} MiB, CPU share {model.cpu_share}, contention {model.contention}"
+          f"{', learned after its first fork' if model.learned else ''}\n")  # fmt: skip
+    head = ("| {} | offered | launched (forks) | hits | hidden s | share of hideable | wrong s | fork MiB·s held / "
+            "freed | refused: " + " / ".join(_REFUSED) + " |")  # fmt: skip
+    rule = "|---" * 9 + "|"
+    print(head.format("task: predictors, oracle") + "\n" + rule)
+    for task in groups:
+        h = rep.hideable[task]
+        print(_row(f"{task} ({h:.1f} s hideable)", rep.total(tasks=[task]), h))
+        print(_row(f"{task}: oracle", oracle.total(tasks=[task]), h))
+    print(_row("**all**", rep.total(), hideable))
+    print(_row("**all: oracle**", oracle.total(), hideable))
+    print(_row("**all: oracle, its guesses stating their run time**", timed.total(), hideable))
+    print("\nBy predictor (the source of the option the policy weighed)\n" + head.format("predictor") + "\n" + rule)
+    for source in rep.sources():
+        print(_row(source, rep.total(source), hideable))
+    print("\nThe right guesses (an offered option that was the next call): how many, and the hideable seconds of "
+          "those each rule refused\n| predictor | right offered | launched | " + " | ".join(_REFUSED) + " |\n"
+          + "|---" * (3 + len(_REFUSED)) + "|")  # fmt: skip
+    for source, t in [*((s, rep.total(s)) for s in rep.sources()), ("all", rep.total()), ("oracle", oracle.total())]:
+        cells = " | ".join(f"{t.get(f'right {r}', 0):.0f}: {t.get(f'right {r} s', 0):.1f} s" for r in _REFUSED)
+        print(f"| {source} | {t.get('right offered', 0):.0f} | {t.get('right launched', 0):.0f}: "
+              f"{t.get('right launched s', 0):.1f} s | {cells} |")  # fmt: skip
+    if args.why:
+        print("\nEach right guess refused (p: the policy's calibrated odds; run: the seconds it expected; saving: its "
+              "latency gain, s; net: memory_net, MiB·s)")  # fmt: skip
+        for f in [*rep.refused, *oracle.refused]:
+            if f.reason not in ("cached",) and f.tool >= args.why:
+                num = " ".join(f"{n} {v:.2f}" for n, v in (("p", f.probability), ("run", f.expected),
+                               ("saving", f.saving), ("net", f.memory_net)) if v is not None)  # fmt: skip
+                print(f"  {f.task}#{f.rollout}.{f.index} {f.source} {f.reason}: LLM {f.llm:.1f} s, "
+                      f"tool {f.tool:.1f} s, {num}: {f.command!r}")  # fmt: skip
+    if args.no_ablation:
+        return
+    print("\nAblation after the policy\n" + head.format("predictors") + "\n" + rule)
+    print(_row("all", rep.total(), hideable))
+    for name in PREDICTORS:
+        print(_row(f"all but {name}", replay(groups, speculation(frozenset({name})), **run).total(), hideable))
+        alone = replay(groups, speculation(frozenset(PREDICTORS) - {name}), **run).total()
+        print(_row(f"{name} alone", alone, hideable))
 
 
 class _Where:

@@ -1,0 +1,363 @@
+"""The runtime's launch decision replayed offline: each turn's predictions go through the runtime's own planning
+(``plan_launches``: speculable calls only, one option per call, the prefix cache's veto) and a real
+``CostAwarePolicy``, fed what the runtime would feed it (each turn's LLM time, each call's run time, every guess's
+score, each branch's release, a fork's seconds and bytes from a byte model); what it launches is scored against the
+recorded next call. It answers "what would the runtime launch on these traces, and which rule refuses the rest",
+which the raw predictor scores (``_offline.evaluate``: a fixed threshold) cannot.
+
+Every task of a run starts at time 0 and the run's rollouts share one policy, as in ``bench.experiment`` (a run of
+several groups shares its policy; ``replay(..., together=False)`` gives each task a run of its own). Times are the
+recorded ones times ``time_scale`` (the experiment pads tools and scales LLM turns alike). A branch is asked for at
+its turn's end: a hit hides ``min(tool, LLM - fork seconds)`` (a read in place ``min(tool, LLM)``), a miss ran for
+as long (its recorded duration when the group ever ran it, else nothing is known of it and 0 is counted). Not
+replayed: chains (launches after a speculated call), branches kept across turns, re-planning during a turn, the
+tap (a call started once its arguments are complete), and the CPU the machine's load takes (``contention`` is a
+constant).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+import msgspec
+
+from bunshin_async.speculation import CallKey, Launch, PredictionContext, Predictor
+from bunshin_async.tools import Effect, bash_tool
+
+from ._offline import Record, _calls, _context
+from ._policy import CostAwarePolicy
+
+__all__ = ["REASONS", "ByteModel", "Refusal", "ReplayReport", "explain", "replay"]
+
+_MIB = 1 << 20
+_BASH = bash_tool()
+
+#: Why an offered call was not launched, in the order the runtime decides: not speculable (an external or
+#: nondeterministic call), served by the prefix cache (its veto), odds under the policy's floor (or too deep),
+#: no latency gain (``saving`` <= 0), the turn's branch budget, the rollout's fork budget (count or memory), the
+#: GiB·s rule (``memory_net`` < 0), the group's forks in flight; ``unexplained``: the policy refused it for a reason
+#: this replay of its rule does not know (the policy changed: update ``explain``).
+REASONS = (
+    "unspeculable",
+    "cached",
+    "odds",
+    "latency",
+    "branches",
+    "fork budget",
+    "GiB·s",
+    "group forks",
+    "unexplained",
+)
+
+
+class ByteModel(msgspec.Struct, frozen=True, kw_only=True):
+    """What the policy is told of forks and rollouts (measured by the runtime, given here): a fork's bytes beside
+    its rollout, a rollout's, what a committed copy holds more than its rollout (negative: less), a fork's
+    seconds, the CPU share of a call on the main line (the experiment's padded calls mostly sleep) and the CPUs'
+    contention (0: the policy's floor, ``min_contention``, applies). ``learned``: as in the runtime, the policy
+    starts from its priors and is told the bytes only once it launched a fork (a fork is measured when it is
+    made); otherwise it knows them from the start. Defaults: session 17's run B, the end of the run
+    (``spec.policy_*``)."""
+
+    fork_mib: float = 0.23
+    rollout_mib: float = 0.57
+    copy_extra_mib: float = -0.33
+    fork_seconds: float = 0.2
+    cpu_share: float = 0.1
+    contention: float = 0.0
+    learned: bool = False
+
+    def policy(self, clock: Callable[[], float]) -> CostAwarePolicy:
+        """A ``CostAwarePolicy`` as the experiment makes it, its machine readings replaced by this model."""
+        p = CostAwarePolicy(contention=lambda: self.contention, loop_load=None, clock=clock)
+        if not self.learned:
+            self.told(p)
+        return p
+
+    def told(self, p: CostAwarePolicy) -> None:
+        """What the runtime tells the policy when a fork is ready (its seconds and bytes, its rollout's, the copy's
+        difference to its rollout)."""
+        p.observe_fork(self.fork_seconds, round(self.fork_mib * _MIB))
+        p.observe_rollout_memory(round(self.rollout_mib * _MIB))
+        p.observe_copy(round((self.rollout_mib + self.copy_extra_mib) * _MIB), round(self.rollout_mib * _MIB))
+
+
+class Refusal(msgspec.Struct, frozen=True):
+    """An offered guess that was the next call and was not launched: why, and what the policy weighed
+    (``probability`` calibrated, ``expected`` run seconds, ``saving`` and ``memory_net`` in its units; None where
+    the policy was not asked)."""
+
+    task: str
+    rollout: int
+    index: int
+    source: str
+    reason: str
+    command: str
+    llm: float
+    tool: float
+    probability: float | None = None
+    expected: float | None = None
+    saving: float | None = None
+    memory_net: float | None = None
+
+
+class ReplayReport(msgspec.Struct):
+    """Per task, then per source (the predictor whose candidate an option carried; ``all``: every source):
+    ``offered`` options, ``launched`` (``forks`` of them in forks), ``hits``, ``hidden`` seconds, ``wrong``
+    seconds (what the misses ran until the ask), ``held`` and ``freed`` MiB·s (the forks' bytes for their hold;
+    the rollout's bytes for the seconds a hit hid) and one count per refusal reason (``REASONS``).
+    ``hideable``: per task, the oracle's bound (``min(tool, LLM)`` of each call the prefix cache does not serve)."""
+
+    hideable: dict[str, float] = msgspec.field(default_factory=dict)
+    calls: dict[str, int] = msgspec.field(default_factory=dict)
+    by_task: dict[str, dict[str, dict[str, float]]] = msgspec.field(default_factory=dict)
+    refused: list[Refusal] = msgspec.field(default_factory=list)
+
+    def total(self, source: str = "all", tasks: Iterable[str] | None = None) -> dict[str, float]:
+        """``source``'s counts summed over ``tasks`` (all by default)."""
+        out: defaultdict[str, float] = defaultdict(float)
+        for task in self.by_task if tasks is None else tasks:
+            for k, v in self.by_task.get(task, {}).get(source, {}).items():
+                out[k] += v
+        return dict(out)
+
+    def sources(self) -> list[str]:
+        return sorted({s for by in self.by_task.values() for s in by if s != "all"})
+
+
+def explain(
+    policy: CostAwarePolicy, options: Sequence[Launch], selected: Sequence[Launch], *, running: int, forks: int
+) -> list[str]:
+    """Why each of ``options`` was or was not among ``selected`` (what ``policy.select(options, running=...,
+    forks=...)`` just returned): ``"launched"`` or the first rule of ``select`` that refused it (``REASONS``), by
+    going through ``select``'s steps again with the policy's public state as ``select`` left it."""
+    chosen = {id(o) for o in selected}
+    out = dict.fromkeys(range(len(options)), "odds")
+    ranked = sorted(
+        (
+            (policy.saving(o), n, o)
+            for n, o in enumerate(options)
+            if policy.probability(o) >= policy.min_probability and o.depth <= policy.max_depth
+        ),
+        key=lambda x: -x[0],
+    )
+    live = policy.live.total() - sum(1 for o in selected if o.needs_fork)
+    stop = ""
+    for gain, n, o in ranked:
+        if not stop and gain <= 0:
+            stop = "latency"
+        elif not stop and running >= policy.max_branches:
+            stop = "branches"
+        if stop:
+            out[n] = stop
+            continue
+        if o.needs_fork:
+            if forks >= policy.max_forks or (forks + 1) * policy.fork_bytes.value > policy.memory_budget:
+                out[n] = "fork budget"
+                continue
+            if policy.memory_net(o) < 0:
+                out[n] = "GiB·s"
+                continue
+            limit = policy.group_forks - (0 if policy.lag(o.rollout) >= 1.0 else policy.straggler_reserve)
+            if live >= limit:
+                out[n] = "group forks"
+                continue
+            forks, live = forks + 1, live + 1
+        running += 1
+        out[n] = "launched"
+    return [
+        r if (r == "launched") == (id(o) in chosen) else ("launched" if id(o) in chosen else "unexplained")
+        for r, o in zip(out.values(), options, strict=True)
+    ]
+
+
+def _refusal(
+    policy: CostAwarePolicy, task: str, r: int, i: int, source: str, reason: str, key: CallKey, o: Launch | None,
+    llm: float, tool: float,
+) -> Refusal:  # fmt: skip
+    command = str(key.arguments().get("command", ""))[:80]
+    if o is None:
+        return Refusal(task, r, i, source, reason, command, llm, tool)
+    net = policy.memory_net(o) / _MIB if o.needs_fork else None
+    return Refusal(task, r, i, source, reason, command, llm, tool, policy.probability(o), policy.expected_seconds(o),
+                   policy.saving(o), net)  # fmt: skip
+
+
+def _keys_in(keys: set[CallKey]) -> Callable[[Launch], bool]:
+    """A veto of the launches of ``keys`` (those the prefix cache would serve)."""
+    return lambda o: o.key in keys
+
+
+class _Turn(msgspec.Struct):
+    ctx: PredictionContext
+    proposed: dict[str, dict[CallKey, float]]
+    launches: list[Launch]
+
+
+def replay(
+    groups: Mapping[str, Sequence[Record]],
+    make: Callable[[str], Callable[[], Sequence[Predictor]]],
+    *,
+    model: ByteModel | None = None,
+    time_scale: float = 1.0,
+    together: bool = True,
+) -> ReplayReport:
+    """Replay ``groups`` (task -> its rollouts' records) through the runtime's planning and a ``CostAwarePolicy``
+    (``model`` says what it is told of forks); ``make(task)`` gives a factory of one rollout's predictors, as for
+    ``_offline.evaluate``. ``together``: every task in one run sharing one policy (else a run, and a policy,
+    per task)."""
+    report = ReplayReport()
+    runs = [dict(groups)] if together else [{t: rs} for t, rs in groups.items()]
+    for run in runs:
+        _run(run, make, model or ByteModel(), time_scale, report)
+    return report
+
+
+def _run(
+    groups: Mapping[str, Sequence[Record]],
+    make: Callable[[str], Callable[[], Sequence[Predictor]]],
+    model: ByteModel,
+    scale: float,
+    report: ReplayReport,
+) -> None:
+    from bunshin_async._runtime._calls import chain_root, extend_chain
+    from bunshin_async._runtime._planning import Classified, plan_launches, proposals, scores
+
+    now = 0.0
+    policy = model.policy(lambda: now)
+    told = not model.learned
+    tasks = list(groups)
+    rollouts = {(t, r): _calls(rec) for t in tasks for r, rec in enumerate(groups[t])}
+    rollouts = {k: [(key, llm * scale, tool * scale) for key, llm, tool in v] for k, v in rollouts.items()}
+    durations: dict[str, dict[CallKey, float]] = {t: {} for t in tasks}
+    for (t, _), calls in rollouts.items():
+        for key, _, tool in calls:
+            durations[t].setdefault(key, tool)
+    factories = {t: make(t) for t in tasks}
+    mine = {k: factories[k[0]]() for k in rollouts}
+    chains = {k: [chain_root(k[0])] for k in rollouts}
+    made: dict[str, set[bytes]] = {t: set() for t in tasks}
+    stats: dict[str, dict[str, Counter[str]]] = {t: defaultdict(Counter) for t in tasks}
+    sums: dict[str, defaultdict[str, defaultdict[str, float]]] = {
+        t: defaultdict(lambda: defaultdict(float)) for t in tasks
+    }
+    # (time, order, kind, task, rollout, index): kind 0 = the turn starts, 1 = the call is decided, 2 = it ended
+    events: list[tuple[float, int, int, str, int, int]] = []
+    n = 0
+    for (task, r), calls in rollouts.items():
+        at = 0.0
+        for i, (_, llm, tool) in enumerate(calls):
+            events += [(at, n, 0, task, r, i), (at + llm, n + 1, 1, task, r, i)]
+            n += 2
+            at += llm + tool
+        events.append((at, n, 2, task, r, len(calls)))
+        n += 1
+    heapq.heapify(events)
+    open_turns: dict[tuple[str, int, int], _Turn] = {}
+    for task in tasks:
+        report.hideable.setdefault(task, 0.0)
+        report.calls.setdefault(task, 0)
+
+    while events:
+        now, _, kind, task, r, i = heapq.heappop(events)
+        calls, name = rollouts[task, r], f"{task}:{r}"
+        if kind == 2:
+            if i:
+                key, _, tool = calls[i - 1]
+                policy.observe_tool(key, tool)
+            policy.rollout_done(name)
+            continue
+        key, llm, tool = calls[i]
+        ctx = _context(task, calls, chains[task, r], i)
+        if kind == 0:
+            if i:
+                before, _, seconds = calls[i - 1]
+                policy.observe_tool(before, seconds)
+                policy.observe_cpu(before, model.cpu_share * seconds, seconds)
+            predictions = []
+            for p in mine[task, r]:
+                for cand in p.predict(ctx):
+                    ck = CallKey(cand.name, _BASH.version, msgspec.json.encode(cand.arguments, order="deterministic"))
+                    cls = _BASH.classify_call(cand.arguments) if cand.name == _BASH.name else None
+                    if cls is None:
+                        predictions.append(Classified(cand, None, Effect.EXTERNAL, False))
+                    else:
+                        predictions.append(Classified(cand, ck, cls.effect, cls.deterministic))
+            best: dict[CallKey, tuple[float, str]] = {}
+            for pr in predictions:
+                if pr.key is not None and pr.candidate.probability > best.get(pr.key, (-1.0, ""))[0]:
+                    best[pr.key] = (pr.candidate.probability, pr.candidate.source)
+            speculable = {p.key for p in predictions if p.key is not None and p.speculable}
+            vetoed = {k for k in speculable if extend_chain(ctx.chain, k) in made[task]}
+            why = {
+                k: "unspeculable" if k not in speculable else "cached"
+                for k in best
+                if k not in speculable or k in vetoed
+            }
+            options = plan_launches(
+                predictions, veto=_keys_in(vetoed), rollout=name, progress=i, group=task
+            )  # fmt: skip
+            selected = policy.select(options, running=0, forks=0)
+            why.update(
+                zip((o.key for o in options), explain(policy, options, selected, running=0, forks=0), strict=True)
+            )
+            for k, reason in why.items():
+                source = best[k][1]
+                for src in (source, "all"):
+                    c = stats[task][src]
+                    c["offered"] += 1
+                    if reason != "launched":  # a launch is counted when its branch is settled
+                        c[reason] += 1
+                    if k == key:
+                        c["right offered"] += 1
+                        c[f"right {reason}"] += 1
+                        sums[task][src][f"right {reason} s"] += min(llm, tool)
+                if k == key and reason != "launched":
+                    o = next((o for o in options if o.key == k), None)
+                    report.refused.append(_refusal(policy, task, r, i, source, reason, k, o, llm, tool))
+            if any(o.needs_fork for o in selected):
+                if not told:
+                    model.told(policy)
+                    told = True
+                for _ in (o for o in selected if o.needs_fork):
+                    policy.observe_fork(model.fork_seconds, round(model.fork_mib * _MIB))
+            open_turns[task, r, i] = _Turn(ctx, proposals(predictions), list(selected))
+            continue
+        # the call is decided: score the guesses, settle the launches, let the predictors learn
+        turn = open_turns.pop((task, r, i))
+        policy.observe_llm(llm)
+        for source, probability, hit in scores(turn.proposed, (key,)):
+            policy.observe_prediction(source, probability, hit)
+        after = extend_chain(chains[task, r][i], key)
+        chains[task, r].append(after)
+        cached = after in made[task]
+        made[task].add(after)
+        report.calls[task] += 1
+        report.hideable[task] += 0.0 if cached else min(llm, tool)
+        for o in turn.launches:
+            # the main line claims the branch of its call, whether or not the cache could now serve the call
+            # (a sibling made it during the turn): used, but it hid nothing the cache would not have
+            used = o.key == key
+            policy.release(o, used)
+            lead = llm - (model.fork_seconds if o.needs_fork else 0.0)
+            ran = min(tool if used else durations[task].get(o.key, 0.0), max(0.0, lead))
+            ran = 0.0 if used and cached else ran
+            hold = model.fork_seconds + llm if o.needs_fork else 0.0
+            for src in (o.candidate.source, "all"):
+                c, m = stats[task][src], sums[task][src]
+                c["launched"] += 1
+                c["forks"] += o.needs_fork
+                c["hits"] += used
+                m["hidden" if used else "wrong"] += ran
+                m["held"] += model.fork_mib * hold
+                m["freed"] += model.rollout_mib * ran if used and o.needs_fork else 0.0
+        for p in mine[task, r]:
+            p.observe(ctx, key)
+    for task in tasks:
+        by = report.by_task.setdefault(task, {})
+        for src in set(stats[task]) | set(sums[task]):
+            row = {k: float(v) for k, v in stats[task][src].items()}
+            row.update({k: round(v, 3) for k, v in sums[task][src].items()})
+            by[src] = row
