@@ -50,8 +50,10 @@ from speculator import (  # noqa: E402
     ObservationPredictor,
     OraclePredictor,
     RecentPredictor,
+    RunTimes,
     SiblingPredictor,
     SiblingTable,
+    TimedPredictor,
     default_ngram,
     default_speculation,
 )
@@ -130,10 +132,14 @@ def main() -> int:
     q.add_argument("--cpu-share", type=float, default=_DEFAULT.cpu_share, help="CPU s per s of a main-line call")
     q.add_argument("--contention", type=float, default=_DEFAULT.contention, help="how busy the CPUs are, 0-1")
     q.add_argument("--learned", action="store_true", help="the policy's priors until its first fork (the runtime's)")
+    p.add_argument(
+        "--run-times", action="store_true",
+        help="guesses state their signature's mean run time on the other tasks (RunTimes, leave-task-out)",
+    )  # fmt: skip
     q.add_argument("--why", type=float, metavar="S", help="list the right guesses refused whose call took >= S s")
     q.add_argument("--no-ablation", action="store_true", help="with --policy: skip the ablation rows")
     args = p.parse_args()
-    groups = load_groups(args.traces)
+    groups = every = load_groups(args.traces)
     if args.tasks:
         wanted = args.tasks.split(",")
         missing = [t for t in wanted if t not in groups]
@@ -145,12 +151,16 @@ def main() -> int:
     models: dict[str, NgramModel] = {}
     if args.leave_task_out:
         for task in groups:
-            models[task] = _model({t: rs for t, rs in groups.items() if t != task}, args.calibrated)
+            models[task] = _model({t: rs for t, rs in every.items() if t != task}, args.calibrated)
+    # run times by signature, for each task learned from every other task of TRACES (never from the task itself)
+    times = {task: RunTimes.from_records(r for t, rs in every.items() if t != task for r in rs) for task in groups}
 
     def speculation(
-        without: frozenset[str], variant: Callable[[SiblingTable], Predictor] | None = None
+        without: frozenset[str], variant: Callable[[SiblingTable], Predictor] | None = None, timed: bool | None = None
     ) -> Callable[[str], Callable[[], Sequence[Predictor]]]:
-        """The default predictors but ``without``; ``variant`` replaces the one of its name (made otherwise)."""
+        """The default predictors but ``without``; ``variant`` replaces the one of its name (made otherwise);
+        ``timed``: their guesses state run times (``RunTimes``, leave-task-out; default: ``--run-times``)."""
+        timed = args.run_times if timed is None else timed
 
         def make(task: str) -> Callable[[], Sequence[Predictor]]:
             # a copy per group: the history predictor learns online into its model, and a model shared by the
@@ -158,10 +168,14 @@ def main() -> int:
             table, model = SiblingTable(), copy.deepcopy(models.get(task, bundled))
 
             def one() -> list[Predictor]:
-                spec = default_speculation(group=task, table=table, model=model, without=without)
+                spec = default_speculation(
+                    group=task, table=table, model=model, without=without, times=times[task] if timed else None
+                )
                 predictors = list(spec.predictors)
                 if variant is not None:
                     made = variant(table)
+                    if timed:
+                        made = TimedPredictor(made, times[task])
                     predictors = [made if p.name == made.name else p for p in predictors]
                 return predictors
 
@@ -174,7 +188,7 @@ def main() -> int:
             fork_mib=args.fork_mib, rollout_mib=args.rollout_mib, copy_extra_mib=args.copy_extra_mib,
             fork_seconds=args.fork_seconds, cpu_share=args.cpu_share, contention=args.contention, learned=args.learned,
         )  # fmt: skip
-        _after_policy(groups, speculation, model, args)
+        _after_policy(groups, speculation, model, args, times)
         return 0
     rows: list[tuple[str, OfflineReport, str]] = [("all predictors", evaluate(groups, speculation(frozenset())), "all")]
     for name in PREDICTORS:
@@ -274,9 +288,10 @@ def _row(label: str, s: dict[str, float], hideable: float) -> str:
 
 def _after_policy(
     groups: dict[str, list[Record]],
-    speculation: Callable[[frozenset[str]], Callable[[str], Callable[[], Sequence[Predictor]]]],
+    speculation: Callable[..., Callable[[str], Callable[[], Sequence[Predictor]]]],
     model: ByteModel,
     args: argparse.Namespace,
+    times: dict[str, RunTimes],
 ) -> None:
     """The tables after the runtime's launch decision (``speculator._replay``): per task, per predictor, the
     experiment's oracle under the same policy, and the ablation (each predictor left out, each alone)."""
@@ -299,6 +314,9 @@ def _after_policy(
         print(_row(f"{task} ({h:.1f} s hideable)", rep.total(tasks=[task]), h))
         print(_row(f"{task}: oracle", oracle.total(tasks=[task]), h))
     print(_row("**all**", rep.total(), hideable))
+    other = replay(groups, speculation(frozenset(), timed=not args.run_times), **run)
+    label = "all, guesses without run times" if args.run_times else "all, guesses stating run times (leave-task-out)"
+    print(_row(f"**{label}**", other.total(), hideable))
     print(_row("**all: oracle**", oracle.total(), hideable))
     print(_row("**all: oracle, its guesses stating their run time**", timed.total(), hideable))
     print("\nBy predictor (the source of the option the policy weighed)\n" + head.format("predictor") + "\n" + rule)
@@ -320,6 +338,15 @@ def _after_policy(
                                ("saving", f.saving), ("net", f.memory_net)) if v is not None)  # fmt: skip
                 print(f"  {f.task}#{f.rollout}.{f.index} {f.source} {f.reason}: LLM {f.llm:.1f} s, "
                       f"tool {f.tool:.1f} s, {num}: {f.command!r}")  # fmt: skip
+
+    def told(task: str) -> Callable[[], Sequence[Predictor]]:
+        records, table = iter(groups[task]), SiblingTable()
+        if args.run_times:
+            return lambda: [TimedPredictor(_Told(next(records), table), times[task])]
+        return lambda: [_Told(next(records), table)]
+
+    print(_row("observation alone, told each single-package install's package (upper bound)",
+               replay(groups, told, **run).total(), hideable))  # fmt: skip
     if args.no_ablation:
         return
     print("\nAblation after the policy\n" + head.format("predictors") + "\n" + rule)

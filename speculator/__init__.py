@@ -23,6 +23,7 @@ from ._observation import DocsPredictor, ObservationPredictor
 from ._policy import CostAwarePolicy, cpu_contention, loop_load
 from ._recent import RecentPredictor
 from ._rules import OraclePredictor, Rule, RulePredictor
+from ._runtimes import RunTimes, TimedPredictor
 from ._siblings import SiblingPredictor, SiblingTable
 from ._signature import command_program, signature
 from ._steps import StepPredictor
@@ -39,10 +40,12 @@ __all__ = [
     "RecentPredictor",
     "Rule",
     "RulePredictor",
+    "RunTimes",
     "SiblingPredictor",
     "SiblingTable",
     "SignaturePredictor",
     "StepPredictor",
+    "TimedPredictor",
     "WrittenPredictor",
     "command_program",
     "cpu_contention",
@@ -83,10 +86,13 @@ def default_speculation(
     extra: Sequence[Predictor] = (),
     tap: bool = True,
     without: Iterable[str] = (),
+    times: RunTimes | None = None,
 ) -> Speculation:
     """A ``Speculation`` for one rollout of ``group``: share ``table`` (and ``policy``, to share what it learns)
     among the rollouts of the group. ``tap=False`` waits for the message to end before running calls; ``without``
-    leaves out the predictors of those names (an ablation)."""
+    leaves out the predictors of those names (an ablation). ``times``: run times by call signature (``RunTimes``,
+    trained on timed traces of *other* tasks than those measured): each guess states its signature's where its
+    predictor states none, so the policy does not take a kind of call it has not seen run yet for a short one."""
     table = table if table is not None else SiblingTable()
     predictors: list[Predictor] = [
         SiblingPredictor(table),
@@ -104,6 +110,8 @@ def default_speculation(
     predictors.extend(extra)
     leave_out = set(without)
     predictors = [p for p in predictors if p.name not in leave_out]
+    if times is not None:
+        predictors = [TimedPredictor(p, times) for p in predictors]
     return Speculation(
         predictors=predictors, policy=policy if policy is not None else CostAwarePolicy(), group=group, early=tap
     )

@@ -20,6 +20,7 @@ from __future__ import annotations
 import heapq
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from math import inf
 
 import msgspec
 
@@ -203,15 +204,18 @@ def replay(
     model: ByteModel | None = None,
     time_scale: float = 1.0,
     together: bool = True,
+    capture_seconds: float = 1.0,
 ) -> ReplayReport:
     """Replay ``groups`` (task -> its rollouts' records) through the runtime's planning and a ``CostAwarePolicy``
     (``model`` says what it is told of forks); ``make(task)`` gives a factory of one rollout's predictors, as for
     ``_offline.evaluate``. ``together``: every task in one run sharing one policy (else a run, and a policy,
-    per task)."""
+    per task). The prefix cache serves a state once the call that made it has ended (a write only if it took at
+    least ``capture_seconds``, the experiment's ``capture_min_duration``): a sibling's call still running is not
+    served, and a guess of it is launched if the policy agrees."""
     report = ReplayReport()
     runs = [dict(groups)] if together else [{t: rs} for t, rs in groups.items()]
     for run in runs:
-        _run(run, make, model or ByteModel(), time_scale, report)
+        _run(run, make, model or ByteModel(), time_scale, capture_seconds, report)
     return report
 
 
@@ -220,6 +224,7 @@ def _run(
     make: Callable[[str], Callable[[], Sequence[Predictor]]],
     model: ByteModel,
     scale: float,
+    capture_seconds: float,
     report: ReplayReport,
 ) -> None:
     from bunshin_async._runtime._calls import chain_root, extend_chain
@@ -238,7 +243,10 @@ def _run(
     factories = {t: make(t) for t in tasks}
     mine = {k: factories[k[0]]() for k in rollouts}
     chains = {k: [chain_root(k[0])] for k in rollouts}
-    made: dict[str, set[bytes]] = {t: set() for t in tasks}
+    # per task, the states (chain keys after a call) the prefix cache can serve, from when: once the first call that
+    # made one has ended, a write only if it took at least the cache's ``capture_seconds`` (the experiment's cache
+    # captures no faster write; a read's result is recorded whatever it took)
+    made: dict[str, dict[bytes, float]] = {t: {} for t in tasks}
     stats: dict[str, dict[str, Counter[str]]] = {t: defaultdict(Counter) for t in tasks}
     sums: dict[str, defaultdict[str, defaultdict[str, float]]] = {
         t: defaultdict(lambda: defaultdict(float)) for t in tasks
@@ -290,7 +298,7 @@ def _run(
                 if pr.key is not None and pr.candidate.probability > best.get(pr.key, (-1.0, ""))[0]:
                     best[pr.key] = (pr.candidate.probability, pr.candidate.source)
             speculable = {p.key for p in predictions if p.key is not None and p.speculable}
-            vetoed = {k for k in speculable if extend_chain(ctx.chain, k) in made[task]}
+            vetoed = {k for k in speculable if made[task].get(extend_chain(ctx.chain, k), inf) <= now}
             why = {
                 k: "unspeculable" if k not in speculable else "cached"
                 for k in best
@@ -332,8 +340,9 @@ def _run(
             policy.observe_prediction(source, probability, hit)
         after = extend_chain(chains[task, r][i], key)
         chains[task, r].append(after)
-        cached = after in made[task]
-        made[task].add(after)
+        cached = made[task].get(after, inf) <= now
+        if not cached and (tool >= capture_seconds or _BASH.classify_call(key.arguments()).effect is not Effect.WRITE):
+            made[task][after] = min(made[task].get(after, inf), now + tool)
         report.calls[task] += 1
         report.hideable[task] += 0.0 if cached else min(llm, tool)
         for o in turn.launches:
@@ -360,4 +369,6 @@ def _run(
         for src in set(stats[task]) | set(sums[task]):
             row = {k: float(v) for k, v in stats[task][src].items()}
             row.update({k: round(v, 3) for k, v in sums[task][src].items()})
+            if src != "all":
+                row["calibration"] = round(policy.calibration(src), 3)  # the run's, at its end
             by[src] = row

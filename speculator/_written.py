@@ -40,8 +40,38 @@ def written_script(command: str) -> str | None:
 
 
 def _script(call: CallKey) -> str | None:
+    """The script ``call`` writes, unless ``call`` also runs it (then its first run is no longer to come)."""
     command = call.arguments().get("command")
-    return written_script(command) if isinstance(command, str) else None
+    if not isinstance(command, str):
+        return None
+    path = written_script(command)
+    return None if path is None or runs_written(command, path) else path
+
+
+_DELIMITER = re.compile(r"<<-?\s*(['\"]?)(\w+)\1")
+
+
+def runs_written(command: str, path: str) -> bool:
+    """Whether ``command``, which writes ``path``, also runs it after writing it (``cat > x.py <<'EOF'`` ... ``EOF``
+    then ``python3 x.py``; ``echo ... > x.sh && bash x.sh``): what follows the heredoc's body (or the write, without
+    one) names the script's file after an interpreter, or as ``./x``."""
+    first, _, body = command.partition("\n")
+    m = _DELIMITER.search(first)
+    rest = first[m.end() :] if m else first
+    if m and body:
+        lines = body.split("\n")
+        end = next((i for i, line in enumerate(lines) if line.strip() == m.group(2)), len(lines))
+        rest += "\n" + "\n".join(lines[end + 1 :])
+    elif body:
+        rest += "\n" + body
+    base = re.escape(path.rsplit("/", 1)[-1])
+    return bool(
+        re.search(
+            rf"(?:^|[\s;&|(])(?:\S*/)?(?:python[\d.]*|bash|sh|node|ruby|perl)\s+(?:\S+\s+)*?['\"]?(?:\S*/)?{base}(?![\w.-])",
+            rest,
+        )
+        or re.search(rf"(?:^|[\s;&|(])\./(?:\S*/)?{base}(?![\w.-])", rest)
+    )
 
 
 class WrittenPredictor:
@@ -59,8 +89,8 @@ class WrittenPredictor:
         table: SiblingTable | None = None,
         *,
         own: float = 0.35,
-        siblings: float = 0.5,
-        default: float = 0.3,
+        siblings: float = 0.7,
+        default: float = 0.4,
         top: int = 2,
     ) -> None:
         self.table = table if table is not None else SiblingTable()
@@ -81,7 +111,7 @@ class WrittenPredictor:
         if counts:
             total = sum(counts.values())
             for template, n in counts.most_common(3):
-                p = self.sibling_confidence * (0.3 + 0.7 * n / total)  # a form one sibling in five used: 0.2
+                p = self.sibling_confidence * n / total  # its share of the group's first runs: hit ~0.7 x share
                 scored[template] = max(scored.get(template, 0.0), p)
         if not scored:
             command = f"{_interpreter(kind, ctx.history)} {path}"

@@ -1,0 +1,121 @@
+"""The runtime's launch decision replayed offline: what the policy launches of the predictions, which rule refuses
+the rest, and what the launches hide, on small made-up traces."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+
+from bunshin_async.speculation import CallKey, Candidate, Launch, PredictionContext, Predictor
+from bunshin_async.tools import Effect, bash_tool
+from speculator import CostAwarePolicy
+from speculator._replay import REASONS, ByteModel, explain, replay
+
+pytestmark = pytest.mark.unit
+
+BASH = bash_tool()
+
+
+def _record(*steps: tuple[str, float, float]) -> dict[str, Any]:
+    return {"steps": [{"tool": "bash", "args": {"command": c}, "llm_seconds": llm, "tool_seconds": tool}
+                      for c, llm, tool in steps]}  # fmt: skip
+
+
+class _Script:
+    """Guesses, at call ``i`` of its rollout, ``guesses[i]``: (command, probability, stated run time or None)."""
+
+    name = "script"
+
+    def __init__(self, guesses: Sequence[Sequence[tuple[str, float, float | None]]]) -> None:
+        self.guesses = guesses
+
+    def predict(self, ctx: PredictionContext) -> Sequence[Candidate]:
+        i = len(ctx.history)
+        return [
+            Candidate(name="bash", arguments={"command": c}, probability=p, source=self.name, expected_seconds=s)
+            for c, p, s in (self.guesses[i] if i < len(self.guesses) else ())
+        ]
+
+    def observe(self, ctx: PredictionContext, call: CallKey) -> None:
+        pass
+
+
+def _make(*per_rollout: Sequence[Sequence[tuple[str, float, float | None]]]) -> Callable[[str], Any]:
+    def make(task: str) -> Callable[[], Sequence[Predictor]]:
+        scripts = iter(per_rollout)
+        return lambda: [_Script(next(scripts))]
+
+    return make
+
+
+def test_a_long_call_is_launched_in_a_fork_only_when_the_policy_knows_it_is_long() -> None:
+    group = {"t": [_record(("ls", 1.0, 0.1), ("pip install x", 5.0, 20.0))]}
+    told = replay(group, _make([[], [("pip install x", 1.0, 20.0)]])).total()
+    assert (told["launched"], told["forks"], told["hits"]) == (1, 1, 1)
+    # a fork is asked for at the turn's end: it hid the LLM time less the fork's own
+    assert told["hidden"] == pytest.approx(5.0 - ByteModel().fork_seconds)
+    # the same right guess without a run time: the policy takes the call for a short one, whose fork cannot pay
+    # for the memory it holds until the ask
+    blind = replay(group, _make([[], [("pip install x", 1.0, None)]])).total()
+    assert blind.get("launched", 0) == 0 and blind["GiB·s"] == 1 and blind["right GiB·s"] == 1
+    assert blind["right GiB·s s"] == pytest.approx(5.0)  # the hideable seconds that rule gave up
+
+
+def test_every_offer_is_launched_or_refused_by_one_rule() -> None:
+    group = {
+        "t": [
+            _record(("ls", 1.0, 0.1), ("pip install x", 5.0, 20.0), ("python3 a.py", 3.0, 2.0)),
+            _record(("ls", 2.0, 0.1), ("pip install y", 5.0, 20.0)),
+        ]
+    }
+    guesses = [
+        [("ls", 0.9, None), ("rm -rf /tmp/x", 0.01, None)],
+        [("pip install x", 0.9, 20.0), ("pip install y", 0.3, 20.0), ("curl http://x", 0.9, None)],
+        [("python3 a.py", 0.4, None), ("python3 b.py", 0.4, None)],
+    ]
+    report = replay(group, _make(guesses, guesses))
+    for task in report.by_task:
+        for row in report.by_task[task].values():
+            refused = sum(row.get(r, 0.0) for r in REASONS)
+            assert row.get("offered", 0.0) == row.get("launched", 0.0) + refused
+    total = report.total()
+    assert total["unspeculable"] == 2  # curl reaches outside the workspace: never speculated
+    assert total["odds"] >= 2  # 0.01 is under the policy's floor
+    assert total.get("unexplained", 0) == 0  # the replay of select's rules agrees with select
+    # the wrong guesses that ran are counted (what ``pip install y`` ran in rollout 0 until the ask, if launched)
+    assert total["hits"] >= 2 and total["hidden"] > 0
+
+
+def test_a_siblings_call_is_served_by_the_cache_only_once_it_ended() -> None:
+    # rollout 1 asks for ``pip install x`` at 7.1 s; rollout 0 decided it at 6.1 s and runs it until 26.1 s
+    running = {"t": [_record(("ls", 1.0, 0.1), ("pip install x", 5.0, 20.0)),
+                     _record(("ls", 2.0, 0.1), ("pip install x", 5.0, 20.0))]}  # fmt: skip
+    guess = [[], [("pip install x", 1.0, 20.0)]]
+    total = replay(running, _make(guess, guess)).total()
+    assert total["hits"] == 2 and total.get("cached", 0) == 0
+    # rollout 1 starts the turn at 30 s: rollout 0's install ended at 26.1 s, its result is the cache's
+    ended = {"t": [_record(("ls", 1.0, 0.1), ("pip install x", 5.0, 20.0)),
+                   _record(("ls", 30.0, 0.1), ("pip install x", 5.0, 20.0))]}  # fmt: skip
+    total = replay(ended, _make(guess, guess)).total()
+    assert total["hits"] == 1 and total["cached"] == 1 and total["right cached"] == 1
+
+
+def _launch(command: str, p: float, rollout: str = "r") -> Launch:
+    key = CallKey.of(BASH, {"command": command})
+    effect = BASH.classify_call(key.arguments()).effect
+    cand = Candidate(name="bash", arguments=key.arguments(), probability=p, source="s", expected_seconds=20.0)
+    return Launch(candidate=cand, key=key, effect=effect, rollout=rollout, group="g")
+
+
+@pytest.mark.parametrize(("fork_mib", "verdict"), [(0.2, "launched"), (50.0, "GiB·s")])
+def test_explain_names_the_rule_select_applied(fork_mib: float, verdict: str) -> None:
+    policy = ByteModel(fork_mib=fork_mib, rollout_mib=0.5).policy(lambda: 0.0)
+    options = [_launch("cat a.txt", 0.9), _launch("pip install x", 0.9), _launch("pip install z", 0.01)]
+    assert options[0].effect is not Effect.WRITE and options[1].needs_fork
+    selected = policy.select(options, running=0, forks=0)
+    assert explain(policy, options, selected, running=0, forks=0) == ["launched", verdict, "odds"]
+    # what select did not do is not passed off as a rule's verdict
+    fresh = CostAwarePolicy(contention=None, loop_load=None)
+    assert explain(fresh, options[:1], [], running=0, forks=0) == ["unexplained"]
