@@ -319,6 +319,15 @@ def _after_policy(
     print(_row(f"**{label}**", other.total(), hideable))
     print(_row("**all: oracle**", oracle.total(), hideable))
     print(_row("**all: oracle, its guesses stating their run time**", timed.total(), hideable))
+
+    def told(task: str) -> Callable[[], Sequence[Predictor]]:
+        records, table = iter(groups[task]), SiblingTable()
+        if args.run_times:
+            return lambda: [TimedPredictor(_Told(next(records), table), times[task])]
+        return lambda: [_Told(next(records), table)]
+
+    print(_row("observation alone, told each single-package install's package (upper bound)",
+               replay(groups, told, **run).total(), hideable))  # fmt: skip
     print("\nBy predictor (the source of the option the policy weighed)\n" + head.format("predictor") + "\n" + rule)
     for source in rep.sources():
         print(_row(source, rep.total(source), hideable))
@@ -339,14 +348,6 @@ def _after_policy(
                 print(f"  {f.task}#{f.rollout}.{f.index} {f.source} {f.reason}: LLM {f.llm:.1f} s, "
                       f"tool {f.tool:.1f} s, {num}: {f.command!r}")  # fmt: skip
 
-    def told(task: str) -> Callable[[], Sequence[Predictor]]:
-        records, table = iter(groups[task]), SiblingTable()
-        if args.run_times:
-            return lambda: [TimedPredictor(_Told(next(records), table), times[task])]
-        return lambda: [_Told(next(records), table)]
-
-    print(_row("observation alone, told each single-package install's package (upper bound)",
-               replay(groups, told, **run).total(), hideable))  # fmt: skip
     if args.no_ablation:
         return
     print("\nAblation after the policy\n" + head.format("predictors") + "\n" + rule)
