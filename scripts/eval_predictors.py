@@ -338,7 +338,7 @@ def _after_policy(
         cells = " | ".join(f"{t.get(f'right {r}', 0):.0f}: {t.get(f'right {r} s', 0):.1f} s" for r in _REFUSED)
         print(f"| {source} | {t.get('right offered', 0):.0f} | {t.get('right launched', 0):.0f}: "
               f"{t.get('right launched s', 0):.1f} s | {cells} |")  # fmt: skip
-    if args.why:
+    if args.why is not None:
         print("\nEach right guess refused (p: the policy's calibrated odds; run: the seconds it expected; saving: its "
               "latency gain, s; net: memory_net, MiB·s)")  # fmt: skip
         for f in [*rep.refused, *oracle.refused]:
