@@ -696,7 +696,8 @@ def _result(
             "memory": "the configuration's own cgroup subtree and snapshot directory (everything it created): "
             "summed PSS of every process in it + its snapshots and the copy-on-write page images its processes "
             "map (beyond what PSS shows) + what its workspaces wrote (their upper dirs; since 2026-12-04), sampled "
-            "every 0.1 s; CPU: the subtree's cpuacct counter (exact)",
+            "every 0.1 s from kernel counts (the snapshot directory a tmpfs of its own, not walked, since "
+            "2026-12-04 session 18); CPU: the subtree's cpuacct counter (exact)",
         },
         configs=out,
         vs_baseline=vs,

@@ -9,8 +9,8 @@ force, in this task and the tasks and threads it starts) and one snapshot direct
 - memory: the summed PSS of every process in every cgroup of the subtree (shared pages divided among their sharers,
   so copy-on-write copies are not counted twice), plus what PSS cannot see: the page images that copy-on-write
   copies map (resident in full on tmpfs, unlinked or not, however few pages were touched), the bytes of the
-  run's snapshot directory, and what each of its workspaces wrote (its upper dir, on a tmpfs of its own: files no
-  process maps are in no PSS) (``memory_bytes``);
+  run's snapshot directory (a tmpfs of its own: the kernel's count, no walk), and what each of its workspaces wrote
+  (its upper dir, on a tmpfs of its own: files no process maps are in no PSS) (``memory_bytes``);
 - CPU: the subtree's own CPU counter (v1 ``cpuacct.usage``, v2 ``cpu.stat``): exact, hierarchical, and it keeps what
   processes and cgroups that are gone were charged.
 
@@ -18,9 +18,9 @@ force, in this task and the tasks and threads it starts) and one snapshot direct
 seconds and reports the peak, the integral over time (GiB-seconds: "total memory consumption") and the CPU seconds.
 
 One reader per kernel figure serves the whole package: PSS (``pss_bytes``), copy-on-write page images
-(``mapped_image_bytes``), file bytes (``tree_bytes``, a walk), a workspace's upper dir (``written_bytes``, its
-tmpfs's own count) here; a cgroup's own counters (``Cgroup.cpu_seconds``,
-``memory_usage``, ``memory_peak``) in ``_kernel``.
+(``mapped_image_bytes``), file bytes (``tree_bytes``, a walk), a run's snapshot directory (``stored_bytes``) and a
+workspace's upper dir (``written_bytes``), each its tmpfs's own count, here; a cgroup's own counters
+(``Cgroup.cpu_seconds``, ``memory_usage``, ``memory_peak``) in ``_kernel``.
 
     with accounting_scope("my-run") as subtree:                  # sync: set-up and removal are a few mkdir/rmdir
         async with ResourceMonitor(subtree=subtree) as monitor:
@@ -45,7 +45,9 @@ import anyio
 import msgspec
 
 from .._config import Config
+from .._exceptions import CapabilityMissing
 from .._host import _kernel, _tree
+from .._host._snapstore import prepare_snapshot_store
 
 if TYPE_CHECKING:
     from ._facade import Workspace
@@ -59,6 +61,7 @@ __all__ = [
     "mapped_image_bytes",
     "pss_bytes",
     "rollup_bytes",
+    "stored_bytes",
     "accounting_scope",
     "byte_seconds_net",
     "held_memory",
@@ -207,12 +210,43 @@ def held_memory(workspaces: Iterable[Workspace], dirs: Iterable[Path] = ()) -> i
 
 def _beyond_pss(pids: Iterable[int], uppers: Iterable[Path], dirs: Iterable[Path]) -> tuple[int, int, int]:
     """What ``pids``' PSS does not show: (the page images they map, beyond the PSS of those mappings; the bytes of
-    ``dirs`` not counted as images; the upper dirs of the workspaces whose host directories are ``uppers``, images
-    not again). One reading serves a subtree, a tracked set and a host's workspaces alike. Blocking."""
+    ``dirs`` not counted as images (``stored_bytes``); the upper dirs of the workspaces whose host directories are
+    ``uppers``, images not again). One reading serves a subtree, a tracked set and a host's workspaces alike.
+    Blocking."""
     sizes, pss = _mapped_images(pids)
     images = sum(max(0, sizes[k] - pss.get(k, 0)) for k in sizes)
-    files = sum(tree_bytes(d, set(sizes)) for d in dirs if d.exists())
+    files = sum(stored_bytes(d, sizes) for d in dirs)
     return images, files, sum(written_bytes(d, sizes) for d in uppers)
+
+
+def _own_fs_used(fd: int, directory: Path, images: Mapping[tuple[int, int], int]) -> int | None:
+    """The bytes the filesystem mounted on ``directory`` (open as ``fd``) holds, less the page images of
+    ``images`` that live on it; None when ``directory`` is no mount of its own (or a tmpfs without a size: no
+    count). tmpfs counts a file's allocated pages (its st_blocks), once per inode, unlinked files still open or
+    mapped included (fstatvfs(2))."""
+    st = os.fstat(fd)
+    vfs = os.fstatvfs(fd)
+    if st.st_dev == os.stat(directory.parent).st_dev or vfs.f_blocks == 0:
+        return None
+    mapped = sum(size for (dev, _ino), size in images.items() if dev == st.st_dev)
+    return (vfs.f_blocks - vfs.f_bfree) * vfs.f_frsize - mapped
+
+
+def stored_bytes(directory: Path, images: Mapping[tuple[int, int], int] = MappingProxyType({})) -> int:
+    """The bytes of the files under ``directory`` (a run's snapshot directory), the page images named in ``images``
+    ((dev, ino) -> bytes, ``_mapped_images``: counted as such) left out. When ``directory`` is a tmpfs of its own
+    (``accounting_scope`` mounts one) the kernel keeps the figure: no walk, whatever the store holds (a reading
+    every 0.1 s must not cost what it measures, nor grow with it); a file hard-linked twice counts once, as it is
+    held. Otherwise it is walked (``tree_bytes``). Blocking; a directory that is gone holds nothing."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return 0
+    try:
+        used = _own_fs_used(fd, directory, images)
+    finally:
+        os.close(fd)
+    return max(0, used) if used is not None else tree_bytes(directory, set(images))
 
 
 def written_bytes(directory: Path, images: Mapping[tuple[int, int], int] = MappingProxyType({})) -> int:
@@ -231,13 +265,10 @@ def written_bytes(directory: Path, images: Mapping[tuple[int, int], int] = Mappi
     except OSError:  # gone: nothing held
         return 0
     try:
-        st = os.fstat(fd)
-        vfs = os.fstatvfs(fd)
-        own_disk = st.st_dev != os.stat(directory.parent).st_dev and vfs.f_blocks > 0  # tmpfs size=0: no figure
-        if not own_disk:  # the directory as it is on the parent's filesystem: what is there is its upper
+        used = _own_fs_used(fd, directory, images)
+        if used is None:  # the directory as it is on the parent's filesystem: what is there is its upper
             upper = directory / "upper"
             return tree_bytes(upper, set(images)) if upper.exists() else 0
-        used = (vfs.f_blocks - vfs.f_bfree) * vfs.f_frsize
         beside = 0  # the host's files at the top (the workspace writes below upper/ only)
         with os.scandir(fd) as entries:
             for e in entries:
@@ -246,8 +277,7 @@ def written_bytes(directory: Path, images: Mapping[tuple[int, int], int] = Mappi
                         beside += e.stat(follow_symlinks=False).st_blocks * 512
                 except OSError:
                     pass
-        mapped = sum(size for (dev, _ino), size in images.items() if dev == st.st_dev)
-        return max(0, used - beside - mapped)
+        return max(0, used - beside)
     finally:
         os.close(fd)
 
@@ -294,30 +324,32 @@ class Subtree:
                     bases.append(base)
         return [b / self.parent for b in bases if (b / self.parent).is_dir()]
 
-    def cgroups(self) -> list[Path]:
-        """Every cgroup directory of the subtree, the parent's included, in every hierarchy."""
+    def cgroups(self, roots: list[Path] | None = None) -> list[Path]:
+        """Every cgroup directory of the subtree, the parent's included, in every hierarchy (``roots``: ``roots()``
+        already read)."""
         out: list[Path] = []
-        for root in self.roots():
+        for root in self.roots() if roots is None else roots:
             for d, subdirs, _files in os.walk(root):
                 out.append(Path(d))
                 subdirs.sort()
         return out
 
-    def pids(self) -> list[int]:
-        """Every process in any cgroup of the subtree (in any hierarchy: a process joined to some only counts)."""
+    def pids(self, cgroups: Iterable[Path] = ()) -> list[int]:
+        """Every process in any cgroup of the subtree (in any hierarchy: a process joined to some only counts);
+        ``cgroups``: a listing already made."""
         out: set[int] = set()
-        for d in self.cgroups():
+        for d in cgroups or self.cgroups():
             try:
                 out.update(int(x) for x in (d / "cgroup.procs").read_text().split())
             except (OSError, ValueError):  # removed meanwhile
                 pass
         return sorted(out)
 
-    def cpu_seconds(self) -> float | None:
+    def cpu_seconds(self, roots: list[Path] | None = None) -> float | None:
         """CPU time charged to the subtree since its parent was made, exited processes and removed cgroups included
         (cgroup v1 cpuacct charges every ancestor as it charges a task; v2 flushes a removed child into its
-        parent); None without CPU accounting."""
-        roots = self.roots()
+        parent); None without CPU accounting. ``roots``: ``roots()`` already read."""
+        roots = self.roots() if roots is None else roots
         return _kernel.Cgroup(_kernel.cgroup_version() or 1, roots).cpu_seconds() if roots else None
 
     def workspace_ids(self, cgroups: Iterable[Path] = ()) -> set[str]:
@@ -325,9 +357,12 @@ class Subtree:
         return {m[1] for d in (cgroups or self.cgroups()) if (m := _WS_CGROUP.fullmatch(d.name))}
 
     def read(self, extra_dirs: Iterable[Path] = ()) -> Usage:
-        """Memory and CPU of the subtree now (``extra_dirs``: more directories whose bytes the run holds)."""
-        cgroups = self.cgroups()
-        pids = self.pids()
+        """Memory and CPU of the subtree now (``extra_dirs``: more directories whose bytes the run holds). The
+        cgroups are listed once for all the figures; the snapshot directory is read from its own tmpfs's count
+        (``stored_bytes``), not walked, when ``accounting_scope`` could mount one."""
+        roots = self.roots()
+        cgroups = self.cgroups(roots)
+        pids = self.pids(cgroups)
         uppers = [self.workspaces / i for i in sorted(self.workspace_ids(cgroups))]
         dirs = [d for d in (self.snapshot_dir, *extra_dirs) if d is not None]
         images, files, written = _beyond_pss(pids, uppers, dirs)
@@ -335,7 +370,7 @@ class Subtree:
             pss_bytes=pss_bytes(pids),
             image_bytes=images,
             snapshot_bytes=files,
-            cpu_seconds=self.cpu_seconds(),
+            cpu_seconds=self.cpu_seconds(roots),
             processes=len(pids),
             cgroups=sum(1 for d in cgroups if d.is_relative_to(cgroups[0])) - 1 if cgroups else 0,  # not the parent
             upper_bytes=written,
@@ -365,8 +400,10 @@ def accounting_scope(label: str = "run") -> Iterator[Subtree]:
     snapshot directory of the same name in the snapshot store (``Config.scoped``), which ``subtree`` reads. On exit,
     once the run's workspaces and snapshots are closed, both are removed; what is still busy stays (``bunshin gc``).
 
-    Snapshots taken inside live in the scope's directory: use them inside (a copy restored outside the scope from
-    one taken inside, or the reverse, is not counted here). Blocking set-up and removal (a few mkdir/rmdir)."""
+    Snapshots taken inside live in the scope's directory, a tmpfs of its own (as the snapshot store is, when the
+    process may mount): use them inside (a copy restored outside the scope from one taken inside, or the reverse, is
+    not counted here, and its first restore copies the snapshot's files instead of renaming them). Blocking set-up
+    and removal (a few mkdir/rmdir, a mount)."""
     config = Config.current()
     name = f"{re.sub(r'[^A-Za-z0-9_.+-]', '-', label)[:40]}-{os.getpid()}-{next(_scopes)}"
     parent = f"{config.cgroup_parent.strip('/')}/{name}"
@@ -380,6 +417,11 @@ def accounting_scope(label: str = "run") -> Iterator[Subtree]:
     try:
         _kernel.Cgroup.make_parent(parent)  # its counters start at zero now, before the run's first workspace
         with Config.scoped(cgroup_parent=parent, snapshot_dir=snaps):
+            # A tmpfs of its own, as the store's (large folios): the run's snapshot bytes are then the kernel's count
+            # (``stored_bytes``), read at every sample without walking what the run stored. Without the right to
+            # mount, the first fork's check does what it can and the directory is walked.
+            with contextlib.suppress(CapabilityMissing):
+                prepare_snapshot_store()
             yield subtree
     finally:
         subtree.remove()
@@ -395,10 +437,10 @@ def accounting_scope(label: str = "run") -> Iterator[Subtree]:
 
 
 def _unmount_if_empty(snaps: Path) -> None:
-    """The SDK mounts a tmpfs with large folios on a snapshot directory that is not on one (``_fork._modes``:
-    a store configured on a plain directory); the scope made its directory, so such a mount is the run's. Once the
-    run's snapshots are gone (nothing left in it but empty directories) it is unmounted; otherwise it stays with
-    them (``bunshin gc`` unmounts it once this process is gone). Blocking."""
+    """The scope mounts a tmpfs with large folios on its snapshot directory (as ``_fork._modes`` does on a store
+    configured on a plain directory); the scope made its directory, so such a mount is the run's. Once the run's
+    snapshots are gone (nothing left in it but empty directories) it is unmounted; otherwise it stays with them
+    (``bunshin gc`` unmounts it once this process is gone). Blocking."""
     if not os.path.ismount(snaps):
         return
     for d, _subdirs, files in os.walk(snaps, topdown=False):  # never follows a symlink

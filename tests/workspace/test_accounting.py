@@ -20,6 +20,7 @@ from bunshin_async._config import Config
 from bunshin_async._host import _criu
 from bunshin_async._workspace._accounting import (
     ResourceMonitor,
+    _mapped_images,
     accounting_scope,
     held_memory,
     mapped_image_bytes,
@@ -277,9 +278,9 @@ async def test_a_workspace_file_named_like_a_page_image_is_not_counted() -> None
 
 
 async def test_a_scope_on_a_plain_store_unmounts_the_store_its_forks_mounted(tmp_path: Path) -> None:
-    """A snapshot store configured on a directory that is no tmpfs: the first fork in a scope mounts one on the
-    scope's directory (large folios for its images); when the scope ends, with its snapshots gone, that mount and
-    the directory go with it."""
+    """A snapshot store configured on a directory that is no tmpfs: the scope mounts one on its directory (large
+    folios for its images; its bytes counted by the kernel); when the scope ends, with its snapshots gone, that
+    mount and the directory go with it."""
     store = tmp_path / "store"
     store.mkdir()
     with Config.scoped(snapshot_dir=store), accounting_scope("plain") as subtree:
@@ -287,7 +288,7 @@ async def test_a_scope_on_a_plain_store_unmounts_the_store_its_forks_mounted(tmp
         async with Workspace() as ws:
             [copy] = await ws.fork(1)
             await copy.aclose()
-        assert os.path.ismount(subtree.snapshot_dir)  # the fork mounted the store on the scope's directory
+        assert os.path.ismount(subtree.snapshot_dir)
     assert not subtree.snapshot_dir.exists()
     assert [line for line in Path("/proc/self/mounts").read_text().splitlines() if str(store) in line] == []
 
@@ -312,3 +313,36 @@ async def test_what_a_workspace_wrote_counts_in_its_run_s_reading_and_in_a_track
             assert last.extra_bytes >= 48 << 20, last
         after = await anyio.to_thread.run_sync(subtree.read)
         assert after.upper_bytes == 0 and after.cgroups == 0, after
+
+
+async def test_a_scope_s_snapshot_bytes_are_its_own_tmpfs_s_count_not_a_walk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A scope's snapshot directory is a tmpfs of its own, so a subtree reading (every 0.1 s in the experiment)
+    takes the run's snapshot bytes from the kernel's count and walks nothing of what the run stored; the figure is
+    the walk's, byte for byte, the page images a copy maps left out as the walk leaves them out."""
+    with accounting_scope("stored") as subtree:
+        assert subtree.snapshot_dir is not None and os.path.ismount(subtree.snapshot_dir)
+        async with Workspace() as ws:
+            assert (await ws.exec(f"python3 -c {shlex.quote(MANY_FILES)}")).exit_code == 0
+            await ws.spawn(["python3", "-c", "x = bytearray(64 << 20); x[::4096] = b'1' * (16384); "
+                            "open('/workspace/ready', 'w').close(); import time; time.sleep(1e6)"])  # fmt: skip
+            with anyio.fail_after(60):
+                while (await ws.exec("test -e /workspace/ready")).exit_code:  # noqa: ASYNC110 - polls the guest
+                    await anyio.sleep(0.05)
+            snap = await ws.snapshot()
+            [copy] = await Workspace.from_snapshot(snap)
+            try:
+                walks = Walks().install(monkeypatch)
+                usage = await anyio.to_thread.run_sync(subtree.read)
+                assert walks.under(subtree.snapshot_dir) == []
+                sizes, _ = await anyio.to_thread.run_sync(_mapped_images, subtree.pids())
+                store_dev = subtree.snapshot_dir.stat().st_dev
+                assert any(dev == store_dev for dev, _ino in sizes), sizes  # the copy maps its image from there
+                walked = await anyio.to_thread.run_sync(tree_bytes, subtree.snapshot_dir, set(sizes))
+                assert usage.snapshot_bytes == walked and walked > 6 << 20, (usage, walked)
+            finally:
+                await copy.aclose()
+                await snap.aclose()
+    assert not subtree.snapshot_dir.exists()
+    assert [
+        line for line in Path("/proc/self/mounts").read_text().splitlines() if subtree.snapshot_dir.name in line
+    ] == []
