@@ -70,6 +70,13 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
         return Config(**{**msgspec.structs.asdict(Config()), **_overrides, **_scoped.get()})
 
     @staticmethod
+    def process() -> Config:
+        """The process-wide configuration: ``configure``'s settings and the environment, without a ``scoped``
+        block's (what outlives a run's scope: the run dir, the store and the cgroup parent that ``bunshin gc``
+        and a start's collection of dead processes' leftovers look at)."""
+        return Config(**{**msgspec.structs.asdict(Config()), **_overrides})
+
+    @staticmethod
     def configure(**changes: object) -> Config:
         """Set fields of the process-wide configuration (``None`` puts one back to its environment default);
         returns the configuration now in force. Applies to operations started afterwards, in this process only (a

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 from pathlib import Path
 from typing import Literal
 
@@ -463,6 +464,23 @@ def owner_token(pid: int) -> str:
     return f"{pid} {_start_time(pid)}"
 
 
+def read_token(path: Path) -> str | None:
+    """The owner token in the file ``path`` (``owner_token``), None if there is none: no such file, not a regular
+    file (a symlink is not followed), or empty (still being written). At most 64 bytes are read (blocking)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return os.read(fd, 64).decode(errors="replace").strip() or None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 def alive(token: str) -> bool:
     try:
         pid_s, start = token.split()
@@ -527,6 +545,34 @@ def mount_disk(path: Path, size: int) -> None:
         raise CapabilityMissing(
             f"cannot mount a tmpfs on {path}: {exc.strerror}", capability="disk limit", remedy="run as root"
         ) from exc
+
+
+def mounts_at(path: Path, *, below_only: bool = False) -> list[str]:
+    """The mount points in this mount namespace at ``path`` (unless ``below_only``) or below it, deepest first
+    (proc(5) mountinfo: the 5th field, with octal escapes). Blocking."""
+    base = str(path.resolve())
+    found = set()
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            point = line.split()[4].encode().decode("unicode_escape")
+            if point.startswith(base + "/") or (point == base and not below_only):
+                found.add(point)
+    return sorted(found, key=lambda p: -p.count("/"))
+
+
+def detach_mounts(path: Path) -> list[str]:
+    """Detach every mount at or below ``path`` (a dead workspace's disk, a run scope's store), deepest first;
+    a line per mount (blocking)."""
+    from .. import _native
+
+    out = []
+    for point in mounts_at(path):
+        try:
+            _native.umount2(point, 2)  # MNT_DETACH
+            out.append(f"unmounted {point}")
+        except OSError as exc:
+            out.append(f"could not unmount {point}: {os.strerror(exc.errno or 0)}")
+    return out
 
 
 def unmount_disk(path: Path) -> None:

@@ -159,23 +159,28 @@ def mem_chain_depth(snap_dir: Path) -> int:
     return depth
 
 
-def collect_layers() -> list[str]:
-    """``bunshin gc``: delete the layers and snapshot directories whose users are all dead processes (blocking)."""
-    return _collect(layers_dir(), "layer") + _collect(snapshot_dir(), "snapshot")
+def collect_layers(proven: bool = False) -> list[str]:
+    """``bunshin gc``: delete the layers and snapshot directories whose users are all dead processes (blocking).
+    ``proven``: only those with users, all dead (a directory with none may be a snapshot another process is still
+    making: its users are written after its dump); what a start collects by itself while others run."""
+    return _collect(layers_dir(), "layer", proven) + _collect(snapshot_dir(), "snapshot", proven)
 
 
-def _collect(base: Path, what: str) -> list[str]:
+def _collect(base: Path, what: str, proven: bool) -> list[str]:
     out: list[str] = []
     with lock:
         for entry in sorted(base.iterdir()) if base.exists() else []:
             if entry.name.endswith(".users") or entry == layers_dir():  # the layers: collected on their own
                 continue
             users = _users(entry.with_name(entry.name.removesuffix(".partial")))  # a layer being made
-            tokens = [u.read_text().strip() for u in users.iterdir()] if users.is_dir() else []
+            tokens = [_kernel.read_token(u) or "" for u in users.iterdir()] if users.is_dir() else []
             alive = [t for t in tokens if _kernel.alive(t)]
             if alive:
                 out.append(f"kept {what} {entry.name} ({len(alive)} live users)")
                 continue
+            if proven and not tokens:
+                continue
+            out += _kernel.detach_mounts(entry)  # a run scope's own tmpfs (accounting_scope), what a tool left
             _tree.remove_tree(users, ignore_errors=True)
             _tree.remove_tree(entry, ignore_errors=True)
             out.append(f"removed {what} {entry.name}")

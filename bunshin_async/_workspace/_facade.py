@@ -30,7 +30,7 @@ from .._host._kernel import CgroupView, Limits
 from .._host._protocol import DirEntry, ExecResult
 from .._host._security import Security
 from .._images._image import Image
-from . import _gui
+from . import _gc, _gui
 from ._core import SetupStep, WorkspaceCore, WorkspaceSpec
 
 __all__ = ["BackgroundProcess", "Shell", "Workspace"]
@@ -202,8 +202,10 @@ class Workspace:
         await self.aclose()
 
     async def start(self) -> None:
-        """Create the workspace. On any failure (cancellation included) everything made so far is removed."""
+        """Create the workspace. On any failure (cancellation included) everything made so far is removed. The
+        process's first start also removes what processes that died without closing theirs left (``_gc.reclaim``)."""
         self.image  # noqa: B018 - resolves the default image into the core
+        await _gc.reclaim()
         await self._core.start()
         if self.display is not None:
             async with self._core.failing_closes():

@@ -14,16 +14,33 @@ some) are detached. The snapshot store's own tmpfs stays mounted by design (host
 ``bunshin snapstore``). Workspaces of a run scope (``_accounting.accounting_scope``: a parent cgroup of its own
 below the workspaces' one) are found there too, and an empty scope whose process is gone is removed. Every line of
 the report says what was removed, unmounted or kept, and why.
+
+``reclaim()`` is the part a process's first workspace start does by itself, beside other live processes: only what
+is proven dead (see its doc). Two collections never run at once (an flock on the run dir).
 """
 
 from __future__ import annotations
 
+import fcntl
+import logging
 import os
 import re
 from pathlib import Path
 
+import anyio
+
+from .._config import Config
 from .._host import _paths, _tree
-from .._host._kernel import CGROUP_ROOT, Cgroup, alive, cgroup_version, parent_name
+from .._host._kernel import (
+    CGROUP_ROOT,
+    Cgroup,
+    alive,
+    cgroup_version,
+    detach_mounts,
+    mounts_at,
+    parent_name,
+    read_token,
+)
 from .._host._snapstore import collect_layers, snapshot_dir
 from .._host._userns import collect as collect_shifted
 from .._images._layers import LayerStore, mounted_lower_dirs
@@ -65,16 +82,9 @@ def _stale_scopes() -> list[str]:
 
 
 def _mounts_under(bases: list[Path]) -> list[str]:
-    """Mount points in this mount namespace strictly below one of ``bases``, deepest first (proc(5)
-    mountinfo: the 5th field, with octal escapes)."""
-    found = []
-    prefixes = [f"{b.resolve()}/" for b in bases]
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            point = line.split()[4].encode().decode("unicode_escape")
-            if any(point.startswith(p) for p in prefixes):
-                found.append(point)
-    return sorted(set(found), key=lambda p: -p.count("/"))
+    """Mount points in this mount namespace strictly below one of ``bases``, deepest first."""
+    found = {point for b in bases for point in mounts_at(b, below_only=True)}
+    return sorted(found, key=lambda p: -p.count("/"))
 
 
 def unmount_stale(keep: set[str]) -> list[str]:
@@ -102,16 +112,48 @@ def _orphan_cgroups(base: Path) -> list[str]:
     return sorted(n for n in names if not (base / n[3:]).exists())
 
 
+def _locked(base: Path, wait: bool) -> int | None:
+    """An exclusive flock(2) on the run dir itself (no file of its own: a clean run dir stays empty), so that two
+    collections never work on one workspace; the descriptor holds it (close it to let go). None without the
+    directory, or when ``wait`` is false and another process holds it."""
+    try:
+        fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _remove_dir(ws_dir: Path, cgroup: Cgroup) -> list[str]:
+    """Remove a dead owner's workspace directory, its cgroup already destroyed (blocking): its mounts, then its tree
+    (from descriptors, nothing in it followed)."""
+    out = detach_mounts(ws_dir)  # its Limits.disk tmpfs
+    _tree.discard(ws_dir)
+    return [*out, f"removed {ws_dir.name}" + (f" (cgroup left: {cgroup.dirs[0]})" if cgroup.dirs else "")]
+
+
 def collect() -> list[str]:
     """Remove abandoned workspaces (blocking); returns a line per thing removed, unmounted or kept."""
+    base = _paths.workspaces_dir()
+    lock = _locked(base, wait=True)
+    try:
+        return _collect_all(base)
+    finally:
+        if lock is not None:
+            os.close(lock)
+
+
+def _collect_all(base: Path) -> list[str]:
     out = []
     keep: set[str] = set()
-    base = _paths.workspaces_dir()
     for ws_dir in sorted(base.iterdir()) if base.exists() else []:
         if ws_dir.name.startswith("."):  # .layers: collect_layers
             continue
-        owner = ws_dir / "owner"
-        token = owner.read_text().strip() if owner.exists() else ""
+        token = read_token(ws_dir / "owner") or ""
         if token and alive(token):
             out.append(f"kept {ws_dir.name} (owner {token.split()[0]} is alive)")
             keep.add(str(ws_dir.resolve()))
@@ -119,9 +161,7 @@ def collect() -> list[str]:
         cgroup = _cgroup(f"ws-{ws_dir.name}")
         cgroup.thaw()
         cgroup.destroy_sync()
-        out += unmount_stale(keep | {str(p.resolve()) for p in base.iterdir() if p != ws_dir})
-        _tree.discard(ws_dir)
-        out.append(f"removed {ws_dir.name}" + (f" (cgroup left: {cgroup.dirs[0]})" if cgroup.dirs else ""))
+        out += _remove_dir(ws_dir, cgroup)
     for name in _orphan_cgroups(base):  # a workspace killed between its cgroup and its directory
         orphan = _cgroup(name)
         orphan.thaw()
@@ -133,3 +173,57 @@ def collect() -> list[str]:
     out += collect_shifted([p for p in parents if p.is_dir()], mounted_lower_dirs())
     live_snaps = {str((snapshot_dir() / line.split()[2]).resolve()) for line in out if line.startswith("kept snap")}
     return out + unmount_stale(keep | live_snaps | {str(base.resolve() / ".layers")})
+
+
+_WS_ID = re.compile(r"[0-9a-f]{12}")  # a workspace's directory (``WorkspaceCore``: token_hex(6))
+_reclaimed: set[tuple[Path, Path, str]] = set()
+log = logging.getLogger("bunshin_async.workspace")
+
+
+async def reclaim() -> list[str]:
+    """What dead processes left, collected by a process's first workspace start (``Workspace.start``; once per
+    run dir, snapshot store and cgroup parent, those of the process, not of a run's scope): a process killed
+    outright (SIGKILL, SIGTERM without a handler, the OOM killer) cannot remove its workspaces, and ``bunshin gc``
+    is easy to forget. Unlike ``bunshin gc`` it runs while other processes work in the same places, so it only takes
+    what is proven dead: a workspace whose ``owner`` names a process that is gone (one without an owner file may
+    be being made), its cgroup (thawed first) and mounts, the empty run scopes of dead processes, and the layers and
+    snapshot directories whose users are all dead (``collect_layers(proven=True)``). Another process collecting
+    meanwhile: skipped. Returns a line per thing removed; a warning says how many workspaces were."""
+    config = Config.process()
+    key = (config.run_dir, config.snapshot_dir, config.cgroup_parent)
+    if key in _reclaimed:
+        return []
+    _reclaimed.add(key)
+    with Config.scoped(run_dir=config.run_dir, snapshot_dir=config.snapshot_dir, cgroup_parent=config.cgroup_parent):
+        base = _paths.workspaces_dir()
+        lock = await anyio.to_thread.run_sync(_locked, base, False)
+        if lock is None:
+            return []
+        try:
+            out = await _reclaim(base)
+        except OSError as exc:  # another process removed something meanwhile: the next process goes on
+            out = [f"stopped: {exc}"]
+        finally:
+            os.close(lock)
+    removed = [line for line in out if line.startswith("removed ") and _WS_ID.fullmatch(line.split()[1])]
+    if removed:
+        log.warning("collected %d workspaces left by dead processes (%s)", len(removed), "; ".join(out))
+    return out
+
+
+async def _reclaim(base: Path) -> list[str]:
+    def dead() -> list[Path]:
+        out = []
+        for ws_dir in sorted(base.iterdir()):
+            token = read_token(ws_dir / "owner") if _WS_ID.fullmatch(ws_dir.name) else None
+            if token is not None and not alive(token):
+                out.append(ws_dir)
+        return out
+
+    out: list[str] = []
+    for ws_dir in await anyio.to_thread.run_sync(dead):
+        cgroup = await anyio.to_thread.run_sync(_cgroup, f"ws-{ws_dir.name}")
+        cgroup.thaw()  # a frozen task does not die of SIGKILL (cgroup-v1 freezer)
+        await cgroup.destroy()
+        out += await anyio.to_thread.run_sync(_remove_dir, ws_dir, cgroup)
+    return out + await anyio.to_thread.run_sync(lambda: _stale_scopes() + collect_layers(proven=True))

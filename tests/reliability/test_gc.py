@@ -14,7 +14,7 @@ import pytest
 
 from bunshin_async._config import Config
 from bunshin_async._host import _paths
-from bunshin_async._host._kernel import CGROUP_ROOT, Cgroup, Limits, parent_name
+from bunshin_async._host._kernel import CGROUP_ROOT, Cgroup, Limits, owner_token, parent_name
 from bunshin_async._host._snapstore import snapshot_dir
 from bunshin_async._workspace import _gc
 
@@ -87,3 +87,47 @@ def test_gc_finds_workspaces_in_the_run_scope_of_a_dead_process_and_removes_the_
                     (hierarchy / name / "ws-deadbeef0004").rmdir()
                 with contextlib.suppress(OSError):
                     (hierarchy / name).rmdir()
+
+
+async def test_a_start_collects_only_what_is_proven_dead(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first start's collection (``_gc.reclaim``) runs beside other processes using the same run dir and store,
+    so it takes only what is proven dead: a workspace whose owner is gone (its cgroup and disk too) and a snapshot
+    whose users are all gone. It keeps a workspace with no owner file yet (being made), one whose owner file is a
+    symlink (not followed: it could name any file), a live owner's, and a snapshot with no users yet (a dump in
+    progress). Once per process and place: a second call does nothing."""
+    run, snaps, parent = tmp_path / "run", tmp_path / "snaps", f"bunshin-reclaim-{os.getpid()}"
+    monkeypatch.setenv("BUNSHIN_RUNDIR", str(run))
+    monkeypatch.setenv("BUNSHIN_SNAPDIR", str(snaps))
+    monkeypatch.setenv("BUNSHIN_CGROUP_PARENT", parent)
+    dead = f"{2**22 + 1} 0"  # above pid_max's ceiling: never a live process
+    made = {name: run / name for name in ("deadbeef0101", "deadbeef0102", "deadbeef0103", "deadbeef0104")}
+    for d in made.values():
+        (d / "upper").mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "disk", str(made["deadbeef0101"])], check=True)
+    (made["deadbeef0101"] / "upper").mkdir()
+    (made["deadbeef0101"] / "owner").write_text(dead)
+    (tmp_path / "elsewhere").write_text(dead)
+    (made["deadbeef0102"] / "owner").symlink_to(tmp_path / "elsewhere")
+    (made["deadbeef0104"] / "owner").write_text(owner_token(os.getpid()))
+    cgroup = Cgroup.create("ws-deadbeef0101", Limits())
+    for name, users in (("snap-dead", dead), ("snap-new", None)):
+        (snaps / name / "images").mkdir(parents=True)
+        if users is not None:
+            (snaps / f"{name}.users").mkdir()
+            (snaps / f"{name}.users" / "deadbeef0101").write_text(users)
+    try:
+        report = await _gc.reclaim()
+        assert "removed deadbeef0101" in report and "removed snapshot snap-dead" in report, report
+        assert f"unmounted {made['deadbeef0101']}" in report, report
+        assert not made["deadbeef0101"].exists() and not any(d.exists() for d in cgroup.dirs)
+        assert all(made[n].exists() for n in ("deadbeef0102", "deadbeef0103", "deadbeef0104"))
+        assert (snaps / "snap-new").exists() and not (snaps / "snap-dead").exists()
+        assert await _gc.reclaim() == []
+    finally:
+        if _mounted(made["deadbeef0101"]):
+            subprocess.run(["umount", "-l", str(made["deadbeef0101"])], check=False)
+        for hierarchy in CGROUP_ROOT.iterdir():
+            with contextlib.suppress(OSError):
+                (hierarchy / parent / "ws-deadbeef0101").rmdir()
+            with contextlib.suppress(OSError):
+                (hierarchy / parent).rmdir()

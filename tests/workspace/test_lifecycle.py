@@ -130,10 +130,11 @@ async def test_gc_removes_workspaces_of_a_dead_owner(tmp_path) -> None:  # type:
         "    os.kill(os.getpid(), signal.SIGKILL)\n"
         "anyio.run(main)\n"
     )
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
-    ws_id = proc.stdout.strip()
-    assert ws_id and (_paths.workspaces_dir() / ws_id).exists()
+    # started first: this process's first start would collect the dead owner's workspace itself (_gc.reclaim)
     async with Workspace() as alive:
+        proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+        ws_id = proc.stdout.strip()
+        assert ws_id and (_paths.workspaces_dir() / ws_id).exists()
         lines = _gc.collect()
         assert f"removed {ws_id}" in lines and f"kept {alive.id} (owner" in " ".join(lines)
     assert not (_paths.workspaces_dir() / ws_id).exists()
