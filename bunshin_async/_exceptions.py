@@ -120,6 +120,15 @@ async def unwrap_group() -> AsyncIterator[None]:
         raise
 
 
+def describe(exc: BaseException) -> str:
+    """``Type: message``, and for an exception group the same of every failure in it (nested groups flattened):
+    a group's own message ("unhandled errors in a TaskGroup (1 sub-exception)") names none of them, and a record
+    that keeps only that (a rollout's ``reason``) cannot be diagnosed."""
+    if isinstance(exc, BaseExceptionGroup):
+        return f"{type(exc).__name__}: " + "; ".join(describe(e) for e in exc.exceptions)
+    return f"{type(exc).__name__}: {exc}"
+
+
 def _rebuild(cls: type[BunshinError], message: str, fields: dict[str, Any]) -> BunshinError:
     # Bypass subclass constructors: some compose their message from fields, which must not happen twice.
     exc = cls.__new__(cls)

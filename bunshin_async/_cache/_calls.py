@@ -5,6 +5,7 @@ flight are run once (single flight); a seeded share of hits is audited by runnin
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -18,6 +19,8 @@ from ._metrics import AuditMismatch
 from ._position import Position
 from ._records import CorruptRecord, Entry, entry_of, outcome_of
 from ._shared import CacheState
+
+log = logging.getLogger("bunshin_async.cache")
 
 Source = Literal["executed", "cache", "shared", "restored", "uncacheable", "adopted"]
 
@@ -257,8 +260,9 @@ class Calls:
         try:
             try:
                 ws = await cache.provider.restore(self.pos.workspace, entry.snapshot)
-            except BunshinError:
+            except BunshinError as exc:
                 cache.metrics.restore_failures += 1
+                log.warning("restoring a cached state failed: the call runs instead", exc_info=exc)
                 return None
             cache.metrics.restores += 1
             cache.metrics.restore_seconds += time.perf_counter() - t0

@@ -12,7 +12,7 @@ from pathlib import Path
 import anyio
 
 from .._compat import BaseExceptionGroup
-from .._exceptions import BunshinError, ForkError, InvalidValue
+from .._exceptions import BunshinError, ForkError, InvalidValue, describe
 from .._host import _criu, _paths, _snapstore, _tree, _userns
 from .._host._criu import CriuBackend, rpc
 from .._host._kernel import Cgroup, task_status
@@ -342,7 +342,11 @@ async def copies(snap: SnapshotRecord, n: int) -> list[WorkspaceCore]:
 
 
 async def restore_many(snap: SnapshotRecord, n: int) -> list[WorkspaceCore]:
-    """``n`` copies restored concurrently; all or nothing, the first ``ForkError`` raised out of the group."""
+    """``n`` copies restored concurrently; all or nothing, the first ``ForkError`` raised out of the group. A copy
+    that failed otherwise (an ``OSError`` of the host, another ``BunshinError``) is a ``ForkError`` too, its cause
+    the group: a caller that serves a fork or falls back on ``ForkError`` (the tool cache executes the call
+    instead) must not see a bare exception group (a fork+cache rollout failed so, session 17). Cancellation and
+    ``KeyboardInterrupt`` pass as they are."""
     made = [new_core(snap) for _ in range(n)]
     try:
         async with anyio.create_task_group() as tg:
@@ -352,8 +356,13 @@ async def restore_many(snap: SnapshotRecord, n: int) -> list[WorkspaceCore]:
         with anyio.CancelScope(shield=True):
             for ws in made:
                 await ws.aclose()
-        fork_errors = [e for e in getattr(exc, "exceptions", [exc]) if isinstance(e, ForkError)]
-        if fork_errors and isinstance(exc, BaseExceptionGroup):
+        if not isinstance(exc, BaseExceptionGroup):
+            raise
+        fork_errors = [e for e in exc.exceptions if isinstance(e, ForkError)]
+        if fork_errors:
             raise fork_errors[0] from exc
+        if all(isinstance(e, Exception) for e in exc.exceptions):  # failures only: nothing cancelled or interrupted
+            why = f"restoring a copy of snapshot {snap.id} failed: {describe(exc)}"
+            raise ForkError(why, workspace_id=snap.workspace_id) from exc
         raise
     return made

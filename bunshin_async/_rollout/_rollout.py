@@ -9,6 +9,7 @@ as if it had finished.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Literal, Protocol
@@ -17,13 +18,15 @@ import anyio
 import msgspec
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from .._exceptions import BunshinError, InvalidValue
+from .._exceptions import BunshinError, InvalidValue, describe
 from .._host._kernel import Limits
 from .._host._security import Security
 from .._images._image import Image
 from .._workspace._accounting import ResourceMonitor, workspace_memory
 from .._workspace._facade import Workspace
 from ._trajectory import Trajectory
+
+log = logging.getLogger("bunshin_async.rollout")
 
 __all__ = [
     "Budget",
@@ -373,7 +376,8 @@ class GroupRollout:
             try:
                 trajectory = await self.agent.run(ctx)
             except Exception as exc:  # the group goes on without it
-                status, reason = "failed", f"{type(exc).__name__}: {exc}"
+                status, reason = "failed", describe(exc)
+                log.warning("rollout %s#%d failed", task.task_id, i, exc_info=exc)
         if scope.cancelled_caught:
             status, reason = "truncated", "wall_clock"
         elif trajectory is not None and trajectory.stop_reason in TRUNCATING_STOPS:

@@ -3,6 +3,7 @@ copy, and a clear ForkError."""
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 from typing import Any
@@ -11,6 +12,7 @@ import anyio
 import pytest
 
 from bunshin_async import ForkError, Workspace
+from bunshin_async._compat import BaseExceptionGroup
 from bunshin_async._fork import _dump, _restore
 from bunshin_async._fork._snapshot import record_of
 from bunshin_async._host._criu import NotifyHandler, SwrkCriu
@@ -134,3 +136,31 @@ async def test_snapshot_cancelled_while_draining_reopens_the_workspace(ws: Works
             await ws.exec("rm /tmp/hold")
     with anyio.fail_after(10):
         assert (await ws.exec("echo still-usable")).stdout == "still-usable\n"
+
+
+@pytest.mark.fork_modes("criu-cow")
+async def test_a_copy_failing_with_a_host_error_fails_the_fork_with_fork_error(
+    ws: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A copy whose restore fails with something that is no ``ForkError`` (here an ``OSError`` taking its layer
+    references) fails the fork with ``ForkError`` naming that failure, caused by the group: a caller that falls back
+    on ``ForkError`` (the tool cache runs the call instead) never meets a bare exception group. Nothing of the two
+    copies is left and the snapshot still serves."""
+    real, failed = _restore.hold_layers, []
+
+    def hold_layers(layers: list[Any], user: str) -> None:
+        if not failed:
+            failed.append(user)
+            raise OSError(errno.EIO, "Input/output error")
+        real(layers, user)
+
+    rundir = ws.directory.parent
+    before = set(rundir.iterdir())
+    async with await ws.snapshot() as snap:
+        monkeypatch.setattr(_restore, "hold_layers", hold_layers)
+        with pytest.raises(ForkError, match=r"OSError: \[Errno 5\] Input/output error") as info:
+            await Workspace.from_snapshot(snap, 2)
+        assert isinstance(info.value.__cause__, BaseExceptionGroup)
+        assert failed and set(rundir.iterdir()) == before
+        (ok,) = await Workspace.from_snapshot(snap)
+        await ok.aclose()
