@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -223,7 +224,25 @@ def main(
                     "tool_pads_median_s": PADS if terminal and args.pad_tools else None,
                     "cpu_work": (args.work or (0.2 if args.quick else 1.0)) if terminal else None}  # fmt: skip
 
+    stopped: list[int] = []
+
+    async def stop_on_sigterm(scope: anyio.CancelScope) -> None:
+        """SIGTERM (``kill``, ``pkill``, ``timeout``) ends Python at once by default, its workspaces left for the
+        next start to collect: cancel the run instead, so that every workspace is closed on the way out."""
+        with anyio.open_signal_receiver(signal.SIGTERM) as signals:
+            async for signum in signals:
+                print("SIGTERM: stopping, closing every workspace", file=sys.stderr, flush=True)
+                stopped.append(signum)
+                scope.cancel()
+                return
+
     async def go() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(stop_on_sigterm, tg.cancel_scope)
+            await run()
+            tg.cancel_scope.cancel()
+
+    async def run() -> None:
         result = await run_experiment(
             groups,
             configs=configs,
@@ -248,7 +267,7 @@ def main(
             on_result(result)
 
     anyio.run(go)
-    return 0
+    return 128 + stopped[0] if stopped else 0
 
 
 __all__ = ["RolloutContext", "add_arguments", "main"]

@@ -379,3 +379,36 @@ async def test_odd_repeats_run_the_configurations_reversed_and_the_pairs_stay_pe
     assert _runner.run_order(names, 0) == forward and _runner.run_order(names, 7) == backward
     with pytest.raises(InvalidValue):
         _runner.run_order(["fork", "fork"], 0)
+
+
+async def test_sigterm_stops_the_experiment_and_closes_every_workspace() -> None:
+    """SIGTERM (``kill``, ``pkill``, ``timeout``) would end Python at once, its workspaces left behind: the
+    experiment cancels its run instead, so every workspace it made is closed when it exits (143, 128 + SIGTERM)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import anyio
+
+    from bunshin_async._host import _paths
+
+    run = _paths.workspaces_dir()
+    before = set(run.iterdir()) if run.exists() else set()
+    root = Path(__file__).resolve().parents[2]
+    argv = [sys.executable, "-m", "bench.experiment", "--quick", "--configs", "fork", "--out", "/nonexistent"]
+    async with await anyio.open_process(argv, cwd=root, env=dict(os.environ), stderr=subprocess.PIPE) as proc:
+        with anyio.fail_after(120):
+            while not (set(run.iterdir()) - before if run.exists() else set()):  # noqa: ASYNC110 - a state
+                assert proc.returncode is None
+                await anyio.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.stderr is not None
+        err = ""
+        with anyio.fail_after(60):
+            async for chunk in proc.stderr:
+                err += chunk.decode(errors="replace")
+            code = await proc.wait()
+    assert code == 128 + signal.SIGTERM, err[-2000:]
+    assert "SIGTERM: stopping" in err
+    assert set(run.iterdir()) == before
