@@ -16,6 +16,7 @@ keep."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import subprocess
@@ -115,8 +116,12 @@ class LastPid:
                 out = b""
                 try:
                     if self._asked:
-                        proc.stdin.write(b"g")
-                    proc.stdin.close()  # sends the byte; EOF for a helper never asked
+                        # Unbuffered: a helper that ended before reading fails this write once, not again when
+                        # Popen's exit closes stdin (a buffered byte is flushed there: "Broken pipe" twice), and
+                        # its own answer below says why it ended.
+                        with contextlib.suppress(BrokenPipeError):
+                            os.write(proc.stdin.fileno(), b"g")
+                    proc.stdin.close()  # EOF for a helper never asked
                     out = proc.stdout.read(MAX_OUTPUT)
                     proc.wait(TIMEOUT)
                 except (OSError, subprocess.TimeoutExpired) as exc:
