@@ -96,8 +96,8 @@ async def main(stage: str) -> None:
         if point == "stopped":
             real_stop = _restore._stop_processes
 
-            async def stop(w: WorkspaceCore) -> None:
-                await real_stop(w)
+            async def stop(w: WorkspaceCore, keep_client: bool = False) -> None:
+                await real_stop(w, keep_client)
                 die()
 
             _restore._stop_processes = stop  # type: ignore[assignment]
