@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import time
 from pathlib import Path
@@ -421,6 +422,12 @@ async def _checkpoint(ws: Workspace, track: bool) -> tuple[Snapshot, dict[str, f
     row = {"pause": (snap.dump_ms or snap.frozen_ms or 0.0) + rebase, "snapshot": took, "image": image,
            "rebase": rebase, **_criu_stats(snap)}  # fmt: skip
     row["chain"] = await anyio.to_thread.run_sync(_snapstore.mem_chain_depth, path)
+    keep = os.environ.get("BUNSHIN_BENCH_KEEP_LOGS")  # a directory: each dump's CRIU log is copied there
+    if keep:  # (with BUNSHIN_CRIU_LOG_LEVEL=3: CRIU's "Pages of PID" lines say where each page dump went)
+        build = Path(os.environ.get("BUNSHIN_CRIU", "default")).parent.parent.name
+        await anyio.to_thread.run_sync(
+            shutil.copy, path / "images" / "dump.log", Path(keep) / f"{build}-{path.name}.log"
+        )
     parent = path / "parent"
     pre = path.with_name(parent.read_text().strip()) if parent.exists() else None
     if pre is not None and (pre / "images" / "pre-dump.log").exists():  # a tracked snapshot's pre-copy pass
