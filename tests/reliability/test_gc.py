@@ -110,11 +110,14 @@ async def test_a_start_collects_only_what_is_proven_dead(tmp_path: Path, monkeyp
     (made["deadbeef0102"] / "owner").symlink_to(tmp_path / "elsewhere")
     (made["deadbeef0104"] / "owner").write_text(owner_token(os.getpid()))
     cgroup = Cgroup.create("ws-deadbeef0101", Limits())
-    for name, users in (("snap-dead", dead), ("snap-new", None)):
+    for name, users in (("snap-dead", dead), ("snap-new", None), (f"exp-{2**22 + 1}-0", dead)):
         (snaps / name / "images").mkdir(parents=True)
         if users is not None:
             (snaps / f"{name}.users").mkdir()
             (snaps / f"{name}.users" / "deadbeef0101").write_text(users)
+    scope = snaps / f"exp-{2**22 + 1}-0"  # a dead run's scope directory, a tmpfs of its own (accounting_scope)
+    subprocess.run(["mount", "-t", "tmpfs", "scope", str(scope)], check=True)
+    (scope / "left").write_text("x")
     try:
         report = await _gc.reclaim()
         assert "removed deadbeef0101" in report and "removed snapshot snap-dead" in report, report
@@ -122,10 +125,12 @@ async def test_a_start_collects_only_what_is_proven_dead(tmp_path: Path, monkeyp
         assert not made["deadbeef0101"].exists() and not any(d.exists() for d in cgroup.dirs)
         assert all(made[n].exists() for n in ("deadbeef0102", "deadbeef0103", "deadbeef0104"))
         assert (snaps / "snap-new").exists() and not (snaps / "snap-dead").exists()
+        assert f"unmounted {scope}" in report and not scope.exists() and not _mounted(scope), report
         assert await _gc.reclaim() == []
     finally:
-        if _mounted(made["deadbeef0101"]):
-            subprocess.run(["umount", "-l", str(made["deadbeef0101"])], check=False)
+        for point in (made["deadbeef0101"], scope):
+            if _mounted(point):
+                subprocess.run(["umount", "-l", str(point)], check=False)
         for hierarchy in CGROUP_ROOT.iterdir():
             with contextlib.suppress(OSError):
                 (hierarchy / parent / "ws-deadbeef0101").rmdir()
