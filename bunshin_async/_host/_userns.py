@@ -34,7 +34,7 @@ import msgspec
 
 from .._exceptions import ImageError, InvalidValue
 from . import _tree
-from ._kernel import alive, owner_token
+from ._kernel import alive, owner_token, read_token
 
 __all__ = ["DEFAULT_IDMAP", "IdMap", "shifted", "shifted_lower"]
 
@@ -203,7 +203,7 @@ def collect(parents: list[Path], mounted: set[str]) -> list[str]:
             if name.startswith("."):
                 if ".tmp-" in name:
                     owner = entry.with_name(name + ".owner")
-                    token = owner.read_text().strip() if owner.exists() else ""
+                    token = read_token(owner) or ""
                     if token and alive(token):
                         continue
                     _tree.discard(entry)
