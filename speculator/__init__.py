@@ -18,6 +18,7 @@ from importlib import resources
 from bunshin_async._public import publish as _publish  # the SDK's helper: exported names carry this module
 from bunshin_async.speculation import Policy, Predictor, Speculation
 
+from ._decisions import Decision, Verdict, jsonl_sink
 from ._ngram import HistoryPredictor, NgramModel, SignaturePredictor
 from ._observation import DocsPredictor, ObservationPredictor
 from ._policy import CostAwarePolicy, cpu_contention, loop_load
@@ -32,6 +33,7 @@ from ._written import WrittenPredictor
 __all__ = [
     "NGRAM_TABLE",
     "CostAwarePolicy",
+    "Decision",
     "DocsPredictor",
     "HistoryPredictor",
     "NgramModel",
@@ -46,12 +48,14 @@ __all__ = [
     "SignaturePredictor",
     "StepPredictor",
     "TimedPredictor",
+    "Verdict",
     "WrittenPredictor",
     "command_program",
     "cpu_contention",
     "loop_load",
     "default_ngram",
     "default_speculation",
+    "jsonl_sink",
     "signature",
     "train_ngram",
 ]

@@ -6,7 +6,31 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-__all__ = ["Ewma", "ForkMemory", "RolloutClock"]
+import msgspec
+
+from bunshin_async.rollout import byte_seconds_net
+
+__all__ = ["Ewma", "ForkMemory", "MemoryTerms", "RolloutClock"]
+
+
+class MemoryTerms(msgspec.Struct, frozen=True):
+    """The launch rule's terms for one fork, byte-seconds unless said: ``freed``, what a hit is expected to free (p x
+    the seconds it hides x the rollout's bytes x its straggler factor: the rollout ends that much sooner);
+    ``held`` bytes the fork holds beside its rollout for ``hold`` seconds, hit or miss; ``miss``, what a miss's call
+    is expected to hold ((1 - p) x its bytes x the seconds it runs before the ask: a hit's call holds the same on
+    the main line, only earlier); ``lasting``, what a hit's copy is expected to add to the rollout until it ends (p
+    x ``ForkMemory.lasting``; negative: it saves)."""
+
+    freed: float
+    held: float
+    hold: float
+    miss: float
+    lasting: float
+
+    def net(self, weight: float = 1.0) -> float:
+        """Expected byte-seconds the fork saves, net (negative: it cannot pay); costs times ``weight``."""
+        held = byte_seconds_net(0.0, 0.0, 0.0, self.held, self.hold, weight)  # the one cost model
+        return self.freed + held - (self.miss + self.lasting) * weight
 
 
 class Ewma:
@@ -58,19 +82,28 @@ class RolloutClock:
 
 class ForkMemory:
     """Bytes as the experiment counts them (PSS, mapped page images, upper dirs, a fork's layer), running averages
-    (``alpha``): ``fork_bytes`` what a fork holds beside its rollout (until measured: ``prior_bytes``),
-    ``rollout_bytes`` what a rollout holds (until measured: as much), ``copy_extra`` what a fork holds more than its
-    rollout, measured in pairs (``observe_copy``), ``miss_bytes`` what a discarded fork held at its end, its call's
-    memory included (``observe_miss``; until measured: as much as a fork), and ``rollouts``, how long each rollout
-    has to go."""
+    (``alpha``): ``fork_bytes`` what a fork holds beside its rollout, ``rollout_bytes`` what a rollout holds (both
+    ``prior_bytes`` until measured: ``measured`` says whether they are), what a fork holds more than its rollout,
+    measured in pairs (``observe_copy``; apart for rollouts that have committed a fork, ``copied_extra``, and those
+    that have not, ``copy_extra``), ``miss_bytes`` what a discarded fork held at its end, its call's memory included
+    (``observe_miss``; until measured: as much as a fork), and ``rollouts``, how long each rollout has to go."""
 
     def __init__(self, prior_bytes: float, alpha: float, rollout_seconds: float, clock: Callable[[], float]) -> None:
         self.alpha = alpha
         self.fork_bytes = Ewma(prior_bytes)
         self.rollout_bytes = Ewma(prior_bytes)
         self.copy_extra = Ewma(0.0)
+        self.copied_extra = Ewma(0.0)
         self.miss_bytes: Ewma | None = None
         self.rollouts = RolloutClock(rollout_seconds, clock)
+        self._pair: dict[str, float] = {}  # rollout -> its latest pair's difference since its last commit
+        self._copies: set[str] = set()  # rollouts living in a committed fork's copy
+
+    @property
+    def measured(self) -> bool:
+        """Whether a fork and a rollout have been measured (``observe_fork`` and ``observe_rollout``): before that
+        their bytes are a prior, and a rule that compares them says nothing."""
+        return self.fork_bytes.n > 0 and self.rollout_bytes.n > 0
 
     def observe_fork(self, memory_bytes: int) -> None:
         if memory_bytes > 0:
@@ -86,23 +119,56 @@ class ForkMemory:
                 self.miss_bytes = Ewma(float(memory_bytes))
             self.miss_bytes.add(float(memory_bytes), self.alpha)
 
-    def held(self, probability: float) -> float:
-        """The bytes a fork is expected to hold beside its rollout until the ask: its own (``fork_bytes``, measured
-        before its call), and, for a miss, what its call held (``miss_bytes`` beyond that): a hit's call holds the
-        same on the main line, only earlier, so it is no cost of the fork."""
-        miss = self.miss_bytes.value if self.miss_bytes is not None else 0.0
-        return self.fork_bytes.value + (1 - probability) * max(0.0, miss - self.fork_bytes.value)
+    def terms(self, rollout: str, p: float, hidden: float, hold: float, straggler: float = 1.0) -> MemoryTerms:
+        """``MemoryTerms`` of a fork for ``rollout``, used with probability ``p``, hiding ``hidden`` seconds of its
+        call (as long as a miss's call runs before the ask), held ``hold`` seconds; ``straggler``: what the
+        rollout's ending sooner frees, in rollouts' worth."""
+        return MemoryTerms(
+            freed=p * hidden * self.rollout_bytes.value * straggler,
+            held=self.fork_bytes.value,
+            hold=hold,
+            miss=(1 - p) * self.miss_call_bytes() * hidden,
+            lasting=p * self.lasting(rollout),
+        )
 
-    def observe_copy(self, copy_bytes: int, rollout_bytes: int) -> None:
-        """Beside a fork, before its call: what the fork holds (its processes, its layer) and what its rollout
-        holds. A hit's copy replaces the rollout (whose upper dir then goes: the layer is its copy), so the
+    def miss_call_bytes(self) -> float:
+        """What a miss's call holds beyond its fork while it runs (``miss_bytes`` less ``fork_bytes``, at least 0): a
+        hit's call holds the same on the main line, only earlier, so it is no cost of the fork; a miss's is."""
+        miss = self.miss_bytes.value if self.miss_bytes is not None else 0.0
+        return max(0.0, miss - self.fork_bytes.value)
+
+    def observe_copy(self, copy_bytes: int, rollout_bytes: int, rollout: str = "") -> None:
+        """Beside a fork of ``rollout``, before its call: what the fork holds (its processes, its layer) and what its
+        rollout holds. A hit's copy replaces the rollout (whose upper dir then goes: the layer is its copy), so the
         difference is what a hit leaves the rollout for the rest of its life."""
         if copy_bytes > 0 and rollout_bytes > 0:
-            self.copy_extra.add(float(copy_bytes - rollout_bytes), self.alpha)
+            extra = float(copy_bytes - rollout_bytes)
+            (self.copied_extra if rollout in self._copies else self.copy_extra).add(extra, self.alpha)
+            if rollout:
+                self._pair[rollout] = extra
+
+    def committed(self, rollout: str) -> None:
+        """``rollout`` moved into a fork's copy: its last pair compared the workspace it has left."""
+        if rollout:
+            self._copies.add(rollout)
+            self._pair.pop(rollout, None)
+
+    def done(self, rollout: str) -> None:
+        self._copies.discard(rollout)
+        self._pair.pop(rollout, None)
+        self.rollouts.done(rollout)
+
+    def extra(self, rollout: str) -> float:
+        """What a copy of ``rollout`` holds more than it (negative: less): its own latest pair since it last moved
+        into a copy, else the mean of the rollouts in its state (never committed: a first copy; committed: a copy of
+        a copy). By the kernel's counters a first copy of a small workspace holds less than the workspace it
+        replaces, to the rollout's end (docs/benchmarks/speculation.md, session 18), a copy of a copy about as much."""
+        if rollout in self._pair:
+            return self._pair[rollout]
+        return (self.copied_extra if rollout in self._copies else self.copy_extra).value
 
     def lasting(self, rollout: str) -> float:
-        """Byte-seconds a hit's copy adds to ``rollout`` until it ends: what a copy holds more than its rollout (at
-        least 0: a fork is never launched to save memory) x the rollout's expected remaining time. Hits that follow
-        one another are each charged to the rollout's end: an upper bound (a copy's own snapshots are incremental on
-        the images it maps, so a chain of such copies holds each one's)."""
-        return max(0.0, self.copy_extra.value) * self.rollouts.remaining(rollout)
+        """Byte-seconds a hit's copy adds to ``rollout`` until it ends (negative: saves): ``extra`` x the rollout's
+        expected remaining time. Hits that follow one another are each counted to the rollout's end; after the first
+        the rollout is a copy, weighed with what copies of copies hold."""
+        return self.extra(rollout) * self.rollouts.remaining(rollout)

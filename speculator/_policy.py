@@ -9,10 +9,11 @@ from collections.abc import Callable, Sequence
 
 import msgspec
 
-from bunshin_async.rollout import byte_seconds_net
 from bunshin_async.speculation import CallKey, Launch, LiveForks
 
-from ._memory import Ewma, ForkMemory
+from ._calibration import Calibration
+from ._decisions import Decision, Verdict, decision
+from ._memory import Ewma, ForkMemory, MemoryTerms
 from ._signature import key_signature
 
 __all__ = ["CostAwarePolicy", "cpu_contention", "loop_load"]
@@ -83,6 +84,34 @@ class _CallTimes:
             self.cpu.setdefault(key_signature(key), Ewma(share)).add(share, self.alpha)
 
 
+class _Progress:
+    """How many calls each running rollout has made, and its group (``Launch.group``): who is its group's
+    straggler."""
+
+    def __init__(self) -> None:
+        self.calls: dict[str, int] = {}
+        self.group: dict[str, str] = {}
+
+    def seen(self, rollout: str, calls: int, group: str) -> None:
+        self.calls[rollout], self.group[rollout] = calls, group
+
+    def done(self, rollout: str) -> None:
+        self.calls.pop(rollout, None)
+        self.group.pop(rollout, None)
+
+    def lag(self, rollout: str) -> float:
+        """How far ``rollout`` is behind the other rollouts of its group still running, 0 (the front, or alone: a
+        group of one has no straggler, whatever other groups share the policy) to 1 (the straggler)."""
+        if rollout not in self.calls:
+            return 0.0
+        group = self.group.get(rollout, "")
+        peers = [n for r, n in self.calls.items() if self.group.get(r, "") == group]
+        if len(peers) < 2:
+            return 0.0
+        lo, hi = min(peers), max(peers)
+        return 1.0 if hi == lo else (hi - self.calls[rollout]) / (hi - lo)
+
+
 class CostAwarePolicy:
     """Launch a candidate when its expected saving beats its expected cost, best saving first.
 
@@ -103,11 +132,9 @@ class CostAwarePolicy:
     computes must be right about one time in three before what its hits hide pays for what its misses burn, so
     where tool calls are short and the guesses long shots (a hit hides a 30 ms ``cat``) nothing is launched, while
     a long call that waits may still be a long shot.
-    Memory, in the experiment's currency (GiB·s, here byte-seconds): a fork is held beside its rollout until the
-    model asks for its call (``hold_seconds``), hit or miss; a hit makes the rollout finish the hidden seconds
-    sooner (a straggler's frees its group's base and captures too: ``1 + straggler_weight x lag`` times) and leaves
-    it the fork's copy for the rest of its life. A fork is launched only when that pays (``memory_net``); fork,
-    rollout and copy bytes are measured as the experiment counts them (``ForkMemory``). Reads in place hold nothing.
+    Memory, in the experiment's currency (GiB·s, here byte-seconds): a fork is launched only when what it saves
+    pays for what it holds (``memory_net``), by bytes measured as the experiment counts them (``ForkMemory``); until
+    a fork has been measured, one at a time. Reads in place hold nothing. ``decisions`` is told every verdict.
     On a saturated machine only likely guesses run (a coin flip never does), so speculation backs off instead of
     slowing the rollouts it serves. When the event loop itself is saturated (``loop_load()`` at least
     ``max_loop_load``: many rollouts, short tool calls) the policy is not ``active``: the runtime does not even ask
@@ -116,13 +143,8 @@ class CostAwarePolicy:
     ``memory_budget`` bytes. One policy may serve many rollouts (share it to share what it
     learned); the per-call run times it keeps are those of the ``max_calls`` calls run last.
 
-    Precision: the probability used is the candidate's times its predictor's observed calibration, capped at 1.
-    Calibration is observed hits over expected hits, first over every guess the predictor made (launched or not:
-    the runtime scores each decided call, ``observe_prediction``) with ``prior_weight`` guesses' worth of a
-    calibrated prior, then over the guesses it launched (``release``'s ``used``) with ``prior_weight`` launches'
-    worth of the first as prior: the launched guesses are the confident ones and those the cache could not serve,
-    which may fare worse than the rest, and they are what a launch decision bets on. A predictor whose guesses
-    never match the workload soon stops launching, a well calibrated one keeps its probabilities.
+    Precision: the probability used is the candidate's times its predictor's observed calibration, capped at 1
+    (``Calibration``: from every guess scored, ``observe_prediction``, then from the launched ones, ``release``).
 
     Chains: a launch ``depth`` calls deep pays with the chain's calibrated probability (``probability``) and can hide
     the rest of this turn's LLM time plus at most ``depth`` more turns' (it is asked for at least ``depth`` calls
@@ -163,6 +185,7 @@ class CostAwarePolicy:
         max_calls: int = 8192,
         rollout_seconds: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
+        decisions: Callable[[Decision], None] | None = None,
     ) -> None:
         self.max_branches = max_branches
         self.max_forks = max_forks
@@ -172,9 +195,7 @@ class CostAwarePolicy:
         self.memory_weight = memory_weight
         self.read_cost = read_cost
         self.min_probability = min_probability
-        self.prior_weight = prior_weight
-        self._precision: dict[str, list[float]] = {}  # source -> [hits, expected hits], every guess
-        self._launched: dict[str, list[float]] = {}  # source -> [used, expected used], launched guesses
+        self.precision = Calibration(prior_weight)
         self.alpha = alpha
         self.fork_seconds = Ewma(fork_seconds)
         m = self.memory = ForkMemory(float(fork_bytes), alpha, rollout_seconds, clock)
@@ -193,9 +214,10 @@ class CostAwarePolicy:
         self.group_forks = group_forks
         self.straggler_weight = straggler_weight
         self.straggler_reserve = straggler_reserve
-        self._progress: dict[str, int] = {}  # calls made, per rollout still running
-        self._group: dict[str, str] = {}  # the group of each rollout in _progress
+        self._progress = _Progress()
         self.live = LiveForks()  # forks selected and not yet released (closing ones included), per rollout
+        self.clock, self.decisions = clock, decisions
+        self.verdicts: dict[str, int] = {}  # how many options each verdict had (``Verdict`` values)
 
     def expected_seconds(self, option: Launch) -> float:
         seen = self._times.seconds(option.key)
@@ -212,25 +234,11 @@ class CostAwarePolicy:
         return 1.0 if share is None else min(1.0, share.value)
 
     def lag(self, rollout: str) -> float:
-        """How far ``rollout`` is behind the other rollouts of its group (``Launch.group``) still running, 0 (the
-        front, or alone: a group of one has no straggler, whatever other groups share the policy) to 1 (the
-        straggler)."""
-        if rollout not in self._progress:
-            return 0.0
-        group = self._group.get(rollout, "")
-        peers = [n for r, n in self._progress.items() if self._group.get(r, "") == group]
-        if len(peers) < 2:
-            return 0.0
-        lo, hi = min(peers), max(peers)
-        return 1.0 if hi == lo else (hi - self._progress[rollout]) / (hi - lo)
+        """How far ``rollout`` is behind the rest of its group, 0 (the front, or alone) to 1 (the straggler)."""
+        return self._progress.lag(rollout)
 
     def calibration(self, source: str) -> float:
-        """Observed over expected hits of ``source``'s launched guesses, shrunk (``prior_weight`` launches' worth)
-        towards those of all its guesses, which are shrunk towards 1 the same way."""
-        hits, expected = self._precision.get(source, (0.0, 0.0))
-        every = (hits + self.prior_weight) / (expected + self.prior_weight)
-        used, launched = self._launched.get(source, (0.0, 0.0))
-        return (used + self.prior_weight * every) / (launched + self.prior_weight)
+        return self.precision.factor(source)
 
     def probability(self, option: Launch) -> float:
         """The chance ``option`` is used: its candidate's calibrated probability times that of the launches it
@@ -241,9 +249,7 @@ class CostAwarePolicy:
 
     def observe_prediction(self, source: str, probability: float, hit: bool) -> None:
         """``source``'s guesses for one decided call summed to ``probability``; ``hit``: one was the call."""
-        acc = self._precision.setdefault(source, [0.0, 0.0])
-        acc[0] += hit
-        acc[1] += probability
+        self.precision.observe(source, probability, hit)
 
     def hideable(self, option: Launch) -> float:
         """Seconds of LLM time ``option`` can hide: what is left of this turn's (at least a quarter of a turn: LLM
@@ -261,26 +267,31 @@ class CostAwarePolicy:
         return gain - cost
 
     def hold_seconds(self, option: Launch) -> float:
-        """How long a fork for ``option`` is expected to exist beside its rollout, hit or miss: the fork itself, then
-        until the model asks for the call (``hideable``). A hit is committed then, its call still running or not
-        (the rollout moves into the fork and its previous workspace is closed: one workspace again); a miss still
-        running is cancelled then (a finished one may stay to the turn's end, unless a write comes first)."""
+        """How long a fork for ``option`` exists beside its rollout, hit or miss: the fork itself, then until the
+        model asks for the call (``hideable``), when a hit is committed and a miss still running cancelled."""
         return self.fork_seconds.value + self.hideable(option)
 
     def memory_net(self, option: Launch) -> float:
         """Expected byte-seconds a fork for ``option`` saves, net of what it holds (negative: it cannot pay)::
 
-            p x hidden x rollout bytes x straggler factor - (held x hold_seconds + p x lasting) x memory_weight
+            freed - (held x hold_seconds + miss + lasting) x memory_weight
 
-        A hit frees the rollout's memory (the straggler's counts its group's share, ``straggler_weight``) the hidden
-        seconds sooner; hit or miss, the fork holds its bytes (a miss's call's too: ``ForkMemory.held``) beside the
-        rollout's for ``hold_seconds``; a hit leaves the rollout the fork's copy to its end (``ForkMemory.lasting``)."""
-        p = self.probability(option)
+        (``memory_terms``, ``MemoryTerms``): a hit frees the rollout's memory (the straggler's counts its group's
+        share, ``straggler_weight``) the hidden seconds sooner; hit or miss, the fork holds its bytes beside the
+        rollout's for ``hold_seconds``; a miss's call holds its memory while it runs; a hit leaves the rollout the
+        fork's copy to its end (``ForkMemory.lasting``: a first copy of a small workspace holds less)."""
+        return self.memory_terms(option).net(self.memory_weight)
+
+    def memory_terms(self, option: Launch) -> MemoryTerms:
+        """``memory_net``'s terms for ``option``."""
         hidden = min(self.expected_seconds(option), self.hideable(option))
-        freed = self.rollout_bytes.value * (1 + self.straggler_weight * self.lag(option.rollout))
-        held, hold = self.memory.held(p), self.hold_seconds(option)
-        lasting = p * self.memory.lasting(option.rollout) * self.memory_weight
-        return byte_seconds_net(p, hidden, freed, held, hold, self.memory_weight) - lasting
+        straggler = 1 + self.straggler_weight * self.lag(option.rollout)
+        return self.memory.terms(option.rollout, self.probability(option), hidden, self.hold_seconds(option), straggler)
+
+    @property
+    def load(self) -> float:
+        """The CPU contention the last ``select`` charged a miss's CPU with."""
+        return self._load
 
     def keeps(self, launch: Launch) -> bool:
         """Whether an unused branch for ``launch`` is worth handing to the next turn (``Speculation.keep``): the model
@@ -290,7 +301,10 @@ class CostAwarePolicy:
         rollout's own workspace (no fork, no chain) holds nothing: it is kept, as ``select`` launches it unweighed."""
         if not launch.needs_fork and launch.parent is None:
             return True
-        return self.memory_net(msgspec.structs.replace(launch, turn_elapsed=0.0)) >= 0
+        fresh = msgspec.structs.replace(launch, turn_elapsed=0.0)
+        kept = not self.memory.measured or self.memory_net(fresh) >= 0  # unmeasured: ``select`` bounds it
+        self._record(fresh, Verdict.KEEP if kept else Verdict.RELEASE, self.saving(fresh))
+        return kept
 
     def active(self) -> bool:
         """Whether to consider launches now (the runtime asks before it asks the predictors): not while the event
@@ -301,33 +315,48 @@ class CostAwarePolicy:
         self._load = max(self.contention(), self.min_contention) if self.contention is not None else 0.0
         for o in options:
             if o.rollout:
-                self._progress[o.rollout] = o.progress
-                self._group[o.rollout] = o.group
+                self._progress.seen(o.rollout, o.progress, o.group)
                 self.memory.rollouts.seen(o.rollout)
-        ranked = sorted(
-            (
-                (self.saving(o), o)
-                for o in options
-                if self.probability(o) >= self.min_probability and o.depth <= self.max_depth
-            ),
-            key=lambda x: -x[0],
-        )
+        ranked = sorted(((self.saving(o), o) for o in options), key=lambda x: -x[0])
         out: list[Launch] = []
         for gain, option in ranked:
-            if gain <= 0 or running >= self.max_branches:
-                break
+            verdict = self._verdict(option, gain, running, forks)
+            self._record(option, verdict, gain)
+            if verdict is not Verdict.LAUNCH:
+                continue
             if option.needs_fork:
-                if forks >= self.max_forks or (forks + 1) * self.fork_bytes.value > self.memory_budget:
-                    continue
-                if self.memory_net(option) < 0:
-                    continue
-                if not self._group_fork_allowed(option.rollout):
-                    continue
                 forks += 1
                 self.live.add(option)
             running += 1
             out.append(option)
         return out
+
+    def _verdict(self, option: Launch, gain: float, running: int, forks: int) -> Verdict:
+        """The first rule that refuses ``option`` (``Verdict``), or ``LAUNCH``."""
+        if self.probability(option) < self.min_probability:
+            return Verdict.PROBABILITY
+        if option.depth > self.max_depth:
+            return Verdict.DEPTH
+        if gain <= 0:
+            return Verdict.SAVING
+        if running >= self.max_branches:
+            return Verdict.BRANCHES
+        if option.needs_fork:
+            if forks >= self.max_forks or (forks + 1) * self.fork_bytes.value > self.memory_budget:
+                return Verdict.FORKS
+            if self.memory_weight and not self.memory.measured:
+                if self.live.total():  # no measure yet: one fork at a time, measured when it is ready
+                    return Verdict.MEASURING
+            elif self.memory_net(option) < 0:
+                return Verdict.MEMORY
+            if not self._group_fork_allowed(option.rollout):
+                return Verdict.GROUP
+        return Verdict.LAUNCH
+
+    def _record(self, option: Launch, verdict: Verdict, gain: float) -> None:
+        self.verdicts[verdict.value] = self.verdicts.get(verdict.value, 0) + 1
+        if self.decisions is not None:
+            self.decisions(decision(self, option, verdict, gain))
 
     def _group_fork_allowed(self, rollout: str) -> bool:
         live = self.live.total()
@@ -337,16 +366,15 @@ class CostAwarePolicy:
     def release(self, launch: Launch, used: bool) -> None:
         """A branch this policy selected ended; ``used``: the main line took its result."""
         self.live.remove(launch)
-        acc = self._launched.setdefault(launch.candidate.source, [0.0, 0.0])
-        acc[0] += used
-        acc[1] += launch.probability  # as predicted: calibration multiplies it
+        if used and launch.needs_fork:
+            self.memory.committed(launch.rollout)
+        self.precision.launched(launch.candidate.source, launch.probability, used)  # as stated: calibrated later
 
     def rollout_done(self, rollout: str) -> None:
         """``rollout`` ended: it no longer counts in its group's progress."""
-        self._progress.pop(rollout, None)
-        self._group.pop(rollout, None)
+        self._progress.done(rollout)
         self.live.forget(rollout)
-        self.memory.rollouts.done(rollout)
+        self.memory.done(rollout)
 
     def observe_tool(self, key: CallKey, seconds: float) -> None:
         self._times.observe(key, seconds)
@@ -373,12 +401,12 @@ class CostAwarePolicy:
         self.memory.observe_fork(memory_bytes)
 
     def observe_miss(self, memory_bytes: int) -> None:
-        """What a discarded fork held at its end, its call's memory included (``ForkMemory.held``)."""
+        """What a discarded fork held at its end, its call's memory included (``ForkMemory.miss_call_bytes``)."""
         self.memory.observe_miss(memory_bytes)
 
-    def observe_copy(self, copy_bytes: int, rollout_bytes: int) -> None:
+    def observe_copy(self, copy_bytes: int, rollout_bytes: int, rollout: str = "") -> None:
         """A fork's and its rollout's bytes, side by side before its call (``ForkMemory.observe_copy``)."""
-        self.memory.observe_copy(copy_bytes, rollout_bytes)
+        self.memory.observe_copy(copy_bytes, rollout_bytes, rollout)
 
     def observe_rollout_memory(self, memory_bytes: int) -> None:
         """A rollout's footprint (its PSS, the page images it maps, its upper dir), to weigh forks' against."""

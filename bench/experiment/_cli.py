@@ -81,6 +81,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="--trajectories: replay only the groups whose longest rollout's recorded LLM + tool time is at most "
         "this (before --time-scale): a subset that fits a time budget, stated in the output",
     )  # fmt: skip
+    p.add_argument(
+        "--decisions",
+        type=Path,
+        help="write each speculative run's policy decisions (every option, its verdict and the rule's figures) to "
+        "DIR/<configuration>-<repeat>.jsonl",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("bench/results"))
 
@@ -253,6 +259,7 @@ def main(
             repeats=1 if args.quick else args.repeats,
             on_repeat=lambda partial: write_outputs(partial, args.out),
             progress=progress,
+            decisions=args.decisions,
         )
         paths = write_outputs(result, args.out)
         print()

@@ -38,6 +38,7 @@ import re
 import statistics
 import time
 from collections.abc import Callable, Collection, Sequence
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -350,13 +351,21 @@ async def run_config(
     budget: Budget,
     tools_for: Callable[[RolloutContext], Sequence[Tool]],
     progress: Callable[[str], None] = print,
+    decisions: Path | None = None,
 ) -> ConfigResult:
     """Run every group under ``config`` concurrently and measure it: everything the configuration creates (bases,
     copies, speculative branches, restored cache hits, captures) lives in one subtree of its own
-    (``accounting_scope``), whose counters are its memory and CPU."""
-    with accounting_scope(config.name) as subtree:
+    (``accounting_scope``), whose counters are its memory and CPU. ``decisions``: a file to write the speculation
+    policy's every decision to (JSON lines, ``speculator.Decision``)."""
+    with accounting_scope(config.name) as subtree, ExitStack() as stack:
+        sink = None
+        if decisions is not None and config.speculation:
+            from speculator import jsonl_sink
+
+            decisions.parent.mkdir(parents=True, exist_ok=True)
+            sink = jsonl_sink(stack.enter_context(decisions.open("wb")))
         return await _run_config_in(config, groups, subtree, time_scale=time_scale, budget=budget,
-                                    tools_for=tools_for, progress=progress)  # fmt: skip
+                                    tools_for=tools_for, progress=progress, decisions=sink)  # fmt: skip
 
 
 async def _run_config_in(
@@ -368,6 +377,7 @@ async def _run_config_in(
     budget: Budget,
     tools_for: Callable[[RolloutContext], Sequence[Tool]],
     progress: Callable[[str], None],
+    decisions: Callable[[Any], None] | None = None,
 ) -> ConfigResult:
     trajectories = [t for _, ts in groups for t in ts]
     results: list[RolloutResult] = []
@@ -400,9 +410,9 @@ async def _run_config_in(
             lambda ctx: f"replay:{ctx.task.task_id}:{ctx.rollout}",
             cache=cache,
             speculation=(
-                _oracle_factory(trajectories, config.on_observation, config.weigh_forks)
+                _oracle_factory(trajectories, config.on_observation, config.weigh_forks, decisions)
                 if config.oracle
-                else _speculation_factory(config.without, config.on_observation, config.weigh_forks)
+                else _speculation_factory(config.without, config.on_observation, config.weigh_forks, decisions)
             )
             if config.speculation
             else None,
@@ -475,7 +485,10 @@ async def _run_config_in(
 
 
 def _speculation_factory(
-    without: frozenset[str] = frozenset(), on_observation: bool = True, weigh_forks: bool = True
+    without: frozenset[str] = frozenset(),
+    on_observation: bool = True,
+    weigh_forks: bool = True,
+    decisions: Callable[[Any], None] | None = None,
 ) -> Callable[[RolloutContext], Any]:
     """Per rollout: the default predictors (stream tap, siblings of the same group, n-gram history of the public
     traces (the bundled table), cost-aware policy shared by all rollouts), but those named in ``without``;
@@ -483,7 +496,7 @@ def _speculation_factory(
     from speculator import CostAwarePolicy, SiblingTable, default_ngram, default_speculation
 
     model = default_ngram()
-    policy = CostAwarePolicy(memory_weight=1.0 if weigh_forks else 0.0)
+    policy = CostAwarePolicy(memory_weight=1.0 if weigh_forks else 0.0, decisions=decisions)
     tables: dict[str, SiblingTable] = {}
 
     def make(ctx: RolloutContext) -> Any:
@@ -496,14 +509,17 @@ def _speculation_factory(
 
 
 def _oracle_factory(
-    trajectories: Sequence[Trajectory], on_observation: bool = True, weigh_forks: bool = True
+    trajectories: Sequence[Trajectory],
+    on_observation: bool = True,
+    weigh_forks: bool = True,
+    decisions: Callable[[Any], None] | None = None,
 ) -> Callable[[RolloutContext], Any]:
     """Per rollout: a predictor told the rollout's true next call (from its recording), under the same policy,
     runtime and cache veto as ``fork+cache+spec`` (``weigh_forks=False``: without its GiB·s rule for forks)."""
     from bunshin_async.speculation import Speculation
     from speculator import CostAwarePolicy, OraclePredictor
 
-    policy = CostAwarePolicy(memory_weight=1.0 if weigh_forks else 0.0)
+    policy = CostAwarePolicy(memory_weight=1.0 if weigh_forks else 0.0, decisions=decisions)
     calls = {t.key: [(s.tool, s.args or {}) for s in t.steps if not s.final and s.tool] for t in trajectories}
 
     def make(ctx: RolloutContext) -> Any:
@@ -540,6 +556,8 @@ def _spec_counts(specs: Sequence[Any]) -> dict[str, float]:
     for name in ("fork_bytes", "rollout_bytes", "copy_extra") if memory is not None else ():
         figure = getattr(memory, name)
         out[f"policy_{name}"], out[f"policy_{name}_n"] = round(figure.value), figure.n
+    for verdict, n in sorted(getattr(specs[0].policy, "verdicts", {}).items()) if specs else ():
+        out[f"verdict_{verdict}"] = n  # how many options the policy judged so (``speculator.Verdict``)
     return out
 
 
@@ -614,9 +632,11 @@ async def run_experiment(
     progress: Callable[[str], None] = print,
     repeats: int = 1,
     on_repeat: Callable[[ExperimentResult], object] | None = None,
+    decisions: Path | None = None,
 ) -> ExperimentResult:
     """Run ``configs`` on ``groups``, ``repeats`` times in turn; ``on_repeat`` gets the result so far after each
-    repeat but the last (to write partial outputs of a long run)."""
+    repeat but the last (to write partial outputs of a long run); ``decisions``: a directory to write each
+    speculative run's policy decisions to (``<configuration>-<repeat>.jsonl``)."""
     budget = budget or Budget(max_turns=100, wall_seconds=1800)
     if tools_for is None:
         default = [bash_tool(timeout=600.0)]
@@ -628,8 +648,9 @@ async def run_experiment(
         orders.append(run_order(configs, rep))
         for name in orders[-1]:
             progress(f"configuration {name}" + (f" (repeat {rep + 1} of {repeats})" if repeats > 1 else ""))
+            log = decisions / f"{name}-{rep + 1}.jsonl" if decisions is not None else None
             done[name] = await run_config(_config(name), groups, time_scale=time_scale, budget=budget,
-                                          tools_for=tools_for, progress=progress)  # fmt: skip
+                                          tools_for=tools_for, progress=progress, decisions=log)  # fmt: skip
         runs.append([done[name] for name in configs])  # the list's order: pairs and ratios index it
         if on_repeat is not None and rep + 1 < repeats:
             on_repeat(_result(runs, workload, time_scale, orders))

@@ -144,7 +144,7 @@ async def observe_ready(b: Branch, rollout: Workspace) -> None:
         spec.policy.observe_fork(0.0, held)
         observe_rollout(beside)
         if observe_copy is not None:
-            observe_copy(held, beside)
+            observe_copy(held, beside, b.launch.rollout)
 
 
 async def measure_discarded(b: Branch, rollout: Workspace | None) -> int:

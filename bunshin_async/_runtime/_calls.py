@@ -143,22 +143,23 @@ class Launch(msgspec.Struct, frozen=True, kw_only=True):
 @runtime_checkable
 class Policy(Protocol):
     """Chooses which of ``options`` (best first, deduplicated, none already running) to launch now, given how many
-    branches run (``running``) and how many of those hold a fork (``forks``). Told, to learn online, every tool
-    run time and every fork's cost. A policy may also have ``observe_llm(seconds)``: the runtime then tells it each
-    turn's LLM time (from the request to the message's end); ``release(launch, used)``: told when a branch it selected
-    ends, and whether the main line used it, to track what is in flight and how its launches fare;
+    branches run (``running``) and how many of those hold a fork (``forks``). Told, to learn online, every tool run
+    time and every fork's cost. A policy may also have ``observe_llm(seconds)``: the runtime then tells it each
+    turn's LLM time (from the request to the message's end); ``release(launch, used)``: told when a branch it
+    selected ends, and whether the main line used it, to track what is in flight and how its launches fare;
     ``rollout_done(rollout)``: that rollout ended; ``observe_prediction(source, probability, hit)``: when a call is
     decided, for each predictor (``source``) that guessed it, the guesses' summed probability and whether one of them
     was the call (to learn its precision); ``observe_rollout_memory(bytes)``: after a fork's cost, the rollout
     workspace's footprint at that moment (PSS, the page images it maps, its upper dir), to weigh what a fork holds
-    against what the rollout does; ``observe_copy(copy_bytes, rollout_bytes)``: beside each fork before its call, what
-    the fork holds and what its rollout holds (a hit's copy replaces the rollout: their difference is what a hit leaves
-    it); ``observe_miss(bytes)``: what a discarded fork held at its end, its call's memory included (without it, that
-    goes to ``observe_fork``); ``observe_cpu(key, cpu_seconds, seconds)``: a call run on the main line took
-    ``cpu_seconds`` of CPU (its workspace's cgroup, where it has CPU accounting) in ``seconds``, to tell waiting from
-    computing; ``active()``: asked before the predictors are, False when no launch could pay now (the predictors are
-    then not asked at all); ``keeps(launch)``: asked when a turn ends for each unused branch it could hand to the next
-    turn (``Speculation.keep``), False lets it go (keeping it would cost more than its expected use saves)."""
+    against what the rollout does; ``observe_copy(copy_bytes, rollout_bytes, rollout)``: beside each fork before its
+    call, what the fork holds and what its rollout (``Launch.rollout``) holds (a hit's copy replaces the rollout:
+    their difference is what a hit leaves it); ``observe_miss(bytes)``: what a discarded fork held at its end, its
+    call's memory included (without it, that goes to ``observe_fork``); ``observe_cpu(key, cpu_seconds, seconds)``: a
+    call run on the main line took ``cpu_seconds`` of CPU (its workspace's cgroup, where it has CPU accounting) in
+    ``seconds``, to tell waiting from computing; ``active()``: asked before the predictors are, False when no launch
+    could pay now (the predictors are then not asked at all); ``keeps(launch)``: asked when a turn ends for each
+    unused branch it could hand to the next turn (``Speculation.keep``), False lets it go (keeping it would cost more
+    than its expected use saves)."""
 
     def select(self, options: Sequence[Launch], *, running: int, forks: int) -> list[Launch]: ...
 

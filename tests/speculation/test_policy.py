@@ -10,7 +10,7 @@ import pytest
 
 from bunshin_async._tools._tools import Effect, bash_tool
 from bunshin_async.speculation import CallKey, Candidate, Launch
-from speculator import CostAwarePolicy
+from speculator import CostAwarePolicy, Decision, Verdict
 
 pytestmark = pytest.mark.unit
 
@@ -190,8 +190,10 @@ def test_a_hit_is_charged_what_its_copy_holds_beyond_the_rollout_until_the_rollo
     """A hit leaves the rollout the fork's copy for the rest of its life: what the copy holds more than the rollout
     did (measured in pairs, ``observe_copy``) is charged, times the hit's probability, over the rollout's expected
     remaining time: as long again as it has run until a rollout ended (at least ``rollout_seconds``), then the
-    ended ones' mean less its elapsed time (at least a quarter of that mean). A copy smaller than its rollout is
-    no gain: a fork is never launched to save memory."""
+    ended ones' mean less its elapsed time (at least a quarter of that mean). A copy smaller than its rollout saves
+    the difference as long (by the kernel's counters a first copy of a small workspace holds less than the fresh
+    workspace it replaces, to the rollout's end), but only once: a rollout living in a copy is weighed with what
+    copies of copies hold."""
     mib, now = 1 << 20, [0.0]
     policy = CostAwarePolicy(contention=None, llm_seconds=3.0, fork_seconds=0.2, rollout_seconds=60.0,
                              clock=lambda: now[0])  # fmt: skip
@@ -214,17 +216,28 @@ def test_a_hit_is_charged_what_its_copy_holds_beyond_the_rollout_until_the_rollo
     now[0] = 110.0
     assert policy.memory_net(sure) == pytest.approx(held - 8 * mib * 25.0)  # past the mean: a quarter of it
     assert CostAwarePolicy(contention=None, memory_weight=0.0).memory_net(sure) > 0  # memory not weighed
-    for _ in range(20):  # copies turn out smaller than their rollouts: no lasting cost, and no gain either
+    for _ in range(20):  # first copies turn out 8 MiB smaller than their rollouts: a hit saves that to the end
         policy.observe_copy(8 * mib, 16 * mib)
-    assert policy.copy_extra.value < 0
-    assert policy.memory_net(sure) == pytest.approx(held)
+    extra = policy.copy_extra.value  # a running average: -8 MiB nearly
+    assert extra == pytest.approx(-8 * mib, rel=0.01)
+    assert policy.memory_net(sure) == pytest.approx(held - extra * 25.0)
     assert policy.select([sure], running=0, forks=0) == [sure]
+    # its own pair counts for the rollout (its fork beside it, before the call)
+    policy.observe_copy(12 * mib, 16 * mib, "r")
+    assert policy.memory_net(sure) == pytest.approx(held + 4 * mib * 25.0)
+    # the hit: "r" lives in a copy now; what copies of copies hold (nothing measured: as much) is what counts
+    policy.release(sure, True)
+    assert policy.memory_net(sure) == pytest.approx(held)
+    policy.observe_copy(20 * mib, 16 * mib, "r")  # beside a copy, a copy that holds more: charged as before
+    assert policy.memory_net(sure) == pytest.approx(held - 4 * mib * 25.0)
+    assert policy.memory.copied_extra.value == pytest.approx(4 * mib)  # the first copies' mean is left alone
 
 
 def test_a_miss_is_charged_what_its_call_held_and_a_hit_is_not() -> None:
     """A fork is measured before its call (``observe_fork``); a discarded one again at its end, with what its call
-    held (``observe_miss``). Until the ask a miss holds both; a hit's call holds the same memory on the main line,
-    only earlier, so the fork is charged it in proportion to the chance of a miss."""
+    held (``observe_miss``). Until the ask a miss holds its fork, and its call's memory while the call runs (at most
+    until the ask, when a miss still running is cancelled); a hit's call holds the same memory on the main line,
+    only earlier, so the fork is charged it in proportion to the chance of a miss, for the call's expected run."""
     mib = 1 << 20
     policy = CostAwarePolicy(contention=None, llm_seconds=3.0, fork_seconds=0.2)
     policy.observe_rollout_memory(16 * mib)
@@ -235,8 +248,67 @@ def test_a_miss_is_charged_what_its_call_held_and_a_hit_is_not() -> None:
     policy.observe_miss(24 * mib)  # a discarded fork held 20 MiB more: its call's
     assert policy.fork_bytes.value == 4 * mib  # what a fork holds of its own is unchanged
     assert policy.memory_net(sure) == pytest.approx((3.0 * 16 - 3.2 * 4) * mib)
-    assert policy.memory_net(even) == pytest.approx((0.5 * 3.0 * 16 - 3.2 * (4 + 0.5 * 20)) * mib)
+    assert policy.memory_net(even) == pytest.approx((0.5 * 3.0 * 16 - 3.2 * 4 - 0.5 * 20 * 3.0) * mib)
     assert policy.select([even], running=0, forks=0) == [] and policy.select([sure], running=0, forks=0) == [sure]
+    # a short call runs a fraction of the hold: a miss holds its memory only that long
+    short = _launch("r", 0, p=0.5, seconds=0.5)
+    assert policy.memory_net(short) == pytest.approx((0.5 * 0.5 * 16 - 3.2 * 4 - 0.5 * 20 * 0.5) * mib)
+
+
+def test_before_anything_is_measured_forks_launch_one_at_a_time() -> None:
+    """Until a fork and its rollout have been measured (when a fork is ready, before its call) their bytes are a
+    prior, and the rule compares a prior with itself: with fork and rollout both taken to be 32 MiB, a fork can
+    only pay when it hides more than it is held, which no fork does, so none launched and none was ever measured
+    (issue 38, session 18: on the real traces the first fork launched 45 s into the run, a straggler's). So the
+    first fork that pays in time is launched unweighed, one at a time until a measurement arrives; then the rule
+    applies, in both directions."""
+    mib = 1 << 20
+    policy = CostAwarePolicy(contention=None, llm_seconds=3.0, fork_seconds=0.2)
+    likely, other = _launch("a", 0, p=0.6, seconds=2.0), _launch("b", 0, p=0.6, seconds=2.0)
+    assert policy.memory_net(likely) < 0  # by the priors it could never pay
+    assert policy.select([likely, other], running=0, forks=0) == [likely]  # one, to measure
+    assert policy.select([other], running=0, forks=0) == []  # the first still unmeasured
+    assert policy.verdicts["measuring"] == 2
+    policy.observe_fork(0.2, 1 * mib)
+    policy.observe_rollout_memory(4 * mib)  # measured beside it: the rule, as measured
+    assert policy.memory_net(other) > 0 and policy.select([other], running=0, forks=0) == [other]
+    big = CostAwarePolicy(contention=None, llm_seconds=3.0, fork_seconds=0.2)
+    assert big.select([likely], running=0, forks=0) == [likely]
+    big.observe_fork(0.2, 64 * mib)
+    big.observe_rollout_memory(64 * mib)
+    big.release(likely, False)
+    assert big.select([other], running=0, forks=0) == []  # measured: as big as its rollout, it cannot pay
+    assert big.verdicts["memory"] == 1
+    unweighed = CostAwarePolicy(contention=None, llm_seconds=3.0, memory_weight=0.0)
+    assert unweighed.select([likely, other], running=0, forks=0) == [likely, other]  # no rule, nothing to measure
+
+
+def test_every_option_gets_one_decision_with_the_rule_that_refused_it() -> None:
+    """``decisions`` (the experiment's ``--decisions``) is told each option's verdict, the first rule that refused
+    it in ``select``'s order, with the figures that rule weighed."""
+    mib = 1 << 20
+    seen: list[Decision] = []
+    policy = CostAwarePolicy(contention=None, llm_seconds=3.0, fork_seconds=0.2, max_branches=2, decisions=seen.append)
+    policy.observe_fork(0.2, 32 * mib)
+    policy.observe_rollout_memory(16 * mib)
+    read = msgspec.structs.replace(_launch("r", 0, p=0.9, seconds=1.0), effect=Effect.READ)
+    later = msgspec.structs.replace(_launch("v", 0, p=0.9, seconds=0.5), effect=Effect.READ)
+    fork = _launch("s", 0, p=0.9, seconds=2.0)  # the best saving, but a fork twice its rollout's size
+    unlikely = _launch("t", 0, p=0.01)
+    short = _launch("u", 0, p=0.9, seconds=0.01)
+    assert policy.select([later, read, fork, unlikely, short], running=1, forks=0) == [read]
+    verdicts = {d.rollout: d.verdict for d in seen}
+    assert verdicts == {
+        "s": Verdict.MEMORY, "r": Verdict.LAUNCH, "v": Verdict.BRANCHES, "t": Verdict.PROBABILITY, "u": Verdict.SAVING,
+    }  # fmt: skip
+    d = seen[0]
+    assert d.rollout == "s" and d.memory is not None and d.memory_net is not None and d.memory_net < 0
+    assert d.memory.held == 32 * mib and d.memory.freed == pytest.approx(
+        0.9 * 2.0 * 16 * mib * 2
+    )  # all level: each a straggler
+    assert d.call == "bash: make -C s" and d.fork and d.p == pytest.approx(0.9)
+    assert policy.verdicts == {"launch": 1, "branches": 1, "probability": 1, "saving": 1, "memory": 1}
+    assert not policy.keeps(fork) and seen[-1].verdict is Verdict.RELEASE and seen[-1].turn_elapsed == 0.0
 
 
 def test_an_unused_branch_is_kept_for_the_next_turn_only_while_its_hold_pays() -> None:

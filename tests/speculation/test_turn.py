@@ -76,9 +76,9 @@ async def test_a_fork_is_weighed_before_its_call_runs(serve: Any) -> None:
     order: list[str] = []
 
     class Spy(CostAwarePolicy):
-        def observe_copy(self, copy_bytes: int, rollout_bytes: int) -> None:
+        def observe_copy(self, copy_bytes: int, rollout_bytes: int, rollout: str = "") -> None:
             order.append("weighed")
-            super().observe_copy(copy_bytes, rollout_bytes)
+            super().observe_copy(copy_bytes, rollout_bytes, rollout)
 
     bash_ = bash_tool()
     assert bash_.handler is not None
