@@ -10,6 +10,13 @@ mapped beyond their PSS, the snapshot store's bytes by kind (page images, pagema
 reference files), upper dirs. Prints JSON; figures are bytes.
 
     .venv/bin/python bench/fork_footprint.py --hits 3
+
+``--twin N``: whether a committed copy goes on holding less than a fresh workspace (what the launch rule's
+``ForkMemory.extra`` counts to the rollout's end): two fresh workspaces run the same ``--calls``; one is forked and
+committed; both run the same N calls more (shells, python, writes), read after each (the subtree's total and each
+one's ``workspace_memory``); then the fresh one is committed too.
+
+    .venv/bin/python bench/fork_footprint.py --twin 16
 """
 
 from __future__ import annotations
@@ -130,12 +137,61 @@ async def run(calls: int, write_kib: int, hits: int) -> dict[str, Any]:
     return out
 
 
+TWIN_CALLS = (
+    "echo a > /dev/null",
+    "ls / > /dev/null",
+    "python3 -c 'import json' || true",
+    "head -c 65536 /dev/urandom > /tmp/x.bin",
+    "cat /etc/os-release > /dev/null",
+    "python3 -c 'import os' || true",
+    "sh -c 'for i in 1 2 3; do echo $i; done' > /dev/null",
+    "echo b >> /tmp/log.txt",
+)
+
+
+async def twin(calls: int, later: int) -> dict[str, Any]:
+    """A committed copy and a fresh workspace side by side over ``later`` calls (``--twin``)."""
+    out: dict[str, Any] = {"pid": os.getpid(), "calls": calls, "readings": []}
+    with accounting_scope("fork-footprint-twin") as subtree:
+        copy, fresh = await Workspace().__aenter__(), await Workspace().__aenter__()
+        try:
+            for i in range(calls):
+                await copy.exec(f"echo call {i} > /dev/null")
+                await fresh.exec(f"echo call {i} > /dev/null")
+
+            def read(step: str) -> dict[str, Any]:
+                return {"step": step, "memory_bytes": subtree.read().memory_bytes,
+                        "copy": workspace_memory(copy), "fresh": workspace_memory(fresh)}  # fmt: skip
+
+            out["readings"].append(await anyio.to_thread.run_sync(read, "before the commit"))
+            (forked,) = await copy.fork(1)
+            await copy.aclose()
+            copy = forked
+            for i in range(later):
+                command = TWIN_CALLS[i % len(TWIN_CALLS)]
+                await copy.exec(command)
+                await fresh.exec(command)
+                out["readings"].append(await anyio.to_thread.run_sync(read, f"call {i + 1}: {command}"))
+            (forked,) = await fresh.fork(1)
+            await fresh.aclose()
+            fresh = forked
+            out["readings"].append(await anyio.to_thread.run_sync(read, "the fresh one committed too"))
+        finally:
+            await copy.aclose()
+            await fresh.aclose()
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=3, help="short commands the rollout runs first")
     parser.add_argument("--write-kib", type=int, default=64, help="KiB the rollout writes before the first fork")
     parser.add_argument("--hits", type=int, default=3, help="forks committed one after another")
+    parser.add_argument("--twin", type=int, help="a committed copy beside a fresh twin over N more calls instead")
     args = parser.parse_args()
+    if args.twin is not None:
+        print(json.dumps(anyio.run(twin, args.calls, args.twin), indent=1))
+        return
     print(json.dumps(anyio.run(run, args.calls, args.write_kib, args.hits), indent=1))
 
 

@@ -252,6 +252,12 @@ class BranchSet:
                             b.base = base
                     b.forked = True
                     b.fork_seconds = clock() - t
+                    # weighed before its call (whose processes a hit holds on the main line alike), and before a
+                    # cancellation that came during the fork lands: a fork the ask overtook is what the policy
+                    # learns a fork's bytes from when forks take longer than turns (a loaded machine)
+                    with anyio.move_on_after(CLOSE_DEADLINE, shield=True):
+                        b.ready_peak = memory_peak(b.ws)
+                        await observe_ready(b, self.handle.workspace)
                     await anyio.lowlevel.checkpoint()  # a cancellation that came during the fork lands here
                     b.owner.log.mark("branch_ready", b.position, f"fork {b.fork_seconds * 1000:.0f} ms")
                 else:
@@ -259,9 +265,6 @@ class BranchSet:
                     if base is None or (b.parent is None and b.owner.writing):
                         return
                     b.ws = base
-                if b.forked:  # before its call: the call's own processes would be the fork's (and a hit's alike)
-                    b.ready_peak = memory_peak(b.ws)
-                    await observe_ready(b, self.handle.workspace)
                 b.run_start = clock()
                 b.calling.set()
                 b.result, b.error = await run_tool(tool, b.ws, args)
