@@ -222,14 +222,21 @@ def test_a_hit_is_charged_what_its_copy_holds_beyond_the_rollout_until_the_rollo
     assert extra == pytest.approx(-8 * mib, rel=0.01)
     assert policy.memory_net(sure) == pytest.approx(held - extra * 25.0)
     assert policy.select([sure], running=0, forks=0) == [sure]
-    # its own pair counts for the rollout (its fork beside it, before the call)
+
+    # its own pair counts for the rollout (its fork beside it, before the call): what its forks hold, what it holds
+    # and what its copy would hold more or less
+    def net(fork: float, rollout: float, extra: float) -> float:
+        return (1.0 * 3.0 * rollout - 3.2 * fork - extra * 25.0) * mib
+
     policy.observe_copy(12 * mib, 16 * mib, "r")
-    assert policy.memory_net(sure) == pytest.approx(held + 4 * mib * 25.0)
+    assert policy.memory_net(sure) == pytest.approx(net(12, 16, -4))
     # the hit: "r" lives in a copy now; what copies of copies hold (nothing measured: as much) is what counts
     policy.release(sure, True)
-    assert policy.memory_net(sure) == pytest.approx(held)
-    policy.observe_copy(20 * mib, 16 * mib, "r")  # beside a copy, a copy that holds more: charged as before
-    assert policy.memory_net(sure) == pytest.approx(held - 4 * mib * 25.0)
+    assert policy.memory_net(sure) == pytest.approx(net(12, 16, 0))
+    policy.observe_copy(40 * mib, 36 * mib, "r")  # it started a server: its forks copy it; its copy holds more
+    assert policy.memory_net(sure) == pytest.approx(net(40, 36, 4))
+    others = _launch("q", 1, p=1.0, seconds=3.0)  # a rollout never forked: the run's averages, the prior 60 s
+    assert policy.memory_net(others) == pytest.approx(held - policy.copy_extra.value * 60.0)
     assert policy.memory.copied_extra.value == pytest.approx(4 * mib)  # the first copies' mean is left alone
 
 
