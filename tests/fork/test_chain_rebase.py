@@ -7,8 +7,6 @@ Marked ``tracked``: with write-tracked dumps the first snapshot is a pre-copy pl
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import anyio
 import pytest
 
@@ -17,24 +15,11 @@ from bunshin_async._fork import _restore
 from bunshin_async._fork._snapshot import record_of
 from bunshin_async._host import _snapstore
 
-HERE = Path(__file__).parent
+from .cow_host import get as _get
+from .cow_host import start
+
 MIB = 16
 pytestmark = pytest.mark.tracked
-
-
-async def _start(ws: Workspace) -> None:
-    await ws.write_file("/workspace/cow_guest.py", (HERE / "cow_guest.py").read_bytes())
-    await ws.spawn(["python3", "/workspace/cow_guest.py", str(MIB)], log_path="/workspace/cow.log")
-    with anyio.fail_after(120):
-        while (await ws.exec("cat /workspace/cow.ready 2>/dev/null")).exit_code:  # noqa: ASYNC110 - polls the guest
-            await anyio.sleep(0.05)
-
-
-async def _get(ws: Workspace, path: str) -> str:
-    code = f"import urllib.request;print(urllib.request.urlopen('http://127.0.0.1:8081{path}').read().decode())"
-    r = await ws.exec(["python3", "-c", code], timeout=60)
-    assert r.exit_code == 0, r.stderr
-    return r.stdout.strip()
 
 
 def _depth(snap: Snapshot) -> int:
@@ -55,7 +40,7 @@ async def test_a_rolled_back_workspace_checkpoints_incrementally_past_the_chain_
     the ones before the limit were).
     A call made while the workspace is restored in place waits and then runs in the restored workspace, which has
     the memory it had; a copy of every snapshot serves the digest the workspace had when it was taken."""
-    await _start(ws)
+    await start(ws, MIB)
     rebased = anyio.Event()
     real_rebase = _restore.rebase
 

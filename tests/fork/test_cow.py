@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import anyio
 import pytest
 
 from bunshin_async import Config, Snapshot, Workspace
@@ -19,7 +18,9 @@ from bunshin_async._fork._snapshot import record_of
 from bunshin_async._host import _snapstore
 from bunshin_async._workspace._accounting import pss_bytes
 
-HERE = Path(__file__).parent
+from .cow_host import get as _get
+from .cow_host import start as _start
+
 HEAP_MIB = 100
 pytestmark = pytest.mark.tracked
 
@@ -57,21 +58,6 @@ def _fault_in(ws: Workspace) -> int:
                     mem.read(min(1 << 20, hi - off))
                 mapped += hi - lo
     return mapped
-
-
-async def _start(ws: Workspace, mib: int) -> None:
-    await ws.write_file("/workspace/cow_guest.py", (HERE / "cow_guest.py").read_bytes())
-    await ws.spawn(["python3", "/workspace/cow_guest.py", str(mib)], log_path="/workspace/cow.log")
-    with anyio.fail_after(120):
-        while (await ws.exec("cat /workspace/cow.ready 2>/dev/null")).exit_code:  # noqa: ASYNC110 - polls the guest
-            await anyio.sleep(0.05)
-
-
-async def _get(ws: Workspace, path: str) -> str:
-    code = f"import urllib.request;print(urllib.request.urlopen('http://127.0.0.1:8081{path}').read().decode())"
-    r = await ws.exec(["python3", "-c", code], timeout=60)
-    assert r.exit_code == 0, r.stderr
-    return r.stdout.strip()
 
 
 @pytest.mark.fork_modes("criu-cow")
