@@ -23,9 +23,8 @@ import subprocess
 import threading
 from pathlib import Path
 
-import anyio
-
 from . import _paths
+from ._threads import join_thread
 
 __all__ = ["LAST_PID_IMG", "LastPid", "parse_last_pid"]
 
@@ -91,16 +90,8 @@ class LastPid:
 
     async def join(self) -> None:
         self._go.set()  # a helper never asked reads EOF and exits
-        if self._thread is None:
-            return
-        if not self._thread.is_alive():
-            # Done already (the usual case at a dump's post-dump, with the tree frozen: it was asked at
-            # query-ext-files): no worker thread round trip (0.3-0.4 ms of the pause on a busy 2-core host) to learn
-            # it, as ``_snapstore.TreeCopy.join``.
-            self._thread.join()
-            return
-        with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(self._thread.join)
+        if self._thread is not None:  # asked at query-ext-files: at post-dump it has almost always answered
+            await join_thread(self._thread)
 
     def _run(self) -> None:
         try:

@@ -14,6 +14,7 @@ import anyio
 from .._config import Config
 from .._exceptions import CapabilityMissing, ForkError, StoreFull
 from . import _kernel, _tree
+from ._threads import join_thread
 
 
 def snapshot_dir() -> Path:
@@ -261,13 +262,7 @@ class TreeCopy:
         if self._thread is None:
             return
         self._go.set()  # a prepared copy never started leaves without copying
-        if not self._thread.is_alive():
-            # Done already (the usual case at a dump's post-dump, with the tree frozen): no worker thread round
-            # trip (a wake-up of a worker and of this loop, 0.1-0.3 ms on a busy 2-core host) to learn it.
-            self._thread.join()
-            return
-        with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(self._thread.join)
+        await join_thread(self._thread)
 
 
 def store_full(exc: BaseException, workspace_id: str, *, dump: bool = True) -> StoreFull | None:
