@@ -1,17 +1,19 @@
 #!/usr/bin/env python3
 """Offline, held-out evaluation of speculator's predictors on timed multi-rollout traces (no workspaces).
 
-Usage: .venv/bin/python scripts/eval_predictors.py TRACES [--table FILE | --leave-task-out [--calibrated]]
+Usage: .venv/bin/python scripts/eval_predictors.py TRACES [--ngram [--table FILE | --leave-task-out [--calibrated]]]
 
 Replays each task's rollouts as a GRPO group that starts together (``speculator._offline``) and reports, for the
 default predictors together and for each one left out (the ablation), exact top-1 hits, launches (stated
 probability >= 0.3, up to three per call), the hideable tool time their hits would hide (of the oracle's bound:
 ``min(tool, LLM)`` per call the prefix cache does not serve) and the tool time wrong launches would run. Two
 ceilings say what any predictor limited to exact calls could reach: the calls the group made before (in time), and
-those plus the calls other tasks made. The n-gram table is the bundled one (trained on other traces, SWE-bench) or,
-with ``--leave-task-out``, trained for each task on every other task of TRACES: never on the task it predicts
-(``--calibrated``: its odds calibrated on those other tasks, as ``build_ngram_table.py`` calibrates the bundled
-one); each group gets its own copy (the history predictor learns online into it).
+those plus the calls other tasks made. The predictors are the experiment's (``fork+cache+spec``); ``--ngram`` adds
+the n-gram predictors (``history``, ``signatures``; the experiment's ``-with-ngram``), whose table is the bundled
+one (trained on other traces, SWE-bench) or, with ``--leave-task-out``, trained for each task on every other task
+of TRACES: never on the task it predicts (``--calibrated``: its odds calibrated on those other tasks, as
+``build_ngram_table.py`` calibrates the bundled one); each group gets its own copy (the history predictor learns
+online into it).
 
 A row re-asks the predictors whenever a sibling decides a call during a rollout's turn (what a runtime that plans
 again on a sibling's decision could add; a guess first made then hides only what is left of the turn).
@@ -66,7 +68,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from build_ngram_table import held_out_calibration  # noqa: E402
 
 _DEFAULT = ByteModel()
-PREDICTORS = ("siblings", "observation", "docs", "recent", "written", "steps", "history", "signatures")
+PREDICTORS = ("siblings", "observation", "docs", "recent", "written", "steps")
+NGRAM = ("history", "signatures")
 # Ablations of a predictor's parts: (row, the predictor in place of the default one of its name, given the table).
 VARIANTS: tuple[tuple[str, Callable[[SiblingTable], Predictor]], ...] = (
     ("all, siblings without the first-line level", lambda t: SiblingPredictor(t, head_confidence=0.0)),
@@ -110,7 +113,8 @@ def _model(groups: dict[str, list[Record]], calibrated: bool) -> NgramModel:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("traces", type=Path)
-    p.add_argument("--table", type=Path, help="an n-gram table (default: the bundled one)")
+    p.add_argument("--ngram", action="store_true", help="add the n-gram predictors (history, signatures)")
+    p.add_argument("--table", type=Path, help="with --ngram: an n-gram table (default: the bundled one)")
     p.add_argument("--leave-task-out", action="store_true", help="per task, a table trained on the other tasks")
     p.add_argument(
         "--calibrated", action="store_true",
@@ -139,6 +143,9 @@ def main() -> int:
     q.add_argument("--why", type=float, metavar="S", help="list the right guesses refused whose call took >= S s")
     q.add_argument("--no-ablation", action="store_true", help="with --policy: skip the ablation rows")
     args = p.parse_args()
+    if (args.table or args.leave_task_out) and not args.ngram:
+        p.error("--table and --leave-task-out are about the n-gram predictors: add --ngram")
+    args.predictors = PREDICTORS + NGRAM if args.ngram else PREDICTORS
     groups = every = load_groups(args.traces)
     if args.tasks:
         wanted = args.tasks.split(",")
@@ -165,7 +172,8 @@ def main() -> int:
         def make(task: str) -> Callable[[], Sequence[Predictor]]:
             # a copy per group: the history predictor learns online into its model, and a model shared by the
             # rows would have learned the task it predicts from an earlier row
-            table, model = SiblingTable(), copy.deepcopy(models.get(task, bundled))
+            table = SiblingTable()
+            model = copy.deepcopy(models.get(task, bundled)) if args.ngram else None
 
             def one() -> list[Predictor]:
                 spec = default_speculation(
@@ -191,9 +199,11 @@ def main() -> int:
         _after_policy(groups, speculation, model, args, times)
         return 0
     rows: list[tuple[str, OfflineReport, str]] = [("all predictors", evaluate(groups, speculation(frozenset())), "all")]
-    for name in PREDICTORS:
+    for name in args.predictors:
         rows.append((f"all but {name}", evaluate(groups, speculation(frozenset({name}))), "all"))
-        rows.append((f"{name} alone", evaluate(groups, speculation(frozenset(PREDICTORS) - {name})), "all"))
+        rows.append((f"{name} alone", evaluate(groups, speculation(frozenset(args.predictors) - {name})), "all"))
+    if args.ngram:
+        rows.append(("all but history and signatures", evaluate(groups, speculation(frozenset(NGRAM))), "all"))
 
     # what this session's refinements add: each predictor made as before them, in place of its current form
     for label, variant in VARIANTS:
@@ -213,6 +223,7 @@ def main() -> int:
     rows.append(("ceiling: those + other tasks' calls", evaluate(groups, ceiling(True), top=1 << 30), "ceiling"))
     first = rows[0][1]
     table = "bundled (other traces)" if not args.leave_task_out else "leave-task-out (the other tasks of TRACES)"
+    table = table if args.ngram else "none (no n-gram predictors; --ngram)"
     table += ", calibrated out of sample" if args.leave_task_out and args.calibrated else ""
     print(f"{args.traces.name}: {len(groups)} groups, {first.calls} calls, {first.cache_hits} served by the "
           f"prefix cache; hideable tool time (the oracle's bound) {first.hideable_seconds:.0f} s; n-gram table: "
@@ -304,7 +315,8 @@ def _after_policy(
           f"{sum(rep.calls.values())} calls, x {args.time_scale:g}; hideable {hideable:.1f} s; policy told: fork "
           f"{model.fork_mib} MiB, {model.fork_seconds} s, rollout {model.rollout_mib} MiB, copy "
           f"{model.copy_extra_mib:+} MiB, CPU share {model.cpu_share}, contention {model.contention}"
-          f"{', learned after its first fork' if model.learned else ''}\n")  # fmt: skip
+          f"{', learned after its first fork' if model.learned else ''}; predictors: "
+          f"{', '.join(args.predictors)}\n")  # fmt: skip
     head = ("| {} | offered | launched (forks) | hits | hidden s | share of hideable | wrong s | fork MiB·s held / "
             "freed | refused: " + " / ".join(_REFUSED) + " |")  # fmt: skip
     rule = "|---" * 9 + "|"
@@ -352,10 +364,13 @@ def _after_policy(
         return
     print("\nAblation after the policy\n" + head.format("predictors") + "\n" + rule)
     print(_row("all", rep.total(), hideable))
-    for name in PREDICTORS:
+    for name in args.predictors:
         print(_row(f"all but {name}", replay(groups, speculation(frozenset({name})), **run).total(), hideable))
-        alone = replay(groups, speculation(frozenset(PREDICTORS) - {name}), **run).total()
+        alone = replay(groups, speculation(frozenset(args.predictors) - {name}), **run).total()
         print(_row(f"{name} alone", alone, hideable))
+    if args.ngram:
+        both = replay(groups, speculation(frozenset(NGRAM)), **run).total()
+        print(_row("all but history and signatures", both, hideable))
 
 
 class _Where:

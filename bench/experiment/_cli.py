@@ -23,6 +23,7 @@ from ._runner import (
     CONFIGS,
     UNWEIGHED,
     UNWEIGHED_FORKS,
+    WITH_NGRAM,
     ExperimentResult,
     config,
     markdown_table,
@@ -37,7 +38,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--configs", default=",".join(CONFIGS),
         help="comma-separated, baseline first; a speculative one + '-at-turn-start' launches a turn's first call "
         "when the turn starts, not on the previous turn's last observation (e.g. oracle-at-turn-start); + "
-        "'-unweighed-forks' launches forks without the GiB·s rule (e.g. oracle-unweighed-forks)",
+        "'-unweighed-forks' launches forks without the GiB·s rule (e.g. oracle-unweighed-forks); a predicting one + "
+        "'-with-ngram' adds the n-gram predictors (history, signatures; off by default)",
     )  # fmt: skip
     p.add_argument(
         "--workload", choices=["bundled", "terminal"], default="bundled",
@@ -181,7 +183,8 @@ def main(
     unknown = [c for c in configs if config(c) is None]
     if unknown:
         print(f"unknown configuration(s) {unknown}; choose from {list(CONFIGS)} or {ABLATION}NAME[+NAME], "
-              f"with a cache +'{UNWEIGHED}', any speculative one +'{AT_TURN_START}' or +'{UNWEIGHED_FORKS}'",
+              f"with a cache +'{UNWEIGHED}', any speculative one +'{AT_TURN_START}' or +'{UNWEIGHED_FORKS}', a "
+              f"predicting one +'{WITH_NGRAM}'",
               file=sys.stderr)  # fmt: skip
         return 2
     groups: list[tuple[Task, list[Trajectory]]]

@@ -70,6 +70,7 @@ class Config(msgspec.Struct, frozen=True):
     weigh_captures: bool = True  # the cache's GiB·s rule for captures (``ToolCache(weigh_captures=...)``)
     on_observation: bool = True  # Speculation.on_observation (False: the ``-at-turn-start`` configurations)
     weigh_forks: bool = True  # the policy's GiB·s rule for forks (False: ``-unweighed-forks``, memory_weight=0)
+    ngram: bool = False  # the n-gram predictors (``history``, ``signatures``, bundled table): ``-with-ngram``
 
 
 CONFIGS = {
@@ -88,6 +89,7 @@ ABLATION = "fork+cache+spec-without-"
 UNWEIGHED = "-unweighed"
 AT_TURN_START = "-at-turn-start"
 UNWEIGHED_FORKS = "-unweighed-forks"
+WITH_NGRAM = "-with-ngram"
 
 
 def config(name: str) -> Config | None:
@@ -96,10 +98,16 @@ def config(name: str) -> Config | None:
     (its cache captures every reachable slow write, without weighing the hold in GiB·s), or a speculative one of
     these followed by ``-at-turn-start`` (a turn's first call launched when the turn starts, not on the last
     observation), or a speculative one followed by ``-unweighed-forks`` (its policy launches forks without the GiB·s
-    rule, ``CostAwarePolicy(memory_weight=0)``: what that rule costs in latency and saves in GiB·s). None for
-    anything else."""
+    rule, ``CostAwarePolicy(memory_weight=0)``: what that rule costs in latency and saves in GiB·s), or a predicting
+    one followed by ``-with-ngram`` (plus the n-gram predictors ``history`` and ``signatures``, left out by default
+    since session 19: offline they launched and hid nothing). None for anything else."""
     if name in CONFIGS:
         return CONFIGS[name]
+    if name.endswith(WITH_NGRAM):
+        base = config(name.removesuffix(WITH_NGRAM))
+        if base is None or not base.speculation or base.oracle:
+            return None
+        return msgspec.structs.replace(base, name=name, ngram=True)
     if name.endswith(UNWEIGHED_FORKS):
         base = config(name.removesuffix(UNWEIGHED_FORKS))
         if base is None or not base.speculation:
@@ -412,7 +420,9 @@ async def _run_config_in(
             speculation=(
                 _oracle_factory(trajectories, config.on_observation, config.weigh_forks, decisions)
                 if config.oracle
-                else _speculation_factory(config.without, config.on_observation, config.weigh_forks, decisions)
+                else _speculation_factory(
+                    config.without, config.on_observation, config.weigh_forks, decisions, ngram=config.ngram
+                )
             )
             if config.speculation
             else None,
@@ -489,13 +499,16 @@ def _speculation_factory(
     on_observation: bool = True,
     weigh_forks: bool = True,
     decisions: Callable[[Any], None] | None = None,
+    *,
+    ngram: bool = False,
 ) -> Callable[[RolloutContext], Any]:
-    """Per rollout: the default predictors (stream tap, siblings of the same group, n-gram history of the public
-    traces (the bundled table), cost-aware policy shared by all rollouts), but those named in ``without``;
-    ``weigh_forks=False``: the policy without its GiB·s rule for forks."""
+    """Per rollout: the default predictors (stream tap, siblings of the same group, cost-aware policy shared by all
+    rollouts), but those named in ``without``; ``ngram``: plus the n-gram predictors over the public traces (the
+    bundled table; offline on the terminal-benchmark traces they hid nothing and ran 115 s of wrong calls:
+    docs/benchmarks/speculation.md); ``weigh_forks=False``: the policy without its GiB·s rule for forks."""
     from speculator import CostAwarePolicy, SiblingTable, default_ngram, default_speculation
 
-    model = default_ngram()
+    model = default_ngram() if ngram else None
     policy = CostAwarePolicy(memory_weight=1.0 if weigh_forks else 0.0, decisions=decisions)
     tables: dict[str, SiblingTable] = {}
 

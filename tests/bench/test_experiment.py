@@ -412,3 +412,24 @@ async def test_sigterm_stops_the_experiment_and_closes_every_workspace() -> None
     assert code == 128 + signal.SIGTERM, err[-2000:]
     assert "SIGTERM: stopping" in err
     assert set(run.iterdir()) == before
+
+
+@pytest.mark.unit
+def test_the_ngram_predictors_are_opt_in() -> None:
+    """fork+cache+spec speculates without ``history`` and ``signatures`` (offline they hid nothing on the
+    terminal-benchmark traces and ran wrong calls); ``-with-ngram`` puts them back, for an A/B."""
+    from types import SimpleNamespace
+
+    from bench.experiment._runner import _speculation_factory
+
+    assert named_config("fork+cache+spec-with-ngram") == Config(
+        "fork+cache+spec-with-ngram", fork=True, cache=True, speculation=True, ngram=True)  # fmt: skip
+    both = named_config("fork+cache+spec-without-recent-with-ngram-at-turn-start")
+    assert both is not None and both.ngram and both.without == {"recent"} and not both.on_observation
+    for plain in ("oracle-with-ngram", "fork+cache-with-ngram", "-with-ngram"):
+        assert named_config(plain) is None, plain
+    ctx: Any = SimpleNamespace(task=SimpleNamespace(task_id="t"), rollout=0)
+    default = [p.name for p in _speculation_factory()(ctx).predictors]
+    assert "siblings" in default and not {"history", "signatures"} & set(default)
+    with_ngram = [p.name for p in _speculation_factory(ngram=True)(ctx).predictors]
+    assert with_ngram == [*default, "history", "signatures"]
