@@ -35,10 +35,11 @@ from __future__ import annotations
 
 import argparse
 import copy
+import math
 import re
 import statistics
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import msgspec
@@ -48,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 
 from bunshin_async.speculation import CallKey, Candidate, PredictionContext, Predictor  # noqa: E402
 from speculator import (  # noqa: E402
+    KIND_ODDS,
     NgramModel,
     ObservationPredictor,
     OraclePredictor,
@@ -56,9 +58,13 @@ from speculator import (  # noqa: E402
     SiblingPredictor,
     SiblingTable,
     TimedPredictor,
+    call_kind,
     default_ngram,
     default_speculation,
+    fit_odds,
+    with_kind_odds,
 )
+from speculator._kinds import shift_odds  # noqa: E402
 from speculator._offline import OfflineReport, Record, _calls, evaluate, leave_task_out, load_groups  # noqa: E402
 from speculator._replay import ByteModel, replay  # noqa: E402
 from speculator._steps import _stepped  # noqa: E402
@@ -142,6 +148,11 @@ def main() -> int:
     )  # fmt: skip
     q.add_argument("--why", type=float, metavar="S", help="list the right guesses refused whose call took >= S s")
     q.add_argument("--no-ablation", action="store_true", help="with --policy: skip the ablation rows")
+    p.add_argument(
+        "--odds", choices=("shipped", "held-out", "none"), default="shipped",
+        help="odds by the kind of call: the shipped KIND_ODDS, fitted for each task on the other tasks, or none",
+    )  # fmt: skip
+    p.add_argument("--kinds", action="store_true", help="only fit the odds by kind: the table, and its held-out check")
     args = p.parse_args()
     if (args.table or args.leave_task_out) and not args.ngram:
         p.error("--table and --leave-task-out are about the n-gram predictors: add --ngram")
@@ -161,6 +172,10 @@ def main() -> int:
             models[task] = _model({t: rs for t, rs in every.items() if t != task}, args.calibrated)
     # run times by signature, for each task learned from every other task of TRACES (never from the task itself)
     times = {task: RunTimes.from_records(r for t, rs in every.items() if t != task for r in rs) for task in groups}
+    # odds by the kind of call, for each task: the shipped table, or fitted on the guesses of every other task
+    odds: dict[str, Mapping[str, Mapping[str, float]]] = dict.fromkeys(
+        groups, KIND_ODDS if args.odds == "shipped" else {}
+    )
 
     def speculation(
         without: frozenset[str], variant: Callable[[SiblingTable], Predictor] | None = None, timed: bool | None = None
@@ -177,11 +192,12 @@ def main() -> int:
 
             def one() -> list[Predictor]:
                 spec = default_speculation(
-                    group=task, table=table, model=model, without=without, times=times[task] if timed else None
-                )
+                    group=task, table=table, model=model, without=without, times=times[task] if timed else None,
+                    odds=odds[task],
+                )  # fmt: skip
                 predictors = list(spec.predictors)
                 if variant is not None:
-                    made = variant(table)
+                    made = with_kind_odds([variant(table)], odds[task])[0]
                     if timed:
                         made = TimedPredictor(made, times[task])
                     predictors = [made if p.name == made.name else p for p in predictors]
@@ -190,6 +206,15 @@ def main() -> int:
             return one
 
         return make
+
+    if args.kinds or args.odds == "held-out":
+        scored = _scored_guesses(every, args, models, bundled)
+        fits = {task: fit_odds(g[1:] for g in scored if g[0] != task) for task in every}
+        if args.odds == "held-out":
+            odds.update((task, fits[task]) for task in groups)
+        if args.kinds:
+            _kinds_report(scored, fits)
+            return 0
 
     if args.policy:
         model = ByteModel(
@@ -243,6 +268,78 @@ def main() -> int:
     _where(groups)
     _lead_time(groups, [float(d) for d in args.delays.split(",") if d])
     return 0
+
+
+class _Scoring:
+    """``inner``, each of its guesses recorded with the call that came: (task, source, kind, stated p, hit)."""
+
+    def __init__(self, inner: Predictor, task: str, calls: Sequence[CallKey], out: list[_Guess]) -> None:
+        self.inner, self.name, self.task, self.calls, self.out = inner, inner.name, task, calls, out
+
+    def predict(self, ctx: PredictionContext) -> Sequence[Candidate]:
+        guesses = self.inner.predict(ctx)
+        truth = self.calls[len(ctx.history)]
+        for c in guesses:
+            key = CallKey(c.name, truth.version, msgspec.json.encode(c.arguments, order="deterministic"))
+            self.out.append((self.task, c.source, call_kind(c.name, c.arguments), c.probability, key == truth))
+        return guesses
+
+    def observe(self, ctx: PredictionContext, call: CallKey) -> None:
+        self.inner.observe(ctx, call)
+
+
+_Guess = tuple[str, str, str, float, bool]
+
+
+def _scored_guesses(
+    groups: dict[str, list[Record]], args: argparse.Namespace, models: dict[str, NgramModel], bundled: NgramModel
+) -> list[_Guess]:
+    """Every guess the predictors (their own odds, no kind factors) make over ``groups``, scored."""
+    out: list[_Guess] = []
+
+    def make(task: str) -> Callable[[], Sequence[Predictor]]:
+        table, records = SiblingTable(), iter(groups[task])
+        model = copy.deepcopy(models.get(task, bundled)) if args.ngram else None
+
+        def one() -> list[Predictor]:
+            calls = [k for k, _, _ in _calls(next(records))]
+            spec = default_speculation(group=task, table=table, model=model, odds={})
+            return [_Scoring(p, task, calls, out) for p in spec.predictors]
+
+        return one
+
+    evaluate(groups, make)
+    return out
+
+
+def _kinds_report(scored: list[_Guess], fits: dict[str, dict[str, dict[str, float]]]) -> None:
+    """The odds factors fitted on every task (what ``KIND_ODDS`` ships), and the check of held-out factors: each
+    task's guesses (stated at least 0.05) against the factors fitted on the other tasks."""
+    print("Odds factors by kind, fitted on every task (speculator._kinds.KIND_ODDS):")
+    print(fit_odds(g[1:] for g in scored))
+    cells: dict[tuple[str, str], list[float]] = {}
+    for task, source, kind, p, hit in scored:
+        if not 0.05 <= p < 1.0:
+            continue
+        q = shift_odds(p, fits[task].get(source, {}).get(kind, 1.0))
+        c = cells.setdefault((source, kind), [0, 0, 0.0, 0.0, 0.0, 0.0])
+        c[0] += 1
+        c[1] += hit
+        c[2] += p
+        c[3] += q
+        c[4] -= math.log(p if hit else 1 - p)
+        c[5] -= math.log(q if hit else 1 - q)
+    print(
+        "\nHeld out (each task under the factors fitted on the other tasks): guesses stated >= 0.05, hits, the hits "
+        "their stated odds expected, those the held-out factors expected, and the log loss (nats) before / after"
+    )
+    print("| source | kind | guesses | hits | expected, stated | expected, held-out | log loss stated / held-out |")
+    print("|---|---|---|---|---|---|---|")
+    total = [0.0, 0.0]
+    for (source, kind), (n, h, e, q, before, after) in sorted(cells.items()):
+        total[0], total[1] = total[0] + before, total[1] + after
+        print(f"| {source} | {kind} | {n:.0f} | {h:.0f} | {e:.1f} | {q:.1f} | {before:.1f} / {after:.1f} |")
+    print(f"| **all** | | | | | | {total[0]:.1f} / {total[1]:.1f} |")
 
 
 class _TimedOracle(OraclePredictor):

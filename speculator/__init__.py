@@ -12,13 +12,14 @@ group's calls) and user rules, under a cost-aware policy.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from importlib import resources
 
 from bunshin_async._public import publish as _publish  # the SDK's helper: exported names carry this module
 from bunshin_async.speculation import Policy, Predictor, Speculation
 
 from ._decisions import Decision, Verdict, jsonl_sink
+from ._kinds import KIND_ODDS, KindOdds, call_kind, fit_odds, with_kind_odds
 from ._ngram import HistoryPredictor, NgramModel, SignaturePredictor
 from ._observation import DocsPredictor, ObservationPredictor
 from ._policy import CostAwarePolicy, cpu_contention, loop_load
@@ -31,11 +32,13 @@ from ._steps import StepPredictor
 from ._written import WrittenPredictor
 
 __all__ = [
+    "KIND_ODDS",
     "NGRAM_TABLE",
     "CostAwarePolicy",
     "Decision",
     "DocsPredictor",
     "HistoryPredictor",
+    "KindOdds",
     "NgramModel",
     "ObservationPredictor",
     "OraclePredictor",
@@ -50,14 +53,17 @@ __all__ = [
     "TimedPredictor",
     "Verdict",
     "WrittenPredictor",
+    "call_kind",
     "command_program",
     "cpu_contention",
     "loop_load",
     "default_ngram",
     "default_speculation",
+    "fit_odds",
     "jsonl_sink",
     "signature",
     "train_ngram",
+    "with_kind_odds",
 ]
 
 #: The package data ``default_ngram`` reads: what an order-3 ``NgramModel`` learned from the 500 public SWE-bench
@@ -91,12 +97,15 @@ def default_speculation(
     tap: bool = True,
     without: Iterable[str] = (),
     times: RunTimes | None = None,
+    odds: Mapping[str, Mapping[str, float]] | None = None,
 ) -> Speculation:
     """A ``Speculation`` for one rollout of ``group``: share ``table`` (and ``policy``, to share what it learns)
     among the rollouts of the group. ``tap=False`` waits for the message to end before running calls; ``without``
     leaves out the predictors of those names (an ablation). ``times``: run times by call signature (``RunTimes``,
     trained on timed traces of *other* tasks than those measured): each guess states its signature's where its
-    predictor states none, so the policy does not take a kind of call it has not seen run yet for a short one."""
+    predictor states none, so the policy does not take a kind of call it has not seen run yet for a short one.
+    ``odds``: per predictor, odds factors by the kind of call guessed (``KindOdds``; default ``KIND_ODDS``, fitted on
+    timed traces; ``{}``: the predictors' own odds)."""
     table = table if table is not None else SiblingTable()
     predictors: list[Predictor] = [
         SiblingPredictor(table),
@@ -113,7 +122,7 @@ def default_speculation(
         predictors.append(RulePredictor(rule_list))
     predictors.extend(extra)
     leave_out = set(without)
-    predictors = [p for p in predictors if p.name not in leave_out]
+    predictors = with_kind_odds((p for p in predictors if p.name not in leave_out), KIND_ODDS if odds is None else odds)
     if times is not None:
         predictors = [TimedPredictor(p, times) for p in predictors]
     return Speculation(

@@ -1,0 +1,144 @@
+"""Odds by the kind of call: a predictor's stated probability, corrected for the kind of call it guesses (an
+install, an edit, a read, a run), as fitted on timed multi-rollout traces.
+
+A predictor states one probability per level of evidence, whatever the call: on the terminal-benchmark traces
+``siblings``' guess after the same previous call (stated 0.2-0.5) was the next call about twice as often when it
+was a run (a script, a build) as when it was an edit, and installs it guessed rarely came (the rollouts of a group
+install the same thing once, at about the same time). The policy launches by *probability x hideable seconds*, so
+underrated long runs are refused and overrated edits forked. ``KindOdds`` multiplies each guess's odds
+(``p / (1 - p)``) by its (predictor, kind) factor; ``fit_odds`` fits those factors from scored guesses, each by
+maximum likelihood with a Gaussian prior on the log factor (few guesses keep a factor near 1).
+``scripts/eval_predictors.py --kinds`` refits them and checks them leave-task-out (each task's guesses under the
+factors fitted on the other tasks)."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import msgspec
+
+from bunshin_async.speculation import CallKey, Candidate, PredictionContext, Predictor
+
+from ._signature import command_program
+
+__all__ = ["KINDS", "KIND_ODDS", "KindOdds", "call_kind", "fit_odds", "shift_odds", "with_kind_odds"]
+
+#: The kinds, in the order tables print them; ``other``: a call without a shell command.
+KINDS = ("install", "edit", "read", "run", "other")
+
+# A package manager asked to install or add something, anywhere in the command line (``mkdir -p x && pip install y``,
+# ``python3 -c "import y" || pip install y``).
+_INSTALL = re.compile(
+    r"\b(?:pip3?(?:\.\d+)?|python[\d.]*\s+-m\s+pip|apt(?:-get)?|conda|mamba|npm|yarn|pnpm|gem|cargo|uv|apk|dnf|yum|"
+    r"brew)\b[^|;&\n]*\b(?:install|add)\b"
+)
+# Programs that only look (what the shell's ``ls``, ``cat`` print).
+_READS = frozenset(
+    "ls cat head tail grep egrep rg find which whereis pwd echo printf file wc ps du df tree stat env printenv "
+    "whoami id uname hexdump xxd od less more diff cmp type readlink realpath nproc free date history".split()
+)
+# Programs that change files without computing much (``mkdir``, ``mv``; a ``sed -i``).
+_MUTATES = frozenset("mkdir mv cp rm touch chmod chown ln tee".split())
+
+
+def call_kind(name: str, arguments: Mapping[str, Any]) -> str:
+    """``install`` (a package manager installs), ``edit`` (a heredoc, a redirect into a file, ``sed -i``, ``mkdir``,
+    ``mv`` ...), ``read`` (``ls``, ``cat``, ``grep`` ...), ``run`` (anything else a shell runs: a script, a build, a
+    server) or ``other`` (no ``command`` argument)."""
+    command = arguments.get("command", arguments.get("cmd"))
+    if not isinstance(command, str):
+        return "other"
+    if _INSTALL.search(command):
+        return "install"
+    program = command_program(command)
+    first = command.strip().split("\n", 1)[0]
+    if program.endswith(" >") or ("<<" in first and ">" in first) or re.search(r"\bsed\s+-i", command):
+        return "edit"
+    word = program.split(" ", 1)[0]
+    if word in _MUTATES:
+        return "edit"
+    return "read" if word in _READS else "run"
+
+
+#: Odds factors by predictor and kind, fitted on the 26 tasks of the terminal-benchmark development traces
+#: (``scripts/eval_predictors.py TRACES --kinds``; 2026-12-04). A kind a predictor is absent from keeps its odds.
+KIND_ODDS: dict[str, dict[str, float]] = {
+    "recent": {"run": 1.08},
+    "siblings": {"edit": 0.41, "install": 0.5, "read": 1.24, "run": 2.23},
+    "steps": {"run": 1.37},
+    "written": {"edit": 0.43, "read": 0.84},
+}
+
+
+def shift_odds(p: float, factor: float) -> float:
+    """``p`` with its odds multiplied by ``factor`` (0 and 1 stay)."""
+    if p <= 0.0 or p >= 1.0:
+        return p
+    return factor * p / (1.0 - p + factor * p)
+
+
+class KindOdds:
+    """``inner``'s guesses, each with its odds multiplied by ``factors[kind]`` (``call_kind``); named as ``inner``
+    (it is that predictor: ablations leave it out by name)."""
+
+    def __init__(self, inner: Predictor, factors: Mapping[str, float]) -> None:
+        self.inner, self.factors = inner, dict(factors)
+        self.name = inner.name
+
+    def predict(self, ctx: PredictionContext) -> Sequence[Candidate]:
+        out = []
+        for c in self.inner.predict(ctx):
+            factor = self.factors.get(call_kind(c.name, c.arguments), 1.0)
+            out.append(
+                c if factor == 1.0 else msgspec.structs.replace(c, probability=shift_odds(c.probability, factor))
+            )
+        return out
+
+    def observe(self, ctx: PredictionContext, call: CallKey) -> None:
+        self.inner.observe(ctx, call)
+
+
+def with_kind_odds(predictors: Iterable[Predictor], odds: Mapping[str, Mapping[str, float]]) -> list[Predictor]:
+    """Each of ``predictors`` that ``odds`` has factors for, wrapped in ``KindOdds``."""
+    return [KindOdds(p, odds[p.name]) if odds.get(p.name) else p for p in predictors]
+
+
+def fit_odds(
+    guesses: Iterable[tuple[str, str, float, bool]], *, prior: float = 0.5, floor: float = 0.05
+) -> dict[str, dict[str, float]]:
+    """Per (source, kind), the odds factor that makes ``source``'s guesses of that kind most likely: guesses are
+    ``(source, kind, stated probability, hit)``; guesses stated under ``floor`` are left out (the policy never
+    launches them, and their many misses would decide the fit); ``prior``: the standard deviation of a Gaussian
+    prior on the natural log of the factor (a factor of e^prior is one standard deviation away from 1; 0.5 gave the
+    lowest held-out log loss on the terminal-benchmark traces of 0.25, 0.5, 0.75, 1 and 1.5)."""
+    cells: dict[tuple[str, str], list[tuple[float, bool]]] = defaultdict(list)
+    for source, kind, p, hit in guesses:
+        if floor <= p < 1.0:
+            cells[source, kind].append((p, hit))
+    out: dict[str, dict[str, float]] = defaultdict(dict)
+    for (source, kind), rows in sorted(cells.items()):
+        log_factor = _fit(rows, prior)
+        if abs(log_factor) >= 0.05:  # within 5% of 1: leave the odds as they are
+            out[source][kind] = round(math.exp(log_factor), 2)
+    return dict(out)
+
+
+def _fit(rows: Sequence[tuple[float, bool]], prior: float) -> float:
+    """The log odds factor maximising the guesses' Bernoulli likelihood plus the prior (Newton's method on a
+    concave objective, from 0)."""
+    x = 0.0
+    for _ in range(50):
+        grad, hess = -x / prior**2, -1.0 / prior**2
+        for p, hit in rows:
+            q = shift_odds(p, math.exp(x))
+            grad += (1.0 if hit else 0.0) - q
+            hess -= q * (1.0 - q)
+        step = grad / hess
+        x -= max(-1.0, min(1.0, step))
+        if abs(step) < 1e-6:
+            break
+    return x

@@ -1,0 +1,103 @@
+"""Odds by the kind of call: the kind a command is, the odds factor a guess of it gets, and how factors are fitted."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from bunshin_async.speculation import CallKey, Candidate, PredictionContext
+from bunshin_async.tools import bash_tool
+from speculator import KIND_ODDS, KindOdds, SiblingTable, call_kind, default_speculation, fit_odds
+
+pytestmark = pytest.mark.unit
+
+BASH = bash_tool()
+
+
+@pytest.mark.parametrize(
+    ("command", "kind"),
+    [
+        ("pip3 install yt-dlp", "install"),
+        ("mkdir -p /app/cache && pip install transformers torch", "install"),
+        ("python3 -c 'import flask' 2>/dev/null || pip install flask", "install"),
+        ("apt-get update && apt-get install -y build-essential", "install"),
+        ("python3 -m pip install numpy", "install"),
+        ("cat <<'EOF' > run.py\nprint(1)\nEOF", "edit"),
+        ("sed -i 's/5000/5001/' api.py", "edit"),
+        ("mkdir -p out", "edit"),
+        ("./cli_tool weights.json image.png > prediction.txt", "edit"),
+        ("ls -la", "read"),
+        ("cd /app && cat model.py", "read"),
+        ("which yt-dlp ffmpeg", "read"),
+        ("python3 train.py --epochs 3", "run"),
+        ("make", "run"),
+        ("yt-dlp -f mp4 https://example.com/v", "run"),
+        ("pip list | grep torch", "run"),  # pip, but not an install
+    ],
+)
+def test_a_command_has_the_kind_of_what_it_does(command: str, kind: str) -> None:
+    assert call_kind("bash", {"command": command}) == kind
+
+
+def test_a_call_without_a_command_is_of_no_shell_kind() -> None:
+    assert call_kind("read_file", {"path": "x"}) == "other"
+
+
+class _Fixed:
+    name = "siblings"
+
+    def __init__(self, guesses: Sequence[tuple[str, float]]) -> None:
+        self.guesses = guesses
+        self.observed: list[CallKey] = []
+
+    def predict(self, ctx: PredictionContext) -> Sequence[Candidate]:
+        return [
+            Candidate(name="bash", arguments={"command": c}, probability=p, source=self.name) for c, p in self.guesses
+        ]
+
+    def observe(self, ctx: PredictionContext, call: CallKey) -> None:
+        self.observed.append(call)
+
+
+def test_a_guess_has_its_odds_multiplied_by_its_kinds_factor() -> None:
+    inner = _Fixed([("python3 run.py", 0.4), ("cat > a.txt", 0.5), ("ls", 0.3), ("python3 sure.py", 1.0)])
+    wrapped = KindOdds(inner, {"run": 2.0, "edit": 0.25})
+    assert wrapped.name == "siblings"  # it is that predictor: ablations leave it out by name
+    ctx = PredictionContext(history=(), chain=b"", turn=0, position=0)
+    got = {c.arguments["command"]: c.probability for c in wrapped.predict(ctx)}
+    # odds 0.4/0.6 x 2 = 4/3 -> 4/7; odds 1 x 0.25 -> 0.2; a kind without a factor keeps its odds; certainty stays
+    assert got == pytest.approx({"python3 run.py": 4 / 7, "cat > a.txt": 0.2, "ls": 0.3, "python3 sure.py": 1.0})
+    call = CallKey.of(BASH, {"command": "ls"})
+    wrapped.observe(ctx, call)
+    assert inner.observed == [call]
+
+
+def test_factors_follow_how_often_each_kind_of_guess_came() -> None:
+    # runs stated 0.25 came half the time, edits stated 0.5 one time in ten, reads as stated
+    guesses = [("s", "run", 0.25, n % 2 == 0) for n in range(60)]
+    guesses += [("s", "edit", 0.5, n % 10 == 0) for n in range(60)]
+    guesses += [("s", "read", 0.4, n % 5 < 2) for n in range(60)]
+    guesses += [("s", "install", 0.01, False) for _ in range(500)]  # under the floor: never launched, not fitted
+    guesses += [("t", "run", 0.5, True), ("t", "run", 0.5, True)]  # two guesses: the prior keeps it near 1
+    odds = fit_odds(guesses)
+    assert 2.0 < odds["s"]["run"] < 3.0  # the odds that fit exactly: 1 / (1/3) = 3, shrunk towards 1
+    assert 1 / 9 < odds["s"]["edit"] < 0.35  # exactly: (1/9) / 1
+    assert "read" not in odds["s"] and "install" not in odds["s"]
+    assert odds.get("t", {}).get("run", 1.0) < 1.5  # two hits at 0.5 would fit any factor above 1
+
+
+def test_default_speculation_states_odds_by_kind_unless_told_otherwise() -> None:
+    table = SiblingTable()
+    table.add(b"c", CallKey.of(BASH, {"command": "python3 run.py"}))
+    ctx = PredictionContext(history=(), chain=b"c", turn=0, position=0)
+
+    def stated(**kwargs: object) -> float:
+        spec = default_speculation(table=table, **kwargs)  # type: ignore[arg-type]
+        siblings = next(p for p in spec.predictors if p.name == "siblings")
+        return siblings.predict(ctx)[0].probability
+
+    assert stated(odds={}) == pytest.approx(0.9)  # one sibling made it from this history: 0.9 x 1/1
+    factor = KIND_ODDS["siblings"]["run"]
+    assert stated() == pytest.approx(0.9 * factor / (0.1 + 0.9 * factor))
+    assert stated(odds={"siblings": {"run": 0.5}}) == pytest.approx(0.45 / 0.55)
