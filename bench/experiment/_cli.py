@@ -21,6 +21,7 @@ from ._runner import (
     ABLATION,
     AT_TURN_START,
     CONFIGS,
+    STATED_ODDS,
     UNWEIGHED,
     UNWEIGHED_FORKS,
     WITH_NGRAM,
@@ -39,7 +40,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="comma-separated, baseline first; a speculative one + '-at-turn-start' launches a turn's first call "
         "when the turn starts, not on the previous turn's last observation (e.g. oracle-at-turn-start); + "
         "'-unweighed-forks' launches forks without the GiB·s rule (e.g. oracle-unweighed-forks); a predicting one + "
-        "'-with-ngram' adds the n-gram predictors (history, signatures; off by default)",
+        "'-with-ngram' adds the n-gram predictors (history, signatures; off by default), + '-stated-odds' uses the "
+        "predictors' own odds (no factors by kind of call)",
     )  # fmt: skip
     p.add_argument(
         "--workload", choices=["bundled", "terminal"], default="bundled",
@@ -184,7 +186,7 @@ def main(
     if unknown:
         print(f"unknown configuration(s) {unknown}; choose from {list(CONFIGS)} or {ABLATION}NAME[+NAME], "
               f"with a cache +'{UNWEIGHED}', any speculative one +'{AT_TURN_START}' or +'{UNWEIGHED_FORKS}', a "
-              f"predicting one +'{WITH_NGRAM}'",
+              f"predicting one +'{WITH_NGRAM}' or +'{STATED_ODDS}'",
               file=sys.stderr)  # fmt: skip
         return 2
     groups: list[tuple[Task, list[Trajectory]]]

@@ -71,6 +71,7 @@ class Config(msgspec.Struct, frozen=True):
     on_observation: bool = True  # Speculation.on_observation (False: the ``-at-turn-start`` configurations)
     weigh_forks: bool = True  # the policy's GiB·s rule for forks (False: ``-unweighed-forks``, memory_weight=0)
     ngram: bool = False  # the n-gram predictors (``history``, ``signatures``, bundled table): ``-with-ngram``
+    kind_odds: bool = True  # odds by the kind of call (``speculator.KIND_ODDS``; False: ``-stated-odds``)
 
 
 CONFIGS = {
@@ -90,6 +91,7 @@ UNWEIGHED = "-unweighed"
 AT_TURN_START = "-at-turn-start"
 UNWEIGHED_FORKS = "-unweighed-forks"
 WITH_NGRAM = "-with-ngram"
+STATED_ODDS = "-stated-odds"
 
 
 def config(name: str) -> Config | None:
@@ -100,9 +102,15 @@ def config(name: str) -> Config | None:
     observation), or a speculative one followed by ``-unweighed-forks`` (its policy launches forks without the GiB·s
     rule, ``CostAwarePolicy(memory_weight=0)``: what that rule costs in latency and saves in GiB·s), or a predicting
     one followed by ``-with-ngram`` (plus the n-gram predictors ``history`` and ``signatures``, left out by default
-    since session 19: offline they launched and hid nothing). None for anything else."""
+    since session 19: offline they launched and hid nothing), or a predicting one followed by ``-stated-odds`` (the
+    predictors' own odds, without the factors by kind of call, ``speculator.KIND_ODDS``). None for anything else."""
     if name in CONFIGS:
         return CONFIGS[name]
+    if name.endswith(STATED_ODDS):
+        base = config(name.removesuffix(STATED_ODDS))
+        if base is None or not base.speculation or base.oracle:
+            return None
+        return msgspec.structs.replace(base, name=name, kind_odds=False)
     if name.endswith(WITH_NGRAM):
         base = config(name.removesuffix(WITH_NGRAM))
         if base is None or not base.speculation or base.oracle:
@@ -421,8 +429,13 @@ async def _run_config_in(
                 _oracle_factory(trajectories, config.on_observation, config.weigh_forks, decisions)
                 if config.oracle
                 else _speculation_factory(
-                    config.without, config.on_observation, config.weigh_forks, decisions, ngram=config.ngram
-                )
+                    config.without,
+                    config.on_observation,
+                    config.weigh_forks,
+                    decisions,
+                    ngram=config.ngram,
+                    kind_odds=config.kind_odds,
+                )  # fmt: skip
             )
             if config.speculation
             else None,
@@ -501,11 +514,13 @@ def _speculation_factory(
     decisions: Callable[[Any], None] | None = None,
     *,
     ngram: bool = False,
+    kind_odds: bool = True,
 ) -> Callable[[RolloutContext], Any]:
     """Per rollout: the default predictors (stream tap, siblings of the same group, cost-aware policy shared by all
     rollouts), but those named in ``without``; ``ngram``: plus the n-gram predictors over the public traces (the
     bundled table; offline on the terminal-benchmark traces they hid nothing and ran 115 s of wrong calls:
-    docs/benchmarks/speculation.md); ``weigh_forks=False``: the policy without its GiB·s rule for forks."""
+    docs/benchmarks/speculation.md); ``kind_odds=False``: the predictors' own odds, not corrected by the kind of
+    call; ``weigh_forks=False``: the policy without its GiB·s rule for forks."""
     from speculator import CostAwarePolicy, SiblingTable, default_ngram, default_speculation
 
     model = default_ngram() if ngram else None
@@ -514,7 +529,10 @@ def _speculation_factory(
 
     def make(ctx: RolloutContext) -> Any:
         table = tables.setdefault(ctx.task.task_id, SiblingTable())
-        spec = default_speculation(group=ctx.task.task_id, table=table, policy=policy, model=model, without=without)
+        spec = default_speculation(
+            group=ctx.task.task_id, table=table, policy=policy, model=model, without=without,
+            odds=None if kind_odds else {},
+        )  # fmt: skip
         spec.on_observation = on_observation
         return spec
 

@@ -433,3 +433,20 @@ def test_the_ngram_predictors_are_opt_in() -> None:
     assert "siblings" in default and not {"history", "signatures"} & set(default)
     with_ngram = [p.name for p in _speculation_factory(ngram=True)(ctx).predictors]
     assert with_ngram == [*default, "history", "signatures"]
+
+
+@pytest.mark.unit
+def test_stated_odds_is_speculation_without_the_factors_by_kind_of_call() -> None:
+    from types import SimpleNamespace
+
+    from bench.experiment._runner import _speculation_factory
+    from speculator import KindOdds
+
+    assert named_config("fork+cache+spec-stated-odds") == Config(
+        "fork+cache+spec-stated-odds", fork=True, cache=True, speculation=True, kind_odds=False)  # fmt: skip
+    both = named_config("fork+cache+spec-with-ngram-stated-odds")
+    assert both is not None and both.ngram and not both.kind_odds
+    assert named_config("oracle-stated-odds") is None and named_config("fork+cache-stated-odds") is None
+    ctx: Any = SimpleNamespace(task=SimpleNamespace(task_id="t"), rollout=0)
+    assert any(isinstance(p, KindOdds) for p in _speculation_factory()(ctx).predictors)
+    assert not any(isinstance(p, KindOdds) for p in _speculation_factory(kind_odds=False)(ctx).predictors)
