@@ -21,30 +21,87 @@ __all__ = [
 
 
 # What an observation names that the next call is likely to take as an argument: the module of an import error,
-# the program a shell could not find.
+# the program a shell could not find (bash: ``x: command not found``; dash, ``sh -c``'s shell on Debian:
+# ``sh: 1: x: not found``), the package a Node script could not load (``Cannot find module 'x'``, not a path).
 _ENTITIES = {
     "module": re.compile(r"No module named '([A-Za-z_][\w]*)(?:\.[\w.]*)?'"),
-    "program": re.compile(r"(?:^|\n)(?:\S+: )?(?:line \d+: )?([\w.+-]+): command not found"),
+    "program": re.compile(
+        r"(?:^|\n)(?:\S+: )?(?:line \d+: )?([\w.+-]+): command not found|(?:^|\n)\S*sh: \d+: ([\w.+-]+): not found"
+    ),
+    "node": re.compile(r"Cannot find module '(?![./])((?:@[\w.-]+/)?[\w.-]+)(?:/[^'\n]*)?'"),
 }
 _HOLE = "\x00{}\x00"
+
+# Python modules whose distribution (what ``pip install`` takes) has another name: an import error names the
+# module, the install that follows names the distribution.
+DISTRIBUTIONS = {
+    "cv2": "opencv-python",
+    "PIL": "pillow",
+    "yaml": "pyyaml",
+    "sklearn": "scikit-learn",
+    "skimage": "scikit-image",
+    "bs4": "beautifulsoup4",
+    "dateutil": "python-dateutil",
+    "dotenv": "python-dotenv",
+    "jwt": "pyjwt",
+    "magic": "python-magic",
+    "serial": "pyserial",
+    "Crypto": "pycryptodome",
+    "attr": "attrs",
+    "docx": "python-docx",
+    "pptx": "python-pptx",
+    "fitz": "pymupdf",
+    "git": "gitpython",
+    "usb": "pyusb",
+    "zmq": "pyzmq",
+    "OpenSSL": "pyopenssl",
+    "websocket": "websocket-client",
+    "Levenshtein": "python-levenshtein",
+    "speech_recognition": "SpeechRecognition",
+    "tensorflow_hub": "tensorflow-hub",
+}
 
 
 def _entities(output: str) -> dict[str, str]:
     found = {}
     for kind, pattern in _ENTITIES.items():
-        hits = pattern.findall(output)
+        hits = [h if isinstance(h, str) else next(g for g in h if g) for h in pattern.findall(output)]
         if hits:
             found[kind] = hits[-1]  # the last one printed is the one the run stopped on
     return found
 
 
+def _named(kind: str, entity: str, text: str) -> str | None:
+    """``text`` with ``entity`` (or, for a module, its distribution's name) cut out as ``kind``'s hole, if it
+    names it as a word; None if it does not."""
+    for name in (entity, DISTRIBUTIONS.get(entity)) if kind == "module" else (entity,):
+        if name and len(name) >= 2:
+            cut = re.sub(rf"(?<![\w-]){re.escape(name)}(?![\w-])", _HOLE.format(kind), text)
+            if cut != text:
+                return cut
+    return None
+
+
+def _fill(kind: str, entity: str, args: str) -> str:
+    """A template's hole filled with ``entity``: for a module in an install, its distribution's name."""
+    if kind == "module" and _INSTALLS.search(args):
+        entity = DISTRIBUTIONS.get(entity, entity)
+    return args.replace(_HOLE.format(kind), entity)
+
+
+_INSTALLS = re.compile(r"\b(?:pip3?|pip3\.\d+|conda|mamba|uv)\b[^|;&]*\binstall\b")
+
+
 class ObservationPredictor:
     """Argument filling from the last observation: when the latest call's output names a module an import failed
-    on (``ModuleNotFoundError: No module named 'x'``) or a program the shell did not find, predict the calls that
+    on (``ModuleNotFoundError: No module named 'x'``), a program the shell did not find or a package a Node script
+    could not load (``_ENTITIES``), predict the calls that
     followed such an observation before (in this rollout first, then in its siblings: the ``SiblingTable``'s
     templates) with the new name filled in (``pip install ... ./vendor/x``). A template is a one-line call whose
     arguments contained an entity one of the ``recall`` observations before it named (agents often read a file
-    between an import error and the install), with the entity cut out.
+    between an import error and the install), with the entity cut out; a module's install may name its
+    distribution instead (``cv2``, ``pip install opencv-python``: ``DISTRIBUTIONS``), and an install template is
+    filled with the distribution of the module named next.
 
     Its odds are at most what its guesses scored on timed terminal-benchmark traces told, before each
     single-package pip install, the error that would have named the package (``scripts/eval_predictors.py``; the
@@ -85,7 +142,7 @@ class ObservationPredictor:
                 for template, n in counts.most_common(3):
                     scored[template] = max(scored.get(template, 0.0), self.sibling_confidence * (n / total) ** 2)
             for (name, args), p in scored.items():
-                key = (name, args.replace(_HOLE.format(kind), entity))
+                key = (name, _fill(kind, entity, args))
                 filled[key] = max(filled.get(key, 0.0), p)
         out = []
         for (name, args), p in sorted(filled.items(), key=lambda x: -x[1]):
@@ -109,11 +166,10 @@ class ObservationPredictor:
         # (kind, entity) pairs, each once, the latest observation's first
         named = dict.fromkeys(pair for entities in reversed(self._recent) for pair in entities.items())
         for kind, entity in named:
-            if len(entity) < 2 or entity not in text:
+            cut = _named(kind, entity, text)
+            if cut is None:
                 continue
-            template = (call.name, re.sub(rf"(?<![\w-]){re.escape(entity)}(?![\w-])", _HOLE.format(kind), text))
-            if template[1] == text:
-                continue
+            template = (call.name, cut)
             self.own[kind].append(template)
             self.table.templates[kind][template] += 1
 

@@ -42,3 +42,41 @@ def test_the_latest_own_form_at_half_an_older_one_at_a_tenth_of_that() -> None:
     older.observe(_ctx(ERROR.format("numpy")), CallKey.of(BASH, {"command": "pip install numpy"}))
     older.observe(_ctx(ERROR.format("pandas")), CallKey.of(BASH, {"command": "pip3 install pandas"}))
     assert _guesses(older, "scipy") == [("pip3 install scipy", 0.5), ("pip install scipy", 0.05)]
+
+
+def test_an_import_error_of_a_module_installed_under_another_name_fills_the_distribution() -> None:
+    mine = ObservationPredictor(SiblingTable())
+    # the install after ``No module named 'cv2'`` names the distribution, not the module: still a template (the
+    # rollout's and its whole group's form: 0.7)
+    mine.observe(_ctx(ERROR.format("cv2")), CallKey.of(BASH, {"command": "pip3 install opencv-python --no-deps"}))
+    assert _guesses(mine, "yaml") == [("pip3 install pyyaml --no-deps", 0.7)]
+    assert _guesses(mine, "numpy") == [("pip3 install numpy --no-deps", 0.7)]  # no other name: the module's
+    # a template that is no install keeps the module's name
+    other = ObservationPredictor(SiblingTable())
+    other.observe(_ctx(ERROR.format("numpy")), CallKey.of(BASH, {"command": "grep -r numpy requirements.txt"}))
+    assert _guesses(other, "yaml") == [("grep -r yaml requirements.txt", 0.7)]
+
+
+@pytest.mark.parametrize(
+    ("error", "entity"),
+    [
+        ("bash: line 1: yt-dlp: command not found\n", "yt-dlp"),
+        ("/bin/sh: 1: ffmpeg: not found\n", "ffmpeg"),  # dash, Debian's sh
+        ("node:internal/modules\nError: Cannot find module 'express'\nRequire stack:\n", "express"),
+        ("Error: Cannot find module '@babel/core/lib/index.js'\n", "@babel/core"),
+    ],
+)
+def test_a_missing_program_or_node_package_is_filled_into_what_followed_the_last_one(error: str, entity: str) -> None:
+    kind = "node" if "module" in error else "program"
+    before = {"program": "bash: rg: command not found\n", "node": "Error: Cannot find module 'lodash'\n"}[kind]
+    form = {"program": "apt-get install -y {}", "node": "npm install {}"}[kind]
+    mine = ObservationPredictor(SiblingTable())
+    mine.observe(_ctx(before), CallKey.of(BASH, {"command": form.format("rg" if kind == "program" else "lodash")}))
+    guesses = [c.arguments["command"] for c in mine.predict(_ctx(error))]
+    assert guesses[0] == form.format(entity)
+
+
+def test_a_relative_node_require_names_no_package() -> None:
+    mine = ObservationPredictor(SiblingTable())
+    mine.observe(_ctx("Error: Cannot find module 'lodash'\n"), CallKey.of(BASH, {"command": "npm install lodash"}))
+    assert mine.predict(_ctx("Error: Cannot find module './server.js'\n")) == []
