@@ -13,6 +13,7 @@ import xxhash
 from bunshin_async.speculation import CallKey, Candidate, PredictionContext
 
 from ._siblings import SiblingTable
+from ._signature import command_program
 
 __all__ = [
     "DocsPredictor",
@@ -89,7 +90,8 @@ def _fill(kind: str, entity: str, args: str) -> str:
     return args.replace(_HOLE.format(kind), entity)
 
 
-_INSTALLS = re.compile(r"\b(?:pip3?|pip3\.\d+|conda|mamba|uv)\b[^|;&]*\binstall\b")
+# An installer's install (what takes a distribution's name, not a module's).
+_INSTALLS = re.compile(r"\b(?:pip[\d.]*|conda|mamba|uv)\b[^|;&]*\binstall\b")
 
 
 class ObservationPredictor:
@@ -99,7 +101,8 @@ class ObservationPredictor:
     followed such an observation before (in this rollout first, then in its siblings: the ``SiblingTable``'s
     templates) with the new name filled in (``pip install ... ./vendor/x``). A template is a one-line call whose
     arguments contained an entity one of the ``recall`` observations before it named (agents often read a file
-    between an import error and the install), with the entity cut out; a module's install may name its
+    between an import error and the install), with the entity cut out, and does not run the entity itself (a
+    retry of the missing program); a module's install may name its
     distribution instead (``cv2``, ``pip install opencv-python``: ``DISTRIBUTIONS``), and an install template is
     filled with the distribution of the module named next.
 
@@ -163,11 +166,15 @@ class ObservationPredictor:
         text = call.args.decode()
         if "\\n" in text:  # a script or a heredoc names the entity in passing: not an argument to fill in
             return
+        command = call.arguments().get("command")
+        runs = command_program(command).split(" ", 1)[0] if isinstance(command, str) else ""
         # (kind, entity) pairs, each once, the latest observation's first
         named = dict.fromkeys(pair for entities in reversed(self._recent) for pair in entities.items())
         for kind, entity in named:
             cut = _named(kind, entity, text)
-            if cut is None:
+            if cut is None or runs == entity:
+                # (``yt-dlp: command not found``, then ``yt-dlp -f mp4 URL`` again: a retry of the missing program,
+                # which filled with the next missing name, ``ffmpeg -f mp4 URL``, is a call no one makes)
                 continue
             template = (call.name, cut)
             self.own[kind].append(template)

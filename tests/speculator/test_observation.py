@@ -51,6 +51,18 @@ def test_an_import_error_of_a_module_installed_under_another_name_fills_the_dist
     mine.observe(_ctx(ERROR.format("cv2")), CallKey.of(BASH, {"command": "pip3 install opencv-python --no-deps"}))
     assert _guesses(mine, "yaml") == [("pip3 install pyyaml --no-deps", 0.7)]
     assert _guesses(mine, "numpy") == [("pip3 install numpy --no-deps", 0.7)]  # no other name: the module's
+
+
+def test_a_retry_of_the_missing_program_is_no_template() -> None:
+    mine = ObservationPredictor(SiblingTable())
+    missing = "bash: yt-dlp: command not found\n"
+    # the agent ran the missing program again: filled with the next missing name (``ffmpeg -f mp4 URL``), nonsense
+    mine.observe(_ctx(missing), CallKey.of(BASH, {"command": "yt-dlp -f mp4 https://example.com/v"}))
+    assert mine.predict(_ctx("bash: ffmpeg: command not found\n")) == []
+    mine.observe(_ctx(missing), CallKey.of(BASH, {"command": "pip3 install yt-dlp"}))
+    assert [c.arguments["command"] for c in mine.predict(_ctx("bash: ffmpeg: command not found\n"))] == [
+        "pip3 install ffmpeg"
+    ]
     # a template that is no install keeps the module's name
     other = ObservationPredictor(SiblingTable())
     other.observe(_ctx(ERROR.format("numpy")), CallKey.of(BASH, {"command": "grep -r numpy requirements.txt"}))
