@@ -303,9 +303,10 @@ class SwrkCriu:
             if self.on_spawn is not None:
                 await self.on_spawn(proc.pid)
             if ready is not None:
-                # A VERSION request kept open (cr-service.c, chk_keepopen_req) is answered once CRIU has exec'd
-                # and initialised (and, with CRIU_SMAPS_EARLY, read the tree's smaps: criu/patches/0015); it then
-                # waits for the next request.
+                # A VERSION request kept open (cr-service.c, chk_keepopen_req) is answered once CRIU has exec'd,
+                # initialised and probed the kernel (criu/patches/0025), and has done what the dump's environment
+                # asks before the freeze (the tree's smaps, the parent's pagemaps, the user namespace check:
+                # 0015, 0027, 0028); it then waits for the next request.
                 hello = pb.criu_req(type=pb.VERSION, keep_open=True)
                 with anyio.fail_after(timeout):
                     await self._converse_while_alive(proc, ours, hello, None, None, pb)
