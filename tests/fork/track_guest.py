@@ -7,8 +7,9 @@ page, ``zap K`` drops the buffer's first K pages (``MADV_DONTNEED``: they read a
 reservation readable (``mprotect``: its zeros join the digest), ``lock`` locks the 64 KiB mapping, whole (``mlock``:
 status ``VmLck`` joins the digest), ``fmap`` maps a 1.5 MiB file privately right after a 64 KiB anonymous mapping,
 both inside one 2 MiB-aligned span (so a dump's pagemap cache scans them in one window), and reads every page of it
-(present file pages: the file's content joins the digest), ``digest`` only answers. A restored copy answers its next
-request."""
+(present file pages: the file's content joins the digest), ``hide`` maps 64 KiB more, fills it and makes it
+``PROT_NONE`` (its pages are present, unreadable, and not in the digest), ``show`` makes it readable again (its
+content joins the digest), ``digest`` only answers. A restored copy answers its next request."""
 
 import ctypes
 import hashlib
@@ -20,6 +21,7 @@ PAGE = 4096
 FLAGS = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS  # Python's default anonymous mmap is MAP_SHARED (shmem)
 RESERVED = 32 << 20
 LOCKABLE = 64 << 10
+HIDDEN = 64 << 10
 MAP_NORESERVE = 0x4000
 MAP_FIXED = 0x10
 SPAN = 2 << 20
@@ -69,7 +71,8 @@ def main():
     assert lockable not in (None, ctypes.c_void_p(-1).value)
     ctypes.memset(lockable, 7, LOCKABLE)
     bufs = [mapping(16, 0)]
-    opened = locked = False
+    hidden = None
+    opened = locked = shown = False
     fmapped = None
     n = 0
     while True:
@@ -98,11 +101,24 @@ def main():
             if libc.mlock(lockable, LOCKABLE):
                 raise OSError(ctypes.get_errno(), "mlock")
             locked = True
+        elif cmd == "hide":
+            hidden = libc.mmap(None, HIDDEN, mmap.PROT_READ | mmap.PROT_WRITE, FLAGS | MAP_NORESERVE, -1, 0)
+            assert hidden not in (None, ctypes.c_void_p(-1).value)
+            for i in range(HIDDEN // PAGE):
+                ctypes.memset(hidden + i * PAGE, i % 239 + 11, PAGE)
+            if libc.mprotect(hidden, HIDDEN, 0):
+                raise OSError(ctypes.get_errno(), "mprotect")
+        elif cmd == "show":
+            if libc.mprotect(hidden, HIDDEN, mmap.PROT_READ):
+                raise OSError(ctypes.get_errno(), "mprotect")
+            shown = True
         h = hashlib.sha256()
         for b in bufs:
             h.update(b)
         if opened:
             h.update(ctypes.string_at(reserved, RESERVED))  # a copy that restored it PROT_NONE dies here
+        if shown:
+            h.update(ctypes.string_at(hidden, HIDDEN))  # a copy that lost its pages reads zeros here
         if fmapped is not None:
             h.update(ctypes.string_at(fmapped, FILE_BYTES))  # reads (faults in) every page of the file mapping
         if locked:
