@@ -259,6 +259,10 @@ async def _dump(
             env = {**env, "CRIU_SMAPS_EARLY": str(freezer)}
     if parent is not None:
         req.opts.parent_img = f"../../{parent.name}/images"  # relative to snap.images, as CRIU wants it
+        if OVERLAP:
+            # CRIU decodes the parent's pagemaps when it answers the ready check, not with the tree frozen
+            # (criu/patches/0027); it uses them only if its parent link opens that very directory.
+            env = {**env, "CRIU_PARENT_EARLY": str(parent / "images")}
     t0 = time.monotonic()
 
     async def ready() -> None:
