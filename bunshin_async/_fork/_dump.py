@@ -257,6 +257,11 @@ async def _dump(
             # CRIU reads the tree's /proc/PID/smaps (a page-table walk) when it answers the ready check, while the
             # tree runs; frozen, it reads /proc/PID/maps and reuses what is unchanged (criu/patches/0015).
             env = {**env, "CRIU_SMAPS_EARLY": str(freezer)}
+    if OVERLAP:
+        # CRIU checks that the tree's namespaces belong to its user namespace (a fork of CRIU that setns()es into
+        # each) when it answers the ready check, not frozen; the dump reuses that only for the same task in the
+        # very same namespaces (criu/patches/0028).
+        env = {**env, "CRIU_USERNS_EARLY": str(ws.pid)}
     if parent is not None:
         req.opts.parent_img = f"../../{parent.name}/images"  # relative to snap.images, as CRIU wants it
         if OVERLAP:
