@@ -9,10 +9,12 @@
  * field is absent or nil). Anything else gets a Failure frame with error "protocol".
  *
  * One thread serves each connection; the host opens one connection per request in flight, so requests run
- * concurrently. A hang-up of the host during an exec or a shell command kills what it runs (cancellation). File tools
- * are confined to BUNSHIN_WORKDIR (no ".." or symlink leads out); commands are not (the whole workspace is the
- * sandbox). Children are started with clone(CLONE_VM | CLONE_VFORK) like posix_spawn, and the child calls only raw
- * system calls: in a CLONE_VM child glibc's setuid() would broadcast the change to the agent's own threads.
+ * concurrently. The threads are a pool made at start-up, before any workspace process, so that they take no pid
+ * from the workspace's sequence later ("connection threads" below). A hang-up of the host during an exec or a
+ * shell command kills what it runs (cancellation). File tools are confined to BUNSHIN_WORKDIR (no ".." or symlink
+ * leads out); commands are not (the whole workspace is the sandbox). Children are started with
+ * clone(CLONE_VM | CLONE_VFORK) like posix_spawn, and the child calls only raw system calls: in a CLONE_VM child
+ * glibc's setuid() would broadcast the change to the agent's own threads.
  */
 #define _GNU_SOURCE
 #include <ctype.h>
@@ -2669,9 +2671,8 @@ static int send_frame(int conn, struct buf *body)
 	return send_all(conn, hdr, 4) < 0 || send_all(conn, body->p, body->len) < 0 ? -1 : 0;
 }
 
-static void *serve(void *arg)
+static void serve(int conn)
 {
-	int conn = (int)(intptr_t)arg;
 	for (;;) {
 		uint8_t hdr[4];
 		if (recv_exact(conn, hdr, 4, 1) != 0)
@@ -2713,8 +2714,120 @@ static void *serve(void *arg)
 		if (sent < 0)
 			break;
 	}
+}
+
+/* ------------------------------------------------------------------------------------------------ connection threads */
+
+/* A thread is a task of the workspace's pid namespace: making one takes the namespace's next pid (kernel/pid.c,
+ * alloc_pid), as a process does. Every snapshot closes the host's connections (_client.AgentClient.quiesce) and the
+ * next call opens a new one, so an agent that made a thread per connection moved the workspace's pid sequence once
+ * per dump in its line's history (issue #38: `cmd & echo $!` printed another pid after a committed fork). The pool
+ * below is made before the agent reports ready, when no workspace process exists yet, and lives as long as the
+ * agent: its threads keep their pids (3, 4, ...; pid 1 is bunshin-init, 2 the agent) in every snapshot, copy and
+ * rollback. A connection that finds every pool thread busy gets a thread of its own, which ends with it (as every
+ * connection did before): the sequence then moves, but only when the host runs more calls at once than the pool
+ * holds (_client.agent_threads sizes it). The host is never made to wait for a free thread, so a command that runs
+ * for ever cannot keep a signal or a poll from reaching the agent. */
+#define DEFAULT_THREADS 8 /* _client.AGENT_THREADS */
+#define MAX_THREADS 64
+
+struct worker {
+	pthread_cond_t wake;
+	int conn; /* the connection handed over; -1 while idle */
+};
+
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t pool_idle = PTHREAD_COND_INITIALIZER; /* a worker went idle (start-up waits for all) */
+static struct worker workers[MAX_THREADS];
+/* The idle workers, a stack: the last one to finish serves the next connection, so that calls one at a time keep
+ * reusing one thread's stack pages and the others' stay untouched (the workspace's memory counts them, and every
+ * dump writes them). */
+static struct worker *idle[MAX_THREADS];
+static int nidle;
+
+static void go_idle(struct worker *w)
+{
+	pthread_mutex_lock(&pool_lock);
+	w->conn = -1;
+	idle[nidle++] = w;
+	pthread_cond_signal(&pool_idle);
+	pthread_mutex_unlock(&pool_lock);
+}
+
+static void *pool_thread(void *arg)
+{
+	struct worker *w = arg;
+	go_idle(w);
+	for (;;) {
+		pthread_mutex_lock(&pool_lock);
+		while (w->conn < 0)
+			pthread_cond_wait(&w->wake, &pool_lock);
+		int conn = w->conn;
+		pthread_mutex_unlock(&pool_lock);
+		serve(conn);
+		/* Idle before the connection is closed: the host's quiesce waits for the close, so the calls after a
+		 * dump find every pool thread free, however many connections were open before it. */
+		go_idle(w);
+		close(conn);
+	}
+	return NULL;
+}
+
+static void *extra_thread(void *arg)
+{
+	int conn = (int)(intptr_t)arg;
+	serve(conn);
 	close(conn);
 	return NULL;
+}
+
+/* The pool's size: BUNSHIN_AGENT_THREADS (the host's, sized below the workspace's pids limit), else the default. */
+static int pool_size(void)
+{
+	const char *v = getenv("BUNSHIN_AGENT_THREADS");
+	if (!v || !*v || strlen(v) > 2)
+		return DEFAULT_THREADS;
+	int n = 0;
+	for (const char *c = v; *c; c++) {
+		if (*c < '0' || *c > '9')
+			return DEFAULT_THREADS;
+		n = n * 10 + (*c - '0');
+	}
+	return n >= 1 && n <= MAX_THREADS ? n : DEFAULT_THREADS;
+}
+
+/* Make the pool and wait until every thread of it waits for a connection: one arriving before would get a thread
+ * of its own, a pid the next start-up would not take. A pool thread that cannot be made (a pids limit below the
+ * pool) leaves a smaller pool. */
+static void start_pool(const pthread_attr_t *attr)
+{
+	int n = pool_size(), made = 0;
+	for (; made < n; made++) {
+		pthread_cond_init(&workers[made].wake, NULL);
+		pthread_t t;
+		if (pthread_create(&t, attr, pool_thread, &workers[made]) != 0)
+			break;
+	}
+	pthread_mutex_lock(&pool_lock);
+	while (nidle < made)
+		pthread_cond_wait(&pool_idle, &pool_lock);
+	pthread_mutex_unlock(&pool_lock);
+}
+
+static void hand_over(int conn, const pthread_attr_t *attr)
+{
+	pthread_mutex_lock(&pool_lock);
+	if (nidle) {
+		struct worker *w = idle[--nidle];
+		w->conn = conn;
+		pthread_cond_signal(&w->wake);
+		pthread_mutex_unlock(&pool_lock);
+		return;
+	}
+	pthread_mutex_unlock(&pool_lock);
+	pthread_t t;
+	if (pthread_create(&t, attr, extra_thread, (void *)(intptr_t)conn) != 0)
+		close(conn); /* no thread (pids limit): the client sees a hang-up, WorkspaceClosed */
 }
 
 int main(void)
@@ -2748,12 +2861,13 @@ int main(void)
 		dprintf(3, "E agent socket %s: %s\n", SOCKET_PATH, strerror(errno));
 		return 1;
 	}
-	if (write(3, "R", 1) == 1) /* started by bunshin-init: the ready pipe */
-		close(3);
 	pthread_attr_t attr;
 	pthread_attr_init(&attr);
 	pthread_attr_setstacksize(&attr, THREAD_STACK);
 	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+	start_pool(&attr);
+	if (write(3, "R", 1) == 1) /* started by bunshin-init: the ready pipe */
+		close(3);
 	for (;;) {
 		int conn = accept4(srv, NULL, NULL, SOCK_CLOEXEC);
 		if (conn < 0) {
@@ -2761,8 +2875,6 @@ int main(void)
 				usleep(10000); /* a flood of connections: let the existing ones finish */
 			continue;
 		}
-		pthread_t t;
-		if (pthread_create(&t, &attr, serve, (void *)(intptr_t)conn) != 0)
-			close(conn); /* no thread (pids limit): the client sees a hang-up, WorkspaceClosed */
+		hand_over(conn, &attr);
 	}
 }

@@ -23,6 +23,7 @@ stalls, or a body that is not the answer the request expects is an ``AgentError`
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import signal
@@ -35,7 +36,7 @@ from anyio.abc import SocketStream
 from .._exceptions import AgentError, WorkspaceClosed
 from . import _protocol as P
 
-__all__ = ["MIN_RATE", "SOCKET", "STALL_TIMEOUT", "AgentClient", "answer_limit"]
+__all__ = ["AGENT_THREADS", "MIN_RATE", "SOCKET", "STALL_TIMEOUT", "AgentClient", "agent_threads", "answer_limit"]
 
 SOCKET = "run/bunshin/agent.sock"
 """The agent's socket, below the workspace's root (agent.c SOCKET_PATH)."""
@@ -53,6 +54,18 @@ LISTING_MAX = 64 << 20
 """Largest ``list_dir`` answer (agent.c MAX_LISTING); a larger directory is refused by the agent."""
 UTF8_GROWTH = 3
 """Output is sent as UTF-8 with replacement: each byte that is not UTF-8 becomes U+FFFD, three bytes."""
+
+AGENT_THREADS = 8
+"""Connection threads the agent makes at start-up (agent.c DEFAULT_THREADS), before any workspace process, so that
+serving a connection takes no pid from the workspace's sequence. A connection stays with its thread while it lives,
+idle ones included, so the agent needs as many as the client's peak of calls at once since the last dump: one
+call of the main line at a time (one tool call per step), plus the speculative reads run in place (``speculator``'s
+policy runs at most 4 branches), plus a few more (a turn's parallel calls). A connection beyond them gets a thread
+of its own, which moves the sequence by one (docs/concepts/workspace.md)."""
+HANG_UP_TIMEOUT = 2.0
+"""Seconds ``quiesce`` waits for the agent to close the idle connections it hung up (a round trip each, at once)."""
+PIDS_PER_THREAD = 16
+"""The pool takes at most one in this many of the workspace's pids limit (at least one thread)."""
 
 _header = struct.Struct(">I")
 _EXPECTED: dict[type[P.Request], type[P.Response]] = {
@@ -91,6 +104,21 @@ def answer_limit(req: P.Request, request_bytes: int) -> int:
     if isinstance(req, P.ListDir):
         return limit + LISTING_MAX
     return limit
+
+
+async def _hang_up(conn: SocketStream) -> None:
+    """Shut our end and wait for the agent's: its end closed means its thread is free (or the agent gone)."""
+    with contextlib.suppress(OSError, anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+        await conn.send_eof()
+        await conn.receive(1)  # an idle connection's agent sends nothing: EOF, or bytes of a broken agent
+
+
+def agent_threads(pids_limit: int | None) -> int:
+    """The agent's pool for a workspace with ``pids_limit`` (``Limits.pids``; its threads count in it): a small
+    limit gets a small pool, so that the workspace keeps its pids for its own processes."""
+    if pids_limit is None:
+        return AGENT_THREADS
+    return max(1, min(AGENT_THREADS, pids_limit // PIDS_PER_THREAD))
 
 
 def _bulk(req: P.Request) -> int:
@@ -199,7 +227,7 @@ class AgentClient:
         while self._in_flight:
             self._drained = anyio.Event()
             await self._drained.wait()
-        await self._close_idle()
+        await self._close_idle(wait=True)
 
     def resume(self) -> None:
         self._open.set()
@@ -269,10 +297,21 @@ class AgentClient:
             raise self._error(f"the answer to {type(req).__name__} was cut off mid-frame", "truncated", req) from exc
         return body
 
-    async def _close_idle(self) -> None:
+    async def _close_idle(self, *, wait: bool = False) -> None:
+        """Close the idle connections; ``wait``: hang up first and wait (``HANG_UP_TIMEOUT`` at most) for the
+        agent to close its end, which its pool thread does once it is free again (agent.c ``pool_thread``), so
+        that the calls after a dump find the whole pool free and take no pid for a thread of their own."""
         idle, self._idle = self._idle, []
-        for conn in idle:
-            await conn.aclose()
+        try:
+            if wait and idle:
+                with anyio.move_on_after(HANG_UP_TIMEOUT):  # an agent that does not answer costs this, once
+                    async with anyio.create_task_group() as tg:
+                        for conn in idle:
+                            tg.start_soon(_hang_up, conn)
+        finally:
+            with anyio.CancelScope(shield=True):
+                for conn in idle:
+                    await conn.aclose()
 
     async def rebind(self, pid: int, pidfd: int) -> None:
         """Talk to a new pid 1 from now on (a workspace restored in place under a snapshot, ``_restore.rebase``):

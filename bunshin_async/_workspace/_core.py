@@ -41,7 +41,7 @@ from .._exceptions import (
 )
 from .._host import _kernel, _paths, _security, _tree, _userns
 from .._host import _protocol as P
-from .._host._client import AgentClient
+from .._host._client import AgentClient, agent_threads
 from .._host._kernel import Cgroup, Limits, devices_controller, mount_disk, unmount_disk
 from .._host._security import Security
 from .._host._snapstore import chain_layers, hold_layers, release_layers
@@ -248,7 +248,12 @@ class WorkspaceCore:
     async def spawn(self) -> None:
         """Start bunshin-init over ``lower`` (set by ``start``, or a snapshot's chain for a filesystem-only copy)."""
         assert self.cgroup is not None and self.lower is not None
-        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "BUNSHIN_WORKDIR": self.spec.workdir}
+        env = {
+            "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+            "LANG": "C.UTF-8",
+            "BUNSHIN_WORKDIR": self.spec.workdir,
+            "BUNSHIN_AGENT_THREADS": str(agent_threads(self.spec.limits.pids)),
+        }
         argv = [
             str(_paths.init_binary()),
             "--lower", self.lower,

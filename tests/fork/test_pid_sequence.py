@@ -171,3 +171,36 @@ async def test_a_finished_helper_is_joined_without_a_worker_thread(
             await anyio.lowlevel.checkpoint()
         release.set()
     assert len(hops) == 1
+
+
+async def _background_pid(ws: Workspace) -> int:
+    """The pid a background process gets (``$!``), as the experiment's ``nohup ... & echo PID: $!`` prints it."""
+    return int((await ws.exec("sleep 100 >/dev/null 2>&1 & echo $!")).stdout)
+
+
+async def test_a_lines_pids_do_not_depend_on_the_snapshots_it_went_through(ws: Workspace) -> None:
+    """Issue #38: the same calls give the same pids whether or not their line was snapshotted, rolled back or
+    forked in between. Each dump closes the host's connections to the agent (``AgentClient.quiesce``) and the next
+    call opens a new one; an agent that made a thread per connection took a pid from the workspace's namespace for
+    it, one per dump in the line's history. Its connection threads are made once, before any workspace process."""
+    await _gapped(ws)
+    async with await ws.snapshot() as base:
+        plain, snapped = await Workspace.from_snapshot(base, 2)
+        try:
+            for cmd in ("echo a > a", "cat a; echo b > b", "sh -c 'cat a b' | wc -c"):
+                assert (await plain.exec(cmd)).stdout == (await snapped.exec(cmd)).stdout
+                async with await snapped.snapshot() as snap:  # a snapshot, a rollback to it and a fork of the line
+                    await snapped.rollback(snap)
+                    (copy,) = await snapped.fork()
+                    await copy.aclose()
+            assert await _background_pid(snapped) == await _background_pid(plain)
+            (copy,) = await snapped.fork()
+            try:
+                want = await _background_pid(plain)
+                assert await _background_pid(copy) == want
+                assert await _background_pid(snapped) == want
+            finally:
+                await copy.aclose()
+        finally:
+            await plain.aclose()
+            await snapped.aclose()
