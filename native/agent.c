@@ -2728,7 +2728,7 @@ static void serve(int conn)
  * connection did before): the sequence then moves, but only when the host runs more calls at once than the pool
  * holds (_client.agent_threads sizes it). The host is never made to wait for a free thread, so a command that runs
  * for ever cannot keep a signal or a poll from reaching the agent. */
-#define DEFAULT_THREADS 8 /* _client.AGENT_THREADS */
+#define DEFAULT_THREADS 6 /* _client.AGENT_THREADS */
 #define MAX_THREADS 64
 
 struct worker {

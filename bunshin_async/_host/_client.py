@@ -55,13 +55,14 @@ LISTING_MAX = 64 << 20
 UTF8_GROWTH = 3
 """Output is sent as UTF-8 with replacement: each byte that is not UTF-8 becomes U+FFFD, three bytes."""
 
-AGENT_THREADS = 8
+AGENT_THREADS = 6
 """Connection threads the agent makes at start-up (agent.c DEFAULT_THREADS), before any workspace process, so that
-serving a connection takes no pid from the workspace's sequence. A connection stays with its thread while it lives,
-idle ones included, so the agent needs as many as the client's peak of calls at once since the last dump: one
-call of the main line at a time (one tool call per step), plus the speculative reads run in place (``speculator``'s
-policy runs at most 4 branches), plus a few more (a turn's parallel calls). A connection beyond them gets a thread
-of its own, which moves the sequence by one (docs/concepts/workspace.md)."""
+serving a connection takes no pid from the workspace's sequence. A connection stays with its thread while it is
+open, idle ones included, so the agent needs as many as the client's peak of calls at once since the last dump: the
+main line's call (one tool call per step in the traces), the speculative reads run in place beside it (at most 4:
+``speculator``'s ``max_branches``), and one more. Each thread costs every dump of the workspace (CRIU seizes and
+dumps it: ~0.5-0.9 ms of pause each on the loaded 2-core machine, ``bench/agent_threads.py``), hence no more. A connection beyond them gets a
+thread of its own, which moves the sequence by one (docs/concepts/workspace.md)."""
 HANG_UP_TIMEOUT = 2.0
 """Seconds ``quiesce`` waits for the agent to close the idle connections it hung up (a round trip each, at once)."""
 PIDS_PER_THREAD = 16
