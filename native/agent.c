@@ -2726,8 +2726,9 @@ static void serve(int conn)
  * agent: its threads keep their pids (3, 4, ...; pid 1 is bunshin-init, 2 the agent) in every snapshot, copy and
  * rollback. A connection that finds every pool thread busy gets a thread of its own, which ends with it (as every
  * connection did before): the sequence then moves, but only when the host runs more calls at once than the pool
- * holds (_client.agent_threads sizes it). The host is never made to wait for a free thread, so a command that runs
- * for ever cannot keep a signal or a poll from reaching the agent. */
+ * holds (_client.agent_threads sizes it). The host never waits for a thread that is serving a live connection, so
+ * a command that runs for ever cannot keep a signal or a poll from reaching the agent; it waits only for one whose
+ * connection the host has closed (hand_over). */
 #define DEFAULT_THREADS 6 /* _client.AGENT_THREADS */
 #define MAX_THREADS 64
 
@@ -2736,9 +2737,12 @@ struct worker {
 	int conn; /* the connection handed over; -1 while idle */
 };
 
+#define FREE_WAIT_SECONDS 2 /* how long a connection waits for a pool thread about to be free */
+
 static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t pool_idle = PTHREAD_COND_INITIALIZER; /* a worker went idle (start-up waits for all) */
+static pthread_cond_t pool_idle; /* a worker went idle (CLOCK_MONOTONIC; only the main thread waits on it) */
 static struct worker workers[MAX_THREADS];
+static int npool;
 /* The idle workers, a stack: the last one to finish serves the next connection, so that calls one at a time keep
  * reusing one thread's stack pages and the others' stay untouched (the workspace's memory counts them, and every
  * dump writes them). */
@@ -2765,9 +2769,7 @@ static void *pool_thread(void *arg)
 		int conn = w->conn;
 		pthread_mutex_unlock(&pool_lock);
 		serve(conn);
-		/* Idle before the connection is closed: the host's quiesce waits for the close, so the calls after a
-		 * dump find every pool thread free, however many connections were open before it. */
-		go_idle(w);
+			go_idle(w);
 		close(conn);
 	}
 	return NULL;
@@ -2801,22 +2803,49 @@ static int pool_size(void)
  * pool) leaves a smaller pool. */
 static void start_pool(const pthread_attr_t *attr)
 {
-	int n = pool_size(), made = 0;
-	for (; made < n; made++) {
-		pthread_cond_init(&workers[made].wake, NULL);
+	pthread_condattr_t ca;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&pool_idle, &ca);
+	int n = pool_size();
+	for (; npool < n; npool++) {
+		pthread_cond_init(&workers[npool].wake, NULL);
+		workers[npool].conn = -1;
 		pthread_t t;
-		if (pthread_create(&t, attr, pool_thread, &workers[made]) != 0)
+		if (pthread_create(&t, attr, pool_thread, &workers[npool]) != 0)
 			break;
 	}
 	pthread_mutex_lock(&pool_lock);
-	while (nidle < made)
+	while (nidle < npool)
 		pthread_cond_wait(&pool_idle, &pool_lock);
 	pthread_mutex_unlock(&pool_lock);
+}
+
+/* Whether a busy pool thread is about to be free: the host hung up its connection (the thread then reads the end,
+ * or kills what the connection ran, and goes idle). With pool_lock held: a thread holding a connection has not
+ * closed it yet (go_idle comes first), so its descriptor is still that connection. */
+static int finishing(void)
+{
+	for (int i = 0; i < npool; i++)
+		if (workers[i].conn >= 0 && hung_up(workers[i].conn))
+			return 1;
+	return 0;
 }
 
 static void hand_over(int conn, const pthread_attr_t *attr)
 {
 	pthread_mutex_lock(&pool_lock);
+	if (!nidle && finishing()) {
+		/* A dump closed every connection the pool served and the host connects again at once: take the thread
+		 * about to be free, not a new one (a pid). The host closed before it connected (a Unix socket's close
+		 * is seen at once), so this does not depend on which thread runs first. Bounded: a command that
+		 * outlives its SIGKILL (uninterruptible sleep) does not hold the host up for long. */
+		struct timespec until;
+		clock_gettime(CLOCK_MONOTONIC, &until);
+		until.tv_sec += FREE_WAIT_SECONDS;
+		while (!nidle && pthread_cond_timedwait(&pool_idle, &pool_lock, &until) != ETIMEDOUT)
+			;
+	}
 	if (nidle) {
 		struct worker *w = idle[--nidle];
 		w->conn = conn;

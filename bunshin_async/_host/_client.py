@@ -23,7 +23,6 @@ stalls, or a body that is not the answer the request expects is an ``AgentError`
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import signal
@@ -63,8 +62,6 @@ main line's call (one tool call per step in the traces), the speculative reads r
 ``speculator``'s ``max_branches``), and one more. Each thread costs every dump of the workspace (CRIU seizes and
 dumps it: ~0.5-0.9 ms of pause each on the loaded 2-core machine, ``bench/agent_threads.py``), hence no more. A connection beyond them gets a
 thread of its own, which moves the sequence by one (docs/concepts/workspace.md)."""
-HANG_UP_TIMEOUT = 2.0
-"""Seconds ``quiesce`` waits for the agent to close the idle connections it hung up (a round trip each, at once)."""
 PIDS_PER_THREAD = 16
 """The pool takes at most one in this many of the workspace's pids limit (at least one thread)."""
 
@@ -105,13 +102,6 @@ def answer_limit(req: P.Request, request_bytes: int) -> int:
     if isinstance(req, P.ListDir):
         return limit + LISTING_MAX
     return limit
-
-
-async def _hang_up(conn: SocketStream) -> None:
-    """Shut our end and wait for the agent's: its end closed means its thread is free (or the agent gone)."""
-    with contextlib.suppress(OSError, anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
-        await conn.send_eof()
-        await conn.receive(1)  # an idle connection's agent sends nothing: EOF, or bytes of a broken agent
 
 
 def agent_threads(pids_limit: int | None) -> int:
@@ -228,7 +218,7 @@ class AgentClient:
         while self._in_flight:
             self._drained = anyio.Event()
             await self._drained.wait()
-        await self._close_idle(wait=True)
+        await self._close_idle()
 
     def resume(self) -> None:
         self._open.set()
@@ -298,21 +288,10 @@ class AgentClient:
             raise self._error(f"the answer to {type(req).__name__} was cut off mid-frame", "truncated", req) from exc
         return body
 
-    async def _close_idle(self, *, wait: bool = False) -> None:
-        """Close the idle connections; ``wait``: hang up first and wait (``HANG_UP_TIMEOUT`` at most) for the
-        agent to close its end, which its pool thread does once it is free again (agent.c ``pool_thread``), so
-        that the calls after a dump find the whole pool free and take no pid for a thread of their own."""
+    async def _close_idle(self) -> None:
         idle, self._idle = self._idle, []
-        try:
-            if wait and idle:
-                with anyio.move_on_after(HANG_UP_TIMEOUT):  # an agent that does not answer costs this, once
-                    async with anyio.create_task_group() as tg:
-                        for conn in idle:
-                            tg.start_soon(_hang_up, conn)
-        finally:
-            with anyio.CancelScope(shield=True):
-                for conn in idle:
-                    await conn.aclose()
+        for conn in idle:
+            await conn.aclose()
 
     async def rebind(self, pid: int, pidfd: int) -> None:
         """Talk to a new pid 1 from now on (a workspace restored in place under a snapshot, ``_restore.rebase``):
