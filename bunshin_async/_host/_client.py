@@ -60,8 +60,8 @@ serving a connection takes no pid from the workspace's sequence. A connection st
 open, idle ones included, so the agent needs as many as the client's peak of calls at once since the last dump: the
 main line's call (one tool call per step in the traces), the speculative reads run in place beside it (at most 4:
 ``speculator``'s ``max_branches``), and one more. Each thread costs every dump of the workspace (CRIU seizes and
-dumps it: ~0.5-0.9 ms of pause each on the loaded 2-core machine, ``bench/agent_threads.py``), hence no more. A connection beyond them gets a
-thread of its own, which moves the sequence by one (docs/concepts/workspace.md)."""
+dumps it: ~0.5-0.9 ms of pause each on the loaded 2-core machine, ``bench/agent_threads.py``), hence no more. A
+connection beyond them gets a thread of its own, which moves the sequence by one (docs/concepts/workspace.md)."""
 PIDS_PER_THREAD = 16
 """The pool takes at most one in this many of the workspace's pids limit (at least one thread)."""
 
