@@ -58,13 +58,12 @@ from speculator import (  # noqa: E402
     SiblingPredictor,
     SiblingTable,
     TimedPredictor,
-    call_kind,
     default_ngram,
     default_speculation,
     fit_odds,
     with_kind_odds,
 )
-from speculator._kinds import shift_odds  # noqa: E402
+from speculator._kinds import Guess, scored_guesses, shift_odds  # noqa: E402
 from speculator._offline import OfflineReport, Record, _calls, evaluate, leave_task_out, load_groups  # noqa: E402
 from speculator._replay import ByteModel, replay  # noqa: E402
 from speculator._steps import _stepped  # noqa: E402
@@ -270,49 +269,20 @@ def main() -> int:
     return 0
 
 
-class _Scoring:
-    """``inner``, each of its guesses recorded with the call that came: (task, source, kind, stated p, hit)."""
-
-    def __init__(self, inner: Predictor, task: str, calls: Sequence[CallKey], out: list[_Guess]) -> None:
-        self.inner, self.name, self.task, self.calls, self.out = inner, inner.name, task, calls, out
-
-    def predict(self, ctx: PredictionContext) -> Sequence[Candidate]:
-        guesses = self.inner.predict(ctx)
-        truth = self.calls[len(ctx.history)]
-        for c in guesses:
-            key = CallKey(c.name, truth.version, msgspec.json.encode(c.arguments, order="deterministic"))
-            self.out.append((self.task, c.source, call_kind(c.name, c.arguments), c.probability, key == truth))
-        return guesses
-
-    def observe(self, ctx: PredictionContext, call: CallKey) -> None:
-        self.inner.observe(ctx, call)
-
-
-_Guess = tuple[str, str, str, float, bool]
-
-
 def _scored_guesses(
     groups: dict[str, list[Record]], args: argparse.Namespace, models: dict[str, NgramModel], bundled: NgramModel
-) -> list[_Guess]:
+) -> list[Guess]:
     """Every guess the predictors (their own odds, no kind factors) make over ``groups``, scored."""
-    out: list[_Guess] = []
 
     def make(task: str) -> Callable[[], Sequence[Predictor]]:
-        table, records = SiblingTable(), iter(groups[task])
+        table = SiblingTable()
         model = copy.deepcopy(models.get(task, bundled)) if args.ngram else None
+        return lambda: default_speculation(group=task, table=table, model=model, odds={}).predictors
 
-        def one() -> list[Predictor]:
-            calls = [k for k, _, _ in _calls(next(records))]
-            spec = default_speculation(group=task, table=table, model=model, odds={})
-            return [_Scoring(p, task, calls, out) for p in spec.predictors]
-
-        return one
-
-    evaluate(groups, make)
-    return out
+    return scored_guesses(groups, make)
 
 
-def _kinds_report(scored: list[_Guess], fits: dict[str, dict[str, dict[str, float]]]) -> None:
+def _kinds_report(scored: list[Guess], fits: dict[str, dict[str, dict[str, float]]]) -> None:
     """The odds factors fitted on every task (what ``KIND_ODDS`` ships), and the check of held-out factors: each
     task's guesses (stated at least 0.05) against the factors fitted on the other tasks."""
     print("Odds factors by kind, fitted on every task (speculator._kinds.KIND_ODDS):")

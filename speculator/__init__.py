@@ -12,14 +12,15 @@ group's calls) and user rules, under a cost-aware policy.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from importlib import resources
+from typing import Any
 
 from bunshin_async._public import publish as _publish  # the SDK's helper: exported names carry this module
 from bunshin_async.speculation import Policy, Predictor, Speculation
 
 from ._decisions import Decision, Verdict, jsonl_sink
-from ._kinds import KIND_ODDS, KindOdds, call_kind, fit_odds, with_kind_odds
+from ._kinds import KIND_ODDS, KindOdds, call_kind, fit_odds, scored_guesses, with_kind_odds
 from ._ngram import HistoryPredictor, NgramModel, SignaturePredictor
 from ._observation import DocsPredictor, ObservationPredictor
 from ._policy import CostAwarePolicy, cpu_contention, loop_load
@@ -60,6 +61,7 @@ __all__ = [
     "default_ngram",
     "default_speculation",
     "fit_odds",
+    "held_out_odds",
     "jsonl_sink",
     "signature",
     "train_ngram",
@@ -128,6 +130,23 @@ def default_speculation(
     return Speculation(
         predictors=predictors, policy=policy if policy is not None else CostAwarePolicy(), group=group, early=tap
     )
+
+
+def held_out_odds(groups: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, dict[str, dict[str, float]]]:
+    """Per task of ``groups`` (task -> its rollouts' trace records, ``/work/shared/traces`` format), odds factors by
+    kind of call (``fit_odds``) fitted on the guesses ``default_speculation``'s predictors make on every *other*
+    task (replayed offline, their own odds): what to pass as ``odds`` when measuring on those very traces, so that
+    no task is measured with factors fitted on itself. Blocking (seconds for a few thousand calls)."""
+    from ._offline import Record
+
+    records: dict[str, list[Record]] = {t: [dict(r) for r in rs] for t, rs in groups.items()}
+
+    def make(task: str) -> Callable[[], Sequence[Predictor]]:
+        table = SiblingTable()
+        return lambda: default_speculation(group=task, table=table, odds={}).predictors
+
+    guesses = scored_guesses(records, make)
+    return {task: fit_odds(g[1:] for g in guesses if g[0] != task) for task in records}
 
 
 _publish(__name__, globals())

@@ -16,16 +16,27 @@ from __future__ import annotations
 import math
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import msgspec
 
 from bunshin_async.speculation import CallKey, Candidate, PredictionContext, Predictor
 
+from ._offline import Record, _calls, evaluate
 from ._signature import command_program
 
-__all__ = ["KINDS", "KIND_ODDS", "KindOdds", "call_kind", "fit_odds", "shift_odds", "with_kind_odds"]
+__all__ = [
+    "KINDS",
+    "KIND_ODDS",
+    "Guess",
+    "KindOdds",
+    "call_kind",
+    "fit_odds",
+    "scored_guesses",
+    "shift_odds",
+    "with_kind_odds",
+]
 
 #: The kinds, in the order tables print them; ``other``: a call without a shell command.
 KINDS = ("install", "edit", "read", "run", "other")
@@ -142,3 +153,45 @@ def _fit(rows: Sequence[tuple[float, bool]], prior: float) -> float:
         if abs(step) < 1e-6:
             break
     return x
+
+
+#: A scored guess: (task, source, kind, stated probability, whether it was the next call).
+Guess = tuple[str, str, str, float, bool]
+
+
+class _Scoring:
+    """``inner``, each of its guesses recorded with the call that came (``Guess``)."""
+
+    def __init__(self, inner: Predictor, task: str, calls: Sequence[CallKey], out: list[Guess]) -> None:
+        self.inner, self.name, self.task, self.calls, self.out = inner, inner.name, task, calls, out
+
+    def predict(self, ctx: PredictionContext) -> Sequence[Candidate]:
+        guesses = self.inner.predict(ctx)
+        truth = self.calls[len(ctx.history)]
+        for c in guesses:
+            key = CallKey(c.name, truth.version, msgspec.json.encode(c.arguments, order="deterministic"))
+            self.out.append((self.task, c.source, call_kind(c.name, c.arguments), c.probability, key == truth))
+        return guesses
+
+    def observe(self, ctx: PredictionContext, call: CallKey) -> None:
+        self.inner.observe(ctx, call)
+
+
+def scored_guesses(
+    groups: Mapping[str, Sequence[Record]], make: Callable[[str], Callable[[], Sequence[Predictor]]]
+) -> list[Guess]:
+    """Every guess the predictors ``make(task)()`` gives (one rollout's, as for ``_offline.evaluate``) make when
+    ``groups`` are replayed offline, scored against the recorded next call."""
+    out: list[Guess] = []
+
+    def scoring(task: str) -> Callable[[], Sequence[Predictor]]:
+        factory, records = make(task), iter(groups[task])
+
+        def one() -> list[Predictor]:
+            calls = [k for k, _, _ in _calls(next(records))]
+            return [_Scoring(p, task, calls, out) for p in factory()]
+
+        return one
+
+    evaluate(groups, scoring)
+    return out

@@ -132,6 +132,21 @@ def _recorded_pads(groups: list[tuple[Task, list[Trajectory]]]) -> Pad:
     return lambda task_id, rollout, command: recorded.get((task_id, rollout, command), 0.0)
 
 
+def _held_out_odds(path: Path, trajs: list[Trajectory], group_by: str) -> dict[str, dict[str, dict[str, float]]]:
+    """Per group (its task id as the experiment names it), the odds factors by kind of call fitted on the guesses
+    the predictors make on every other *task* of the trace file (the loaded trajectories): measured on these
+    traces, no task uses factors fitted on itself (``speculator.KIND_ODDS`` is fitted on the development set)."""
+    from speculator import held_out_odds
+    from speculator._offline import load_groups
+
+    loaded = {(t.task_id, t.rollout) for t in trajs}
+    records = {task: [r for r in rs if (task, r.get("rollout", 0)) in loaded] for task, rs in load_groups(path).items()}
+    by_task = held_out_odds({task: rs for task, rs in records.items() if rs})
+    if group_by == "task":
+        return by_task
+    return {f"{t.task_id}:{t.rollout}": by_task[t.task_id] for t in trajs if t.task_id in by_task}
+
+
 def trajectory_groups(trajs: list[Trajectory], group_by: str) -> list[tuple[Task, list[Trajectory]]]:
     """The groups a trajectory file replays as: with ``group_by="task"`` the rollouts of one ``task_id`` form one
     GRPO group (renumbered 0..n-1 in file order: they share one set-up and fork from it), else every trajectory is
@@ -191,6 +206,7 @@ def main(
         return 2
     groups: list[tuple[Task, list[Trajectory]]]
     tools_for = None
+    odds = None  # the odds by kind of call: KIND_ODDS, but on a trace file fitted per task on its other tasks
     if args.trajectories:
         trajs = load_trajectories(args.trajectories)[: args.limit]
         group_by = args.group_by or ("task" if len({t.task_id for t in trajs}) < len(trajs) else "rollout")
@@ -207,6 +223,9 @@ def main(
                     "max_rollout_seconds": args.max_rollout_seconds, "selected_tasks": tasks}  # fmt: skip
         if args.pad_tools:
             tools_for = _padded_bash(_recorded_pads(groups), args.time_scale)
+        if any(config(c).speculation and not config(c).oracle for c in configs):  # type: ignore[union-attr]
+            odds = _held_out_odds(args.trajectories, trajs, group_by)
+            workload["kind_odds"] = "fitted per task on the guesses on the file's other tasks (held_out_odds)"
     else:
         terminal = args.workload == "terminal"
         if args.quick:
@@ -265,6 +284,7 @@ def main(
             on_repeat=lambda partial: write_outputs(partial, args.out),
             progress=progress,
             decisions=args.decisions,
+            odds=odds,
         )
         paths = write_outputs(result, args.out)
         print()

@@ -37,7 +37,7 @@ import platform
 import re
 import statistics
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -368,11 +368,12 @@ async def run_config(
     tools_for: Callable[[RolloutContext], Sequence[Tool]],
     progress: Callable[[str], None] = print,
     decisions: Path | None = None,
+    odds: Mapping[str, Mapping[str, Mapping[str, float]]] | None = None,
 ) -> ConfigResult:
     """Run every group under ``config`` concurrently and measure it: everything the configuration creates (bases,
     copies, speculative branches, restored cache hits, captures) lives in one subtree of its own
     (``accounting_scope``), whose counters are its memory and CPU. ``decisions``: a file to write the speculation
-    policy's every decision to (JSON lines, ``speculator.Decision``)."""
+    policy's every decision to (JSON lines, ``speculator.Decision``); ``odds``: as ``run_experiment``'s."""
     with accounting_scope(config.name) as subtree, ExitStack() as stack:
         sink = None
         if decisions is not None and config.speculation:
@@ -381,7 +382,7 @@ async def run_config(
             decisions.parent.mkdir(parents=True, exist_ok=True)
             sink = jsonl_sink(stack.enter_context(decisions.open("wb")))
         return await _run_config_in(config, groups, subtree, time_scale=time_scale, budget=budget,
-                                    tools_for=tools_for, progress=progress, decisions=sink)  # fmt: skip
+                                    tools_for=tools_for, progress=progress, decisions=sink, odds=odds)  # fmt: skip
 
 
 async def _run_config_in(
@@ -394,6 +395,7 @@ async def _run_config_in(
     tools_for: Callable[[RolloutContext], Sequence[Tool]],
     progress: Callable[[str], None],
     decisions: Callable[[Any], None] | None = None,
+    odds: Mapping[str, Mapping[str, Mapping[str, float]]] | None = None,
 ) -> ConfigResult:
     trajectories = [t for _, ts in groups for t in ts]
     results: list[RolloutResult] = []
@@ -435,6 +437,7 @@ async def _run_config_in(
                     decisions,
                     ngram=config.ngram,
                     kind_odds=config.kind_odds,
+                    odds=odds,
                 )  # fmt: skip
             )
             if config.speculation
@@ -515,12 +518,14 @@ def _speculation_factory(
     *,
     ngram: bool = False,
     kind_odds: bool = True,
+    odds: Mapping[str, Mapping[str, Mapping[str, float]]] | None = None,
 ) -> Callable[[RolloutContext], Any]:
     """Per rollout: the default predictors (stream tap, siblings of the same group, cost-aware policy shared by all
     rollouts), but those named in ``without``; ``ngram``: plus the n-gram predictors over the public traces (the
     bundled table; offline on the terminal-benchmark traces they hid nothing and ran 115 s of wrong calls:
     docs/benchmarks/speculation.md); ``kind_odds=False``: the predictors' own odds, not corrected by the kind of
-    call; ``weigh_forks=False``: the policy without its GiB·s rule for forks."""
+    call; ``odds``: per task id, the factors by kind of call (default, and for a task not in it: ``KIND_ODDS``);
+    ``weigh_forks=False``: the policy without its GiB·s rule for forks."""
     from speculator import CostAwarePolicy, SiblingTable, default_ngram, default_speculation
 
     model = default_ngram() if ngram else None
@@ -531,7 +536,7 @@ def _speculation_factory(
         table = tables.setdefault(ctx.task.task_id, SiblingTable())
         spec = default_speculation(
             group=ctx.task.task_id, table=table, policy=policy, model=model, without=without,
-            odds=None if kind_odds else {},
+            odds=(odds or {}).get(ctx.task.task_id) if kind_odds else {},
         )  # fmt: skip
         spec.on_observation = on_observation
         return spec
@@ -664,10 +669,13 @@ async def run_experiment(
     repeats: int = 1,
     on_repeat: Callable[[ExperimentResult], object] | None = None,
     decisions: Path | None = None,
+    odds: Mapping[str, Mapping[str, Mapping[str, float]]] | None = None,
 ) -> ExperimentResult:
     """Run ``configs`` on ``groups``, ``repeats`` times in turn; ``on_repeat`` gets the result so far after each
     repeat but the last (to write partial outputs of a long run); ``decisions``: a directory to write each
-    speculative run's policy decisions to (``<configuration>-<repeat>.jsonl``)."""
+    speculative run's policy decisions to (``<configuration>-<repeat>.jsonl``); ``odds``: per task id, the odds
+    factors by kind of call its predictors use (``speculator.held_out_odds``: fitted on the other tasks of the
+    traces replayed; a task not in it: ``speculator.KIND_ODDS``)."""
     budget = budget or Budget(max_turns=100, wall_seconds=1800)
     if tools_for is None:
         default = [bash_tool(timeout=600.0)]
@@ -681,7 +689,8 @@ async def run_experiment(
             progress(f"configuration {name}" + (f" (repeat {rep + 1} of {repeats})" if repeats > 1 else ""))
             log = decisions / f"{name}-{rep + 1}.jsonl" if decisions is not None else None
             done[name] = await run_config(_config(name), groups, time_scale=time_scale, budget=budget,
-                                          tools_for=tools_for, progress=progress, decisions=log)  # fmt: skip
+                                          tools_for=tools_for, progress=progress, decisions=log,
+                                          odds=odds)  # fmt: skip
         runs.append([done[name] for name in configs])  # the list's order: pairs and ratios index it
         if on_repeat is not None and rep + 1 < repeats:
             on_repeat(_result(runs, workload, time_scale, orders))

@@ -450,3 +450,39 @@ def test_stated_odds_is_speculation_without_the_factors_by_kind_of_call() -> Non
     ctx: Any = SimpleNamespace(task=SimpleNamespace(task_id="t"), rollout=0)
     assert any(isinstance(p, KindOdds) for p in _speculation_factory()(ctx).predictors)
     assert not any(isinstance(p, KindOdds) for p in _speculation_factory(kind_odds=False)(ctx).predictors)
+
+
+@pytest.mark.unit
+def test_on_a_trace_file_each_task_gets_odds_fitted_on_the_other_tasks(tmp_path: Path) -> None:
+    """KIND_ODDS is fitted on the development traces: measured on them, every group's predictors use factors
+    fitted on the file's other tasks (``held_out_odds``), named as the experiment names the group."""
+    from types import SimpleNamespace
+
+    from bench.experiment._cli import _held_out_odds
+    from bench.experiment._runner import _speculation_factory
+    from bunshin_async.rollout import load_trajectories
+    from speculator import KIND_ODDS, KindOdds, held_out_odds
+    from speculator._offline import load_groups
+
+    commands = ["ls", "python3 a.py", "python3 b.py", "cat > c.txt", "python3 c.py"]
+    path = tmp_path / "t.jsonl"
+    with path.open("w") as f:
+        for task in ("a", "b", "c"):
+            for r in range(2):
+                steps = [{"tool": "bash", "args": {"command": c}, "llm_seconds": 2.0, "tool_seconds": 1.0 + r}
+                         for c in commands[: 3 + r] + ([f"python3 {task}.py"] if task != "c" else [])]  # fmt: skip
+                f.write(json.dumps({"task_id": task, "rollout": r, "steps": steps}) + "\n")
+    trajs = load_trajectories(path)
+    expected = held_out_odds(load_groups(path))
+    assert _held_out_odds(path, trajs, "task") == expected
+    assert _held_out_odds(path, trajs, "rollout") == {f"{t}:{r}": expected[t] for t in "abc" for r in range(2)}
+    assert _held_out_odds(path, trajs[:2], "task") == held_out_odds({"a": load_groups(path)["a"]})  # --limit 2
+
+    def siblings(task: str, **kwargs: Any) -> Any:
+        ctx: Any = SimpleNamespace(task=SimpleNamespace(task_id=task), rollout=0)
+        return next(p for p in _speculation_factory(**kwargs)(ctx).predictors if p.name == "siblings")
+
+    odds = {"a": {"siblings": {"run": 0.5}}}
+    assert isinstance(siblings("a", odds=odds), KindOdds) and siblings("a", odds=odds).factors == {"run": 0.5}
+    assert siblings("z", odds=odds).factors == KIND_ODDS["siblings"]  # a task the file did not have: the shipped
+    assert not isinstance(siblings("a", odds=odds, kind_odds=False), KindOdds)

@@ -101,3 +101,25 @@ def test_default_speculation_states_odds_by_kind_unless_told_otherwise() -> None
     factor = KIND_ODDS["siblings"]["run"]
     assert stated() == pytest.approx(0.9 * factor / (0.1 + 0.9 * factor))
     assert stated(odds={"siblings": {"run": 0.5}}) == pytest.approx(0.45 / 0.55)
+
+
+def _record(task: str, rollout: int, commands: Sequence[str]) -> dict[str, object]:
+    steps = [
+        {"tool": "bash", "args": {"command": c}, "llm_seconds": 2.0 + rollout, "tool_seconds": 1.0} for c in commands
+    ]
+    return {"task_id": task, "rollout": rollout, "steps": steps}
+
+
+def test_held_out_odds_fit_each_task_on_the_other_tasks_only() -> None:
+    from speculator import held_out_odds
+
+    # siblings that repeat each other's runs: after the same history, the same run (the next call every time)
+    same = ["ls", "python3 a.py", "python3 b.py", "python3 c.py"]
+    groups = {t: [_record(t, r, same) for r in range(3)] for t in ("a", "b", "c")}
+    odds = held_out_odds(groups)
+    assert odds["a"] == odds["b"] == odds["c"]  # the tasks are alike: so are their factors
+    # task a's rollouts now diverge: its own factors do not change, the others' do (they are fitted on a's guesses)
+    groups["a"] = [_record("a", r, ["ls", f"python3 x{r}.py", f"python3 y{r}.py", "ls -la"]) for r in range(3)]
+    again = held_out_odds(groups)
+    assert again["a"] == odds["a"]
+    assert again["b"] != odds["b"] and again["b"] == again["c"]
