@@ -19,18 +19,24 @@ class MemoryTerms(msgspec.Struct, frozen=True):
     ``held`` bytes the fork holds beside its rollout for ``hold`` seconds, hit or miss; ``miss``, what a miss's call
     is expected to hold ((1 - p) x its bytes x the seconds it runs before the ask: a hit's call holds the same on
     the main line, only earlier); ``lasting``, what a hit's copy is expected to add to the rollout until it ends (p
-    x ``ForkMemory.lasting``; negative: it saves)."""
+    x ``ForkMemory.lasting``; negative: it saves); ``transient``, what making the fork holds while it is made (CRIU's
+    processes, the restore's charge: ``ForkMemory.transient_bytes`` x the fork's seconds), hit or miss; ``call``,
+    what a hit's call is expected to hold in the fork beyond what it would hold on the main line (p x
+    ``CallMemory.extra``: a call run in a fork beside others' forks ran longer, and one the cache would have served
+    runs at all)."""
 
     freed: float
     held: float
     hold: float
     miss: float
     lasting: float
+    transient: float = 0.0
+    call: float = 0.0
 
     def net(self, weight: float = 1.0) -> float:
         """Expected byte-seconds the fork saves, net (negative: it cannot pay); costs times ``weight``."""
         held = byte_seconds_net(0.0, 0.0, 0.0, self.held, self.hold, weight)  # the one cost model
-        return self.freed + held - (self.miss + self.lasting) * weight
+        return self.freed + held - (self.miss + self.lasting + self.transient + self.call) * weight
 
 
 class Ewma:
@@ -95,6 +101,7 @@ class ForkMemory:
         self.copy_extra = Ewma(0.0)
         self.copied_extra = Ewma(0.0)
         self.miss_bytes: Ewma | None = None
+        self.transient_bytes = Ewma(0.0)
         self.rollouts = RolloutClock(rollout_seconds, clock)
         self._pair: dict[str, float] = {}  # rollout -> its latest pair's difference since its last commit
         self._sizes: dict[str, tuple[float, float]] = {}  # rollout -> its latest pair: (fork bytes, its bytes)
@@ -120,10 +127,27 @@ class ForkMemory:
                 self.miss_bytes = Ewma(float(memory_bytes))
             self.miss_bytes.add(float(memory_bytes), self.alpha)
 
-    def terms(self, rollout: str, p: float, hidden: float, hold: float, straggler: float = 1.0) -> MemoryTerms:
+    def observe_transient(self, memory_bytes: int) -> None:
+        """What a fork held while it was made: its cgroup's peak when its call was about to start (the restore's
+        CRIU and what it restored; the dump's CRIU, about as big, ran before it, in a cgroup of its own)."""
+        if memory_bytes > 0:
+            self.transient_bytes.add(float(memory_bytes), self.alpha)
+
+    def terms(
+        self,
+        rollout: str,
+        p: float,
+        hidden: float,
+        hold: float,
+        straggler: float = 1.0,
+        *,
+        fork_seconds: float = 0.0,
+        call: float = 0.0,
+    ) -> MemoryTerms:
         """``MemoryTerms`` of a fork for ``rollout``, used with probability ``p``, hiding ``hidden`` seconds of its
-        call (as long as a miss's call runs before the ask), held ``hold`` seconds; ``straggler``: what the
-        rollout's ending sooner frees, in rollouts' worth."""
+        call (as long as a miss's call runs before the ask), held ``hold`` seconds, ``fork_seconds`` of them in the
+        making; ``straggler``: what the rollout's ending sooner frees, in rollouts' worth; ``call``: the
+        byte-seconds a hit's call holds in the fork beyond the main line (``CallMemory.extra``)."""
         fork, own = self.sizes(rollout)
         return MemoryTerms(
             freed=p * hidden * own * straggler,
@@ -131,6 +155,8 @@ class ForkMemory:
             hold=hold,
             miss=(1 - p) * self.miss_call_bytes() * hidden,
             lasting=p * self.lasting(rollout),
+            transient=self.transient_bytes.value * fork_seconds,
+            call=p * call,
         )
 
     def sizes(self, rollout: str) -> tuple[float, float]:

@@ -12,9 +12,11 @@ import msgspec
 from bunshin_async.speculation import CallKey, Launch, LiveForks
 
 from ._calibration import Calibration
+from ._callmemory import CallMemory
 from ._decisions import Decision, Verdict, decision
-from ._memory import Ewma, ForkMemory, MemoryTerms
+from ._memory import Ewma, ForkMemory
 from ._signature import key_signature
+from ._weighing import MemoryWeighing
 
 __all__ = ["CostAwarePolicy", "cpu_contention", "loop_load"]
 
@@ -112,7 +114,7 @@ class _Progress:
         return 1.0 if hi == lo else (hi - self.calls[rollout]) / (hi - lo)
 
 
-class CostAwarePolicy:
+class CostAwarePolicy(MemoryWeighing):
     """Launch a candidate when its expected saving beats its expected cost, best saving first.
 
     Saving: ``probability x min(expected run time, expected LLM time left in the turn)``: a branch can hide at most
@@ -133,8 +135,9 @@ class CostAwarePolicy:
     where tool calls are short and the guesses long shots (a hit hides a 30 ms ``cat``) nothing is launched, while
     a long call that waits may still be a long shot.
     Memory, in the experiment's currency (GiB·s, here byte-seconds): a fork is launched only when what it saves
-    pays for what it holds (``memory_net``), by bytes measured as the experiment counts them (``ForkMemory``); until
-    a fork has been measured, one at a time. Reads in place hold nothing. ``decisions`` is told every verdict.
+    pays for what it holds (``memory_net``, ``MemoryWeighing``), by bytes measured as the experiment counts them
+    (``ForkMemory``, ``CallMemory``); until a fork and a fork's call have been measured, one at a time. Reads in
+    place hold nothing. ``decisions`` is told every verdict.
     On a saturated machine only likely guesses run (a coin flip never does), so speculation backs off instead of
     slowing the rollouts it serves. When the event loop itself is saturated (``loop_load()`` at least
     ``max_loop_load``: many rollouts, short tool calls) the policy is not ``active``: the runtime does not even ask
@@ -200,6 +203,7 @@ class CostAwarePolicy:
         self.fork_seconds = Ewma(fork_seconds)
         m = self.memory = ForkMemory(float(fork_bytes), alpha, rollout_seconds, clock)
         self.fork_bytes, self.rollout_bytes, self.copy_extra = m.fork_bytes, m.rollout_bytes, m.copy_extra
+        self.calls = CallMemory(alpha)
         self.max_calls = max_calls
         self._times = _CallTimes(alpha, max_calls)
         self._llm_prior = llm_seconds
@@ -266,28 +270,6 @@ class CostAwarePolicy:
         cost += (1 - p) * run * self.cpu_share(option) * self._load * self.cpu_weight
         return gain - cost
 
-    def hold_seconds(self, option: Launch) -> float:
-        """How long a fork for ``option`` exists beside its rollout, hit or miss: the fork itself, then until the
-        model asks for the call (``hideable``), when a hit is committed and a miss still running cancelled."""
-        return self.fork_seconds.value + self.hideable(option)
-
-    def memory_net(self, option: Launch) -> float:
-        """Expected byte-seconds a fork for ``option`` saves, net of what it holds (negative: it cannot pay)::
-
-            freed - (held x hold_seconds + miss + lasting) x memory_weight
-
-        (``memory_terms``, ``MemoryTerms``): a hit frees the rollout's memory (the straggler's counts its group's
-        share, ``straggler_weight``) the hidden seconds sooner; hit or miss, the fork holds its bytes beside the
-        rollout's for ``hold_seconds``; a miss's call holds its memory while it runs; a hit leaves the rollout the
-        fork's copy to its end (``ForkMemory.lasting``: a first copy of a small workspace holds less)."""
-        return self.memory_terms(option).net(self.memory_weight)
-
-    def memory_terms(self, option: Launch) -> MemoryTerms:
-        """``memory_net``'s terms for ``option``."""
-        hidden = min(self.expected_seconds(option), self.hideable(option))
-        straggler = 1 + self.straggler_weight * self.lag(option.rollout)
-        return self.memory.terms(option.rollout, self.probability(option), hidden, self.hold_seconds(option), straggler)
-
     @property
     def load(self) -> float:
         """The CPU contention the last ``select`` charged a miss's CPU with."""
@@ -302,7 +284,7 @@ class CostAwarePolicy:
         if not launch.needs_fork and launch.parent is None:
             return True
         fresh = msgspec.structs.replace(launch, turn_elapsed=0.0)
-        kept = not self.memory.measured or self.memory_net(fresh) >= 0  # unmeasured: ``select`` bounds it
+        kept = not self.weighs_measured or self.memory_net(fresh) >= 0  # unmeasured: ``select`` bounds it
         self._record(fresh, Verdict.KEEP if kept else Verdict.RELEASE, self.saving(fresh))
         return kept
 
@@ -344,7 +326,7 @@ class CostAwarePolicy:
         if option.needs_fork:
             if forks >= self.max_forks or (forks + 1) * self.fork_bytes.value > self.memory_budget:
                 return Verdict.FORKS
-            if self.memory_weight and not self.memory.measured:
+            if self.memory_weight and not self.weighs_measured:
                 if self.live.total():  # no measure yet: one fork at a time, measured when it is ready
                     return Verdict.MEASURING
             elif self.memory_net(option) < 0:
@@ -377,6 +359,11 @@ class CostAwarePolicy:
         self.memory.done(rollout)
 
     def observe_tool(self, key: CallKey, seconds: float) -> None:
+        """A call ran ``seconds`` on the main line, or in place (a read)."""
+        self._times.observe(key, seconds)
+        self.calls.observe_main(key, seconds)
+
+    def observe_call_seconds(self, key: CallKey, seconds: float) -> None:
         self._times.observe(key, seconds)
 
     def observe_cpu(self, key: CallKey, cpu_seconds: float, seconds: float) -> None:
@@ -394,20 +381,3 @@ class CostAwarePolicy:
         if seconds > 0:
             self._llm_sum += seconds
             self._llm_n += 1
-
-    def observe_fork(self, seconds: float, memory_bytes: int) -> None:
-        if seconds > 0:
-            self.fork_seconds.add(seconds, self.alpha)
-        self.memory.observe_fork(memory_bytes)
-
-    def observe_miss(self, memory_bytes: int) -> None:
-        """What a discarded fork held at its end, its call's memory included (``ForkMemory.miss_call_bytes``)."""
-        self.memory.observe_miss(memory_bytes)
-
-    def observe_copy(self, copy_bytes: int, rollout_bytes: int, rollout: str = "") -> None:
-        """A fork's and its rollout's bytes, side by side before its call (``ForkMemory.observe_copy``)."""
-        self.memory.observe_copy(copy_bytes, rollout_bytes, rollout)
-
-    def observe_rollout_memory(self, memory_bytes: int) -> None:
-        """A rollout's footprint (its PSS, the page images it maps, its upper dir), to weigh forks' against."""
-        self.memory.observe_rollout(memory_bytes)

@@ -23,7 +23,7 @@ from ._calls import Launch, PredictionContext
 from ._handle import CLOSE_DEADLINE, WorkspaceHandle
 from ._metrics import BranchRecord, TurnLog, TurnMetrics, merge_counts
 from ._planning import KeepOption, choose_kept
-from ._probes import fork_cost, memory_peak
+from ._probes import call_peak, fork_cost, memory_peak, memory_usage
 from ._speculation import Speculation, policy_keeps
 
 __all__ = ["FORK_DEADLINE", "Branch", "BranchSet", "descends", "run_tool"]
@@ -84,6 +84,7 @@ class Branch:
         self.calling = anyio.Event()  # its call started (in its fork, for a write), or the branch ended
         self.exc: BaseException | None = None  # what ended it when it ``failed``
         self.ready_peak: int | None = None  # its fork's cgroup peak when its call started (the restore's charge)
+        self.ready_usage: int | None = None  # its fork's cgroup charge then
         self.base: Workspace | None = None  # what it forked (its parent's fork, or the rollout's workspace)
         self.layer_bytes: int | None = None  # its snapshot layer: what ``base`` had written, copied for the fork
         self.lock = anyio.Lock()  # held while a chained child forks this branch's fork, and while it is committed
@@ -140,6 +141,9 @@ async def observe_ready(b: Branch, rollout: Workspace) -> None:
         held, beside = await anyio.to_thread.run_sync(measure)
     except Exception:  # noqa: BLE001 - a reading that failed (a workspace closing meanwhile) teaches nothing
         return
+    observe_transient = getattr(spec.policy, "observe_transient", None)
+    if observe_transient is not None and b.ready_peak:
+        observe_transient(b.ready_peak)
     if held and beside:
         spec.policy.observe_fork(0.0, held)
         observe_rollout(beside)
@@ -257,6 +261,7 @@ class BranchSet:
                     # learns a fork's bytes from when forks take longer than turns (a loaded machine)
                     with anyio.move_on_after(CLOSE_DEADLINE, shield=True):
                         b.ready_peak = memory_peak(b.ws)
+                        b.ready_usage = memory_usage(b.ws)
                         await observe_ready(b, self.handle.workspace)
                     await anyio.lowlevel.checkpoint()  # a cancellation that came during the fork lands here
                     b.owner.log.mark("branch_ready", b.position, f"fork {b.fork_seconds * 1000:.0f} ms")
@@ -300,7 +305,11 @@ class BranchSet:
                     with anyio.move_on_after(FORK_DEADLINE + CLOSE_DEADLINE):
                         await c.done.wait()
         spec = owner.speculation
-        if spec is not None and b.ok:
+        observe_call = getattr(spec.policy, "observe_fork_call", None) if spec is not None and b.forked else None
+        if observe_call is not None and b.run_start and b.ws is not None:  # hit or miss, ended or cut short
+            held = call_peak(b.ws, b.ready_peak, b.ready_usage)
+            observe_call(b.key, b.run_end - b.run_start if b.ok else -1.0, held)
+        elif spec is not None and b.ok:
             spec.policy.observe_tool(b.key, b.run_end - b.run_start)
         observe_rollout = getattr(spec.policy, "observe_rollout_memory", None) if spec is not None else None
         rollout_bytes = 0

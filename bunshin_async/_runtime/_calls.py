@@ -154,7 +154,11 @@ class Policy(Protocol):
     against what the rollout does; ``observe_copy(copy_bytes, rollout_bytes, rollout)``: beside each fork before its
     call, what the fork holds and what its rollout (``Launch.rollout``) holds (a hit's copy replaces the rollout:
     their difference is what a hit leaves it); ``observe_miss(bytes)``: what a discarded fork held at its end, its
-    call's memory included (without it, that goes to ``observe_fork``); ``observe_cpu(key, cpu_seconds, seconds)``: a
+    call's memory included (without it, that goes to ``observe_fork``); ``observe_transient(bytes)``: beside each
+    fork before its call, what its making held (its cgroup's peak then: the restore's CRIU and what it restored);
+    ``observe_fork_call(key, seconds, bytes)``: a call run in a fork, hit or miss, took ``seconds`` (negative: cut
+    short) and raised the fork's cgroup ``bytes`` above its charge when it started (``call_peak``; instead of
+    ``observe_tool``, which then tells main-line and in-place runs only); ``observe_cpu(key, cpu_seconds, seconds)``: a
     call run on the main line took ``cpu_seconds`` of CPU (its workspace's cgroup, where it has CPU accounting) in
     ``seconds``, to tell waiting from computing; ``active()``: asked before the predictors are, False when no launch
     could pay now (the predictors are then not asked at all); ``keeps(launch)``: asked when a turn ends for each

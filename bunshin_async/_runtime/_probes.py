@@ -6,7 +6,7 @@ from __future__ import annotations
 from .._workspace._accounting import workspace_memory, written_bytes
 from .._workspace._facade import Workspace
 
-__all__ = ["cgroup_cpu_seconds", "fork_cost", "memory_peak", "upper_bytes"]
+__all__ = ["call_peak", "cgroup_cpu_seconds", "fork_cost", "memory_peak", "memory_usage", "upper_bytes"]
 
 
 def cgroup_cpu_seconds(ws: Workspace) -> float:
@@ -35,6 +35,23 @@ def memory_peak(ws: Workspace) -> int | None:
     sysfs, read in place."""
     cg = ws.cgroup
     return cg.memory_peak() if cg is not None else None
+
+
+def memory_usage(ws: Workspace) -> int | None:
+    """The bytes charged to ``ws``'s cgroup now (None without a memory controller): a few bytes of sysfs."""
+    cg = ws.cgroup
+    return cg.memory_usage() if cg is not None else None
+
+
+def call_peak(ws: Workspace, ready_peak: int | None, ready_usage: int | None) -> int:
+    """How far a call raised ``ws``'s cgroup above its charge when the call started (``ready_usage``): its peak
+    less that charge, once the peak is past the one it had then (``ready_peak``, the restore's: CRIU and what it
+    restored); a call that stayed under the restore's peak is measured 0 (at most that peak less the charge, ~1-2
+    MiB). A few bytes of sysfs."""
+    peak = memory_peak(ws) or 0
+    if ready_peak is None or ready_usage is None or peak <= ready_peak:
+        return 0
+    return max(0, peak - ready_usage)
 
 
 def upper_bytes(ws: Workspace) -> int:

@@ -11,6 +11,7 @@ import pytest
 from bunshin_async._tools._tools import Effect, bash_tool
 from bunshin_async.speculation import CallKey, Candidate, Launch
 from speculator import CostAwarePolicy, Decision, Verdict
+from speculator._signature import key_signature
 
 pytestmark = pytest.mark.unit
 
@@ -26,6 +27,12 @@ def _launch(
         candidate=cand, key=CallKey.of(BASH, {"command": command}), effect=Effect.WRITE, rollout=rollout,
         progress=progress, depth=depth, prior=prior,
     )  # fmt: skip
+
+
+def _call_measured(policy: CostAwarePolicy) -> None:
+    """A fork's call has been measured (``observe_fork_call``): a ``true`` that raised nothing, so a ``make``
+    (never run in a fork nor on the main line) is charged nothing for its call (any signature's bytes: 0)."""
+    policy.observe_fork_call(CallKey.of(BASH, {"command": "true"}), 0.01, 0)
 
 
 def _group(policy: CostAwarePolicy, progress: dict[str, int]) -> None:
@@ -152,6 +159,7 @@ def test_a_fork_is_launched_only_when_the_gib_seconds_it_saves_pay_for_what_it_h
     mib = 1 << 20
     policy = CostAwarePolicy(contention=None, llm_seconds=3.0, fork_seconds=0.2)
     policy.observe_rollout_memory(64 * mib)
+    _call_measured(policy)
     policy.observe_fork(0.2, 64 * mib)  # a copy-on-write fork holds an image of its whole rollout
     sure = _launch("r", 0, p=1.0, seconds=2.0)
     # hides its 2 s run, but is held 0.2 s (the fork) + 3 s (until the model asks for it): 2 x 64 < 3.2 x 64
@@ -175,11 +183,13 @@ def test_a_fork_is_launched_only_when_the_gib_seconds_it_saves_pay_for_what_it_h
     # long LLM turns on a small workspace: held for the whole turn, hiding only the run: never
     slow_model = CostAwarePolicy(contention=None, llm_seconds=30.0, fork_seconds=0.2)
     slow_model.observe_rollout_memory(16 * mib)
+    _call_measured(slow_model)
     slow_model.observe_fork(0.2, 16 * mib)
     assert slow_model.select([_launch("r", 0, p=1.0, seconds=2.0)], running=0, forks=0) == []
     # a group's straggler finishing sooner frees more than its own workspace (its group's base and captures)
     group = CostAwarePolicy(contention=None, llm_seconds=3.0, fork_seconds=0.2, group_forks=4)
     group.observe_rollout_memory(64 * mib)
+    _call_measured(group)
     group.observe_fork(0.2, 60 * mib)
     _group(group, {"front": 9, "behind": 4})
     assert group.select([_launch("front", 9, p=0.9, seconds=3.0)], running=0, forks=0) == []
@@ -198,6 +208,7 @@ def test_a_hit_is_charged_what_its_copy_holds_beyond_the_rollout_until_the_rollo
     policy = CostAwarePolicy(contention=None, llm_seconds=3.0, fork_seconds=0.2, rollout_seconds=60.0,
                              clock=lambda: now[0])  # fmt: skip
     policy.observe_rollout_memory(16 * mib)
+    _call_measured(policy)
     policy.observe_fork(0.2, 8 * mib)
     sure = _launch("r", 1, p=1.0, seconds=3.0)
     held = (1.0 * 3.0 * 16 - 3.2 * 8) * mib  # hides 3 s of a 16 MiB rollout, holds 8 MiB for 3.2 s
@@ -248,6 +259,7 @@ def test_a_miss_is_charged_what_its_call_held_and_a_hit_is_not() -> None:
     mib = 1 << 20
     policy = CostAwarePolicy(contention=None, llm_seconds=3.0, fork_seconds=0.2)
     policy.observe_rollout_memory(16 * mib)
+    _call_measured(policy)
     policy.observe_fork(0.2, 4 * mib)
     sure, even = _launch("r", 0, p=1.0, seconds=3.0), _launch("r", 0, p=0.5, seconds=3.0)
     assert policy.memory_net(sure) == pytest.approx((3.0 * 16 - 3.2 * 4) * mib)
@@ -278,11 +290,13 @@ def test_before_anything_is_measured_forks_launch_one_at_a_time() -> None:
     assert policy.verdicts["measuring"] == 2
     policy.observe_fork(0.2, 1 * mib)
     policy.observe_rollout_memory(4 * mib)  # measured beside it: the rule, as measured
+    _call_measured(policy)
     assert policy.memory_net(other) > 0 and policy.select([other], running=0, forks=0) == [other]
     big = CostAwarePolicy(contention=None, llm_seconds=3.0, fork_seconds=0.2)
     assert big.select([likely], running=0, forks=0) == [likely]
     big.observe_fork(0.2, 64 * mib)
     big.observe_rollout_memory(64 * mib)
+    _call_measured(big)
     big.release(likely, False)
     assert big.select([other], running=0, forks=0) == []  # measured: as big as its rollout, it cannot pay
     assert big.verdicts["memory"] == 1
@@ -298,6 +312,7 @@ def test_every_option_gets_one_decision_with_the_rule_that_refused_it() -> None:
     policy = CostAwarePolicy(contention=None, llm_seconds=3.0, fork_seconds=0.2, max_branches=2, decisions=seen.append)
     policy.observe_fork(0.2, 32 * mib)
     policy.observe_rollout_memory(16 * mib)
+    _call_measured(policy)
     read = msgspec.structs.replace(_launch("r", 0, p=0.9, seconds=1.0), effect=Effect.READ)
     later = msgspec.structs.replace(_launch("v", 0, p=0.9, seconds=0.5), effect=Effect.READ)
     fork = _launch("s", 0, p=0.9, seconds=2.0)  # the best saving, but a fork twice its rollout's size
@@ -325,6 +340,7 @@ def test_an_unused_branch_is_kept_for_the_next_turn_only_while_its_hold_pays() -
     mib = 1 << 20
     policy = CostAwarePolicy(contention=None, llm_seconds=3.0, fork_seconds=0.2)
     policy.observe_rollout_memory(64 * mib)
+    _call_measured(policy)
     policy.observe_fork(0.2, 16 * mib)
     late = msgspec.structs.replace(_launch("r", 0, p=1.0, seconds=1.0), turn_elapsed=2.9)
     # launched 2.9 s into a 3 s turn (a quarter of a turn left, at least): 0.75 s hidden x 64 MiB against
@@ -344,6 +360,7 @@ def test_a_read_in_the_rollouts_workspace_is_kept_whatever_forks_cost() -> None:
     mib = 1 << 20
     policy = CostAwarePolicy(contention=None, llm_seconds=3.0, fork_seconds=0.2)
     policy.observe_rollout_memory(16 * mib)
+    _call_measured(policy)
     policy.observe_fork(0.2, 80 * mib)  # forks far bigger than what a hit frees in a turn
     read = msgspec.structs.replace(_launch("r", 0, p=0.9, seconds=0.1), effect=Effect.READ)
     assert policy.select([read], running=0, forks=0) == [read]
@@ -432,3 +449,59 @@ def test_a_long_shot_that_computes_is_not_launched_on_an_idle_machine_where_call
         busy.observe_cpu(launch.key, 1.0, 1.0)
     assert busy.select([coin], running=0, forks=0) == []
     assert busy.select([sure], running=0, forks=0) == [sure]
+
+
+def test_a_fork_is_charged_what_its_making_holds() -> None:
+    """Making a fork holds CRIU's processes (the dump's, then the restore's, 1.7-2.7 MiB each on the long-tool
+    groups) and the dump's images, beside the rollout: by the fork's cgroup peak when its call is about to start
+    (``observe_transient``), for the fork's seconds, hit or miss."""
+    mib = 1 << 20
+    policy = CostAwarePolicy(contention=None, llm_seconds=3.0, fork_seconds=0.5)
+    policy.observe_rollout_memory(16 * mib)
+    _call_measured(policy)
+    policy.observe_fork(0.5, 4 * mib)
+    sure = _launch("r", 0, p=1.0, seconds=3.0)
+    before = policy.memory_net(sure)
+    assert policy.memory_terms(sure).transient == 0  # nothing measured: nothing charged
+    policy.observe_transient(3 * mib)
+    assert policy.memory_terms(sure).transient == pytest.approx(3 * mib * 0.5)
+    assert policy.memory_net(sure) == pytest.approx(before - 3 * mib * 0.5)
+    assert CostAwarePolicy(contention=None, memory_weight=0.0).memory_net(sure) > 0  # memory not weighed
+
+
+def test_a_hits_call_is_charged_what_it_holds_in_a_fork_beyond_the_main_line() -> None:
+    """A hit's call was taken to hold on the main line what it holds in the fork, only earlier. By the kernel's
+    counters it held more (session 19: ``pip install``, 40 MiB, ran 2.5-3.2 s in forks launched together where it
+    ran 0.3-0.7 s on the main line, and calls the cache would have served ran at all). So a call is charged its
+    measured bytes (``observe_fork_call``: how far it raised its fork's cgroup) for the seconds it runs in
+    forks beyond those on the main line (``observe_tool``); a call never run on the main line for its whole run;
+    one never run in a fork, nothing beyond the main line's."""
+    mib = 1 << 20
+    policy = CostAwarePolicy(contention=None, llm_seconds=3.0, fork_seconds=0.2)
+    policy.observe_rollout_memory(16 * mib)
+    policy.observe_fork(0.2, 1 * mib)
+    pip = CallKey.of(BASH, {"command": "pip install flask"})
+    sure = _launch("r", 0, p=1.0, seconds=2.0)  # a make: its own signature
+    assert policy.select([sure], running=0, forks=0) == [sure]  # no fork's call measured: one at a time
+    assert policy.select([_launch("q", 0, p=1.0)], running=0, forks=0) == []
+    base = (2.0 * 16 * 2 - 3.2 * 1) * mib  # "r" and "q" level: each its group's straggler (frees twice its bytes)
+    assert policy.verdicts["measuring"] == 1
+    policy.release(sure, True)
+    policy.observe_fork_call(pip, 3.0, 40 * mib)  # a pip in a fork: 40 MiB for 3 s
+    assert policy.memory_terms(sure).call == pytest.approx(40 * mib * 2.0)  # any signature's bytes, its whole run
+    assert policy.select([sure], running=0, forks=0) == []  # measured: it cannot pay
+    make = CallKey.of(BASH, {"command": "make -C r"})
+    policy.observe_fork_call(make, 2.0, 2 * mib)  # its own: 2 MiB, 2 s in a fork, never on the main line
+    assert policy.memory_net(sure) == pytest.approx(base - 2 * mib * 2.0)
+    policy.observe_tool(make, 2.0)  # as long on the main line: nothing beyond
+    assert policy.memory_terms(sure).call == 0 and policy.memory_net(sure) == pytest.approx(base)
+    assert policy.select([sure], running=0, forks=0) == [sure]
+    policy.observe_fork_call(make, 12.0, 2 * mib)  # a fork's run 5 s longer (2 + 0.3 x 10): its bytes that long
+    assert policy.memory_terms(sure).call == pytest.approx(2 * mib * 3.0)
+    half = _launch("r", 0, p=0.5, seconds=2.0)  # a hit's: times its odds
+    assert policy.memory_terms(half).call == pytest.approx(0.5 * 2 * mib * 3.0)
+    policy.observe_fork_call(make, -1.0, 2 * mib)  # cut short (a miss cancelled at the ask): its bytes only
+    assert policy.calls.fork[key_signature(make)].value == pytest.approx(5.0)
+    never = CostAwarePolicy(contention=None)
+    never.observe_tool(pip, 0.5)  # never run in a fork: held as on the main line
+    assert never.calls.extra(pip, 0.5) == 0

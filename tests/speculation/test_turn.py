@@ -99,6 +99,37 @@ async def test_a_fork_is_weighed_before_its_call_runs(serve: Any) -> None:
     assert policy.copy_extra.n == 1 and policy.fork_bytes.n >= 1
 
 
+async def test_a_forks_making_and_its_call_are_measured_as_the_kernel_charges_them(serve: Any) -> None:
+    """Beside the fork's own bytes the policy is told what its making held (``observe_transient``: the fork's cgroup
+    peak before its call, CRIU's restore among it) and, once the call ended, what the call held in the fork
+    (``observe_fork_call``: the cgroup's peak above that): a hit's call was taken to hold on the main line what it
+    holds in the fork, and on the long-tool groups it did not (session 19). ``dd`` with a 16 MiB block touches
+    a 16 MiB buffer: the call is measured at least that, the run time with it."""
+    mib = 1 << 20
+    seen: dict[str, list[Any]] = {"transient": [], "call": []}
+
+    class Spy(CostAwarePolicy):
+        def observe_transient(self, memory_bytes: int) -> None:
+            seen["transient"].append(memory_bytes)
+            super().observe_transient(memory_bytes)
+
+        def observe_fork_call(self, key: CallKey, seconds: float, memory_bytes: int) -> None:
+            seen["call"].append((key.arguments()["command"], seconds, memory_bytes))
+            super().observe_fork_call(key, seconds, memory_bytes)
+
+    dd = "dd if=/dev/zero of=/dev/null bs=16M count=1 2>/dev/null; sleep 0.3; echo x > f"
+    steps = [bash("echo a > start", llm=0.05), bash(dd, llm=1.2), final()]
+    rule = Rule(after="start", then_tool="bash", then_args={"command": dd}, probability=0.9, expected_seconds=1.0)
+    policy = Spy(contention=None, memory_weight=0.0)
+    async with serve([trajectory("measured", steps)]) as client, Workspace() as ws:
+        on = await agent_rollout(client, "replay:measured", ws, TOOLS, Speculation([RulePredictor([rule])], policy))
+    assert on.metrics.committed == 1
+    assert len(seen["transient"]) == 1 and seen["transient"][0] > 1 * mib  # CRIU's restore at least
+    [(command, seconds, held)] = seen["call"]
+    assert command == dd and seconds >= 0.3 and held >= 16 * mib
+    assert policy.calls.measured and policy.memory.transient_bytes.value == seen["transient"][0]
+
+
 async def test_wrong_prediction_leaves_no_trace(serve: Any) -> None:
     wrong = "sleep 0.3; echo wrong > w; touch /tmp/wrong; (sleep 30 &) ; sleep 30"
     steps = [bash("echo a > start", llm=0.05), bash("echo right > r", llm=0.8), final()]

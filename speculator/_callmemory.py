@@ -1,0 +1,64 @@
+"""What a speculated call holds in its fork beyond what it would hold on the main line, learned online by signature
+(``tool:program``): the launch rule's ``call`` term (``MemoryTerms.call``).
+
+A hit's call was taken to hold on the main line what it holds in the fork, only earlier. By the kernel's counters it
+does not (docs/benchmarks/speculation.md, "Session 19"): on the long-tool groups the oracle's ``pip install`` calls
+(40 MiB each) ran 2.5-3.2 s in forks launched together at a turn's start, where the same calls ran 0.3-0.7 s on
+fork+cache's main line, and calls a sibling had just run were run again in forks where the cache would have served
+them. So a fork's call is charged what it is measured to hold in forks (how far it raised its cgroup above its
+charge when it started, ``call_peak``) for the seconds it runs there beyond those it runs on the main line (a call
+the cache serves runs there in the time of a restore)."""
+
+from __future__ import annotations
+
+from bunshin_async.speculation import CallKey
+
+from ._memory import Ewma
+from ._signature import key_signature
+
+__all__ = ["CallMemory"]
+
+
+class CallMemory:
+    """Per signature: the bytes its calls held in forks and their seconds there (``observe_fork``), and their
+    seconds on the main line (``observe_main``); ``measured`` once a fork's call has been. Bounded by the number of
+    signatures (``tool:program``)."""
+
+    def __init__(self, alpha: float) -> None:
+        self.alpha = alpha
+        self.bytes: dict[str, Ewma] = {}
+        self.fork: dict[str, Ewma] = {}
+        self.main: dict[str, Ewma] = {}
+        self.all_bytes = Ewma(0.0)  # any signature's, for one not measured in a fork yet
+
+    @property
+    def measured(self) -> bool:
+        return self.all_bytes.n > 0
+
+    def observe_fork(self, key: CallKey, seconds: float, memory_bytes: int) -> None:
+        """A call ran ``seconds`` in a fork and raised its cgroup ``memory_bytes`` above its charge when it
+        started (``_runtime._probes.call_peak``)."""
+        sig = key_signature(key)
+        if memory_bytes >= 0:
+            self.bytes.setdefault(sig, Ewma(float(memory_bytes))).add(float(memory_bytes), self.alpha)
+            self.all_bytes.add(float(memory_bytes), self.alpha)
+        if seconds >= 0:
+            self.fork.setdefault(sig, Ewma(seconds)).add(seconds, self.alpha)
+
+    def observe_main(self, key: CallKey, seconds: float) -> None:
+        """A call ran ``seconds`` on the main line (or was served there: by the cache, in a restore's time)."""
+        if seconds >= 0:
+            self.main.setdefault(key_signature(key), Ewma(seconds)).add(seconds, self.alpha)
+
+    def extra(self, key: CallKey, run: float) -> float:
+        """Byte-seconds a call like ``key`` (expected to run ``run`` seconds) holds in a fork beyond what it holds on
+        the main line: its bytes x (its seconds in forks - on the main line), at least 0. Its bytes are its
+        signature's, else any signature's (nothing measured: 0). Not run on the main line yet: its whole run in a
+        fork (in forks, else ``run``) is charged, as a call the main line would not run (the cache serves it) is;
+        not run in a fork yet: as long as on the main line, nothing beyond."""
+        sig = key_signature(key)
+        size = self.bytes[sig].value if sig in self.bytes else self.all_bytes.value
+        fork, main = self.fork.get(sig), self.main.get(sig)
+        if main is None:
+            return size * (fork.value if fork is not None else run)
+        return size * max(0.0, fork.value - main.value) if fork is not None else 0.0

@@ -1,0 +1,102 @@
+"""The launch rule's memory side (``CostAwarePolicy.memory_net``): a fork weighed in the experiment's currency
+(byte-seconds; GiB·s over 2**30), and what the runtime tells the policy to weigh it with. A concern of its own,
+mixed into ``CostAwarePolicy``, which supplies the odds, the run and LLM times and the group's progress."""
+
+from __future__ import annotations
+
+from bunshin_async.speculation import CallKey, Launch
+
+from ._callmemory import CallMemory
+from ._memory import Ewma, ForkMemory, MemoryTerms
+
+__all__ = ["MemoryWeighing"]
+
+
+class MemoryWeighing:
+    """``memory_net`` and its terms, and the ``observe_*`` calls that teach them (``ForkMemory``: a fork, its
+    rollout, a committed copy, a miss, a fork's making; ``CallMemory``: a fork's call)."""
+
+    memory: ForkMemory
+    calls: CallMemory
+    memory_weight: float
+    fork_seconds: Ewma
+    alpha: float
+    straggler_weight: float
+
+    def probability(self, option: Launch) -> float:
+        raise NotImplementedError
+
+    def expected_seconds(self, option: Launch) -> float:
+        raise NotImplementedError
+
+    def hideable(self, option: Launch) -> float:
+        raise NotImplementedError
+
+    def lag(self, rollout: str) -> float:
+        raise NotImplementedError
+
+    @property
+    def weighs_measured(self) -> bool:
+        """Whether a fork, a rollout and a fork's call have been measured: before that the rule's bytes are priors
+        (or nothing), and forks launch one at a time (``Verdict.MEASURING``)."""
+        return self.memory.measured and self.calls.measured
+
+    def hold_seconds(self, option: Launch) -> float:
+        """How long a fork for ``option`` exists beside its rollout, hit or miss: the fork itself, then until the
+        model asks for the call (``hideable``), when a hit is committed and a miss still running cancelled."""
+        return self.fork_seconds.value + self.hideable(option)
+
+    def memory_net(self, option: Launch) -> float:
+        """Expected byte-seconds a fork for ``option`` saves, net of what it holds (negative: it cannot pay)::
+
+            freed - (held x hold_seconds + miss + lasting + transient + call) x memory_weight
+
+        (``memory_terms``, ``MemoryTerms``): a hit frees the rollout's memory (the straggler's counts its group's
+        share, ``straggler_weight``) the hidden seconds sooner; hit or miss, the fork holds its bytes beside the
+        rollout's for ``hold_seconds``, and its making holds CRIU's for the fork's seconds; a miss's call holds its
+        memory while it runs; a hit's call holds its memory in the fork for longer than on the main line
+        (``CallMemory.extra``); a hit leaves the rollout the fork's copy to its end (``ForkMemory.lasting``: a
+        first copy of a small workspace holds less)."""
+        return self.memory_terms(option).net(self.memory_weight)
+
+    def memory_terms(self, option: Launch) -> MemoryTerms:
+        """``memory_net``'s terms for ``option``."""
+        run = self.expected_seconds(option)
+        hidden = min(run, self.hideable(option))
+        straggler = 1 + self.straggler_weight * self.lag(option.rollout)
+        return self.memory.terms(
+            option.rollout, self.probability(option), hidden, self.hold_seconds(option), straggler,
+            fork_seconds=self.fork_seconds.value, call=self.calls.extra(option.key, run),
+        )  # fmt: skip
+
+    def observe_fork(self, seconds: float, memory_bytes: int) -> None:
+        if seconds > 0:
+            self.fork_seconds.add(seconds, self.alpha)
+        self.memory.observe_fork(memory_bytes)
+
+    def observe_transient(self, memory_bytes: int) -> None:
+        """What a fork held while it was made (``ForkMemory.observe_transient``)."""
+        self.memory.observe_transient(memory_bytes)
+
+    def observe_miss(self, memory_bytes: int) -> None:
+        """What a discarded fork held at its end, its call's memory included (``ForkMemory.miss_call_bytes``)."""
+        self.memory.observe_miss(memory_bytes)
+
+    def observe_copy(self, copy_bytes: int, rollout_bytes: int, rollout: str = "") -> None:
+        """A fork's and its rollout's bytes, side by side before its call (``ForkMemory.observe_copy``)."""
+        self.memory.observe_copy(copy_bytes, rollout_bytes, rollout)
+
+    def observe_rollout_memory(self, memory_bytes: int) -> None:
+        """A rollout's footprint (its PSS, the page images it maps, its upper dir), to weigh forks' against."""
+        self.memory.observe_rollout(memory_bytes)
+
+    def observe_fork_call(self, key: CallKey, seconds: float, memory_bytes: int) -> None:
+        """A call ran ``seconds`` in a fork, hit or miss (negative: cut short), raising its cgroup
+        ``memory_bytes`` above its charge when it started (``CallMemory.observe_fork``); a run time that ended counts
+        as a main-line call's does for ``saving``."""
+        self.calls.observe_fork(key, seconds, memory_bytes)
+        if seconds >= 0:
+            self.observe_call_seconds(key, seconds)
+
+    def observe_call_seconds(self, key: CallKey, seconds: float) -> None:
+        raise NotImplementedError
