@@ -145,11 +145,18 @@ def mapped_image_bytes(pids: Iterable[int], marker: bytes = b"/pages-") -> tuple
 def _mapped_images(
     pids: Iterable[int], marker: bytes = b"/pages-"
 ) -> tuple[dict[tuple[int, int], int], dict[tuple[int, int], int]]:
-    """``mapped_image_bytes``'s reading: each mapped page image's bytes and the PSS of its mappings, by (dev, ino)."""
+    """``mapped_image_bytes``'s reading: each mapped page image's bytes and the PSS of its mappings, by (dev, ino).
+    Only the processes whose /proc/PID/maps names a page image have their smaps read: maps lists the mappings
+    without walking a page table (smaps walks them all: ~2 ms a sample for a run's few dozen processes), and an
+    smaps header line is its maps line, so the figures are the same."""
     sizes: dict[tuple[int, int], int] = {}
     pss: dict[tuple[int, int], int] = {}
     for pid in pids:
         try:
+            with open(f"/proc/{pid}/maps", "rb") as f:
+                maps = f.read()
+            if marker not in maps or b".img" not in maps:
+                continue
             with open(f"/proc/{pid}/smaps", "rb") as f:
                 key: tuple[int, int] | None = None
                 for line in f:
@@ -293,6 +300,13 @@ def byte_seconds_net(
     return uses * seconds_saved * freed_bytes - held_bytes * hold_seconds * weight
 
 
+COUNTED = ("memory", "cpuacct")
+"""The v1 hierarchies a reading walks: every process of a subtree is in one of them. A workspace's processes join
+the memory hierarchy first (``Cgroup.create``'s order, kept by every join: ``native/init.c``'s ``attach_tree`` and
+``--restore-wrap``) and a host helper working for the run joins cpuacct alone (``Cgroup.make_cpu_account``: CRIU's
+dump); the CPU counter is cpuacct's. The other hierarchies hold the same processes again: walking them (each cgroup
+directory listed, each ``cgroup.procs`` read, six times over) cost more than reading the figures."""
+
 _WS_CGROUP = re.compile(r"ws-([0-9a-f]{12})")  # a workspace's cgroup (``_core``: ``ws-`` + token_hex(6))
 
 
@@ -310,14 +324,15 @@ class Subtree:
     def __repr__(self) -> str:
         return f"Subtree({self.parent!r}, {self.snapshot_dir!r})"
 
-    def roots(self) -> list[Path]:
-        """The parent's directory in each hierarchy that has it (v2: one; v1: one per mounted controller)."""
+    def roots(self, controllers: Iterable[str] = _kernel.V1_CONTROLLERS) -> list[Path]:
+        """The parent's directory in each hierarchy that has it (v2: one; v1: one per mounted controller of
+        ``controllers``)."""
         version = _kernel.cgroup_version()
         if version == 2:
             bases = [_kernel.CGROUP_ROOT]
         else:
             bases, seen = [], set()
-            for ctrl in _kernel.V1_CONTROLLERS:
+            for ctrl in controllers:
                 base = _kernel.CGROUP_ROOT / ctrl
                 if (base / "cgroup.procs").exists() and (real := base.resolve()) not in seen:
                     seen.add(real)
@@ -358,9 +373,10 @@ class Subtree:
 
     def read(self, extra_dirs: Iterable[Path] = ()) -> Usage:
         """Memory and CPU of the subtree now (``extra_dirs``: more directories whose bytes the run holds). The
-        cgroups are listed once for all the figures; the snapshot directory is read from its own tmpfs's count
-        (``stored_bytes``), not walked, when ``accounting_scope`` could mount one."""
-        roots = self.roots()
+        cgroups are listed once for all the figures, in the hierarchies that hold every process of the subtree
+        (``COUNTED``); the snapshot directory is read from its own tmpfs's count (``stored_bytes``), not walked,
+        when ``accounting_scope`` could mount one."""
+        roots = self.roots(COUNTED) if (_kernel.CGROUP_ROOT / "memory" / "cgroup.procs").exists() else self.roots()
         cgroups = self.cgroups(roots)
         pids = self.pids(cgroups)
         uppers = [self.workspaces / i for i in sorted(self.workspace_ids(cgroups))]

@@ -19,6 +19,7 @@ from bunshin_async import InvalidValue, Limits, Workspace
 from bunshin_async._config import Config
 from bunshin_async._host import _criu
 from bunshin_async._workspace._accounting import (
+    COUNTED,
     ResourceMonitor,
     _mapped_images,
     accounting_scope,
@@ -177,6 +178,51 @@ async def test_copies_read_together_count_their_shared_page_image_once() -> None
                 await c.aclose()
 
 
+def _smaps_images(pids: list[int]) -> dict[tuple[int, int], int]:
+    """The PSS of each page image mapped by ``pids``, by (dev, ino), from every process's smaps (no maps first)."""
+    pss: dict[tuple[int, int], int] = {}
+    for pid in pids:
+        key = None
+        for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+            fields = line.split(None, 5)
+            if "-" in fields[0] and len(fields) >= 5:  # a mapping's header line
+                key = None
+                if len(fields) == 6 and "/pages-" in fields[5] and ".img" in fields[5]:
+                    major, minor = (int(x, 16) for x in fields[3].split(":"))
+                    key = (os.makedev(major, minor), int(fields[4]))
+            elif key is not None and line.startswith("Pss:"):
+                pss[key] = pss.get(key, 0) + int(line.split()[1]) * 1024
+    return pss
+
+
+async def test_a_reading_walks_two_hierarchies_and_the_smaps_of_image_mappers_alone() -> None:
+    """A subtree reading walks the memory and cpuacct hierarchies only (``COUNTED``) and reads the smaps only of
+    the processes whose maps name a page image: the processes it finds are those of all six hierarchies, and the
+    page images' PSS is every process's smaps' (copies of a workspace with a 64 MiB heap map their image)."""
+    with accounting_scope("counted") as subtree:
+        async with Workspace() as ws:
+            await ws.spawn(["python3", "-c", "x = bytearray(64 << 20); x[::4096] = b'1' * (16384); "
+                            "open('/workspace/ready', 'w').close(); import time; time.sleep(1e6)"])  # fmt: skip
+            with anyio.fail_after(60):
+                while (await ws.exec("test -e /workspace/ready")).exit_code:  # noqa: ASYNC110 - polls the guest
+                    await anyio.sleep(0.05)
+            copies = await ws.fork(2)
+            try:
+
+                def read() -> tuple[list[int], list[int], dict[tuple[int, int], int], dict[tuple[int, int], int]]:
+                    every = subtree.pids()
+                    counted = subtree.pids(subtree.cgroups(subtree.roots(COUNTED)))
+                    return every, counted, _mapped_images(counted)[1], _smaps_images(every)
+
+                every, counted, images, expected = await anyio.to_thread.run_sync(read)
+                assert len(subtree.roots()) > len(subtree.roots(COUNTED)) or len(subtree.roots()) == 1
+                assert counted == every and len(every) >= 6  # three workspaces: init, agent; the heap
+                assert images == expected and len(images) >= 1, (images, expected)  # idle: no PSS moves between
+            finally:
+                for c in copies:
+                    await c.aclose()
+
+
 MANY_FILES = (  # 3000 small files in nested directories, a 5 MiB file, 1 MiB written into a sparse 64 MiB, a symlink
     "import os\n"
     "for d in range(30):\n"
@@ -242,8 +288,9 @@ async def test_a_fork_s_dump_runs_in_the_scope_so_its_cpu_is_the_run_s(monkeypat
 
         async def call(self, req: Any, *, notify: Any = None, **kw: Any) -> Any:
             async def watched(name: str, pid: int) -> None:
-                if name == "post-dump":
-                    seen["in subtree"] = await anyio.to_thread.run_sync(subtree.pids)
+                if name == "post-dump":  # in the hierarchies a reading walks (cpuacct: CRIU's is there alone)
+                    counted = await anyio.to_thread.run_sync(lambda: subtree.cgroups(subtree.roots(COUNTED)))
+                    seen["in subtree"] = await anyio.to_thread.run_sync(subtree.pids, counted)
                 if notify is not None:
                     await notify(name, pid)
 
