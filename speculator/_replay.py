@@ -79,7 +79,9 @@ class ByteModel(msgspec.Struct, frozen=True, kw_only=True):
 
     def told(self, p: CostAwarePolicy) -> None:
         """What the runtime tells the policy when a fork is ready (its seconds and bytes, its rollout's, the copy's
-        difference to its rollout)."""
+        difference to its rollout), and once a fork's call ended (this model has no call's memory: a call that held
+        nothing, so the rule charges no call beyond the main line, as before session 19)."""
+        p.observe_fork_call(CallKey.of(_BASH, {"command": "true"}), 0.0, 0)
         p.observe_fork(self.fork_seconds, round(self.fork_mib * _MIB))
         p.observe_rollout_memory(round(self.rollout_mib * _MIB))
         p.observe_copy(round((self.rollout_mib + self.copy_extra_mib) * _MIB), round(self.rollout_mib * _MIB))
