@@ -12,7 +12,7 @@ per configuration, each class of bytes over the run (GiB·s): speculative forks 
 and upper), rollouts' workspaces, CRIU's processes, the snapshot directory, mapped images; and per fork, the rule's
 ``held x hold`` against what its cgroup held from its fork's start to its settling.
 
-    .venv/bin/python bench/fork_ledger.py --ledger /tmp/ledger.jsonl -- --trajectories \
+    .venv/bin/python -m bench.fork_ledger --ledger /tmp/ledger.jsonl -- --trajectories \
         ../shared/traces/terminal-bench-dev.jsonl.gz --limit 200 --group-by task --pad-tools \
         --tasks hf-model-inference --time-scale 0.5 --configs fork+cache,oracle
 """
