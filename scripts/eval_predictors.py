@@ -103,6 +103,25 @@ class _Seen:
         self.group.add(call)
 
 
+def _terminal(spec: str) -> dict[str, list[Record]]:
+    """``terminal:N``: N groups (seeds 0..N-1) of the experiment's terminal workload, 4 rollouts each, as trace
+    records: LLM times as generated (median 3.3 s), tool times the padded durations ``--pad-tools`` gives their
+    commands (``bench.experiment._terminal.padded_seconds``). No observations, as in the traces."""
+    from bench.experiment._terminal import padded_seconds, terminal_trajectories
+
+    groups: dict[str, list[Record]] = {}
+    for seed in range(int(spec.split(":", 1)[1])):
+        for t in terminal_trajectories(4, seed=seed, llm_median=3.3):
+            steps = [
+                {"tool": s.tool, "args": s.args, "llm_seconds": s.llm_seconds,
+                 "tool_seconds": padded_seconds(str((s.args or {}).get("command", "")))}
+                for s in t.steps if s.tool
+            ]  # fmt: skip
+            groups.setdefault(f"terminal{seed}", []).append({"task_id": f"terminal{seed}", "rollout": t.rollout,
+                                                             "steps": steps})  # fmt: skip
+    return groups
+
+
 def _model(groups: dict[str, list[Record]], calibrated: bool) -> NgramModel:
     """A model trained on ``groups`` (every other task), its odds calibrated on them out of sample if asked."""
     model = NgramModel(3)
@@ -117,7 +136,7 @@ def _model(groups: dict[str, list[Record]], calibrated: bool) -> NgramModel:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("traces", type=Path)
+    p.add_argument("traces", type=Path, help="a trace file, or 'terminal:N': N seeded groups of the terminal workload")
     p.add_argument("--ngram", action="store_true", help="add the n-gram predictors (history, signatures)")
     p.add_argument("--table", type=Path, help="with --ngram: an n-gram table (default: the bundled one)")
     p.add_argument("--leave-task-out", action="store_true", help="per task, a table trained on the other tasks")
@@ -156,7 +175,9 @@ def main() -> int:
     if (args.table or args.leave_task_out) and not args.ngram:
         p.error("--table and --leave-task-out are about the n-gram predictors: add --ngram")
     args.predictors = PREDICTORS + NGRAM if args.ngram else PREDICTORS
-    groups = every = load_groups(args.traces)
+    groups = every = (
+        _terminal(args.traces.name) if str(args.traces).startswith("terminal:") else load_groups(args.traces)
+    )
     if args.tasks:
         wanted = args.tasks.split(",")
         missing = [t for t in wanted if t not in groups]
