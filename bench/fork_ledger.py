@@ -10,7 +10,8 @@ fork started and ended, its workspace's id, what the launch rule's terms were wh
 (committed or discarded). ``--ledger FILE`` (JSON lines) keeps all that; the summary printed at the end integrates,
 per configuration, each class of bytes over the run (GiB·s): speculative forks until settled (their cgroup's PSS
 and upper), rollouts' workspaces, CRIU's processes, the snapshot directory, mapped images; and per fork, the rule's
-``held x hold`` against what its cgroup held from its fork's start to its settling.
+``held x hold`` against what its cgroup held from its fork's start to its settling, and to the ask (the rollout
+moved into it: ``WorkspaceHandle.move``, or its call ended first: ``commit``).
 
     .venv/bin/python -m bench.fork_ledger --ledger /tmp/ledger.jsonl -- --trajectories \
         ../shared/traces/terminal-bench-dev.jsonl.gz --limit 200 --group-by task --pad-tools \
@@ -148,6 +149,17 @@ def install() -> None:
 
     _branches.BranchSet._settle = settle_and_ledger  # type: ignore[method-assign]
 
+    from bunshin_async._runtime import _handle
+
+    for name in ("move", "commit"):  # a write's fork becomes the rollout's: the ask (``move``) or its call's end
+        original = getattr(_handle.WorkspaceHandle, name)
+
+        def taken(self: Any, workspace: Any, *args: Any, _original: Any = original) -> Any:
+            _write({"kind": "taken", "t": time.monotonic(), "ws": workspace.directory.name})
+            return _original(self, workspace, *args)
+
+        setattr(_handle.WorkspaceHandle, name, taken)
+
 
 def summarize(path: Path) -> dict[str, Any]:
     """Per configuration (scope): GiB·s by class, and the launched forks' rule terms against their cgroups."""
@@ -159,6 +171,8 @@ def summarize(path: Path) -> dict[str, Any]:
             samples[r["scope"]].append(r)
         elif r["kind"] == "ready":
             forks[r["ws"]] = {**r, "start": r["t"] - r["fork_seconds"]}
+        elif r["kind"] == "taken" and r["ws"] in forks:
+            forks[r["ws"]].setdefault("taken", r["t"])
         elif r["kind"] == "settle" and r["ws"] in forks:
             forks[r["ws"]].update(end=r["t"], committed=r["committed"], miss_bytes=r["memory_bytes"])
     out: dict[str, Any] = {}
@@ -169,6 +183,7 @@ def summarize(path: Path) -> dict[str, Any]:
 
         classes: dict[str, float] = defaultdict(float)
         per_fork: dict[str, float] = defaultdict(float)
+        to_ask: dict[str, float] = defaultdict(float)  # from the fork's start to the ask (or its end)
         for a, b in zip(ss, ss[1:], strict=False):
             dt = b["t"] - a["t"]
 
@@ -196,6 +211,8 @@ def summarize(path: Path) -> dict[str, Any]:
                     va = a["pss"].get(ws, 0) + a["upper"].get(ws, 0) + a["criu"].get(ws, 0)
                     vb = b["pss"].get(ws, 0) + b["upper"].get(ws, 0) + b["criu"].get(ws, 0)
                     per_fork[ws] += (va + vb) / 2 * dt
+                    if a["t"] < f.get("taken", f.get("end", t1 + 1)):
+                        to_ask[ws] += (va + vb) / 2 * dt
         gib = 1 << 30
         rows = []
         for ws, f in mine.items():
@@ -208,6 +225,7 @@ def summarize(path: Path) -> dict[str, Any]:
                 "rule_lasting_mib_s": round(terms.get("lasting", 0) / (1 << 20), 3),
                 "rule_freed_mib_s": round(terms.get("freed", 0) / (1 << 20), 3),
                 "measured_mib_s": round(per_fork.get(ws, 0) / (1 << 20), 3),
+                "measured_to_ask_mib_s": round(to_ask.get(ws, 0) / (1 << 20), 3),
             })  # fmt: skip
         out[scope] = {
             "seconds": round(t1 - t0, 1),
@@ -217,6 +235,7 @@ def summarize(path: Path) -> dict[str, Any]:
             "rule_lasting_gib_s": round(sum(r["rule_lasting_mib_s"] for r in rows) / 1024, 4),
             "rule_freed_gib_s": round(sum(r["rule_freed_mib_s"] for r in rows) / 1024, 4),
             "measured_forks_gib_s": round(sum(r["measured_mib_s"] for r in rows) / 1024, 4),
+            "measured_forks_to_ask_gib_s": round(sum(r["measured_to_ask_mib_s"] for r in rows) / 1024, 4),
             "per_fork": rows,
         }
     return out
