@@ -2731,13 +2731,12 @@ static void serve(int conn)
  * connection the host has closed (hand_over). */
 #define DEFAULT_THREADS 6 /* _client.AGENT_THREADS */
 #define MAX_THREADS 64
+#define FREE_WAIT_SECONDS 2 /* how long a connection waits for a pool thread about to be free (hand_over) */
 
 struct worker {
 	pthread_cond_t wake;
 	int conn; /* the connection handed over; -1 while idle */
 };
-
-#define FREE_WAIT_SECONDS 2 /* how long a connection waits for a pool thread about to be free */
 
 static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t pool_idle; /* a worker went idle (CLOCK_MONOTONIC; only the main thread waits on it) */
@@ -2769,7 +2768,7 @@ static void *pool_thread(void *arg)
 		int conn = w->conn;
 		pthread_mutex_unlock(&pool_lock);
 		serve(conn);
-			go_idle(w);
+		go_idle(w);
 		close(conn);
 	}
 	return NULL;
