@@ -153,7 +153,8 @@ if libc.ptrace(16, child, 0, 0):  # PTRACE_ATTACH
     raise SystemExit(os.strerror(ctypes.get_errno()))
 os.waitpid(child, 0)
 libc.ptrace(7, child, 0, 0)  # PTRACE_CONT
-open("/tmp/traced", "w").write(str(child))
+open("/tmp/traced.tmp", "w").write(str(child))
+os.rename("/tmp/traced.tmp", "/tmp/traced")  # whole: a reader never sees it empty
 time.sleep(1000)
 """
 
