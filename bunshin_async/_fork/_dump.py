@@ -250,6 +250,9 @@ async def _dump(
     # loopback).
     req.opts.network_lock = rpc.SKIP
     req.opts.notify_scripts = True
+    # Only the notifications handled below (query-ext-files is always sent): each is a round trip to this process,
+    # and network-lock and network-unlock come with the tree frozen (criu/patches/0030).
+    env = {**env, "CRIU_NOTIFY_ONLY": "post-dump"}
     req.opts.timeout = FREEZE_TIMEOUT
     if freezer is not None:
         req.opts.freeze_cgroup = str(freezer)
@@ -416,7 +419,7 @@ async def _precopy(ws: WorkspaceCore, snap: SnapshotRecord, backend: CriuBackend
                 work_dir=pre / "images",
                 log_name="pre-dump.log",
                 workspace_id=ws.id,
-                env={**dump_env(), "CRIU_WP_TRACK": "1"},
+                env={**dump_env(), "CRIU_WP_TRACK": "1", "CRIU_NOTIFY_ONLY": ""},  # wp-uffd only (0030)
                 wrapper=wrapper,
                 timeout=DUMP_TIMEOUT,
                 on_fd=on_fd,
