@@ -2120,6 +2120,30 @@ static int shell_run(struct shell *s, const struct req *q, int conn, struct buf 
 	return 0;
 }
 
+/* Take the session's lock (one command at a time) while the host still waits for this call: a call queued behind
+ * a running command and cancelled meanwhile (the host hung up) must not run later, when that command ends; and a
+ * pool thread stuck there would stay "about to be free" (hand_over) for as long. 0 once held, -1 if cancelled. */
+static int lock_session(struct shell *s, int conn)
+{
+	for (;;) {
+		struct timespec until;
+		clock_gettime(CLOCK_REALTIME, &until); /* a mutex's timed lock counts on CLOCK_REALTIME */
+		until.tv_nsec += 100 * 1000000L;
+		if (until.tv_nsec >= 1000000000L) {
+			until.tv_sec++;
+			until.tv_nsec -= 1000000000L;
+		}
+		int rc = pthread_mutex_timedlock(&s->lock, &until);
+		if (hung_up(conn)) {
+			if (rc == 0)
+				pthread_mutex_unlock(&s->lock);
+			return -1;
+		}
+		if (rc == 0)
+			return 0;
+	}
+}
+
 static int do_shell_run(const struct req *q, int conn, struct buf *resp, struct fail *f)
 {
 	if (check_timeout(q, f) < 0)
@@ -2127,7 +2151,10 @@ static int do_shell_run(const struct req *q, int conn, struct buf *resp, struct 
 	struct shell *s = find_shell(q->ints[F_SHELL_ID], 0);
 	if (!s)
 		return failf(f, E_INVALID, NULL, "no shell session %lld", (long long)q->ints[F_SHELL_ID]);
-	pthread_mutex_lock(&s->lock);
+	if (lock_session(s, conn) < 0) {
+		shell_unref(s);
+		return failf(f, E_INVALID, NULL, "cancelled while another command of the session ran");
+	}
 	int rc = s->closed ? failf(f, E_INVALID, NULL, "the shell session is closed") : shell_run(s, q, conn, resp, f);
 	pthread_mutex_unlock(&s->lock);
 	shell_unref(s);

@@ -103,6 +103,26 @@ async def test_shells_are_independent(ws: Workspace) -> None:
         assert (await b.run("pwd; echo ${X:-unset}")).stdout == "/workspace\nunset\n"
 
 
+async def test_a_shell_call_cancelled_while_queued_never_runs(ws: Workspace) -> None:
+    """A session runs one command at a time: a call queued behind a running one and cancelled meanwhile must not
+    run when that one ends (the agent waited for the session's lock without watching the connection: the command
+    ran after its cancellation, and the agent's pool thread stayed stuck behind the lock until then)."""
+    hold = "touch /tmp/started; while [ ! -e /tmp/go ]; do sleep 0.05; done"
+    async with ws.shell() as sh:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(sh.run, hold)
+            with anyio.fail_after(60):  # a hang guard: the first command runs
+                while (await ws.exec("test -e /tmp/started")).exit_code:  # noqa: ASYNC110 - polls the guest
+                    await anyio.sleep(0.02)
+            # queued behind it, cancelled (if it reaches the agent later, on a slow machine, this passes vacuously)
+            with anyio.move_on_after(1):
+                await sh.run("touch /tmp/queued")
+            await ws.exec("touch /tmp/go")
+        assert (await sh.run("echo ok")).stdout == "ok\n"  # the session lives on; the queued call had its turn
+        assert (await sh.run("true")).exit_code == 0
+    assert (await ws.exec("test -e /tmp/queued")).exit_code == 1
+
+
 async def test_files_roundtrip_and_listing(ws: Workspace) -> None:
     blob = bytes(range(256)) * 100
     await ws.write_file("sub/dir/blob.bin", blob)
