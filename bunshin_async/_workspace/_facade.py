@@ -393,7 +393,8 @@ class BackgroundProcess:
 
 class Shell:
     """A persistent bash session inside a workspace: cwd, exported and plain shell variables survive between
-    ``run`` calls. A timed-out command is killed with its children; the session itself survives."""
+    ``run`` calls. A timed-out command is killed with its children; the session itself survives. Calls run one at
+    a time, in no set order: one cancelled while it waits for the session never runs."""
 
     def __init__(
         self, workspace: Workspace, *, cwd: str | None, env: Mapping[str, str], user: str | None = None
