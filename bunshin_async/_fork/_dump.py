@@ -21,7 +21,15 @@ from .._host import _criu, _kernel, _paths, _pidns, _snapstore, _wptrack
 from .._host._client import AgentClient
 from .._host._criu import CriuBackend, rpc
 from .._host._kernel import task_status
-from .._host._snapstore import MAX_MEM_CHAIN, chain_layers, hold_layers, mem_chain_depth, release_layers, store_full
+from .._host._snapstore import (
+    MAX_MEM_CHAIN,
+    chain_layers,
+    hold_layers,
+    mem_chain_depth,
+    release_layers,
+    store_full,
+    store_lock,
+)
 from .._host._wptrack import tracking_wanted
 from .._images._image import agent_layer
 from .._workspace._core import WorkspaceCore
@@ -194,8 +202,9 @@ def _open(ws: WorkspaceCore, snap: SnapshotRecord) -> tuple[Path | None, bool, d
     """Make the snapshot's directory and take its references; the directory its dump is incremental on, if any
     (``_dump_parent``), whether the dump tracks writes (``_tracked_parent``), CRIU's environment (``dump_env``) and
     whether the dump re-bases ``ws`` (``_rebases``; blocking)."""
-    (snap.path if snap.mode == "fs" else snap.images).mkdir(parents=True)
-    hold_layers([snap.path, *chain_layers(snap.lower)], snap.holder)
+    with store_lock():  # the directory and its users at once for a collection in another process (``bunshin gc``)
+        (snap.path if snap.mode == "fs" else snap.images).mkdir(parents=True)
+        hold_layers([snap.path, *chain_layers(snap.lower)], snap.holder)
     if snap.mode == "fs":
         return None, False, {}, False
     parent = _dump_parent(ws, snap)
@@ -447,8 +456,9 @@ async def _precopy(ws: WorkspaceCore, snap: SnapshotRecord, backend: CriuBackend
 def _precopy_dir(snap: SnapshotRecord) -> Path:
     """A snapshot directory's sibling for its pre-copy, held by it (its ``parent``; blocking)."""
     pre = snap.path.with_name(secrets.token_hex(6))
-    (pre / "images").mkdir(parents=True)
-    hold_layers([pre], f"child-{snap.id}")
+    with store_lock():
+        (pre / "images").mkdir(parents=True)
+        hold_layers([pre], f"child-{snap.id}")
     (snap.path / "parent").write_text(pre.name)
     return pre
 

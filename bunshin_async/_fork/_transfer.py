@@ -504,7 +504,7 @@ def _install(record: SnapshotRecord, image: Image, agent: Path, snap_stage: Path
     what the store holds."""
     snaps, layers = _snapstore.snapshot_dir(), _snapstore.layers_dir()
     base_lower = _userns.lower_for(f"{agent}:{image.lower_dirs}", record.security.userns)
-    with _snapstore.lock:
+    with _snapstore.store_lock():  # the entries placed and held at once for a collection elsewhere (``bunshin gc``)
         new_id = record.id
         if (snaps / new_id).exists() or (layers / new_id).exists():
             new_id = secrets.token_hex(6)

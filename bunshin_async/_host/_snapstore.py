@@ -4,9 +4,12 @@ with its last user (package doc, ``bunshin_async._fork``)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import os
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -93,6 +96,37 @@ lock = threading.RLock()
 """Held while reference files are written or layers deleted (``bunshin_async._fork._transfer`` installs under it)."""
 
 
+@contextlib.contextmanager
+def store_lock(exclusive: bool = False) -> Iterator[None]:
+    """``lock``, and the store's lock between processes: shared while an entry (a snapshot directory, a layer) is
+    made and its users written (``hold_layers`` takes it; a caller that makes the entry takes it around both),
+    exclusive while a collection reads users and deletes (``collect_layers``). So ``bunshin gc`` run beside other
+    processes never sees a directory whose users are not written yet, nor a token half written. flock(2) on the
+    store directory itself (a clean store stays empty), taken again when a collection removed an empty store
+    meanwhile and a user made it again: a lock on the removed directory would exclude no one (blocking: a
+    collection holds it while it deletes)."""
+    with lock:
+        base = snapshot_dir()
+        while True:
+            base.mkdir(parents=True, exist_ok=True)
+            fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+                held = os.fstat(fd)
+                with contextlib.suppress(FileNotFoundError):
+                    now = os.stat(base)
+                    if (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
+                        break
+            except BaseException:
+                os.close(fd)
+                raise
+            os.close(fd)
+        try:
+            yield
+        finally:
+            os.close(fd)
+
+
 def chain_layers(lower: str) -> list[Path]:
     """The snapshot layers in a lowerdir chain (not the agent layer or image, which are not reference-counted)."""
     base = layers_dir()
@@ -106,7 +140,7 @@ def _users(layer: Path) -> Path:
 def hold_layers(layers: list[Path], user: str) -> None:
     """Register ``user`` on each layer (blocking). The caller must already hold them through a live user."""
     token = _kernel.owner_token(os.getpid())
-    with lock:
+    with store_lock():
         for layer in layers:
             users = _users(layer)
             users.mkdir(parents=True, exist_ok=True)
@@ -161,37 +195,47 @@ def mem_chain_depth(snap_dir: Path) -> int:
 
 
 def collect_layers(proven: bool = False) -> list[str]:
-    """``bunshin gc``: delete the layers and snapshot directories whose users are all dead processes (blocking).
-    ``proven``: only those with users, all dead (a directory with none may be a snapshot another process is still
-    making: its users are written after its dump); what a start collects by itself while others run."""
-    return _collect(layers_dir(), "layer", proven) + _collect(snapshot_dir(), "snapshot", proven)
+    """``bunshin gc``: delete the layers and snapshot directories whose users are all dead processes (blocking),
+    under the store's exclusive lock (``store_lock``): an entry another process is making has its users written in
+    the same shared section, so a directory with none is left over. ``proven``: only those with users, all dead;
+    what a start collects by itself while others run."""
+    if not snapshot_dir().is_dir():
+        return []
+    with store_lock(exclusive=True):
+        return _collect(layers_dir(), "layer", proven) + _collect(snapshot_dir(), "snapshot", proven)
+
+
+def _live(users: Path) -> tuple[list[str], list[str]]:
+    """The tokens in a users directory (``hold_layers``; none if it is not one) and those of live processes."""
+    tokens = [_kernel.read_token(u) or "" for u in users.iterdir()] if users.is_dir() else []
+    return tokens, [t for t in tokens if _kernel.alive(t)]
 
 
 def _collect(base: Path, what: str, proven: bool) -> list[str]:
     out: list[str] = []
-    with lock:
-        for entry in sorted(base.iterdir()) if base.exists() else []:
-            if entry.name.endswith(".users") or entry == layers_dir():  # the layers: collected on their own
-                continue
-            users = _users(entry.with_name(entry.name.removesuffix(".partial")))  # a layer being made
-            tokens = [_kernel.read_token(u) or "" for u in users.iterdir()] if users.is_dir() else []
-            alive = [t for t in tokens if _kernel.alive(t)]
-            if alive:
-                out.append(f"kept {what} {entry.name} ({len(alive)} live users)")
-                continue
-            if proven and not tokens:
-                continue
-            out += _kernel.detach_mounts(entry)  # a run scope's own tmpfs (accounting_scope), what a tool left
-            _tree.remove_tree(users, ignore_errors=True)
-            _tree.remove_tree(entry, ignore_errors=True)
-            out.append(f"removed {what} {entry.name}")
-        for users in sorted(base.glob("*.users")) if base.exists() else []:
-            if not users.with_name(users.name[: -len(".users")]).exists():
+    for entry in sorted(base.iterdir()) if base.exists() else []:
+        if entry.name.endswith(".users") or entry == layers_dir():  # the layers: collected on their own
+            continue
+        users = _users(entry.with_name(entry.name.removesuffix(".partial")))  # a layer being made
+        tokens, alive = _live(users)
+        if alive:
+            out.append(f"kept {what} {entry.name} ({len(alive)} live users)")
+            continue
+        if proven and not tokens:
+            continue
+        out += _kernel.detach_mounts(entry)  # a run scope's own tmpfs (accounting_scope), what a tool left
+        _tree.remove_tree(users, ignore_errors=True)
+        _tree.remove_tree(entry, ignore_errors=True)
+        out.append(f"removed {what} {entry.name}")
+    # Users of an entry not there (yet): a snapshot's layer before its first restore makes it (``materialize``),
+    # an import's staging; kept while one of them lives.
+    for users in sorted(base.glob("*.users")) if base.exists() else []:
+        if not users.with_name(users.name[: -len(".users")]).exists():
+            tokens, alive = _live(users)
+            if not alive and (tokens or not proven):
                 _tree.remove_tree(users, ignore_errors=True)
-        try:
-            base.rmdir()
-        except OSError:
-            pass
+    with contextlib.suppress(OSError):
+        base.rmdir()
     return out
 
 

@@ -46,7 +46,7 @@ import msgspec
 
 from .._config import Config
 from .._exceptions import CapabilityMissing
-from .._host import _kernel, _tree
+from .._host import _kernel, _snapstore, _tree
 from .._host._snapstore import prepare_snapshot_store
 
 if TYPE_CHECKING:
@@ -424,11 +424,12 @@ def accounting_scope(label: str = "run") -> Iterator[Subtree]:
     name = f"{re.sub(r'[^A-Za-z0-9_.+-]', '-', label)[:40]}-{os.getpid()}-{next(_scopes)}"
     parent = f"{config.cgroup_parent.strip('/')}/{name}"
     snaps = config.snapshot_dir / name
-    snaps.mkdir(parents=True)
-    # gc: a snapshot directory without a live user is collectable; this process holds the run's while it runs.
+    # gc: a snapshot directory without a live user is collectable; this process holds the run's while it runs
+    # (made and held in one section of the store's lock: a collection elsewhere sees both or neither).
     users = config.snapshot_dir / f"{name}.users"
-    users.mkdir(exist_ok=True)
-    (users / "scope").write_text(_kernel.owner_token(os.getpid()))
+    with _snapstore.store_lock():
+        snaps.mkdir(parents=True)
+        _snapstore.hold_layers([snaps], "scope")
     subtree = Subtree(parent, snaps)
     try:
         _kernel.Cgroup.make_parent(parent)  # its counters start at zero now, before the run's first workspace

@@ -10,10 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import anyio
 import pytest
+from anyio.streams.text import TextReceiveStream
 
 from bunshin_async._config import Config
-from bunshin_async._host import _paths
+from bunshin_async._host import _paths, _snapstore
 from bunshin_async._host._kernel import CGROUP_ROOT, Cgroup, Limits, owner_token, parent_name
 from bunshin_async._host._snapstore import snapshot_dir
 from bunshin_async._workspace import _gc
@@ -93,8 +95,9 @@ async def test_a_start_collects_only_what_is_proven_dead(tmp_path: Path, monkeyp
     """The first start's collection (``_gc.reclaim``) runs beside other processes using the same run dir and store,
     so it takes only what is proven dead: a workspace whose owner is gone (its cgroup and disk too) and a snapshot
     whose users are all gone. It keeps a workspace with no owner file yet (being made), one whose owner file is a
-    symlink (not followed: it could name any file), a live owner's, and a snapshot with no users yet (a dump in
-    progress). Once per process and place: a second call does nothing."""
+    symlink (not followed: it could name any file), a live owner's, a snapshot with no users yet (a dump in
+    progress), and the users of a live snapshot's layer not made yet (its first restore makes it). Once per process
+    and place: a second call does nothing."""
     run, snaps, parent = tmp_path / "run", tmp_path / "snaps", f"bunshin-reclaim-{os.getpid()}"
     monkeypatch.setenv("BUNSHIN_RUNDIR", str(run))
     monkeypatch.setenv("BUNSHIN_SNAPDIR", str(snaps))
@@ -115,6 +118,9 @@ async def test_a_start_collects_only_what_is_proven_dead(tmp_path: Path, monkeyp
         if users is not None:
             (snaps / f"{name}.users").mkdir()
             (snaps / f"{name}.users" / "deadbeef0101").write_text(users)
+    for name, users in (("unmade-live", owner_token(os.getpid())), ("unmade-dead", dead)):  # a layer not made yet
+        (snaps / ".layers" / f"{name}.users").mkdir(parents=True)
+        (snaps / ".layers" / f"{name}.users" / "snapshot-x").write_text(users)
     scope = snaps / f"exp-{2**22 + 1}-0"  # a dead run's scope directory, a tmpfs of its own (accounting_scope)
     subprocess.run(["mount", "-t", "tmpfs", "scope", str(scope)], check=True)
     (scope / "left").write_text("x")
@@ -125,6 +131,8 @@ async def test_a_start_collects_only_what_is_proven_dead(tmp_path: Path, monkeyp
         assert not made["deadbeef0101"].exists() and not any(d.exists() for d in cgroup.dirs)
         assert all(made[n].exists() for n in ("deadbeef0102", "deadbeef0103", "deadbeef0104"))
         assert (snaps / "snap-new").exists() and not (snaps / "snap-dead").exists()
+        unmade = snaps / ".layers"
+        assert (unmade / "unmade-live.users").exists() and not (unmade / "unmade-dead.users").exists()
         assert f"unmounted {scope}" in report and not scope.exists() and not _mounted(scope), report
         assert await _gc.reclaim() == []
     finally:
@@ -136,3 +144,70 @@ async def test_a_start_collects_only_what_is_proven_dead(tmp_path: Path, monkeyp
                 (hierarchy / parent / "ws-deadbeef0101").rmdir()
             with contextlib.suppress(OSError):
                 (hierarchy / parent).rmdir()
+
+
+DRIVER = Path(__file__).with_name("gc_driver.py")
+
+
+def _waits_for_flock(pid: int) -> bool:
+    """Whether ``pid`` is blocked on a flock(2) (a ``->`` line of /proc/locks names the waiter)."""
+    with open("/proc/locks") as f:
+        return any(p[1:3] == ["->", "FLOCK"] and p[5] == str(pid) for p in (line.split() for line in f) if len(p) > 5)
+
+
+async def test_gc_run_by_hand_beside_a_dump_keeps_what_the_dump_makes() -> None:
+    """``bunshin gc`` run while another process takes a snapshot (real CRIU, ``gc_driver.py`` stopped at each
+    point): started while the snapshot's directory exists and its users are not written yet, gc waits for the
+    store's lock until they are, then keeps it; run during CRIU's dump and once the snapshot is stored (its layer's
+    users written, the layer not yet made), it keeps the snapshot and its layer's users. The driver then restores
+    from it twice, closing each copy: the second restore needs the layer the snapshot still holds."""
+    layers = _snapstore.layers_dir()
+
+    async def gc() -> str:
+        done = await anyio.run_process([sys.executable, "-m", "bunshin_async", "gc"], check=False)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.decode()
+
+    async with await anyio.open_process([sys.executable, str(DRIVER)], stderr=None) as driver:
+        assert driver.stdin is not None and driver.stdout is not None
+        lines = TextReceiveStream(driver.stdout)
+        buffered = ""
+
+        async def stopped(point: str) -> str:
+            nonlocal buffered
+            with anyio.fail_after(120):
+                while "\n" not in buffered:
+                    buffered += await lines.receive()
+            line, buffered = buffered.split("\n", 1)
+            assert line.split()[0] == point, line
+            return line.split()[1]
+
+        snap_id = await stopped("section")
+        assert (snapshot_dir() / snap_id).is_dir() and not (snapshot_dir() / f"{snap_id}.users").exists()
+        cli = [sys.executable, "-m", "bunshin_async", "gc"]
+        async with await anyio.open_process(cli, stderr=None) as waiting:
+            assert waiting.stdout is not None
+            with anyio.fail_after(120):  # gc reaches the store's lock, held by the driver's section
+                while not _waits_for_flock(waiting.pid):
+                    await anyio.sleep(0.01)
+            assert waiting.returncode is None
+            await driver.stdin.send(b"go\n")
+            first = ""
+            with anyio.fail_after(120):
+                async for chunk in TextReceiveStream(waiting.stdout):
+                    first += chunk
+            assert await waiting.wait() == 0
+        assert f"kept snapshot {snap_id} (1 live users)" in first, first
+        assert await stopped("post-dump") == snap_id
+        report = await gc()
+        assert f"kept snapshot {snap_id} (1 live users)" in report, report
+        assert (layers / f"{snap_id}.users").is_dir() and not (layers / snap_id).exists()
+        await driver.stdin.send(b"go\n")
+        assert await stopped("stored") == snap_id
+        report = await gc()
+        assert f"kept snapshot {snap_id} (1 live users)" in report and (layers / f"{snap_id}.users").is_dir(), report
+        await driver.stdin.send(b"go\n")
+        with anyio.fail_after(120):
+            while "done" not in buffered:
+                buffered += await lines.receive()
+        assert await driver.wait() == 0
