@@ -69,7 +69,9 @@ async def test_speculation_with_a_cached_session_agrees_with_the_plain_loop(serv
                 plain = await run_agent(client, "replay:agree:0", "t", ws, tools=TOOLS, task_id="agree")
                 plain_files = await _files(ws)
             # memory not weighed: the coin-flip write must launch (to be rolled back), whatever its fork holds
-            policy = CostAwarePolicy(default_seconds=1.0, fork_weight=0.2, memory_weight=0.0, contention=None)
+            policy = CostAwarePolicy(
+                default_seconds=1.0, fork_weight=0.2, memory_weight=0.0, contention=None, loop_load=None
+            )
             table = SiblingTable()
             async with ToolCache(provider=ForkStateProvider()) as cache:
                 runs = []
@@ -125,7 +127,7 @@ SIBLING_SCRIPT = [
 
 async def test_a_write_predicted_from_a_sibling_is_committed_and_adopted(serve: Any) -> None:
     trajs = [trajectory("sib", SIBLING_SCRIPT, rollout=i) for i in range(2)]
-    table, policy = SiblingTable(), CostAwarePolicy(contention=None, memory_weight=0.0)
+    table, policy = SiblingTable(), CostAwarePolicy(contention=None, loop_load=None, memory_weight=0.0)
     # Writes under a second are not captured: the cache re-runs them, so speculation may run them ahead.
     async with serve(trajs) as client, ToolCache(provider=ForkStateProvider(), capture_min_duration=1.0) as cache:
         results = []

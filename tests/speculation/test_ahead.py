@@ -69,7 +69,7 @@ class _Gate:
 def _speculation(predicted: str = SLOW) -> Speculation:
     rule = Rule(after="start", then_tool="bash", then_args={"command": predicted}, probability=0.9,
                 expected_seconds=1.0)  # fmt: skip
-    policy = CostAwarePolicy(contention=None, memory_weight=0.0)  # the mechanism, not the GiB·s rule
+    policy = CostAwarePolicy(contention=None, loop_load=None, memory_weight=0.0)  # the mechanism, not the GiB·s rule
     return Speculation(predictors=[RulePredictor([rule])], policy=policy)
 
 

@@ -34,7 +34,7 @@ def _rules(*extra: Rule) -> list[Rule]:
 
 def _speculation(rules: list[Rule], *, keep: int = 2) -> Speculation:
     # memory not weighed: these tests are about the mechanism (the 0.6 guesses must launch, whatever forks hold)
-    policy = CostAwarePolicy(contention=None, llm_seconds=1.5, memory_weight=0.0)
+    policy = CostAwarePolicy(contention=None, loop_load=None, llm_seconds=1.5, memory_weight=0.0)
     return Speculation(predictors=[RulePredictor(rules)], policy=policy, group="chain", keep=keep)
 
 

@@ -48,7 +48,7 @@ def _speculation(seed: int, table: SiblingTable, model: NgramModel, traj: Trajec
     policy = (
         BoundedPolicy(max_branches=3, max_forks=2)  # launch everything the predictors say
         if rng.random() < 0.5
-        else CostAwarePolicy(default_seconds=1.0, fork_weight=0.2, contention=None, memory_weight=0.0)
+        else CostAwarePolicy(default_seconds=1.0, fork_weight=0.2, contention=None, loop_load=None, memory_weight=0.0)
     )
     return Speculation(predictors=predictors, policy=policy, group=traj.task_id, early=rng.random() < 0.8)
 

@@ -23,7 +23,9 @@ STEPS = [bash("echo a > start", llm=0.05), bash(GATED, llm=0.3), final()]
 
 def _spec() -> Speculation:
     rule = Rule(after="start", then_tool="bash", then_args={"command": GATED}, probability=0.9, expected_seconds=30)
-    return Speculation(predictors=[RulePredictor([rule])], policy=CostAwarePolicy(contention=None, memory_weight=0))
+    return Speculation(
+        predictors=[RulePredictor([rule])], policy=CostAwarePolicy(contention=None, loop_load=None, memory_weight=0)
+    )
 
 
 async def _second_turn(client: Any, handle: WorkspaceHandle, tools: list[Tool], spec: Speculation) -> tuple[Any, Any]:

@@ -127,7 +127,9 @@ def test_rules() -> None:
 
 
 def test_policy_weighs_saving_against_the_fork_and_learns() -> None:
-    policy = CostAwarePolicy(max_forks=1, fork_seconds=0.2, default_seconds=0.1, contention=None, memory_weight=0.0)
+    policy = CostAwarePolicy(
+        max_forks=1, fork_seconds=0.2, default_seconds=0.1, contention=None, loop_load=None, memory_weight=0.0
+    )
 
     def launch(cmd: str, p: float, effect: Effect, seconds: float | None = None) -> Launch:
         cand = Candidate(name="bash", arguments={"command": cmd}, probability=p, expected_seconds=seconds)

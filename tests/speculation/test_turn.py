@@ -9,7 +9,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
+import httpx
 import msgspec
+import openai
 import pytest
 
 from bunshin_async import Workspace
@@ -42,30 +44,83 @@ SLOW = "sleep 1; echo x > f"
 
 
 def rules(*rs: Rule) -> Speculation:
-    return Speculation(predictors=[RulePredictor(rs)], policy=CostAwarePolicy(contention=None, memory_weight=0.0))
+    return Speculation(
+        predictors=[RulePredictor(rs)], policy=CostAwarePolicy(contention=None, loop_load=None, memory_weight=0.0)
+    )
+
+
+class _Held(httpx.AsyncBaseTransport):
+    """HTTP to the replay server, the body of the ``nth`` response held until ``gate`` is set: that turn's message
+    cannot finish before then, however long what sets it takes on this machine."""
+
+    def __init__(self, nth: int, gate: anyio.Event) -> None:
+        self.inner, self.nth, self.gate, self.n = httpx.AsyncHTTPTransport(), nth, gate, 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await self.inner.handle_async_request(request)
+        self.n += 1
+        if self.n != self.nth:
+            return response
+        body, gate = response.stream, self.gate
+        assert isinstance(body, httpx.AsyncByteStream)
+
+        class Stream(httpx.AsyncByteStream):
+            async def __aiter__(self) -> AsyncIterator[bytes]:
+                with anyio.fail_after(120):
+                    await gate.wait()
+                async for chunk in body:
+                    yield chunk
+
+            async def aclose(self) -> None:
+                await body.aclose()
+
+        return httpx.Response(response.status_code, headers=response.headers, stream=Stream(),
+                              extensions=response.extensions)  # fmt: skip
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
 
 
 async def test_correct_prediction_of_slow_write_commits_the_fork(serve: Any) -> None:
+    """The slow call, predicted, runs in a fork while the model generates and the fork is committed. The model's
+    message is held until the branch's call has started (``_Held``): a fork takes longer than the turn's 1.2 s on
+    a loaded machine, and then the main line waits for the branch (a negative saving) without anything wrong."""
     steps = [bash("echo a > start", llm=0.05), bash(SLOW, llm=1.2), bash("cat f", llm=0.05), final()]
     rule = Rule(after="start", then_tool="bash", then_args={"command": SLOW}, probability=0.9, expected_seconds=1.0)
+    started = anyio.Event()
+    bash_ = bash_tool()
+    assert bash_.handler is not None
+    run_bash = bash_.handler
+
+    async def handler(ws: Workspace, args: Any) -> Any:
+        if args["command"] == SLOW:  # before the message ends only a branch can run it
+            started.set()
+        return await run_bash(ws, args)
+
+    tools = [msgspec.structs.replace(bash_, handler=handler), read_file_tool()]
     async with serve([trajectory("slow", steps)]) as client:
         async with Workspace() as ws0:
             off = await agent_rollout(client, "replay:slow", ws0, TOOLS, None)
-        async with Workspace() as ws1:
-            on = await agent_rollout(client, "replay:slow", ws1, TOOLS, rules(rule))
-            assert on.moved  # the rollout moved into the committed fork
+        held = httpx.AsyncClient(transport=_Held(2, started))  # the second request: the slow call's turn
+        gated = openai.AsyncOpenAI(base_url=str(client.base_url), api_key="test", max_retries=0, http_client=held)
+        try:
+            async with Workspace() as ws1:
+                on = await agent_rollout(gated, "replay:slow", ws1, tools, rules(rule))
+                assert on.moved  # the rollout moved into the committed fork
+        finally:
+            await gated.close()
     assert on.calls == off.calls and on.final_state == off.final_state
     assert on.calls[2].outcome == "exit code 0\nx\n"
     assert on.metrics.committed == 1 and on.metrics.wasted == 0
     slow_turn = on.turns[1]
     assert slow_turn.branches[0].outcome == "committed" and slow_turn.branches[0].effect == "write"
-    # the branch ran while the model was still generating (saved: its run started before the call was due; how
-    # much it saves on this machine is bench/'s to measure)
+    # its run started before the call was due, so it is credited with a saving (how much it saves on this machine
+    # is bench/'s to measure)
     assert slow_turn.saved_seconds > 0
     t = {e.kind: e.t for e in slow_turn.timeline}
     # launched in this turn, or (on the previous turn's last observation) in that one and adopted by this one
-    started = t["branch_launch"] if "branch_launch" in t else t["branch_kept"]
-    assert started < t["message_finished"] < t["branch_commit"], slow_turn.timeline
+    started_at = t["branch_launch"] if "branch_launch" in t else t["branch_kept"]
+    assert started_at < t["message_finished"] < t["branch_commit"], slow_turn.timeline
 
 
 async def test_a_fork_is_weighed_before_its_call_runs(serve: Any) -> None:
@@ -167,7 +222,7 @@ class _AlwaysWrong:
 
 async def test_a_predictor_that_is_never_right_stops_being_launched(serve: Any) -> None:
     steps = [bash(f"echo {i} > f{i}", llm=0.1) for i in range(24)] + [final()]
-    policy = CostAwarePolicy(contention=None, memory_weight=0.0)
+    policy = CostAwarePolicy(contention=None, loop_load=None, memory_weight=0.0)
     spec = Speculation(predictors=[_AlwaysWrong()], policy=policy)
     async with serve([trajectory("never", steps)]) as client:
         off, on = await off_and_on(client, "replay:never", TOOLS, spec)
@@ -220,7 +275,7 @@ async def test_the_policy_learns_which_calls_compute_and_which_wait(serve: Any) 
     CPU second per second, a sleep almost none (what the contention term charges a wrong guess with)."""
     spin = "python3 -c 'import time; t = time.process_time(); exec(\"while time.process_time() - t < 0.5: pass\")'"
     steps = [bash(spin, llm=0.05), bash("sleep 0.5", llm=0.05), final()]
-    policy = CostAwarePolicy(contention=None)
+    policy = CostAwarePolicy(contention=None, loop_load=None)
     spec = Speculation(predictors=[], policy=policy)
     async with serve([trajectory("cpu", steps)]) as client, Workspace() as ws:
         await agent_rollout(client, "replay:cpu", ws, TOOLS, spec)
@@ -281,7 +336,9 @@ async def test_cancelling_the_turn_cancels_every_branch(serve: Any) -> None:
         Rule(after="start", then_tool="bash", then_args={"command": "sleep 20; echo w > w"}, expected_seconds=20),
         Rule(after="start", then_tool="bash", then_args={"command": "sleep 20; cat start"}, expected_seconds=20),
     ]
-    spec = Speculation(predictors=[RulePredictor(rs)], policy=CostAwarePolicy(contention=None, memory_weight=0.0))
+    spec = Speculation(
+        predictors=[RulePredictor(rs)], policy=CostAwarePolicy(contention=None, loop_load=None, memory_weight=0.0)
+    )
     async with serve([trajectory("cancel", steps)]) as client:
         async with Workspace() as ws, WorkspaceHandle(ws) as handle:
             msgs: list[dict[str, Any]] = [{"role": "user", "content": "x"}]
