@@ -105,7 +105,7 @@ async def restore_into(ws: WorkspaceCore, snap: SnapshotRecord, backend: CriuBac
     ws.state = "starting"
     try:
         async with ws.failing_closes():
-            ws.make_dirs(upper=False)
+            await ws.make_dirs(upper=False)
             # The cgroup first: the priming attach holds cgroup_mutex through its grace period, and a cgroup-v1
             # mkdir waits for that mutex (it took 3-13 ms here when made after the prime).
             ws.create_cgroup()

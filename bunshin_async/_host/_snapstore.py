@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import os
 import threading
 from collections.abc import Iterator
@@ -17,6 +16,7 @@ import anyio
 from .._config import Config
 from .._exceptions import CapabilityMissing, ForkError, StoreFull
 from . import _kernel, _tree
+from ._dirlock import lock_dir
 from ._threads import join_thread
 
 
@@ -98,29 +98,14 @@ lock = threading.RLock()
 
 @contextlib.contextmanager
 def store_lock(exclusive: bool = False) -> Iterator[None]:
-    """``lock``, and the store's lock between processes: shared while an entry (a snapshot directory, a layer) is
-    made and its users written (``hold_layers`` takes it; a caller that makes the entry takes it around both),
-    exclusive while a collection reads users and deletes (``collect_layers``). So ``bunshin gc`` run beside other
-    processes never sees a directory whose users are not written yet, nor a token half written. flock(2) on the
-    store directory itself (a clean store stays empty), taken again when a collection removed an empty store
-    meanwhile and a user made it again: a lock on the removed directory would exclude no one (blocking: a
+    """``lock``, and the store's lock between processes (``_dirlock``): shared while an entry (a snapshot directory,
+    a layer) is made and its users written (``hold_layers`` takes it; a caller that makes the entry takes it around
+    both), exclusive while a collection reads users and deletes (``collect_layers``). So ``bunshin gc`` run beside
+    other processes never sees a directory whose users are not written yet, nor a token half written (blocking: a
     collection holds it while it deletes)."""
     with lock:
-        base = snapshot_dir()
-        while True:
-            base.mkdir(parents=True, exist_ok=True)
-            fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-                held = os.fstat(fd)
-                with contextlib.suppress(FileNotFoundError):
-                    now = os.stat(base)
-                    if (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
-                        break
-            except BaseException:
-                os.close(fd)
-                raise
-            os.close(fd)
+        fd = lock_dir(snapshot_dir(), exclusive=exclusive, make=True)
+        assert fd is not None
         try:
             yield
         finally:

@@ -11,6 +11,7 @@ that CRIU restored (``adopt``), stops its processes and tears it all down. ``Wor
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import secrets
@@ -42,6 +43,7 @@ from .._exceptions import (
 from .._host import _kernel, _paths, _security, _tree, _userns
 from .._host import _protocol as P
 from .._host._client import AgentClient, agent_threads
+from .._host._dirlock import lock_dir
 from .._host._kernel import Cgroup, Limits, devices_controller, mount_disk, unmount_disk
 from .._host._security import Security
 from .._host._snapstore import chain_layers, hold_layers, release_layers
@@ -204,7 +206,7 @@ class WorkspaceCore:
         async with self.failing_closes():
             prime_attach()  # the shim's cgroup attach then waits no grace period: the agent is ready sooner
             layer = await anyio.to_thread.run_sync(agent_layer)
-            self.make_dirs()
+            await self.make_dirs()
             self.spec.security.log_relaxations(self.id)
             self.create_cgroup()
             self.lower = f"{layer}:{image.lower_dirs}"
@@ -228,9 +230,23 @@ class WorkspaceCore:
             self.state = "closed"
             raise
 
-    def make_dirs(self, upper: bool = True) -> None:
+    async def make_dirs(self, upper: bool = True) -> None:
         """The workspace's host directory, with an ``owner`` file (our pid and start time) for ``bunshin gc``.
-        A restored copy makes its upper dir itself (``upper=False``)."""
+        A restored copy makes its upper dir itself (``upper=False``). Made in a shared section of the run dir's lock
+        (``_dirlock``), which a collection holds exclusively: ``bunshin gc`` beside us never sees the directory
+        without its owner. Waited for in a worker thread only while a collection holds it (it may be this process's
+        own first-start collection, whose next step needs the event loop)."""
+        base = self.dir.parent
+        fd = lock_dir(base, wait=False, make=True)
+        if fd is None:
+            fd = await anyio.to_thread.run_sync(functools.partial(lock_dir, base, make=True))
+        assert fd is not None
+        try:
+            self._make_dirs(upper)
+        finally:
+            os.close(fd)
+
+    def _make_dirs(self, upper: bool) -> None:
         if self.spec.limits.disk is not None:  # the upper and work dirs on a tmpfs of that size (Limits.disk)
             self.dir.mkdir(parents=True)
             mount_disk(self.dir, self.spec.limits.disk)

@@ -21,7 +21,6 @@ is proven dead (see its doc). Two collections never run at once (an flock on the
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import re
@@ -31,6 +30,7 @@ import anyio
 
 from .._config import Config
 from .._host import _paths, _tree
+from .._host._dirlock import lock_dir
 from .._host._kernel import (
     CGROUP_ROOT,
     Cgroup,
@@ -113,19 +113,11 @@ def _orphan_cgroups(base: Path) -> list[str]:
 
 
 def _locked(base: Path, wait: bool) -> int | None:
-    """An exclusive flock(2) on the run dir itself (no file of its own: a clean run dir stays empty), so that two
-    collections never work on one workspace; the descriptor holds it (close it to let go). None without the
-    directory, or when ``wait`` is false and another process holds it."""
-    try:
-        fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-    except OSError:
-        os.close(fd)
-        return None
-    return fd
+    """An exclusive lock on the run dir (``_dirlock``): two collections never work on one workspace, and none sees
+    a workspace directory another process is making before its owner file (``WorkspaceCore.made_dirs`` holds it
+    shared meanwhile); the descriptor holds it (close it to let go). None without the directory, or when ``wait`` is
+    false and another process holds it."""
+    return lock_dir(base, exclusive=True, wait=wait)
 
 
 def _remove_dir(ws_dir: Path, cgroup: Cgroup) -> list[str]:

@@ -1,12 +1,14 @@
 """A subprocess SDK whose snapshot stops at three points until the test says ``go`` (a line on stdin), so that the
 test runs ``bunshin gc`` beside a dump there (``test_gc.py``; the test gives it its run dir and snapshot store):
 
+- ``workspace``: its workspace's directory made and its disk mounted, its owner file not yet written (inside the run
+  dir's shared section);
 - ``section``: the snapshot's directory made, its users not yet written (inside the store's shared section);
 - ``post-dump``: CRIU's dump in its post-dump notification (pages written, the tree frozen, the upper dir copied);
 - ``stored``: the snapshot on the store, its layer not made yet (its first restore makes it).
 
-It prints ``<point> <snapshot id>`` at each stop; then it restores a copy from the snapshot and closes it, twice
-(the second needs the layer the first made, held by the snapshot alone in between), and prints ``done``."""
+It prints ``<point> <workspace or snapshot id>`` at each stop; then it restores a copy from the snapshot and closes
+it, twice (the second needs the layer the first made, held by the snapshot alone in between), and prints ``done``."""
 
 from __future__ import annotations
 
@@ -21,11 +23,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bunshin_async import Workspace  # noqa: E402
 from bunshin_async._fork import _dump  # noqa: E402
 from bunshin_async._host import _snapstore  # noqa: E402
+from bunshin_async._workspace import _core  # noqa: E402
 
 
-def stop(point: str, snap_id: str) -> None:
-    """Say where the snapshot stands and wait for the test (blocking)."""
-    print(point, snap_id, flush=True)
+def stop(point: str, what: str) -> None:
+    """Say where the workspace or snapshot stands and wait for the test (blocking)."""
+    print(point, what, flush=True)
     if sys.stdin.readline().strip() != "go":
         raise SystemExit(f"no go at {point}")
 
@@ -45,6 +48,12 @@ async def main() -> None:
         await anyio.to_thread.run_sync(stop, "post-dump", ids[0])
         return copied
 
+    def mount_disk(directory: Path, size: int) -> None:  # in the first ``make_dirs``, before the owner file
+        _core.mount_disk = real_mount
+        real_mount(directory, size)
+        stop("workspace", directory.name)
+
+    real_mount, _core.mount_disk = _core.mount_disk, mount_disk
     async with Workspace() as ws:
         await ws.write_file("/workspace/kept", "kept\n")
         _dump.hold_layers, _snapstore.TreeCopy.finish = hold, finish  # type: ignore[assignment,method-assign]

@@ -156,11 +156,12 @@ def _waits_for_flock(pid: int) -> bool:
 
 
 async def test_gc_run_by_hand_beside_a_dump_keeps_what_the_dump_makes() -> None:
-    """``bunshin gc`` run while another process takes a snapshot (real CRIU, ``gc_driver.py`` stopped at each
-    point): started while the snapshot's directory exists and its users are not written yet, gc waits for the
-    store's lock until they are, then keeps it; run during CRIU's dump and once the snapshot is stored (its layer's
-    users written, the layer not yet made), it keeps the snapshot and its layer's users. The driver then restores
-    from it twice, closing each copy: the second restore needs the layer the snapshot still holds."""
+    """``bunshin gc`` run while another process starts a workspace and takes a snapshot (real CRIU, ``gc_driver.py``
+    stopped at each point): started while the workspace's directory exists without its owner file, or the
+    snapshot's without its users, gc waits for the run dir's or the store's lock until they are written, then keeps
+    them; run during CRIU's dump and once the snapshot is stored (its layer's users written, the layer not yet
+    made), it keeps the snapshot and its layer's users. The driver then restores from it twice, closing each copy:
+    the second restore needs the layer the snapshot still holds."""
     layers = _snapstore.layers_dir()
 
     async def gc() -> str:
@@ -182,22 +183,31 @@ async def test_gc_run_by_hand_beside_a_dump_keeps_what_the_dump_makes() -> None:
             assert line.split()[0] == point, line
             return line.split()[1]
 
+        cli = [sys.executable, "-m", "bunshin_async", "gc"]
+
+        async def waits(point: str, kept: str) -> None:
+            """gc run now reaches a lock the driver holds, waits for it, and once the driver goes on keeps ``kept``
+            (a line of its report)."""
+            async with await anyio.open_process(cli, stderr=None) as waiting:
+                assert waiting.stdout is not None
+                with anyio.fail_after(120):  # gc reaches the lock the driver's section holds
+                    while not _waits_for_flock(waiting.pid):
+                        await anyio.sleep(0.01)
+                assert waiting.returncode is None
+                await driver.stdin.send(b"go\n")
+                report = ""
+                with anyio.fail_after(120):
+                    async for chunk in TextReceiveStream(waiting.stdout):
+                        report += chunk
+                assert await waiting.wait() == 0
+            assert kept in report, (point, report)
+
+        ws_id = await stopped("workspace")
+        assert not (_paths.workspaces_dir() / ws_id / "owner").exists()
+        await waits("workspace", f"kept {ws_id} (owner {driver.pid} is alive)")
         snap_id = await stopped("section")
         assert (snapshot_dir() / snap_id).is_dir() and not (snapshot_dir() / f"{snap_id}.users").exists()
-        cli = [sys.executable, "-m", "bunshin_async", "gc"]
-        async with await anyio.open_process(cli, stderr=None) as waiting:
-            assert waiting.stdout is not None
-            with anyio.fail_after(120):  # gc reaches the store's lock, held by the driver's section
-                while not _waits_for_flock(waiting.pid):
-                    await anyio.sleep(0.01)
-            assert waiting.returncode is None
-            await driver.stdin.send(b"go\n")
-            first = ""
-            with anyio.fail_after(120):
-                async for chunk in TextReceiveStream(waiting.stdout):
-                    first += chunk
-            assert await waiting.wait() == 0
-        assert f"kept snapshot {snap_id} (1 live users)" in first, first
+        await waits("section", f"kept snapshot {snap_id} (1 live users)")
         assert await stopped("post-dump") == snap_id
         report = await gc()
         assert f"kept snapshot {snap_id} (1 live users)" in report, report
