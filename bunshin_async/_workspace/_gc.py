@@ -16,7 +16,9 @@ below the workspaces' one) are found there too, and an empty scope whose process
 the report says what was removed, unmounted or kept, and why.
 
 ``reclaim()`` is the part a process's first workspace start does by itself, beside other live processes: only what
-is proven dead (see its doc). Two collections never run at once (an flock on the run dir).
+is proven dead (see its doc). Two collections never run at once, and neither sees a workspace or snapshot another
+process is making before its owner or users are written: a collection holds the run dir's and the snapshot store's
+locks exclusively, the makers shared (``_host._dirlock``), so ``bunshin gc`` is safe beside running processes too.
 """
 
 from __future__ import annotations
@@ -176,11 +178,11 @@ async def reclaim() -> list[str]:
     """What dead processes left, collected by a process's first workspace start (``Workspace.start``; once per
     run dir, snapshot store and cgroup parent, those of the process, not of a run's scope): a process killed
     outright (SIGKILL, SIGTERM without a handler, the OOM killer) cannot remove its workspaces, and ``bunshin gc``
-    is easy to forget. Unlike ``bunshin gc`` it runs while other processes work in the same places, so it only takes
-    what is proven dead: a workspace whose ``owner`` names a process that is gone (one without an owner file may
-    be being made), its cgroup (thawed first) and mounts, the empty run scopes of dead processes, and the layers and
-    snapshot directories whose users are all dead (``collect_layers(proven=True)``). Another process collecting
-    meanwhile: skipped. Returns a line per thing removed; a warning says how many workspaces were."""
+    is easy to forget. Unlike ``bunshin gc`` it only takes what is proven dead: a workspace whose ``owner`` names a
+    process that is gone (not one a process killed before its owner file left), its cgroup (thawed first) and
+    mounts, the empty run scopes of dead processes, and the layers and snapshot directories whose users are all dead
+    (``collect_layers(proven=True)``). Another process collecting (or making a workspace) meanwhile: skipped.
+    Returns a line per thing removed; a warning says how many workspaces were."""
     config = Config.process()
     key = (config.run_dir, config.snapshot_dir, config.cgroup_parent)
     if key in _reclaimed:
