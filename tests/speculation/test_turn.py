@@ -146,7 +146,7 @@ async def test_a_fork_is_weighed_before_its_call_runs(serve: Any) -> None:
     tools = [msgspec.structs.replace(bash_, handler=handler), read_file_tool()]
     steps = [bash("echo a > start", llm=0.05), bash(SLOW, llm=1.2), final()]
     rule = Rule(after="start", then_tool="bash", then_args={"command": SLOW}, probability=0.9, expected_seconds=1.0)
-    policy = Spy(contention=None, memory_weight=0.0)
+    policy = Spy(contention=None, loop_load=None, memory_weight=0.0)
     async with serve([trajectory("weighed", steps)]) as client, Workspace() as ws:
         on = await agent_rollout(client, "replay:weighed", ws, tools, Speculation([RulePredictor([rule])], policy))
     assert on.metrics.committed == 1
@@ -175,7 +175,7 @@ async def test_a_forks_making_and_its_call_are_measured_as_the_kernel_charges_th
     dd = "dd if=/dev/zero of=/dev/null bs=16M count=1 2>/dev/null; sleep 0.3; echo x > f"
     steps = [bash("echo a > start", llm=0.05), bash(dd, llm=1.2), final()]
     rule = Rule(after="start", then_tool="bash", then_args={"command": dd}, probability=0.9, expected_seconds=1.0)
-    policy = Spy(contention=None, memory_weight=0.0)
+    policy = Spy(contention=None, loop_load=None, memory_weight=0.0)
     async with serve([trajectory("measured", steps)]) as client, Workspace() as ws:
         on = await agent_rollout(client, "replay:measured", ws, TOOLS, Speculation([RulePredictor([rule])], policy))
     assert on.metrics.committed == 1
