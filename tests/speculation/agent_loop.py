@@ -4,10 +4,13 @@ final workspace state both must agree on."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+import anyio
+import httpx2 as httpx
 import msgspec
+import openai
 
 from bunshin_async import Workspace
 from bunshin_async._rollout._state import workspace_state
@@ -35,6 +38,47 @@ class Run(msgspec.Struct, kw_only=True):
 
 
 _canon = msgspec.json.Encoder(order="deterministic")
+
+
+class _Held(httpx.AsyncBaseTransport):
+    """HTTP to the replay server, the body of the ``nth`` response held until ``gate`` is set: that turn's message
+    cannot finish before then, however long what sets it takes on this machine."""
+
+    def __init__(self, nth: int, gate: anyio.Event) -> None:
+        self.inner, self.nth, self.gate, self.n = httpx.AsyncHTTPTransport(), nth, gate, 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await self.inner.handle_async_request(request)
+        self.n += 1
+        if self.n != self.nth:
+            return response
+        stream, gate = response.stream, self.gate
+        assert isinstance(stream, httpx.AsyncByteStream)
+        body: httpx.AsyncByteStream = stream  # (narrowed for the class below)
+
+        class Stream(httpx.AsyncByteStream):
+            async def __aiter__(self) -> AsyncIterator[bytes]:
+                with anyio.fail_after(120):
+                    await gate.wait()
+                async for chunk in body:
+                    yield chunk
+
+            async def aclose(self) -> None:
+                await body.aclose()
+
+        return httpx.Response(response.status_code, headers=response.headers, stream=Stream(),
+                              extensions=response.extensions)  # fmt: skip
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def held_client(client: Any, nth: int, gate: anyio.Event) -> openai.AsyncOpenAI:
+    """A client of ``client``'s replay server whose ``nth`` response (counted from 1) is held until ``gate`` is set:
+    a test that needs a branch to have started before its call is due says so, instead of hoping the machine forks
+    faster than the scripted turn (close it: ``await held.close()``)."""
+    http = httpx.AsyncClient(transport=_Held(nth, gate))
+    return openai.AsyncOpenAI(base_url=str(client.base_url), api_key="test", max_retries=0, http_client=http)
 
 
 async def agent_rollout(
@@ -69,13 +113,17 @@ async def agent_rollout(
     )
 
 
-async def off_and_on(client: Any, model: str, tools: Sequence[Tool], speculation: Speculation) -> tuple[Run, Run]:
+async def off_and_on(
+    client: Any, model: str, tools: Sequence[Tool], speculation: Speculation, *,
+    on_client: Any = None, on_tools: Sequence[Tool] | None = None,
+) -> tuple[Run, Run]:  # fmt: skip
     """The same replay with speculation off (the plain loop) and on, each in a fresh workspace: both must make the
-    same calls with the same results and leave the same final state."""
+    same calls with the same results and leave the same final state (the run with speculation on through
+    ``on_client`` and ``on_tools`` when given)."""
     async with Workspace() as ws0:
         off = await agent_rollout(client, model, ws0, tools, None)
     async with Workspace() as ws1:
-        on = await agent_rollout(client, model, ws1, tools, speculation)
+        on = await agent_rollout(on_client or client, model, ws1, on_tools or tools, speculation)
     assert off.final_state.startswith("0\n"), off.final_state  # the probe ran
     assert on.calls == off.calls and on.final_state == off.final_state
     return off, on

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
+import msgspec
 import pytest
 
 from bunshin_async._tools._tools import builtin_tools
 from bunshin_async.speculation import BranchRecord, Launch, Speculation
 from speculator import CostAwarePolicy, Rule, RulePredictor
 
-from .agent_loop import Run, off_and_on
+from .agent_loop import Run, held_client, off_and_on
 from .conftest import bash, final, trajectory
 
 TOOLS = builtin_tools()
@@ -38,9 +40,28 @@ def _speculation(rules: list[Rule], *, keep: int = 2) -> Speculation:
     return Speculation(predictors=[RulePredictor(rules)], policy=policy, group="chain", keep=keep)
 
 
-async def _both(serve: Any, steps: list[Any], spec: Speculation) -> tuple[Run, Run]:
+async def _both(serve: Any, steps: list[Any], spec: Speculation, hold: str | None = None) -> tuple[Run, Run]:
+    """Off and on; ``hold``: the run with speculation on holds the model's second answer (the turn of A) until a
+    call of ``hold`` has started (``held_client``; only a branch runs it that early)."""
     async with serve([trajectory("chain", steps)]) as client:
-        return await off_and_on(client, "replay:chain", TOOLS, spec)
+        if hold is None:
+            return await off_and_on(client, "replay:chain", TOOLS, spec)
+        started = anyio.Event()
+        bash_ = next(t for t in TOOLS if t.name == "bash")
+        assert bash_.handler is not None
+        run_bash = bash_.handler
+
+        async def handler(ws: Any, args: Any) -> Any:
+            if args["command"] == hold:
+                started.set()
+            return await run_bash(ws, args)
+
+        tools = [msgspec.structs.replace(t, handler=handler) if t is bash_ else t for t in TOOLS]
+        gated = held_client(client, 2, started)
+        try:
+            return await off_and_on(client, "replay:chain", TOOLS, spec, on_client=gated, on_tools=tools)
+        finally:
+            await gated.close()
 
 
 def _branches(run: Run) -> dict[str, BranchRecord]:
@@ -55,7 +76,8 @@ def _branches(run: Run) -> dict[str, BranchRecord]:
 @pytest.mark.parametrize("layout", ["next_turn", "same_message"])
 async def test_a_chain_two_calls_deep_commits_both(serve: Any, layout: str) -> None:
     # The model thinks 1.5 s before asking for A: A runs in a fork, then B in a fork of A's fork; both are done
-    # when the model asks for them (in the next turn, or in the same message).
+    # when the model asks for them (in the next turn, or in the same message). A's turn is held until B started:
+    # under load a fork took longer than the 1.5 s, A was asked for while it ran and B never chained.
     same = layout == "same_message"
     steps = [
         bash("mkdir -p d", llm=0.05, turn=0),
@@ -64,7 +86,7 @@ async def test_a_chain_two_calls_deep_commits_both(serve: Any, layout: str) -> N
         bash(CHECK, llm=0.05, turn=2 if same else 3),
         final(),
     ]
-    off, on = await _both(serve, steps, _speculation(_rules()))
+    off, on = await _both(serve, steps, _speculation(_rules()), hold=B)
     assert on.calls[2].outcome.endswith("a\nb\n") and on.calls[3].outcome.endswith("a\nb\n0\n")
     branches = [b for t in on.turns for b in t.branches]
     assert [(b.depth, b.outcome) for b in branches] == [(0, "committed"), (1, "committed")], branches

@@ -9,9 +9,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
-import httpx
 import msgspec
-import openai
 import pytest
 
 from bunshin_async import Workspace
@@ -36,7 +34,7 @@ from speculator import CostAwarePolicy, Rule, RulePredictor
 from tests._walks import Walks
 from tests.workspace.test_accounting import MANY_FILES
 
-from .agent_loop import agent_rollout, off_and_on
+from .agent_loop import agent_rollout, held_client, off_and_on
 from .conftest import bash, final, trajectory
 
 TOOLS = [bash_tool(), read_file_tool()]
@@ -49,41 +47,9 @@ def rules(*rs: Rule) -> Speculation:
     )
 
 
-class _Held(httpx.AsyncBaseTransport):
-    """HTTP to the replay server, the body of the ``nth`` response held until ``gate`` is set: that turn's message
-    cannot finish before then, however long what sets it takes on this machine."""
-
-    def __init__(self, nth: int, gate: anyio.Event) -> None:
-        self.inner, self.nth, self.gate, self.n = httpx.AsyncHTTPTransport(), nth, gate, 0
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        response = await self.inner.handle_async_request(request)
-        self.n += 1
-        if self.n != self.nth:
-            return response
-        body, gate = response.stream, self.gate
-        assert isinstance(body, httpx.AsyncByteStream)
-
-        class Stream(httpx.AsyncByteStream):
-            async def __aiter__(self) -> AsyncIterator[bytes]:
-                with anyio.fail_after(120):
-                    await gate.wait()
-                async for chunk in body:
-                    yield chunk
-
-            async def aclose(self) -> None:
-                await body.aclose()
-
-        return httpx.Response(response.status_code, headers=response.headers, stream=Stream(),
-                              extensions=response.extensions)  # fmt: skip
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
-
-
 async def test_correct_prediction_of_slow_write_commits_the_fork(serve: Any) -> None:
     """The slow call, predicted, runs in a fork while the model generates and the fork is committed. The model's
-    message is held until the branch's call has started (``_Held``): a fork takes longer than the turn's 1.2 s on
+    message is held until the branch's call has started (``held_client``): a fork takes longer than the turn's 1.2 s on
     a loaded machine, and then the main line waits for the branch (a negative saving) without anything wrong."""
     steps = [bash("echo a > start", llm=0.05), bash(SLOW, llm=1.2), bash("cat f", llm=0.05), final()]
     rule = Rule(after="start", then_tool="bash", then_args={"command": SLOW}, probability=0.9, expected_seconds=1.0)
@@ -101,8 +67,7 @@ async def test_correct_prediction_of_slow_write_commits_the_fork(serve: Any) -> 
     async with serve([trajectory("slow", steps)]) as client:
         async with Workspace() as ws0:
             off = await agent_rollout(client, "replay:slow", ws0, TOOLS, None)
-        held = httpx.AsyncClient(transport=_Held(2, started))  # the second request: the slow call's turn
-        gated = openai.AsyncOpenAI(base_url=str(client.base_url), api_key="test", max_retries=0, http_client=held)
+        gated = held_client(client, 2, started)  # the second request: the slow call's turn
         try:
             async with Workspace() as ws1:
                 on = await agent_rollout(gated, "replay:slow", ws1, tools, rules(rule))
