@@ -156,16 +156,21 @@ async def test_a_scope_reads_every_workspace_made_inside_and_the_cpu_of_processe
     assert Config.current().cgroup_parent == outer
 
 
+async def _two_copies_of_a_heap(ws: Workspace) -> list[Workspace]:
+    """Two copy-on-write copies of ``ws`` once a guest holds a 64 MiB heap (each copy maps its page image)."""
+    await ws.spawn(["python3", "-c", "x = bytearray(64 << 20); x[::4096] = b'1' * (16384); "
+                    "open('/workspace/ready', 'w').close(); import time; time.sleep(1e6)"])  # fmt: skip
+    with anyio.fail_after(60):
+        while (await ws.exec("test -e /workspace/ready")).exit_code:  # noqa: ASYNC110 - polls the guest
+            await anyio.sleep(0.05)
+    return await ws.fork(2)
+
+
 async def test_copies_read_together_count_their_shared_page_image_once() -> None:
     """What a Ray host reports it holds (``held_memory`` over its workspaces): two copy-on-write copies of one
     workspace map the same page image; read one by one each counts it, read together it counts once."""
     async with Workspace() as ws:
-        await ws.spawn(["python3", "-c", "x = bytearray(64 << 20); x[::4096] = b'1' * (16384); "
-                        "open('/workspace/ready', 'w').close(); import time; time.sleep(1e6)"])  # fmt: skip
-        with anyio.fail_after(60):
-            while (await ws.exec("test -e /workspace/ready")).exit_code:  # noqa: ASYNC110 - polls the guest
-                await anyio.sleep(0.05)
-        copies = await ws.fork(2)
+        copies = await _two_copies_of_a_heap(ws)
         try:
             assert [c.fork_mode for c in copies] == ["criu-cow", "criu-cow"]
             alone = [await anyio.to_thread.run_sync(workspace_memory, c) for c in copies]
@@ -201,12 +206,7 @@ async def test_a_reading_walks_two_hierarchies_and_the_smaps_of_image_mappers_al
     page images' PSS is every process's smaps' (copies of a workspace with a 64 MiB heap map their image)."""
     with accounting_scope("counted") as subtree:
         async with Workspace() as ws:
-            await ws.spawn(["python3", "-c", "x = bytearray(64 << 20); x[::4096] = b'1' * (16384); "
-                            "open('/workspace/ready', 'w').close(); import time; time.sleep(1e6)"])  # fmt: skip
-            with anyio.fail_after(60):
-                while (await ws.exec("test -e /workspace/ready")).exit_code:  # noqa: ASYNC110 - polls the guest
-                    await anyio.sleep(0.05)
-            copies = await ws.fork(2)
+            copies = await _two_copies_of_a_heap(ws)
             try:
 
                 def read() -> tuple[list[int], list[int], dict[tuple[int, int], int], dict[tuple[int, int], int]]:
