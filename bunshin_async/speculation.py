@@ -14,7 +14,10 @@ turn through ``run_turn`` (or ``SpeculativeTurn`` to see results as they come)::
                 outcome = await run_turn(tap, handle, tools, spec)     # spec=None: the plain path
             ...                                             # outcome.results in call order; handle.workspace
 
-Predictors and policies live in the ``speculator`` package; this module only knows their Protocols.
+Predictors and policies live in the ``speculator`` package; this module only knows their Protocols. The turn's
+planning is exported as pure functions (``Classified``, ``plan_launches``, ``proposals``, ``scores``) so that an
+offline replay of recorded rollouts plans launches exactly as a live turn does; ``chain_root`` and ``extend_chain``
+make the ``PredictionContext.chain`` keys.
 """
 
 from __future__ import annotations
@@ -28,9 +31,12 @@ from ._runtime._calls import (
     PredictionContext,
     Predictor,
     canonical_args,
+    chain_root,
+    extend_chain,
 )
 from ._runtime._handle import Executor, WorkspaceHandle
 from ._runtime._metrics import BranchRecord, RolloutMetrics, TimelineEvent, TurnMetrics
+from ._runtime._planning import Classified, plan_launches, proposals, scores
 from ._runtime._results import CallResult, TurnOutcome
 from ._runtime._speculation import BoundedPolicy, LiveForks, Speculation
 from ._runtime._turn import SpeculativeTurn, run_turn
@@ -41,6 +47,7 @@ __all__ = [
     "CallKey",
     "CallResult",
     "Candidate",
+    "Classified",
     "Executor",
     "Launch",
     "LiveForks",
@@ -55,7 +62,12 @@ __all__ = [
     "TurnOutcome",
     "WorkspaceHandle",
     "canonical_args",
+    "chain_root",
+    "extend_chain",
+    "plan_launches",
+    "proposals",
     "run_turn",
+    "scores",
 ]
 
 _publish(__name__, globals())

@@ -22,7 +22,7 @@ from typing import Any
 
 import msgspec
 
-from bunshin_async.speculation import CallKey, Candidate, PredictionContext, Predictor
+from bunshin_async.speculation import CallKey, Candidate, PredictionContext, Predictor, chain_root, extend_chain
 from bunshin_async.tools import bash_tool
 
 __all__ = ["OfflineReport", "calibration", "evaluate", "leave_task_out", "load_groups"]
@@ -94,8 +94,6 @@ def evaluate(
     rollout's predictors (sharing what the group shares: its ``SiblingTable``). ``reask``: a rollout's predictors
     are asked again whenever a sibling decides a call during its turn; a guess first made then hides only what is
     left of the turn (``min(tool, LLM - elapsed)``)."""
-    from bunshin_async._runtime._calls import chain_root, extend_chain
-
     report = OfflineReport(threshold=threshold)
     stats: dict[str, Counter[str]] = defaultdict(Counter)
     hidden: dict[str, float] = defaultdict(float)

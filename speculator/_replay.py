@@ -24,7 +24,18 @@ from math import inf
 
 import msgspec
 
-from bunshin_async.speculation import CallKey, Launch, PredictionContext, Predictor
+from bunshin_async.speculation import (
+    CallKey,
+    Classified,
+    Launch,
+    PredictionContext,
+    Predictor,
+    chain_root,
+    extend_chain,
+    plan_launches,
+    proposals,
+    scores,
+)
 from bunshin_async.tools import Effect, bash_tool
 
 from ._offline import Record, _calls, _context
@@ -229,9 +240,6 @@ def _run(
     capture_seconds: float,
     report: ReplayReport,
 ) -> None:
-    from bunshin_async._runtime._calls import chain_root, extend_chain
-    from bunshin_async._runtime._planning import Classified, plan_launches, proposals, scores
-
     now = 0.0
     policy = model.policy(lambda: now)
     told = not model.learned

@@ -284,6 +284,29 @@ def test_runtime_does_not_import_speculator() -> None:
     assert {m: sorted(d for d in edges[m] if under(d, above)) for m in runtime} == {m: [] for m in runtime}
 
 
+SEAMS = {
+    "bunshin_async._public": "``publish``: speculator's exported names carry its public module as the SDK's do",
+}
+"""The private modules of ``bunshin_async`` that ``speculator`` may import, each with the reason. Everything else it
+takes from the public modules (``bunshin_async.speculation`` exports the turn's planning for its offline replays)."""
+
+
+def private_reaches(edges: dict[str, set[str]]) -> list[str]:
+    """Imports by a ``speculator`` module of a private module of ``bunshin_async`` (a ``_`` part in its path) that
+    ``SEAMS`` does not name: ``speculator`` builds on the SDK's public surface, so the SDK may change its insides."""
+    return [
+        f"{mod} -> {dep}"
+        for mod, deps in sorted(edges.items())
+        if mod == "speculator" or mod.startswith("speculator.")
+        for dep in sorted(deps)
+        if dep.startswith("bunshin_async.") and any(p.startswith("_") for p in dep.split(".")) and dep not in SEAMS
+    ]
+
+
+def test_speculator_imports_only_the_public_sdk() -> None:
+    assert private_reaches(graph()) == []
+
+
 def test_no_module_touches_private_members_of_another_object() -> None:
     assert private_accesses() == []
     # and the allow-list holds nothing stale: each entry still occurs
@@ -352,6 +375,9 @@ def test_checks_see_what_they_must() -> None:
         < layer_of("bunshin_async._workspace._core")
         < layer_of("bunshin_async._fork")
     )
+    assert private_reaches({"speculator._x": {"bunshin_async._runtime._calls", "bunshin_async.speculation"}}) == [
+        "speculator._x -> bunshin_async._runtime._calls"
+    ]
     assert upward({"bunshin_async._workspace._core": {"bunshin_async._workspace._facade"}}) == [
         "bunshin_async._workspace._core (workspace core) -> bunshin_async._workspace._facade (workspace facade)"
     ]

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bunshin_async._runtime._calls import chain_root, extend_chain
-from bunshin_async.speculation import CallKey, Candidate, Launch, PredictionContext
+from bunshin_async.speculation import CallKey, Candidate, Launch, PredictionContext, chain_root, extend_chain
 from bunshin_async.speculation import canonical_args as canon
 from bunshin_async.tools import Effect, bash_tool
 from speculator import (
