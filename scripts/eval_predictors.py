@@ -58,12 +58,13 @@ from speculator import (  # noqa: E402
     SiblingPredictor,
     SiblingTable,
     TimedPredictor,
+    default_guesses,
     default_ngram,
     default_speculation,
     fit_odds,
     with_kind_odds,
 )
-from speculator._kinds import Guess, scored_guesses, shift_odds  # noqa: E402
+from speculator._kinds import Guess, fit_held_out, shift_odds  # noqa: E402
 from speculator._offline import OfflineReport, Record, _calls, evaluate, leave_task_out, load_groups  # noqa: E402
 from speculator._replay import ByteModel, replay  # noqa: E402
 from speculator._steps import _stepped  # noqa: E402
@@ -228,8 +229,8 @@ def main() -> int:
         return make
 
     if args.kinds or args.odds == "held-out":
-        scored = _scored_guesses(every, args, models, bundled)
-        fits = {task: fit_odds(g[1:] for g in scored if g[0] != task) for task in every}
+        scored = default_guesses(every, lambda task: copy.deepcopy(models.get(task, bundled)) if args.ngram else None)
+        fits = fit_held_out(scored, every)
         if args.odds == "held-out":
             odds.update((task, fits[task]) for task in groups)
         if args.kinds:
@@ -288,19 +289,6 @@ def main() -> int:
     _where(groups)
     _lead_time(groups, [float(d) for d in args.delays.split(",") if d])
     return 0
-
-
-def _scored_guesses(
-    groups: dict[str, list[Record]], args: argparse.Namespace, models: dict[str, NgramModel], bundled: NgramModel
-) -> list[Guess]:
-    """Every guess the predictors (their own odds, no kind factors) make over ``groups``, scored."""
-
-    def make(task: str) -> Callable[[], Sequence[Predictor]]:
-        table = SiblingTable()
-        model = copy.deepcopy(models.get(task, bundled)) if args.ngram else None
-        return lambda: default_speculation(group=task, table=table, model=model, odds={}).predictors
-
-    return scored_guesses(groups, make)
 
 
 def _kinds_report(scored: list[Guess], fits: dict[str, dict[str, dict[str, float]]]) -> None:

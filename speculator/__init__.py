@@ -20,7 +20,7 @@ from bunshin_async._public import publish as _publish  # the SDK's helper: expor
 from bunshin_async.speculation import Policy, Predictor, Speculation
 
 from ._decisions import Decision, Verdict, jsonl_sink
-from ._kinds import KIND_ODDS, KindOdds, call_kind, fit_odds, scored_guesses, with_kind_odds
+from ._kinds import KIND_ODDS, Guess, KindOdds, call_kind, fit_held_out, fit_odds, scored_guesses, with_kind_odds
 from ._ngram import HistoryPredictor, NgramModel, SignaturePredictor
 from ._observation import DocsPredictor, ObservationPredictor
 from ._policy import CostAwarePolicy, cpu_contention, loop_load
@@ -58,6 +58,7 @@ __all__ = [
     "command_program",
     "cpu_contention",
     "loop_load",
+    "default_guesses",
     "default_ngram",
     "default_speculation",
     "fit_odds",
@@ -137,16 +138,23 @@ def held_out_odds(groups: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str
     kind of call (``fit_odds``) fitted on the guesses ``default_speculation``'s predictors make on every *other*
     task (replayed offline, their own odds): what to pass as ``odds`` when measuring on those very traces, so that
     no task is measured with factors fitted on itself. Blocking (seconds for a few thousand calls)."""
+    return fit_held_out(default_guesses(groups), groups)
+
+
+def default_guesses(
+    groups: Mapping[str, Sequence[Mapping[str, Any]]], model: Callable[[str], NgramModel | None] = lambda task: None
+) -> list[Guess]:
+    """Every guess ``default_speculation``'s predictors (their own odds; ``model(task)``: the n-gram model they use
+    for that task, if any) make when ``groups`` are replayed offline, scored against the recorded next call."""
     from ._offline import Record
 
     records: dict[str, list[Record]] = {t: [dict(r) for r in rs] for t, rs in groups.items()}
 
     def make(task: str) -> Callable[[], Sequence[Predictor]]:
-        table = SiblingTable()
-        return lambda: default_speculation(group=task, table=table, odds={}).predictors
+        table, ngram = SiblingTable(), model(task)
+        return lambda: default_speculation(group=task, table=table, model=ngram, odds={}).predictors
 
-    guesses = scored_guesses(records, make)
-    return {task: fit_odds(g[1:] for g in guesses if g[0] != task) for task in records}
+    return scored_guesses(records, make)
 
 
 _publish(__name__, globals())

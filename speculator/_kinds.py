@@ -24,7 +24,8 @@ import msgspec
 from bunshin_async.speculation import CallKey, Candidate, PredictionContext, Predictor
 
 from ._offline import Record, _calls, evaluate
-from ._signature import command_program
+from ._signature import command_program, installer
+from ._wrapped import Wrapped
 
 __all__ = [
     "KINDS",
@@ -32,21 +33,19 @@ __all__ = [
     "Guess",
     "KindOdds",
     "call_kind",
+    "fit_held_out",
     "fit_odds",
     "scored_guesses",
     "shift_odds",
     "with_kind_odds",
 ]
 
+#: A scored guess: (task, source, kind, stated probability, whether it was the next call).
+Guess = tuple[str, str, str, float, bool]
+
 #: The kinds, in the order tables print them; ``other``: a call without a shell command.
 KINDS = ("install", "edit", "read", "run", "other")
 
-# A package manager asked to install or add something, anywhere in the command line (``mkdir -p x && pip install y``,
-# ``python3 -c "import y" || pip install y``).
-_INSTALL = re.compile(
-    r"\b(?:pip3?(?:\.\d+)?|python[\d.]*\s+-m\s+pip|apt(?:-get)?|conda|mamba|npm|yarn|pnpm|gem|cargo|uv|apk|dnf|yum|"
-    r"brew)\b[^|;&\n]*\b(?:install|add)\b"
-)
 # Programs that only look (what the shell's ``ls``, ``cat`` print).
 _READS = frozenset(
     "ls cat head tail grep egrep rg find which whereis pwd echo printf file wc ps du df tree stat env printenv "
@@ -54,23 +53,25 @@ _READS = frozenset(
 )
 # Programs that change files without computing much (``mkdir``, ``mv``; a ``sed -i``).
 _MUTATES = frozenset("mkdir mv cp rm touch chmod chown ln tee".split())
+# Text filters: redirected into a file, they write it (``sed 's/a/b/' x.py > y.py``) as ``cat`` or ``echo`` do.
+_FILTERS = frozenset("sed awk sort uniq cut tr jq base64 gzip zcat".split())
 
 
 def call_kind(name: str, arguments: Mapping[str, Any]) -> str:
-    """``install`` (a package manager installs), ``edit`` (a heredoc, a redirect into a file, ``sed -i``, ``mkdir``,
-    ``mv`` ...), ``read`` (``ls``, ``cat``, ``grep`` ...), ``run`` (anything else a shell runs: a script, a build, a
-    server) or ``other`` (no ``command`` argument)."""
+    """``install`` (a package manager installs), ``edit`` (a heredoc, ``cat``, ``echo`` or a filter redirected into a
+    file, ``sed -i``, ``mkdir``, ``mv`` ...), ``read`` (``ls``, ``cat``, ``grep`` ...), ``run`` (anything else a shell
+    runs: a script, a build, a server, also with its output redirected: ``python3 train.py > log`` computes) or
+    ``other`` (no ``command`` argument)."""
     command = arguments.get("command", arguments.get("cmd"))
     if not isinstance(command, str):
         return "other"
-    if _INSTALL.search(command):
+    if installer(command) is not None:
         return "install"
     program = command_program(command)
     first = command.strip().split("\n", 1)[0]
-    if program.endswith(" >") or ("<<" in first and ">" in first) or re.search(r"\bsed\s+-i", command):
-        return "edit"
     word = program.split(" ", 1)[0]
-    if word in _MUTATES:
+    redirected = program.endswith(" >") and (word in _READS or word in _FILTERS)
+    if redirected or ("<<" in first and ">" in first) or re.search(r"\bsed\s+-i", command) or word in _MUTATES:
         return "edit"
     return "read" if word in _READS else "run"
 
@@ -79,9 +80,9 @@ def call_kind(name: str, arguments: Mapping[str, Any]) -> str:
 #: (``scripts/eval_predictors.py TRACES --kinds``; 2026-12-04). A kind a predictor is absent from keeps its odds.
 KIND_ODDS: dict[str, dict[str, float]] = {
     "recent": {"run": 1.08},
-    "siblings": {"edit": 0.41, "install": 0.5, "read": 1.24, "run": 2.23},
+    "siblings": {"edit": 0.37, "install": 0.5, "read": 1.24, "run": 2.17},
     "steps": {"run": 1.37},
-    "written": {"edit": 0.43, "read": 0.84},
+    "written": {"edit": 0.45, "read": 0.84},
 }
 
 
@@ -92,25 +93,16 @@ def shift_odds(p: float, factor: float) -> float:
     return factor * p / (1.0 - p + factor * p)
 
 
-class KindOdds:
-    """``inner``'s guesses, each with its odds multiplied by ``factors[kind]`` (``call_kind``); named as ``inner``
-    (it is that predictor: ablations leave it out by name)."""
+class KindOdds(Wrapped):
+    """``inner``'s guesses, each with its odds multiplied by ``factors[kind]`` (``call_kind``)."""
 
     def __init__(self, inner: Predictor, factors: Mapping[str, float]) -> None:
-        self.inner, self.factors = inner, dict(factors)
-        self.name = inner.name
+        super().__init__(inner)
+        self.factors = dict(factors)
 
-    def predict(self, ctx: PredictionContext) -> Sequence[Candidate]:
-        out = []
-        for c in self.inner.predict(ctx):
-            factor = self.factors.get(call_kind(c.name, c.arguments), 1.0)
-            out.append(
-                c if factor == 1.0 else msgspec.structs.replace(c, probability=shift_odds(c.probability, factor))
-            )
-        return out
-
-    def observe(self, ctx: PredictionContext, call: CallKey) -> None:
-        self.inner.observe(ctx, call)
+    def candidate(self, ctx: PredictionContext, c: Candidate) -> Candidate:
+        factor = self.factors.get(call_kind(c.name, c.arguments), 1.0)
+        return c if factor == 1.0 else msgspec.structs.replace(c, probability=shift_odds(c.probability, factor))
 
 
 def with_kind_odds(predictors: Iterable[Predictor], odds: Mapping[str, Mapping[str, float]]) -> list[Predictor]:
@@ -138,6 +130,11 @@ def fit_odds(
     return dict(out)
 
 
+def fit_held_out(guesses: Sequence[Guess], tasks: Iterable[str]) -> dict[str, dict[str, dict[str, float]]]:
+    """Per task, the factors ``fit_odds`` fits on the ``guesses`` of every *other* task (``Guess``: task first)."""
+    return {task: fit_odds(g[1:] for g in guesses if g[0] != task) for task in tasks}
+
+
 def _fit(rows: Sequence[tuple[float, bool]], prior: float) -> float:
     """The log odds factor maximising the guesses' Bernoulli likelihood plus the prior (Newton's method on a
     concave objective, from 0)."""
@@ -155,26 +152,18 @@ def _fit(rows: Sequence[tuple[float, bool]], prior: float) -> float:
     return x
 
 
-#: A scored guess: (task, source, kind, stated probability, whether it was the next call).
-Guess = tuple[str, str, str, float, bool]
-
-
-class _Scoring:
+class _Scoring(Wrapped):
     """``inner``, each of its guesses recorded with the call that came (``Guess``)."""
 
     def __init__(self, inner: Predictor, task: str, calls: Sequence[CallKey], out: list[Guess]) -> None:
-        self.inner, self.name, self.task, self.calls, self.out = inner, inner.name, task, calls, out
+        super().__init__(inner)
+        self.task, self.calls, self.out = task, calls, out
 
-    def predict(self, ctx: PredictionContext) -> Sequence[Candidate]:
-        guesses = self.inner.predict(ctx)
+    def candidate(self, ctx: PredictionContext, c: Candidate) -> Candidate:
         truth = self.calls[len(ctx.history)]
-        for c in guesses:
-            key = CallKey(c.name, truth.version, msgspec.json.encode(c.arguments, order="deterministic"))
-            self.out.append((self.task, c.source, call_kind(c.name, c.arguments), c.probability, key == truth))
-        return guesses
-
-    def observe(self, ctx: PredictionContext, call: CallKey) -> None:
-        self.inner.observe(ctx, call)
+        key = CallKey(c.name, truth.version, msgspec.json.encode(c.arguments, order="deterministic"))
+        self.out.append((self.task, c.source, call_kind(c.name, c.arguments), c.probability, key == truth))
+        return c
 
 
 def scored_guesses(

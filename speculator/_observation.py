@@ -13,7 +13,7 @@ import xxhash
 from bunshin_async.speculation import CallKey, Candidate, PredictionContext
 
 from ._siblings import SiblingTable
-from ._signature import command_program
+from ._signature import command_program, installer
 
 __all__ = [
     "DocsPredictor",
@@ -85,13 +85,13 @@ def _named(kind: str, entity: str, text: str) -> str | None:
 
 def _fill(kind: str, entity: str, args: str) -> str:
     """A template's hole filled with ``entity``: for a module in an install, its distribution's name."""
-    if kind == "module" and _INSTALLS.search(args):
+    if kind == "module" and (installer(args) or "").startswith(_PYTHON_INSTALLERS):
         entity = DISTRIBUTIONS.get(entity, entity)
     return args.replace(_HOLE.format(kind), entity)
 
 
-# An installer's install (what takes a distribution's name, not a module's).
-_INSTALLS = re.compile(r"\b(?:pip[\d.]*|conda|mamba|uv)\b[^|;&]*\binstall\b")
+# Installers of Python distributions (what takes a distribution's name, not a module's).
+_PYTHON_INSTALLERS = ("pip", "python", "conda", "mamba", "uv", "poetry")
 
 
 class ObservationPredictor:

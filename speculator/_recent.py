@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from bunshin_async.speculation import CallKey, Candidate, PredictionContext
 from bunshin_async.tools import Effect, classify_command
 
-from ._signature import key_signature
+from ._signature import installer, key_signature
 
 __all__ = [
     "RecentPredictor",
@@ -20,20 +20,19 @@ _RUNS = re.compile(r"^bash:(python( -m \S+| script)?|pytest|make|npm|yarn|cargo|
 _EDITS = re.compile(r"^bash:(sed|cat >|tee|echo >|printf >|patch|git apply|python -c >)$|^(write_file|str_replace)")
 # A heredoc or redirect writes a whole file: often a new one no earlier run used.
 _WRITES = re.compile(r"^bash:(cat >|tee|echo >|printf >)$|^write_file")
-# Package managers: ``<one of these> ... install|add ...`` changes the environment a run failed in.
-_MANAGERS = re.compile(r"^bash:(pip\d*|python -m pip|uv|apt|apt-get|npm|yarn|pnpm|conda|mamba|gem|cargo|go|poetry)$")
-_INSTALL = re.compile(r"(?<![\w-])(install|add)(?![\w-])")
 # A file a command names: a word with an extension (``a.py``, ``src/x.test.js``, ``'conf.yaml'``).
 _FILE = re.compile(r"[\w.~+/-]*[\w-]\.[A-Za-z]\w{0,7}(?![\w/])")
-
-
-def _installs(call: CallKey, sig: str) -> bool:
-    return bool(_MANAGERS.match(sig)) and bool(_INSTALL.search(call.args.decode(errors="replace")))
 
 
 def _command(call: CallKey) -> str | None:
     command = call.arguments().get("command")
     return command if isinstance(command, str) else None
+
+
+def _installs(call: CallKey) -> bool:
+    """An install changes the environment a run failed in (``pip install``, ``npm add``)."""
+    command = _command(call)
+    return command is not None and installer(command) is not None
 
 
 def _reads(call: CallKey) -> bool:
@@ -96,7 +95,7 @@ class RecentPredictor:
             return []
         change = history[j]
         sig = key_signature(change)
-        install = _installs(change, sig)
+        install = _installs(change)
         if not _EDITS.match(sig) and not install:
             return []
         files = set() if install else _edited(change)
@@ -109,10 +108,7 @@ class RecentPredictor:
         seen: set[CallKey] = set()
         naming = 0  # runs already proposed that name the edited file
         for call in reversed(history[:j]):
-            sig = key_signature(call)
-            if _installs(call, sig):
-                continue
-            if call in seen or not _RUNS.match(sig):
+            if call in seen or _installs(call) or not _RUNS.match(key_signature(call)):
                 continue
             seen.add(call)
             command = _command(call)

@@ -5,14 +5,15 @@ know is its ``default_seconds``, and a long call it underrates is refused as if 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import msgspec
 
-from bunshin_async.speculation import CallKey, Candidate, PredictionContext, Predictor
+from bunshin_async.speculation import Candidate, PredictionContext, Predictor
 
 from ._signature import signature
+from ._wrapped import Wrapped
 
 __all__ = ["RunTimes", "TimedPredictor"]
 
@@ -75,20 +76,14 @@ class RunTimes:
         return out
 
 
-class TimedPredictor:
+class TimedPredictor(Wrapped):
     """``inner``'s guesses, each stating the run time ``times`` expects of its signature where ``inner`` stated
-    none (and ``times`` knows one). Named as ``inner``: it is that predictor (ablations leave it out by name)."""
+    none (and ``times`` knows one)."""
 
     def __init__(self, inner: Predictor, times: RunTimes) -> None:
-        self.inner, self.times = inner, times
-        self.name = inner.name
+        super().__init__(inner)
+        self.times = times
 
-    def predict(self, ctx: PredictionContext) -> Sequence[Candidate]:
-        out = []
-        for c in self.inner.predict(ctx):
-            seconds = self.times.seconds(c.name, c.arguments) if c.expected_seconds is None else None
-            out.append(c if seconds is None else msgspec.structs.replace(c, expected_seconds=seconds))
-        return out
-
-    def observe(self, ctx: PredictionContext, call: CallKey) -> None:
-        self.inner.observe(ctx, call)
+    def candidate(self, ctx: PredictionContext, c: Candidate) -> Candidate:
+        seconds = self.times.seconds(c.name, c.arguments) if c.expected_seconds is None else None
+        return c if seconds is None else msgspec.structs.replace(c, expected_seconds=seconds)

@@ -10,8 +10,15 @@ from typing import Any
 
 from bunshin_async.speculation import CallKey
 
-__all__ = ["command_program", "key_signature", "signature"]
+__all__ = ["INSTALL", "command_program", "installer", "key_signature", "signature"]
 
+# A package manager asked to install or add something, anywhere in a command line (``mkdir -p x && pip install y``,
+# ``python3 -c "import y" || pip install y``); the group ``manager`` names it. The one definition of an install
+# for the kinds of call, the observation predictor's templates and the recent runs.
+INSTALL = re.compile(
+    r"\b(?P<manager>pip[\d.]*|python[\d.]*\s+-m\s+pip|apt(?:-get)?|conda|mamba|npm|yarn|pnpm|gem|cargo|uv|apk|dnf|"
+    r"yum|brew|poetry|go)\b[^|;&\n]*(?<![\w-])(?:install|add)(?![\w-])"
+)
 _SPLIT = re.compile(r"&&|\|\||;|\n|\|")
 _ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _WRAPPERS = frozenset({"timeout", "nice", "env", "command", "nohup", "stdbuf", "sudo", "time"})
@@ -44,6 +51,13 @@ def command_program(command: str) -> str:
             prog += " >"
         return prog
     return ""
+
+
+def installer(command: str) -> str | None:
+    """The package manager a command line asks to install something (``pip3``, ``apt-get``, ``python -m pip``), or
+    None if it installs nothing (``pip list`` does not)."""
+    m = INSTALL.search(command)
+    return m["manager"] if m else None
 
 
 def signature(name: str, args: Mapping[str, Any]) -> str:

@@ -26,7 +26,11 @@ BASH = bash_tool()
         ("cat <<'EOF' > run.py\nprint(1)\nEOF", "edit"),
         ("sed -i 's/5000/5001/' api.py", "edit"),
         ("mkdir -p out", "edit"),
-        ("./cli_tool weights.json image.png > prediction.txt", "edit"),
+        ("./cli_tool weights.json image.png > prediction.txt", "run"),  # computes; the redirect keeps its output
+        ("python3 train.py > train.log 2>&1", "run"),
+        ("nohup python3 api.py > api.log 2>&1 &", "run"),
+        ("echo 'x = 1' > conf.py", "edit"),
+        ("sed 's/5000/5001/g' api.py > api2.py", "edit"),
         ("ls -la", "read"),
         ("cd /app && cat model.py", "read"),
         ("which yt-dlp ffmpeg", "read"),
@@ -38,6 +42,24 @@ BASH = bash_tool()
 )
 def test_a_command_has_the_kind_of_what_it_does(command: str, kind: str) -> None:
     assert call_kind("bash", {"command": command}) == kind
+
+
+@pytest.mark.parametrize(
+    ("command", "manager"),
+    [
+        ("pip3 install yt-dlp", "pip3"),
+        ("mkdir -p x && python3 -m pip install numpy", "python3 -m pip"),
+        ("apt update && apt install -y ffmpeg", "apt"),
+        ("npm add left-pad", "npm"),
+        ("pip list | grep install", None),  # the word after the pipe is not pip's
+        ("pip show install-tool", None),
+        ("git add install.sh", None),
+    ],
+)
+def test_one_definition_of_an_install_names_its_manager(command: str, manager: str | None) -> None:
+    from speculator._signature import installer
+
+    assert installer(command) == manager
 
 
 def test_a_call_without_a_command_is_of_no_shell_kind() -> None:
@@ -123,3 +145,13 @@ def test_held_out_odds_fit_each_task_on_the_other_tasks_only() -> None:
     again = held_out_odds(groups)
     assert again["a"] == odds["a"]
     assert again["b"] != odds["b"] and again["b"] == again["c"]
+
+
+def test_each_tasks_factors_are_fitted_on_the_other_tasks_only() -> None:
+    from speculator._kinds import fit_held_out
+
+    # task a's runs always came, task b's never: each is measured with the other's evidence, never its own
+    guesses = [("a", "s", "run", 0.3, True)] * 40 + [("b", "s", "run", 0.3, False)] * 40
+    fits = fit_held_out(guesses, ["a", "b", "c"])
+    assert fits["a"]["s"]["run"] < 1 < fits["b"]["s"]["run"]
+    assert fits["c"] == fit_odds(g[1:] for g in guesses)  # a task without guesses: fitted on all
