@@ -22,8 +22,9 @@ Calibration: per predictor and tenth of stated probability, guesses and hit rate
 against the hit rates the other tasks' guesses scored. The traces hold no observations, so the observation
 predictor is scored apart, told before each single-package pip install the error that would have named the package
 (an upper bound of its hit rate: the entity is always right). Where the hideable time lies: by call kind, by
-program, and by where an exact guess could have come from (the rollout's own earlier calls, a sibling's before,
-another task's, nowhere).
+program, and by what could have named each call exactly when its turn started (a sibling before or during the turn,
+the rollout's own earlier call, another task's call or its template with this rollout's names, a retry or variant
+of an earlier call, nothing): what any exact-call predictor could reach.
 
 Lead time: the oracle's hideable time if each branch started ``d`` seconds after the previous call's observation
 (``min(tool, LLM - d)`` per call; ``--delays``), beside what the traces' timestamps say of the recorded agent's own
@@ -39,8 +40,10 @@ import math
 import re
 import statistics
 import sys
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -58,6 +61,7 @@ from speculator import (  # noqa: E402
     SiblingPredictor,
     SiblingTable,
     TimedPredictor,
+    command_program,
     default_guesses,
     default_ngram,
     default_speculation,
@@ -286,7 +290,7 @@ def main() -> int:
         print(f"  {source}: " + ", ".join(f"{lo:.1f}: {n} {h / n:.0%}" for lo, n, h in bins))
     _held_out_calibration(groups, speculation(frozenset()))
     _observation_forms(groups)
-    _where(groups)
+    _where(groups, every)
     _lead_time(groups, [float(d) for d in args.delays.split(",") if d])
     return 0
 
@@ -449,43 +453,104 @@ def _after_policy(
         print(_row("all but history and signatures", both, hideable))
 
 
+# What could name a call when its turn starts (``_Where``), in the order a call is counted under the first that
+# applies; the table also says, for each, the hideable time of every call it applies to.
+_SOURCES = (
+    "a sibling decided it before the turn started",
+    "a sibling decided it during the turn (asked again then)",
+    "the rollout's own earlier call, again",
+    "another task's rollout made it",
+    "another task's call with names from this rollout's earlier calls (a template)",
+    "a retry: a one-line call with the program and a name of an earlier call that ran to its timeout (>= 25 s)",
+    "a variant: a one-line call with the program and a name of an earlier call",
+    "nothing before it (new text, a new name)",
+)
+_WORD = re.compile(r"[A-Za-z_][\w.+-]*[\w+]|[A-Za-z_]")
+
+
+def _command(call: CallKey) -> str:
+    command = call.arguments().get("command")
+    return command if isinstance(command, str) else ""
+
+
 class _Where:
-    """Records, for one rollout, each call's hideable time and where an exact guess of it could have come from."""
+    """Records, for one rollout, each call's hideable time and what, known when its turn started, could have named
+    it exactly (``_SOURCES``): a sibling (the group's ``made``: call -> (event count, rollout) when first decided),
+    the rollout's own calls, another task (``elsewhere``: its calls; ``templates``: its calls with the names its
+    rollout had used before cut out), a retry or variant of an earlier call (same program, a name in common)."""
 
     name = "where"
 
-    def __init__(self, task: str, record: Record, group: set[tuple[bytes, CallKey]], made: set[CallKey],
-                 elsewhere: set[CallKey], out: dict[tuple[str, str], float]) -> None:  # fmt: skip
-        self.task, self.group, self.made, self.elsewhere, self.out = task, group, made, elsewhere, out
+    def __init__(self, task: str, record: Record, rollout: int, group: dict[str, Any], elsewhere: set[CallKey],
+                 templates: set[str], common: frozenset[str], out: dict[tuple[str, str], float]) -> None:  # fmt: skip
+        self.task, self.rollout, self.group, self.out = task, rollout, group, out
+        self.elsewhere, self.templates, self.common = elsewhere, templates, common
         steps = [s for s in record.get("steps", ()) if s.get("tool") and s.get("kind") != "format_error"]
         self.kinds = [(s.get("kind") or "?", s.get("program") or "?") for s in steps]
         self.calls = _calls(record)
+        self.started = 0
 
     def predict(self, ctx: PredictionContext) -> Sequence[Candidate]:
+        self.started = self.group["events"]
         return []
 
     def observe(self, ctx: PredictionContext, call: CallKey) -> None:
-        _, llm, tool = self.calls[len(ctx.history)]
-        cached = (ctx.chain, call) in self.group
-        self.group.add((ctx.chain, call))
+        group = self.group
+        group["events"] += 1
+        i = len(ctx.history)
+        _, llm, tool = self.calls[i]
+        cached = (ctx.chain, call) in group["chains"]
+        group["chains"].add((ctx.chain, call))
+        first = group["made"].setdefault(call, (group["events"], self.rollout))
         if cached:
-            origin = "served by the prefix cache"
-        elif call in ctx.history:
-            origin = "the rollout's own earlier call"
-        elif call in self.made:
-            origin = "a sibling made it before"
-        elif call in self.elsewhere:
-            origin = "another task made it"
-        else:
-            origin = "made nowhere before"
-        self.made.add(call)
-        hideable = 0.0 if cached else min(llm, tool)
-        kind, program = self.kinds[len(ctx.history)]
-        keys = [("origin", origin), ("kind", kind), ("program", program)]
-        if origin == "made nowhere before":
+            return
+        hideable = min(llm, tool)
+        sources = _sources(self, ctx.history, call, first)
+        kind, program = self.kinds[i]
+        keys = [("origin", sources[0]), ("kind", kind), ("program", program)]
+        keys += [("any", s) for s in sources]
+        if sources[0] not in _SOURCES[:4]:
             keys.append(("signal", _signal(ctx.history, call, kind, program)))
         for key in keys:
             self.out[key] = self.out.get(key, 0.0) + hideable
+
+
+def _names(command: str, common: frozenset[str]) -> set[str]:
+    """The words of a command that name something of its task (a package, a file, a URL's parts): those that are
+    not among the words most tasks' commands use (``common``: pip, install, python3, -y ...)."""
+    return {w for w in _WORD.findall(command) if w not in common}
+
+
+def _template(command: str, names: set[str]) -> str:
+    return _WORD.sub(lambda m: "\x00" if m.group(0) in names else m.group(0), command)
+
+
+def _sources(w: _Where, history: Sequence[CallKey], call: CallKey, first: tuple[int, int]) -> list[str]:
+    """Every ``_SOURCES`` entry that applies to ``call`` (at least the last)."""
+    out = []
+    if first[1] != w.rollout:
+        out.append(_SOURCES[0] if first[0] <= w.started else _SOURCES[1])
+    if call in history:
+        out.append(_SOURCES[2])
+    if call in w.elsewhere:
+        out.append(_SOURCES[3])
+    command = _command(call)
+    earlier = [_command(k) for k in history]
+    used = set().union(*(_names(c, w.common) for c in earlier)) if earlier else set()
+    template = _template(command, used)
+    if "\x00" in template and template in w.templates:
+        out.append(_SOURCES[4])
+    program, names = command_program(command), _names(command, w.common)
+    # new text (a heredoc, ``python -c``) is no retry or variant of an earlier call, whatever names it shares
+    one_line = "\n" not in command.strip()
+    related = [
+        j for j, c in enumerate(earlier) if one_line and command_program(c) == program and names & _names(c, w.common)
+    ]
+    if any(w.calls[j][2] >= 25.0 for j in related):
+        out.append(_SOURCES[5])
+    elif related:
+        out.append(_SOURCES[6])
+    return [*out, _SOURCES[7]]
 
 
 def _first(call: CallKey) -> str:
@@ -521,21 +586,44 @@ def _signal(history: Sequence[CallKey], call: CallKey, kind: str, program: str) 
     return "other"
 
 
-def _where(groups: dict[str, list[Record]]) -> None:
-    """Where the hideable time lies: by call kind, by program (the largest ten), by where an exact guess of the
-    call could come from, and for calls made nowhere before, by what at the turn's start names them."""
-    by_task = {t: {k for r in rs for k, _, _ in _calls(r)} for t, rs in groups.items()}
+def _where(groups: dict[str, list[Record]], every: dict[str, list[Record]]) -> None:
+    """Where the hideable time lies: by call kind, by program (the largest ten), by what could have named each call
+    exactly when its turn started (``_SOURCES``; another task: of ``every``, the whole trace file), and for calls
+    no sibling, earlier call or other task's call names, by what at the turn's start names them."""
+    commands = {t: [_command(k) for r in rs for k, _, _ in _calls(r)] for t, rs in every.items()}
+    spread = Counter(w for cs in commands.values() for w in set().union(*map(set, map(_WORD.findall, cs))))
+    common = frozenset(w for w, n in spread.items() if n >= 0.2 * len(every))  # in a fifth of the tasks or more
+    templates: dict[str, set[str]] = {}
+    for task, records in every.items():
+        made = templates.setdefault(task, set())
+        for r in records:
+            used: set[str] = set()
+            for k, _, _ in _calls(r):
+                template = _template(_command(k), used)
+                if "\x00" in template:
+                    made.add(template)
+                used |= _names(_command(k), common)
+    by_task = {t: {k for r in rs for k, _, _ in _calls(r)} for t, rs in every.items()}
     out: dict[tuple[str, str], float] = {}
 
     def make(task: str) -> Callable[[], Sequence[Predictor]]:
-        records = iter(groups[task])
-        group: set[tuple[bytes, CallKey]] = set()
-        made: set[CallKey] = set()
+        records = iter(enumerate(groups[task]))
+        group: dict[str, Any] = {"events": 0, "made": {}, "chains": set()}
         elsewhere = {k for t, ks in by_task.items() if t != task for k in ks}
-        return lambda: [_Where(task, next(records), group, made, elsewhere, out)]
+        known = {x for t, ts in templates.items() if t != task for x in ts}
+        return lambda: [_Where(task, *next(records)[::-1], group, elsewhere, known, common, out)]
 
     total = evaluate(groups, make).hideable_seconds
-    for what in ("kind", "program", "origin", "signal"):
+    print(
+        "\nWhat could name each call exactly when its turn starts (hideable s of the calls counted under the first "
+        "that applies, and of every call it applies to; the traces hold no task text or files)"
+    )
+    print("| information at the launch | hideable s, first that applies | share | hideable s, any that applies |")
+    print("|---|---|---|---|")
+    for label in _SOURCES:
+        first, any_ = out.get(("origin", label), 0.0), out.get(("any", label), 0.0)
+        print(f"| {label} | {first:.1f} | {100 * first / total if total else 0:.1f}% | {any_:.1f} |")
+    for what in ("kind", "program", "signal"):
         print(f"\nHideable tool time by {what}:")
         rows = sorted(((label, v) for (w, label), v in out.items() if w == what), key=lambda x: -x[1])
         for label, seconds in rows[:10]:
