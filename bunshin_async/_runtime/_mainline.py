@@ -122,16 +122,15 @@ class MainLine:
 
     async def _use_branch(self, d: Decided, b: Branch, t_due: float) -> CallResult | None:
         try:
-            moved = False
+            moved: float | None = None
             if b.launch.needs_fork and b.launch.depth == 0 and b.tail is None and self.handle.can_move:
                 await b.calling.wait()  # a fork that fails before its call starts leaves the workspace as it was
                 if not b.done.is_set() and b.epoch == self.handle.epoch:
                     moved = await self._move(d, b)
-            if not moved:
-                await b.done.wait()
+            if moved is not None:
+                return self._taken(d, b, t_due, moved)
+            await b.done.wait()
             t_ready = self.log.clock()
-            if moved:
-                return self._taken(d, b, t_due, t_ready)
             if not b.ok or b.epoch != self.handle.epoch:
                 return None
             skip = self.speculation.skip if self.speculation is not None else None
@@ -164,17 +163,18 @@ class MainLine:
                 self.branches.live.remove(b)
             b.released.set()
 
-    async def _move(self, d: Decided, b: Branch) -> bool:
+    async def _move(self, d: Decided, b: Branch) -> float | None:
         """Commit write branch ``b`` while its call still runs: the rollout moves into its fork now and its previous
         workspace is closed (a hit holds two workspaces only until the model asks for the call, not until the call
         ends); the call is recorded once it ends (``handle.commit``). From the move on the fork is the rollout's
         workspace: if its call then dies of anything but a ``ToolError`` (the workspace failed), that is raised, as
-        a main-line call in a failing workspace raises it. False: ``b`` ended first (its result is used, or the
-        call runs here, as before)."""
+        a main-line call in a failing workspace raises it. Returns when the result was ready (the move made and
+        the call ended; the commit, which a main-line call pays alike, after it); None: ``b`` ended first (its
+        result is used, or the call runs here, as before)."""
         assert d.key is not None and b.ws is not None
         async with self.handle.lock, b.lock:
             if b.done.is_set():  # (while this waited for the locks)
-                return False
+                return None
             self.branches.writing = True  # nothing may start from the state in between (the planner waits too)
             try:
                 self.branches.cancel(lambda other: other is not b and not descends(other, b))
@@ -189,6 +189,7 @@ class MainLine:
                     raise WorkspaceError(
                         f"the workspace ended while running {d.call.name} (a committed branch)", workspace_id=b.ws.id
                     )
+                ready = self.log.clock()
                 await self.handle.commit(b.ws, d.key, outcome(b.result, b.error), b.run_end - b.run_start)
                 self.handle.advance()
                 for child in b.children:  # (none: a branch chains only once it finished unclaimed)
@@ -196,7 +197,7 @@ class MainLine:
                 b.children = []
             finally:
                 self.branches.writing = False
-        return True
+        return ready
 
     def _taken(self, d: Decided, b: Branch, t_due: float, t_ready: float) -> CallResult:
         """``b``'s result, used for ``d``."""

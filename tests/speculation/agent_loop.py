@@ -81,6 +81,25 @@ def held_client(client: Any, nth: int, gate: anyio.Event) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=str(client.base_url), api_key="test", max_retries=0, http_client=http)
 
 
+def signalling_tools(tools: Sequence[Tool], command: str) -> tuple[list[Tool], anyio.Event]:
+    """``tools`` whose bash sets the returned event when a call of ``command`` starts (before the model asks for it,
+    only a branch runs it): what a ``held_client`` waits for."""
+    started = anyio.Event()
+    out = []
+    for tool in tools:
+        run = tool.handler
+        if tool.name == "bash" and run is not None:
+
+            async def handler(ws: Any, args: Any, run: Any = run) -> Any:
+                if args["command"] == command:
+                    started.set()
+                return await run(ws, args)
+
+            tool = msgspec.structs.replace(tool, handler=handler)
+        out.append(tool)
+    return out, started
+
+
 async def agent_rollout(
     client: Any, model: str, ws: Workspace, tools: Sequence[Tool], speculation: Speculation | None, *,
     task_id: str = "task", rollout: int = 0, early: bool = True,

@@ -7,15 +7,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import anyio
-import msgspec
 import pytest
 
 from bunshin_async._tools._tools import builtin_tools
 from bunshin_async.speculation import BranchRecord, Launch, Speculation
 from speculator import CostAwarePolicy, Rule, RulePredictor
 
-from .agent_loop import Run, held_client, off_and_on
+from .agent_loop import Run, held_client, off_and_on, signalling_tools
 from .conftest import bash, final, trajectory
 
 TOOLS = builtin_tools()
@@ -41,22 +39,13 @@ def _speculation(rules: list[Rule], *, keep: int = 2) -> Speculation:
 
 
 async def _both(serve: Any, steps: list[Any], spec: Speculation, hold: str | None = None) -> tuple[Run, Run]:
-    """Off and on; ``hold``: the run with speculation on holds the model's second answer (the turn of A) until a
-    call of ``hold`` has started (``held_client``; only a branch runs it that early)."""
+    """Off and on; ``hold``: the run with speculation on holds the model's second answer (A's turn, or the turn
+    before it) until a call of ``hold`` has started (``held_client``; only a branch runs it that early): under load a
+    fork took longer than the scripted turn, and a branch meant to run (or chain) while the model thought did not."""
     async with serve([trajectory("chain", steps)]) as client:
         if hold is None:
             return await off_and_on(client, "replay:chain", TOOLS, spec)
-        started = anyio.Event()
-        bash_ = next(t for t in TOOLS if t.name == "bash")
-        assert bash_.handler is not None
-        run_bash = bash_.handler
-
-        async def handler(ws: Any, args: Any) -> Any:
-            if args["command"] == hold:
-                started.set()
-            return await run_bash(ws, args)
-
-        tools = [msgspec.structs.replace(t, handler=handler) if t is bash_ else t for t in TOOLS]
+        tools, started = signalling_tools(TOOLS, hold)
         gated = held_client(client, 2, started)
         try:
             return await off_and_on(client, "replay:chain", TOOLS, spec, on_client=gated, on_tools=tools)
@@ -105,7 +94,7 @@ async def test_a_chain_whose_second_call_mismatches_commits_only_the_first(serve
         bash(CHECK, llm=0.05, turn=3),
         final(),
     ]
-    off, on = await _both(serve, steps, _speculation(_rules()))
+    off, on = await _both(serve, steps, _speculation(_rules()), hold=B)  # B chained before A was asked for
     # d holds A's file (and C's), f only A's line, and no sleep of B's is left: no trace of B
     assert on.calls[3].outcome == ("exit code 0\nf\ng\na\n0\n" if then == OTHER_WRITE else "exit code 0\nf\na\n0\n")
     branches = _branches(on)
@@ -133,7 +122,8 @@ async def test_a_branch_is_kept_across_turns_while_the_state_is_unchanged(serve:
         Rule(after="^mkdir -p d$", then_tool="bash", then_args={"command": A}, expected_seconds=1.0),
         Rule(after="^mkdir -p d$", then_tool="bash", then_args={"command": a2}, probability=0.6, expected_seconds=1),
     ]
-    off, on = await _both(serve, _kept_steps(), _speculation(rules, keep=1))
+    # turn 1's answer is held until A started (under load a fork took longer than the turn)
+    off, on = await _both(serve, _kept_steps(), _speculation(rules, keep=1), hold=A)
     kinds = [e.kind for e in on.turns[2].timeline]
     assert "branch_kept" in kinds  # turn 2 took over turn 1's branch
     records = {b.probability: b for t in on.turns for b in t.branches}
@@ -151,7 +141,7 @@ async def test_a_kept_branch_goes_as_soon_as_a_write_happens(serve: Any) -> None
         bash(CHECK, llm=0.05, turn=3),
         final(),
     ]
-    off, on = await _both(serve, steps, _speculation(_rules()))
+    off, on = await _both(serve, steps, _speculation(_rules()), hold=B)  # B chained before turn 1's write
     # A and the B chained after it, both discarded by the write (B, predicted again after the main line's A,
     # is launched in turn 3 and discarded when the rollout ends)
     assert sorted((b.depth, b.outcome) for b in on.turns[1].branches) == [(0, "wasted"), (1, "wasted")]

@@ -29,7 +29,7 @@ from speculator import (
     loop_load,
 )
 
-from .agent_loop import agent_rollout
+from .agent_loop import agent_rollout, held_client, signalling_tools
 from .conftest import bash, final, trajectory
 
 TOOLS = builtin_tools()
@@ -62,9 +62,16 @@ async def test_an_install_predicted_from_an_import_error(serve: Any, asks_for_it
     async with serve([trajectory("obs", steps)]) as client:
         async with Workspace() as ws0:
             off = await agent_rollout(client, "replay:obs", ws0, TOOLS, None)
-        async with Workspace() as ws1:
-            spec = _observation_speculation()
-            on = await agent_rollout(client, "replay:obs", ws1, TOOLS, spec)
+        # the model's answer for turn 3 is held until the predicted install started: under load a fork took
+        # longer than the turn's 1.2 s, and the install was asked for before it ran
+        tools, started = signalling_tools(TOOLS, INSTALL.format(m="beta"))
+        held = held_client(client, 4, started)
+        try:
+            async with Workspace() as ws1:
+                spec = _observation_speculation()
+                on = await agent_rollout(held, "replay:obs", ws1, tools, spec)
+        finally:
+            await held.close()
     assert "No module named 'beta'" in on.calls[2].outcome
     assert on.calls == off.calls and on.final_state == off.final_state
     [branch] = [b for t in on.turns for b in t.branches]
