@@ -51,6 +51,18 @@ def test_an_import_error_of_a_module_installed_under_another_name_fills_the_dist
     mine.observe(_ctx(ERROR.format("cv2")), CallKey.of(BASH, {"command": "pip3 install opencv-python --no-deps"}))
     assert _guesses(mine, "yaml") == [("pip3 install pyyaml --no-deps", 0.7)]
     assert _guesses(mine, "numpy") == [("pip3 install numpy --no-deps", 0.7)]  # no other name: the module's
+    pip = ObservationPredictor(SiblingTable())
+    pip.observe(_ctx(ERROR.format("numpy")), CallKey.of(BASH, {"command": "python3 -m pip install numpy"}))
+    assert _guesses(pip, "yaml") == [("python3 -m pip install pyyaml", 0.7)]
+
+
+def test_only_a_python_installer_takes_the_distributions_name() -> None:
+    from speculator._observation import _HOLE, _fill
+
+    hole = _HOLE.format("module")
+    assert _fill("module", "yaml", f"conda install -y {hole}") == "conda install -y pyyaml"
+    assert _fill("module", "yaml", f"apt-get install -y {hole}") == "apt-get install -y yaml"
+    assert _fill("module", "yaml", f"python3 -c 'import {hole}'") == "python3 -c 'import yaml'"
 
 
 def test_a_retry_of_the_missing_program_is_no_template() -> None:

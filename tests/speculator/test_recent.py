@@ -47,6 +47,8 @@ def test_after_an_install_the_last_run_again_never_an_install() -> None:
     assert _guesses("python3 train.py", "pip install -q torch") == [("python3 train.py", 0.45)]
     assert _guesses("pip install numpy", "python3 -m pip install scipy") == []
     assert _guesses("python3 train.py", "pip list") == []  # not an install, not an edit
+    # an install anywhere in the command line is one (as for the kinds of call): the run failed for want of it
+    assert _guesses("python3 train.py", "mkdir -p cache && pip install torch") == [("python3 train.py", 0.45)]
 
 
 def test_reads_after_the_change_still_lead_to_the_run_other_calls_do_not() -> None:
