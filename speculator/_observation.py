@@ -104,7 +104,8 @@ class ObservationPredictor:
     between an import error and the install), with the entity cut out, and does not run the entity itself (a
     retry of the missing program); a module's install may name its
     distribution instead (``cv2``, ``pip install opencv-python``: ``DISTRIBUTIONS``), and an install template is
-    filled with the distribution of the module named next.
+    filled with the distribution of the module named next. A filled call the rollout already made is left out
+    (``pip3 install torch --index-url URL`` ran, then ``No module named 'torch'``: not that install again).
 
     Its odds are at most what its guesses scored on timed terminal-benchmark traces told, before each
     single-package pip install, the error that would have named the package (``scripts/eval_predictors.py``; the
@@ -147,8 +148,13 @@ class ObservationPredictor:
             for (name, args), p in scored.items():
                 key = (name, _fill(kind, entity, args))
                 filled[key] = max(filled.get(key, 0.0), p)
+        # a call the rollout already made did not prevent this error: agents change something (the told bound on
+        # timed traces: the same hits, a fifth to a thirteenth of the wrong launches' seconds)
+        made = {(c.name, c.args.decode()) for c in (*ctx.history, *ctx.decided)}
         out = []
         for (name, args), p in sorted(filled.items(), key=lambda x: -x[1]):
+            if (name, args) in made:
+                continue
             try:
                 arguments = msgspec.json.decode(args)
             except msgspec.DecodeError:

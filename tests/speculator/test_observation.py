@@ -104,3 +104,17 @@ def test_a_relative_node_require_names_no_package() -> None:
     mine = ObservationPredictor(SiblingTable())
     mine.observe(_ctx("Error: Cannot find module 'lodash'\n"), CallKey.of(BASH, {"command": "npm install lodash"}))
     assert mine.predict(_ctx("Error: Cannot find module './server.js'\n")) == []
+
+
+def test_an_install_the_rollout_already_made_is_not_guessed_again() -> None:
+    # the rollout installed torch from the CPU index, and the import still fails: that install is not the fix
+    mine = ObservationPredictor(SiblingTable())
+    install = CallKey.of(BASH, {"command": "pip3 install torch --index-url https://download.pytorch.org/whl/cpu"})
+    mine.observe(_ctx(ERROR.format("torch")), install)
+    ctx = PredictionContext(history=(install,), chain=b"", turn=2, position=0, last_output=ERROR.format("torch"))
+    assert mine.predict(ctx) == []
+    # another module is still filled into that form
+    ctx = PredictionContext(history=(install,), chain=b"", turn=2, position=0, last_output=ERROR.format("numpy"))
+    assert [c.arguments["command"] for c in mine.predict(ctx)] == [
+        "pip3 install numpy --index-url https://download.pytorch.org/whl/cpu"
+    ]
