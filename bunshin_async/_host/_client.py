@@ -1,7 +1,8 @@
 """The host end of the agent protocol: one Unix-socket connection per request in flight, pooled when idle.
 
-A request cancelled mid-flight closes its connection; the agent sees the hang-up and kills the command it was
-running, so cancellation leaves no process behind.
+A request cancelled mid-flight hangs up (shuts its side down); the agent sees the hang-up, kills the command it was
+running, waits until it is reaped and closes its end, which the request waits for (shielded, ``HANG_UP_GRACE`` at
+most): a cancelled call returns once its processes are gone, not while they are still exiting.
 
 Reaching the socket: the agent listens on ``/run/bunshin/agent.sock`` inside the workspace, and the host never
 looks that name up itself. ``connect("/proc/<pid>/root/run/bunshin/agent.sock")`` would follow the workspace's
@@ -54,6 +55,11 @@ LISTING_MAX = 64 << 20
 UTF8_GROWTH = 3
 """Output is sent as UTF-8 with replacement: each byte that is not UTF-8 becomes U+FFFD, three bytes."""
 
+HANG_UP_GRACE = 5.0
+"""Seconds a cancelled request waits for the agent to end what it started and close its end: it kills the command's
+process group and waits up to 1 s until pid 1 has reaped it (agent.c ``wait_group_gone``; a shell session's command
+up to 2 s). Only an agent that does not answer a hang-up (a hostile workspace) makes a cancellation wait this long."""
+
 AGENT_THREADS = 6
 """Connection threads the agent makes at start-up (agent.c DEFAULT_THREADS), before any workspace process, so that
 serving a connection takes no pid from the workspace's sequence. A connection stays with its thread while it is
@@ -102,6 +108,18 @@ def answer_limit(req: P.Request, request_bytes: int) -> int:
     if isinstance(req, P.ListDir):
         return limit + LISTING_MAX
     return limit
+
+
+async def _hang_up(conn: SocketStream) -> None:
+    """Tell the agent the request is cancelled (a shutdown of our side: it reads end-of-file) and wait until it has
+    ended the command and closed its end, dropping whatever it still sends (``HANG_UP_GRACE`` at most)."""
+    with anyio.move_on_after(HANG_UP_GRACE):
+        try:
+            await conn.send_eof()
+            while True:
+                await conn.receive()
+        except (OSError, anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass
 
 
 def agent_threads(pids_limit: int | None) -> int:
@@ -230,6 +248,7 @@ class AgentClient:
         limit = answer_limit(req, len(payload) - _bulk(req))
         conn = await self._connect()
         resp: P.Response | None = None
+        cancelled = False
         try:
             await conn.send(_header.pack(len(payload)) + payload)
             body = await self._receive_frame(conn, req, limit)
@@ -241,6 +260,9 @@ class AgentClient:
                 kind = type(resp).__name__
                 resp = None
                 raise self._error(f"the agent answered {type(req).__name__} with {kind}", "protocol", req)
+        except anyio.get_cancelled_exc_class():
+            cancelled = True
+            raise
         except (OSError, anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
             raise WorkspaceClosed(
                 f"workspace {self.workspace_id} went away during {type(req).__name__}: {exc!r}",
@@ -251,6 +273,8 @@ class AgentClient:
                 self._idle.append(conn)
             else:  # failed, cancelled or bad: this connection is done, the workspace's others are not
                 with anyio.CancelScope(shield=True):
+                    if cancelled:
+                        await _hang_up(conn)
                     await conn.aclose()
         assert resp is not None
         return resp

@@ -398,7 +398,9 @@ class BranchSet:
             stack.extend(c.children)
 
     async def quiesce(self) -> None:
-        """Wait until every branch that runs in the current workspace has stopped (they were cancelled)."""
+        """Wait until every branch that runs in the current workspace has stopped (they were cancelled): a read's
+        task ends once its processes are gone (a cancelled call waits for the agent to reap them, ``_client``), so
+        the main line's next call or state read never sees one still exiting."""
         for b in list(self.all):
             if not b.launch.needs_fork and b.parent is None and not b.done.is_set():
                 await b.done.wait()

@@ -27,15 +27,31 @@ async def test_cancelled_during_a_command() -> None:
     assert scope.cancelled_caught and ws.closed
 
 
-async def test_cancelled_exec_kills_the_command_but_keeps_the_workspace() -> None:
-    async with Workspace() as ws:
-        with anyio.move_on_after(0.5):
-            await ws.exec("sleep 1000")
-        for _ in range(100):
-            if "sleep" not in (await ws.exec("ps -eo comm")).stdout:
-                break
-            await anyio.sleep(0.02)
-        assert "sleep" not in (await ws.exec("ps -eo comm")).stdout
+@pytest.mark.parametrize("how", ["exec", "shell"])
+async def test_a_cancelled_call_returns_once_its_command_is_gone(how: str) -> None:
+    """The agent kills a cancelled call's command and waits until it is reaped, and the cancellation waits for
+    that (the client's hang-up): the workspace's processes, read on the host the moment it returns, are those of
+    before the call, and the workspace (and the shell session) lives on. Before, the cancellation returned at once
+    and the command could still be exiting: a speculative read cancelled in place showed in the state read next
+    (``BranchSet.quiesce`` waits for the read's task, which now ends after its processes)."""
+    async with Workspace() as ws, ws.shell() as sh:
+        assert ws.cgroup is not None
+        await sh.run("X=kept")
+        before = set(ws.cgroup.pids())
+        # a process with 256 MiB to free when killed (its exit takes a while: the old client returned before it
+        # ended, most of the time) and a sleep
+        big = "b = b'x' * (256 << 20); open('/tmp/started', 'w').close(); import time; time.sleep(1000)"
+        command = f'python3 -c "{big}" & sleep 1000; wait'
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ws.exec if how == "exec" else sh.run, command)
+            with anyio.fail_after(60):  # a hang guard: the command and its two processes start
+                while (await ws.exec("test -e /tmp/started")).exit_code:  # noqa: ASYNC110 - polls the guest
+                    await anyio.sleep(0.02)
+                while len(ws.cgroup.pids()) < len(before) + 2:  # noqa: ASYNC110 - polls the host's view
+                    await anyio.sleep(0.01)
+            tg.cancel_scope.cancel()
+        assert set(ws.cgroup.pids()) == before
+        assert (await sh.run("echo $X")).stdout == "kept\n"
 
 
 @pytest.mark.parametrize("after", [0.0, 0.005, 0.02])
