@@ -2120,10 +2120,13 @@ static int shell_run(struct shell *s, const struct req *q, int conn, struct buf 
 	return 0;
 }
 
+/* Calls waiting in lock_session, reported by ping ("waiting"): what a test sees to know a call is queued. */
+static int session_waiters;
+
 /* Take the session's lock (one command at a time) while the host still waits for this call: a call queued behind
  * a running command and cancelled meanwhile (the host hung up) must not run later, when that command ends; and a
  * pool thread stuck there would stay "about to be free" (hand_over) for as long. 0 once held, -1 if cancelled. */
-static int lock_session(struct shell *s, int conn)
+static int lock_session_wait(struct shell *s, int conn)
 {
 	for (;;) {
 		struct timespec until;
@@ -2142,6 +2145,14 @@ static int lock_session(struct shell *s, int conn)
 		if (rc == 0)
 			return 0;
 	}
+}
+
+static int lock_session(struct shell *s, int conn)
+{
+	__atomic_add_fetch(&session_waiters, 1, __ATOMIC_SEQ_CST);
+	int rc = lock_session_wait(s, conn);
+	__atomic_sub_fetch(&session_waiters, 1, __ATOMIC_SEQ_CST);
+	return rc;
 }
 
 static int do_shell_run(const struct req *q, int conn, struct buf *resp, struct fail *f)
@@ -2607,13 +2618,15 @@ static int do_ping(const struct req *q, struct buf *resp, struct fail *f)
 		return failf(f, E_PROTOCOL, NULL, "host speaks protocol %lld, agent %d", (long long)q->ints[F_VERSION],
 			     PROTOCOL_VERSION);
 	const char *sh = shell_path();
-	mp_map(resp, 4);
+	mp_map(resp, 5);
 	mp_kv_str(resp, "kind", "pong");
 	mp_str(resp, "version");
 	mp_int(resp, PROTOCOL_VERSION);
 	mp_str(resp, "pid");
 	mp_int(resp, getpid());
 	mp_kv_str(resp, "shell", sh);
+	mp_str(resp, "waiting");
+	mp_int(resp, __atomic_load_n(&session_waiters, __ATOMIC_SEQ_CST));
 	return 0;
 }
 

@@ -115,6 +115,7 @@ class Pong(Response, tag="pong", frozen=True):
     version: int
     pid: int
     shell: str | None = None  # what command strings run through: /bin/bash, /bin/sh, or None (no shell)
+    waiting: int = 0  # calls queued behind another command of their shell session (waiting for its lock)
 
 
 class Ok(Response, tag="ok", frozen=True):

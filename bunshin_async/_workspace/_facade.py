@@ -359,8 +359,9 @@ class Workspace:
         return (await self.agent_info()).pid
 
     async def agent_info(self) -> P.Pong:
-        """The agent's answer to a ping: protocol version, pid and the shell command strings run through
-        (``/bin/bash``, ``/bin/sh``, or None when the image has neither)."""
+        """The agent's answer to a ping: protocol version, pid, the shell command strings run through
+        (``/bin/bash``, ``/bin/sh``, or None when the image has neither) and the calls ``waiting`` behind another
+        command of their shell session."""
         resp = await self._call(P.Ping(), "ping")
         assert isinstance(resp, P.Pong)
         return resp

@@ -106,7 +106,9 @@ async def test_shells_are_independent(ws: Workspace) -> None:
 async def test_a_shell_call_cancelled_while_queued_never_runs(ws: Workspace) -> None:
     """A session runs one command at a time: a call queued behind a running one and cancelled meanwhile must not
     run when that one ends (the agent waited for the session's lock without watching the connection: the command
-    ran after its cancellation, and the agent's pool thread stayed stuck behind the lock until then)."""
+    ran after its cancellation, and the agent's pool thread stayed stuck behind the lock until then). The call is
+    cancelled once the agent reports it waiting for the session's lock (``agent_info().waiting``), and the
+    cancellation returns once the agent let it go."""
     hold = "touch /tmp/started; while [ ! -e /tmp/go ]; do sleep 0.05; done"
     async with ws.shell() as sh:
         async with anyio.create_task_group() as tg:
@@ -114,9 +116,13 @@ async def test_a_shell_call_cancelled_while_queued_never_runs(ws: Workspace) -> 
             with anyio.fail_after(60):  # a hang guard: the first command runs
                 while (await ws.exec("test -e /tmp/started")).exit_code:  # noqa: ASYNC110 - polls the guest
                     await anyio.sleep(0.02)
-            # queued behind it, cancelled (if it reaches the agent later, on a slow machine, this passes vacuously)
-            with anyio.move_on_after(1):
-                await sh.run("touch /tmp/queued")
+            async with anyio.create_task_group() as queued:
+                queued.start_soon(sh.run, "touch /tmp/queued")
+                with anyio.fail_after(60):  # a hang guard: the call reaches the agent and waits behind the first
+                    while (await ws.agent_info()).waiting != 1:  # noqa: ASYNC110 - polls the agent
+                        await anyio.sleep(0.02)
+                queued.cancel_scope.cancel()
+            assert (await ws.agent_info()).waiting == 0  # the agent let it go before the cancellation returned
             await ws.exec("touch /tmp/go")
         assert (await sh.run("echo ok")).stdout == "ok\n"  # the session lives on; the queued call had its turn
         assert (await sh.run("true")).exit_code == 0
