@@ -13,6 +13,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import anyio
 
@@ -160,6 +161,12 @@ async def _snapshot_once(ws: WorkspaceCore, backend: CriuBackend | None) -> Snap
         requested = True
         return netns
 
+    def resume() -> None:
+        # CRIU answered: the tree is thawed (``leave_running``), so the workspace's calls go on while CRIU exits
+        # and is reaped (0.2-4 ms here) and the snapshot's bookkeeping ends; ``finally`` resumes it anyway.
+        if gated is not None:
+            gated.resume()
+
     try:
         parent, track, env, rebase = await anyio.to_thread.run_sync(_open, ws, snap)
         if track and parent is None:
@@ -179,7 +186,7 @@ async def _snapshot_once(ws: WorkspaceCore, backend: CriuBackend | None) -> Snap
                         await _restore.rebase(ws, snap, backend)
                     await anyio.lowlevel.checkpoint()
                 else:
-                    await _dump(ws, snap, backend, parent, env, drained, track)
+                    await _dump(ws, snap, backend, parent, env, drained, track, thawed=resume)
             except ForkError as exc:
                 if requested and (blocked := await anyio.to_thread.run_sync(_undumpable, ws, True)):
                     raise ForkError(f"workspace {ws.id}: {blocked}; {exc}", **exc.fields) from exc
@@ -239,13 +246,15 @@ async def _dump(
     drained: Callable[[], Awaitable[int | None]],
     track: bool = False,
     rebase: bool = False,
+    thawed: Callable[[], None] | None = None,
 ) -> None:
     """CRIU dump of the workspace into ``snap.images``, the upper dir copied in the post-dump notification
     (``parent``: the snapshot directory the dump is incremental on, see ``_dump_parent``; ``env``: CRIU's;
     ``track``: CRIU tracks writes and hands us the uffds, ``WriteTracking``; ``rebase``: CRIU kills the tree once
     it is dumped, for ``_restore.rebase``, and leaves it running if the dump fails). ``drained`` drains the
     workspace once CRIU has started (so that CRIU's start is not part of the workspace's pause) and returns the net
-    namespace to leave out of the images (``_before_dump``); ``snap.dump_ms`` is counted from then."""
+    namespace to leave out of the images (``_before_dump``); ``snap.dump_ms`` is counted from then to CRIU's answer,
+    when ``thawed`` (not for a re-base, whose tree is gone) lets the workspace go on."""
     assert ws.pid is not None
     freezer = ws.cgroup.freezer_dir if ws.cgroup is not None else None
     req = rpc.criu_req(type=rpc.DUMP)
@@ -289,6 +298,13 @@ async def _dump(
             req.opts.external.append(f"net[{netns}]:{NET_KEY}")
             snap.fresh_net = True
         t0 = time.monotonic()
+
+    def answered(resp: Any) -> None:
+        # CRIU answers after the thaw (cr-dump.c, cr_dump_finish) and exits after that: its exit and reaping are
+        # not the workspace's pause
+        snap.dump_ms = (time.monotonic() - t0) * 1000
+        if thawed is not None and posted:
+            thawed()
 
     upper = _snapstore.TreeCopy(ws.dir / "upper", snap.upper, ws.id)
     last_pid = _pidns.LastPid(ws.pid, snap.images)  # for the copies' pids (criu/patches/0021)
@@ -351,6 +367,7 @@ async def _dump(
             wrapper=wrapper,
             timeout=DUMP_TIMEOUT,
             on_fd=on_fd,
+            answered=answered,
         )
         if OVERLAP:
             await call(ready=ready)
@@ -358,7 +375,8 @@ async def _dump(
             await ready()
             with anyio.CancelScope(shield=True):
                 await call()
-        snap.dump_ms = (time.monotonic() - t0) * 1000
+        if snap.dump_ms is None:  # a backend that does not report the answer as it comes
+            snap.dump_ms = (time.monotonic() - t0) * 1000
         await anyio.lowlevel.checkpoint()  # a cancellation during the dump: the caller removes the snapshot
         if not posted:
             raise ForkError(f"workspace {ws.id}: CRIU never sent post-dump", workspace_id=ws.id)

@@ -49,7 +49,8 @@ class Snapshot:
     @property
     def dump_ms(self) -> float | None:
         """How long the CRIU dump paused the workspace: from its request (the workspace drained; CRIU, started
-        before the drain, waiting) to CRIU's exit (None for ``"fs"``)."""
+        before the drain, waiting) to CRIU's answer, when the tree is thawed and the workspace's calls go on (its
+        exit and reaping come after; None for ``"fs"``)."""
         return self._record.dump_ms
 
     @property

@@ -40,6 +40,7 @@ __all__ = [
     "CriuBackend",
     "FdHandler",
     "NotifyHandler",
+    "AnswerHandler",
     "ReadyHandler",
     "SwrkCriu",
     "criu_features",
@@ -62,6 +63,10 @@ fails the CRIU call."""
 
 ReadyHandler = Callable[[], Awaitable[None]]
 """Awaited once CRIU runs and waits for the request (``SwrkCriu.call``'s ``ready``)."""
+
+AnswerHandler = Callable[[Any], None]
+"""Called with CRIU's successful answer as soon as it comes, before CRIU has exited and been reaped (a dump's tree
+is thawed by then: the caller may let the workspace go on while CRIU exits)."""
 
 FdHandler = Callable[[str, int, int], None]
 """Called with a notification's name, its pid and a descriptor CRIU attached to it (``wp-uffd``,
@@ -231,7 +236,8 @@ class CriuBackend(Protocol):
     started and waits for the request, which is sent when it returns: the caller's last steps before a dump (the
     drain that pauses the workspace) overlap CRIU's start instead of waiting for it. A cancellation or an error in
     ``ready`` kills CRIU, which has touched nothing yet; from the request on the call is shielded (a dump's CRIU
-    must not be killed while its parasite runs), so such a caller does not shield the call itself."""
+    must not be killed while its parasite runs), so such a caller does not shield the call itself. ``answered``,
+    when given, is called with a successful answer before CRIU is reaped (its exit took 0.2-4 ms here)."""
 
     async def call(
         self,
@@ -246,6 +252,7 @@ class CriuBackend(Protocol):
         timeout: float = 120.0,
         on_fd: FdHandler | None = None,
         ready: ReadyHandler | None = None,
+        answered: AnswerHandler | None = None,
     ) -> Any: ...
 
 
@@ -269,6 +276,7 @@ class SwrkCriu:
         timeout: float = 120.0,
         on_fd: FdHandler | None = None,
         ready: ReadyHandler | None = None,
+        answered: AnswerHandler | None = None,
     ) -> Any:
         pb = _require_rpc()
         if "/" in log_name:
@@ -320,6 +328,8 @@ class SwrkCriu:
                     f"criu {what} failed", work_dir / log_name, workspace_id, resp.cr_errno, resp.cr_errmsg
                 )
             done = True
+            if answered is not None:
+                answered(resp)
             return resp
         except TimeoutError as exc:
             if readying:
