@@ -271,6 +271,10 @@ async def _dump(
     # Only the notifications handled below (query-ext-files is always sent): each is a round trip to this process,
     # and network-lock and network-unlock come with the tree frozen (criu/patches/0030).
     env = {**env, "CRIU_NOTIFY_ONLY": "post-dump"}
+    # CRIU reads our (empty) answer to query-ext-files only before its next message (post-dump), not with the tree
+    # frozen and waiting for this event loop (criu/patches/0032): ``on_notify`` must then not fail it, since CRIU
+    # runs on, its parasite inside the tree, while we would answer and kill it; a failure waits for post-dump.
+    env = {**env, "CRIU_EXT_FILES_LATER": "1"}
     req.opts.timeout = FREEZE_TIMEOUT
     if freezer is not None:
         req.opts.freeze_cgroup = str(freezer)
@@ -309,18 +313,24 @@ async def _dump(
     upper = _snapstore.TreeCopy(ws.dir / "upper", snap.upper, ws.id)
     last_pid = _pidns.LastPid(ws.pid, snap.images)  # for the copies' pids (criu/patches/0021)
     posted = False
+    early_error: Exception | None = None
 
     async def on_notify(name: str, pid: int) -> None:
         # query-ext-files comes once the tree is frozen and seized (cr-dump.c, cr_dump_tasks: after collect_pstree
         # and network_lock, before any task is dumped): nothing in it can change the upper dir or make a process
         # until the thaw, so the upper dir's copy and the reading of its pid namespace's last pid run beside CRIU's
         # dump; post-dump, still frozen, waits for them.
-        nonlocal posted
+        nonlocal posted, early_error
         if name == "query-ext-files":
-            last_pid.ask()
-            if OVERLAP:
-                upper.start()
+            try:
+                last_pid.ask()
+                if OVERLAP:
+                    upper.start()
+            except Exception as exc:  # failed at post-dump, where CRIU waits for the answer (above)
+                early_error = exc
         elif name == "post-dump":
+            if early_error is not None:
+                raise early_error
             snap.upper_bytes = await upper.finish()
             await last_pid.finish()
             posted = True

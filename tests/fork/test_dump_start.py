@@ -16,6 +16,7 @@ import pytest
 from bunshin_async import Config, ForkError, Workspace
 from bunshin_async._fork import _dump, _quiesce
 from bunshin_async._host import _criu, _tree
+from bunshin_async._host._client import AgentClient
 
 pytestmark = [pytest.mark.fork_modes("criu-cow"), pytest.mark.tracked]
 
@@ -147,3 +148,30 @@ async def test_the_upper_copy_runs_beside_the_dump_once_the_tree_is_frozen(
             assert await copy_ws.read_file("/workspace/f") == b"kept"
         finally:
             await copy_ws.aclose()
+
+
+async def test_the_workspace_goes_on_at_crius_answer_before_its_exit(
+    ws: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # CRIU answers after the thaw; its exit and reaping (0.2-4 ms here) are not the workspace's pause: the held
+    # calls go on at the answer (``_dump``'s ``thawed``), and ``dump_ms`` ends there
+    events: list[str] = []
+    real_reap = _criu._reap
+    real_resume = AgentClient.resume
+
+    async def reap(proc: Any, kill: bool) -> None:
+        events.append("reap")
+        await real_reap(proc, kill)
+
+    def resume(self: AgentClient) -> None:
+        events.append("resume")
+        real_resume(self)
+
+    monkeypatch.setattr(_criu, "_reap", reap)
+    monkeypatch.setattr(AgentClient, "resume", resume)
+    await ws.write_file("/workspace/f", "kept")
+    events.clear()
+    async with await _dump.snapshot(ws._core, Spawns()) as snap:
+        assert events[-3:] == ["resume", "reap", "resume"], events  # the second: ``finally``'s, a no-op
+        assert snap.dump_ms is not None and snap.dump_ms > 0
+    assert (await ws.exec("echo alive")).stdout == "alive\n"
