@@ -1,8 +1,8 @@
 """A dump's CRIU does not wait with the tree frozen for the SDK's answer to ``query-ext-files``
 (``CRIU_EXT_FILES_LATER``, criu/patches/0032, issue 39): the SDK answers it with nothing, and the round trip to its
-event loop was 0.2-1 ms of the freeze. CRIU reads that answer before its next message (``post-dump``); a failure in the SDK's handler then fails the
-dump at ``post-dump``, where CRIU waits, and the workspace runs on. Checked by CRIU's log (level 3), the order of the
-SDK's notifications and the copies' answers, never by timing."""
+event loop was 0.2-1 ms of the freeze. CRIU reads that answer before its next message (``post-dump``); a failure in
+the SDK's handler then fails the dump at ``post-dump``, where CRIU waits, and the workspace runs on. Checked by
+CRIU's log (level 3), the order of the SDK's notifications and the copies' answers, never by timing."""
 
 from __future__ import annotations
 
