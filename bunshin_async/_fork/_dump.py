@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import copy
 import functools
-import itertools
-import logging
 import os
-import secrets
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -18,7 +15,7 @@ from typing import Any
 import anyio
 
 from .._exceptions import ForkError, InvalidValue
-from .._host import _criu, _kernel, _paths, _pidns, _snapstore, _wptrack
+from .._host import _criu, _pidns, _snapstore, _wptrack
 from .._host._client import AgentClient
 from .._host._criu import CriuBackend, rpc
 from .._host._kernel import task_status
@@ -27,7 +24,6 @@ from .._host._snapstore import (
     chain_layers,
     hold_layers,
     mem_chain_depth,
-    release_layers,
     store_full,
     store_lock,
 )
@@ -36,6 +32,7 @@ from .._images._image import agent_layer
 from .._workspace._core import WorkspaceCore
 from . import _quiesce, _restore
 from ._modes import dump_env, fs_only
+from ._precopy import DUMP_TIMEOUT, FREEZE_TIMEOUT, cpu_account, precopy
 from ._quiesce import Batch, Coordinator, coordinator
 from ._record import SnapshotRecord
 from ._restore import FRESH_NETNS, NET_KEY
@@ -43,12 +40,6 @@ from ._snapshot import Snapshot
 
 __all__ = ["fork", "snapshot"]
 
-log = logging.getLogger("bunshin_async.fork")
-
-FREEZE_TIMEOUT = 10
-"""Seconds CRIU may take to freeze and seize the tree (its ``timeout`` option): a process that cannot be frozen
-fails the snapshot, named (``_undumpable``), once its retry (``FREEZE_RETRIES``) has failed the same way."""
-DUMP_TIMEOUT = 120.0
 FREEZE_RETRIES = 1
 """Dumps taken again after CRIU failed to freeze the tree (``_snapshot``)."""
 OVERLAP = True
@@ -56,7 +47,6 @@ OVERLAP = True
 (``CriuBackend.call``'s ``ready``: CRIU's start, 10-25 ms here, is not part of the workspace's pause), and the upper
 dir is copied beside CRIU's dump from the freeze on (``_snapstore.TreeCopy``), not after it. ``False`` runs both in
 sequence, as before (bench/fork_bench's ``+serial`` modes measure the difference side by side)."""
-_n = itertools.count()
 
 
 async def fork(ws: WorkspaceCore, n: int) -> list[WorkspaceCore]:
@@ -170,7 +160,7 @@ async def _snapshot_once(ws: WorkspaceCore, backend: CriuBackend | None) -> Snap
     try:
         parent, track, env, rebase = await anyio.to_thread.run_sync(_open, ws, snap)
         if track and parent is None:
-            parent = await _precopy(ws, snap, backend)
+            parent = await precopy(ws, snap, backend)
         if snap.mode == "fs":
             gated = await _quiesce.drain(ws)
             await _fs_copy(ws, snap)
@@ -353,7 +343,7 @@ async def _dump(
     # CRIU's CPU is the run's: it dumps in a CPU-accounting cgroup under the run's parent (the restore's joins the
     # copy's cgroup), so a run's subtree counter (``accounting_scope``) includes every fork's dump. Made here without
     # an await (a mkdir), so that no cancellation comes between it, the descriptor and the finally that removes both.
-    account, wrapper = _cpu_account()
+    account, wrapper = cpu_account()
     fd = -1
     try:
         last_pid.start()  # its helper's exec before the freeze; it reads once asked (the finally lets it go)
@@ -403,97 +393,6 @@ async def _dump(
         if account is not None:  # CRIU is reaped by now: the cgroup is empty (what it charged stays in the parent)
             with anyio.CancelScope(shield=True):
                 await account.destroy()
-
-
-def _cpu_account() -> tuple[_kernel.Cgroup | None, list[str]]:
-    """A CPU-accounting cgroup under the run's parent for one CRIU call and the wrapper that joins it (none without
-    CPU accounting). Made without an await (a mkdir); the caller destroys it once CRIU is reaped."""
-    account = _kernel.Cgroup.make_cpu_account(f"criu-dump-{os.getpid()}-{next(_n)}")
-    if account is None:
-        return None, []
-    return account, [str(_paths.init_binary()), "--join", *_restore.cgroup_joins(account), "--"]
-
-
-async def _precopy(ws: WorkspaceCore, snap: SnapshotRecord, backend: CriuBackend) -> Path | None:
-    """A pre-copy pass before a write-tracked snapshot that has no parent to be incremental on: ``criu pre-dump``
-    (``VM_READ``: the tree is frozen only to list and arm its memory, its pages are read after the thaw) into a
-    directory beside the snapshot's, which the snapshot's dump is then incremental on, so that its freeze copies
-    only what was written meanwhile (criu/patches/0013). The directory, held by the snapshot, or ``None`` when the
-    pass failed (the dump is then whole; tracking dropped)."""
-    assert ws.pid is not None
-    pre = await anyio.to_thread.run_sync(_precopy_dir, snap)
-    freezer = ws.cgroup.freezer_dir if ws.cgroup is not None else None
-    req = rpc.criu_req(type=rpc.PRE_DUMP)
-    _criu.base_opts(req)
-    req.opts.pid = ws.pid
-    req.opts.pre_dump_mode = rpc.VM_READ
-    req.opts.network_lock = rpc.SKIP
-    req.opts.notify_scripts = True  # the uffds come in wp-uffd notifications
-    req.opts.timeout = FREEZE_TIMEOUT
-    if freezer is not None:
-        req.opts.freeze_cgroup = str(freezer)
-    uffds: list[int] = []
-    refused = False  # bounded as a dump's are (``_dump``)
-
-    def on_fd(name: str, pid: int, fd: int) -> None:
-        nonlocal refused
-        if name == "wp-uffd" and not refused:
-            if ws.tracking.room(len(uffds)) and _wptrack.is_uffd(fd):
-                uffds.append(fd)
-                return
-            refused = True
-        os.close(fd)
-
-    # CRIU's CPU is the run's, as the dump's is (``_dump``)
-    account, wrapper = _cpu_account()
-    fd = -1
-    try:
-        fd = os.open(pre / "images", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        req.opts.images_dir_fd = fd
-        with anyio.CancelScope(shield=True):  # as the dump: never kill CRIU while its parasite runs
-            await backend.call(
-                req,
-                work_dir=pre / "images",
-                log_name="pre-dump.log",
-                workspace_id=ws.id,
-                env={**dump_env(), "CRIU_WP_TRACK": "1", "CRIU_NOTIFY_ONLY": ""},  # wp-uffd only (0030)
-                wrapper=wrapper,
-                timeout=DUMP_TIMEOUT,
-                on_fd=on_fd,
-            )
-        if refused:
-            raise ForkError(f"workspace {ws.id}: too many uffds to hold", workspace_id=ws.id)
-    except ForkError as exc:
-        await _wptrack.close_fds(ws.tracking.take() + uffds)
-        await anyio.to_thread.run_sync(_drop_precopy, snap, pre)
-        log.warning("workspace %s: pre-copy failed, the snapshot is a whole dump: %s", ws.id, exc)
-        return None
-    except BaseException:
-        await _wptrack.close_fds(ws.tracking.take() + uffds)
-        raise  # the caller removes the snapshot, and with it the pre-copy it holds
-    finally:
-        if fd >= 0:
-            os.close(fd)
-        if account is not None:
-            with anyio.CancelScope(shield=True):
-                await account.destroy()
-    ws.tracking.adopt(uffds, pre)  # a failed dump on it drops them (``_dump``)
-    return pre
-
-
-def _precopy_dir(snap: SnapshotRecord) -> Path:
-    """A snapshot directory's sibling for its pre-copy, held by it (its ``parent``; blocking)."""
-    pre = snap.path.with_name(secrets.token_hex(6))
-    with store_lock():
-        (pre / "images").mkdir(parents=True)
-        hold_layers([pre], f"child-{snap.id}")
-    (snap.path / "parent").write_text(pre.name)
-    return pre
-
-
-def _drop_precopy(snap: SnapshotRecord, pre: Path) -> None:
-    (snap.path / "parent").unlink(missing_ok=True)
-    release_layers([pre], f"child-{snap.id}")
 
 
 async def _fs_copy(ws: WorkspaceCore, snap: SnapshotRecord) -> None:
