@@ -84,10 +84,17 @@ def _named(kind: str, entity: str, text: str) -> str | None:
 
 
 def _fill(kind: str, entity: str, args: str) -> str:
-    """A template's hole filled with ``entity``: for a module in an install, its distribution's name."""
+    """A template's hole filled with ``entity``: for a module in an install, its distribution's name, and without
+    another package index unless the index is named after it (``--index-url https://download.pytorch.org/whl/cpu``
+    serves ``torch``, not ``numpy``)."""
     if kind == "module" and (installer(args) or "").startswith(_PYTHON_INSTALLERS):
         entity = DISTRIBUTIONS.get(entity, entity)
+        args = _INDEX.sub(lambda m: m.group(0) if entity.lower() in m.group(1).lower() else "", args)
     return args.replace(_HOLE.format(kind), entity)
+
+
+# A package index an install names (``--index-url URL``, ``-i URL``, ``--extra-index-url URL``), with its space.
+_INDEX = re.compile(r" (?:--index-url|--extra-index-url|-i)[ =](https?://[^\s\"]+)")
 
 
 # Installers of Python distributions (what takes a distribution's name, not a module's).
@@ -104,8 +111,9 @@ class ObservationPredictor:
     between an import error and the install), with the entity cut out, and does not run the entity itself (a
     retry of the missing program); a module's install may name its
     distribution instead (``cv2``, ``pip install opencv-python``: ``DISTRIBUTIONS``), and an install template is
-    filled with the distribution of the module named next. A filled call the rollout already made is left out
-    (``pip3 install torch --index-url URL`` ran, then ``No module named 'torch'``: not that install again).
+    filled with the distribution of the module named next, without another package's index (``_fill``). A filled
+    call the rollout already made is left out (``pip3 install torch --index-url URL`` ran, then ``No module named
+    'torch'``: not that install again).
 
     Its odds are at most what its guesses scored on timed terminal-benchmark traces told, before each
     single-package pip install, the error that would have named the package (``scripts/eval_predictors.py``; the

@@ -107,14 +107,26 @@ def test_a_relative_node_require_names_no_package() -> None:
 
 
 def test_an_install_the_rollout_already_made_is_not_guessed_again() -> None:
-    # the rollout installed torch from the CPU index, and the import still fails: that install is not the fix
+    # the rollout installed torch, and the import still fails: that install is not the fix
     mine = ObservationPredictor(SiblingTable())
-    install = CallKey.of(BASH, {"command": "pip3 install torch --index-url https://download.pytorch.org/whl/cpu"})
+    install = CallKey.of(BASH, {"command": "pip3 install torch --no-deps"})
     mine.observe(_ctx(ERROR.format("torch")), install)
     ctx = PredictionContext(history=(install,), chain=b"", turn=2, position=0, last_output=ERROR.format("torch"))
     assert mine.predict(ctx) == []
     # another module is still filled into that form
     ctx = PredictionContext(history=(install,), chain=b"", turn=2, position=0, last_output=ERROR.format("numpy"))
-    assert [c.arguments["command"] for c in mine.predict(ctx)] == [
-        "pip3 install numpy --index-url https://download.pytorch.org/whl/cpu"
-    ]
+    assert [c.arguments["command"] for c in mine.predict(ctx)] == ["pip3 install numpy --no-deps"]
+
+
+def test_another_package_index_stays_with_the_package_it_serves() -> None:
+    from speculator._observation import _HOLE, _fill
+
+    hole, url = _HOLE.format("module"), "https://download.pytorch.org/whl/cpu"
+    # PyTorch's index serves torch; numpy comes from PyPI
+    assert _fill("module", "torch", f"pip3 install {hole} --index-url {url}") == f"pip3 install torch --index-url {url}"
+    assert _fill("module", "numpy", f"pip3 install {hole} --index-url {url} -q") == "pip3 install numpy -q"
+    assert _fill("module", "numpy", f"pip install -i {url} {hole}") == "pip install numpy"
+    # ``-i`` of another program is no index
+    assert _fill("module", "numpy", f"pip install {hole} && sed -i 's/a/b/' x.py") == (
+        "pip install numpy && sed -i 's/a/b/' x.py"
+    )
