@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import stat
 from pathlib import Path
 
 import anyio
@@ -179,9 +180,10 @@ async def reclaim() -> list[str]:
     run dir, snapshot store and cgroup parent, those of the process, not of a run's scope): a process killed
     outright (SIGKILL, SIGTERM without a handler, the OOM killer) cannot remove its workspaces, and ``bunshin gc``
     is easy to forget. Unlike ``bunshin gc`` it only takes what is proven dead: a workspace whose ``owner`` names a
-    process that is gone (not one a process killed before its owner file left), its cgroup (thawed first) and
-    mounts, the empty run scopes of dead processes, and the layers and snapshot directories whose users are all dead
-    (``collect_layers(proven=True)``). Another process collecting (or making a workspace) meanwhile: skipped.
+    process that is gone, or that has no owner file (its maker was killed while making it: ``_abandoned``), its
+    cgroup (thawed first) and mounts, the empty run scopes of dead processes, and the layers and snapshot
+    directories whose users are all dead (``collect_layers(proven=True)``). Another process collecting (or making
+    a workspace) meanwhile: skipped.
     Returns a line per thing removed; a warning says how many workspaces were."""
     config = Config.process()
     key = (config.run_dir, config.snapshot_dir, config.cgroup_parent)
@@ -205,12 +207,29 @@ async def reclaim() -> list[str]:
     return out
 
 
+def _abandoned(ws_dir: Path) -> bool:
+    """Whether a workspace directory is proven dead, the run dir's lock held exclusively (no process is making one
+    meanwhile: ``make_dirs`` holds it shared from the directory to its owner file): its owner is gone, or it has
+    none, or an empty one (its maker was killed before it wrote the owner file whole). An owner file that is not a
+    regular file (a symlink is not followed) is no proof: kept."""
+    owner = ws_dir / "owner"
+    try:
+        st = owner.lstat()
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    if stat.S_ISREG(st.st_mode) and st.st_size == 0:
+        return True
+    token = read_token(owner)
+    return token is not None and not alive(token)
+
+
 async def _reclaim(base: Path) -> list[str]:
     def dead() -> list[Path]:
         out = []
         for ws_dir in sorted(base.iterdir()):
-            token = read_token(ws_dir / "owner") if _WS_ID.fullmatch(ws_dir.name) else None
-            if token is not None and not alive(token):
+            if _WS_ID.fullmatch(ws_dir.name) and _abandoned(ws_dir):
                 out.append(ws_dir)
         return out
 

@@ -94,16 +94,18 @@ def test_gc_finds_workspaces_in_the_run_scope_of_a_dead_process_and_removes_the_
 async def test_a_start_collects_only_what_is_proven_dead(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The first start's collection (``_gc.reclaim``) runs beside other processes using the same run dir and store,
     so it takes only what is proven dead: a workspace whose owner is gone (its cgroup and disk too) and a snapshot
-    whose users are all gone. It keeps a workspace with no owner file yet (being made), one whose owner file is a
-    symlink (not followed: it could name any file), a live owner's, a snapshot with no users yet (a dump in
-    progress), and the users of a live snapshot's layer not made yet (its first restore makes it). Once per process
-    and place: a second call does nothing."""
+    whose users are all gone; a workspace with no owner file or an empty one (its maker was killed between the
+    directory and the owner file: makers hold the run dir's lock shared meanwhile, the collection exclusively, so
+    none is being made). It keeps one whose owner file is a symlink (not followed: it could name any file), a live
+    owner's, a snapshot with no users yet (a dump in progress), and the users of a live snapshot's layer not made
+    yet (its first restore makes it). Once per process and place: a second call does nothing."""
     run, snaps, parent = tmp_path / "run", tmp_path / "snaps", f"bunshin-reclaim-{os.getpid()}"
     monkeypatch.setenv("BUNSHIN_RUNDIR", str(run))
     monkeypatch.setenv("BUNSHIN_SNAPDIR", str(snaps))
     monkeypatch.setenv("BUNSHIN_CGROUP_PARENT", parent)
     dead = f"{2**22 + 1} 0"  # above pid_max's ceiling: never a live process
-    made = {name: run / name for name in ("deadbeef0101", "deadbeef0102", "deadbeef0103", "deadbeef0104")}
+    names = ("deadbeef0101", "deadbeef0102", "deadbeef0103", "deadbeef0104", "deadbeef0105")
+    made = {name: run / name for name in names}
     for d in made.values():
         (d / "upper").mkdir(parents=True)
     subprocess.run(["mount", "-t", "tmpfs", "disk", str(made["deadbeef0101"])], check=True)
@@ -112,6 +114,7 @@ async def test_a_start_collects_only_what_is_proven_dead(tmp_path: Path, monkeyp
     (tmp_path / "elsewhere").write_text(dead)
     (made["deadbeef0102"] / "owner").symlink_to(tmp_path / "elsewhere")
     (made["deadbeef0104"] / "owner").write_text(owner_token(os.getpid()))
+    (made["deadbeef0105"] / "owner").write_text("")  # killed while writing it
     cgroup = Cgroup.create("ws-deadbeef0101", Limits())
     for name, users in (("snap-dead", dead), ("snap-new", None), (f"exp-{2**22 + 1}-0", dead)):
         (snaps / name / "images").mkdir(parents=True)
@@ -129,7 +132,7 @@ async def test_a_start_collects_only_what_is_proven_dead(tmp_path: Path, monkeyp
         assert "removed deadbeef0101" in report and "removed snapshot snap-dead" in report, report
         assert f"unmounted {made['deadbeef0101']}" in report, report
         assert not made["deadbeef0101"].exists() and not any(d.exists() for d in cgroup.dirs)
-        assert all(made[n].exists() for n in ("deadbeef0102", "deadbeef0103", "deadbeef0104"))
+        assert [n for n in names if made[n].exists()] == ["deadbeef0102", "deadbeef0104"], report
         assert (snaps / "snap-new").exists() and not (snaps / "snap-dead").exists()
         unmade = snaps / ".layers"
         assert (unmade / "unmade-live.users").exists() and not (unmade / "unmade-dead.users").exists()
