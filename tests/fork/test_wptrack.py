@@ -26,6 +26,16 @@ def wptrack(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+def run_criu(criu: Path, dump: Path, log: str, *args: str | Path) -> None:
+    """``criu <args> -D dump -o log``, with a hang guard (generous: a plain dump once outlived pytest's 300 s on the
+    loaded machine, and pytest's timeout showed nothing of CRIU) whose failure shows the end of CRIU's log."""
+    try:
+        subprocess.run([criu, *args, "-D", dump, "-o", log], check=True, timeout=150)
+    except subprocess.TimeoutExpired:
+        tail = (dump / log).read_text(errors="replace")[-3000:] if (dump / log).exists() else "(no log)"
+        raise AssertionError(f"criu {args[0]} still ran after 150 s; the end of {log}:\n{tail}") from None
+
+
 def facts(text: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in text.split() if "=" in line)
 
@@ -102,12 +112,12 @@ def test_criu_dumps_a_tracked_task_and_its_copy_is_untracked(wptrack: Path, tmp_
             before = inspect(pid)
             assert (before["wpallowed"], before["uw"], before["uffd_fds"]) == (str(int(size) // 4096), "1", "0")
 
-            subprocess.run([criu, "dump", "-t", str(pid), "-D", dump, "--leave-running", "-o", "d1.log"], check=True)
+            run_criu(criu, dump, "d1.log", "dump", "-t", str(pid), "--leave-running")
             after = scan()
             # Still tracked, and the dump (parasite and all) wrote no page of it.
             assert (after["written"], after["wpallowed"], after["uw"]) == ("0", before["wpallowed"], "1")
 
-            subprocess.run([criu, "dump", "-t", str(pid), "-D", dump, "-o", "d2.log"], check=True)  # kills it
+            run_criu(criu, dump, "d2.log", "dump", "-t", str(pid))  # kills it
             live = 0
             hold.stdin.write("quit\n")  # reaps it: its pid is free for the restore
             hold.stdin.flush()
@@ -116,7 +126,7 @@ def test_criu_dumps_a_tracked_task_and_its_copy_is_untracked(wptrack: Path, tmp_
             if live:
                 os.kill(live, signal.SIGKILL)  # still wptrack's child, unreaped: the pid cannot be anyone else's
             hold.kill()
-    subprocess.run([criu, "restore", "-D", dump, "-d", "-o", "r.log"], check=True)
+    run_criu(criu, dump, "r.log", "restore", "-d")
     try:
         assert inspect(pid) == {**before, "wpallowed": "0", "uw": "0"}  # the same memory, no registration
     finally:
