@@ -16,6 +16,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from bunshin_async._fork._precopy import FREEZE_TIMEOUT
 from bunshin_async._host._kernel import CGROUP_ROOT
 from tests.reliability.campaign import host_processes, host_state
 from tests.reliability.kill_driver import STAGES
@@ -64,9 +65,10 @@ async def test_sdk_killed_at_stage(stage: str, recovery: str, monkeypatch: pytes
         assert rc == -9, f"the driver did not die at {stage} (rc {rc}): {out} {err[-2000:]}"
         pid1 = int(out.split()[1])
         # The parent workspace is cleanly gone: its pid 1 died with the SDK (none of its processes is left). A hang
-        # guard, generous: a tree frozen by CRIU's dump dies once the orphaned CRIU gave up and thawed it (it timed
-        # out once at 10 s with the machine loaded; the message says what pid 1 and the freezer were doing).
-        with anyio.move_on_after(60) as waited:
+        # guard, generous: a tree frozen by CRIU's dump dies once the orphaned CRIU (no parent-death signal) gave up
+        # and thawed it. This waited 10 s, CRIU's FREEZE_TIMEOUT, and timed out once, loaded, at fork:criu: likely
+        # a kill that landed while CRIU froze the tree, its pid 1 dying, so that CRIU waited out that timeout.
+        with anyio.move_on_after(FREEZE_TIMEOUT + 50) as waited:
             while os.path.exists(f"/proc/{pid1}") and "zombie" not in _state(pid1):
                 await anyio.sleep(0.02)
         assert not waited.cancelled_caught, (_state(pid1)[:400], _freezer_states(parent), host_processes())
