@@ -23,7 +23,7 @@ from ._calls import Launch, PredictionContext
 from ._handle import CLOSE_DEADLINE, WorkspaceHandle
 from ._metrics import BranchRecord, TurnLog, TurnMetrics, merge_counts
 from ._planning import KeepOption, choose_kept
-from ._probes import call_peak, fork_cost, memory_peak, memory_usage
+from ._probes import call_peak, fork_cost, making_bytes, memory_peak, memory_usage
 from ._speculation import Speculation, policy_keeps
 
 __all__ = ["FORK_DEADLINE", "Branch", "BranchSet", "descends", "run_tool"]
@@ -142,8 +142,9 @@ async def observe_ready(b: Branch, rollout: Workspace) -> None:
     except Exception:  # noqa: BLE001 - a reading that failed (a workspace closing meanwhile) teaches nothing
         return
     observe_transient = getattr(spec.policy, "observe_transient", None)
-    if observe_transient is not None and b.ready_peak:
-        observe_transient(b.ready_peak)
+    making = making_bytes(b.ready_peak, b.ready_usage)
+    if observe_transient is not None and making:
+        observe_transient(making)
     if held and beside:
         spec.policy.observe_fork(0.0, held)
         observe_rollout(beside)

@@ -6,7 +6,9 @@ from __future__ import annotations
 from .._workspace._accounting import workspace_memory, written_bytes
 from .._workspace._facade import Workspace
 
-__all__ = ["call_peak", "cgroup_cpu_seconds", "fork_cost", "memory_peak", "memory_usage", "upper_bytes"]
+__all__ = [
+    "call_peak", "cgroup_cpu_seconds", "fork_cost", "making_bytes", "memory_peak", "memory_usage", "upper_bytes",
+]  # fmt: skip
 
 
 def cgroup_cpu_seconds(ws: Workspace) -> float:
@@ -52,6 +54,15 @@ def call_peak(ws: Workspace, ready_peak: int | None, ready_usage: int | None) ->
     if ready_peak is None or ready_usage is None or peak <= ready_peak:
         return 0
     return max(0, peak - ready_usage)
+
+
+def making_bytes(ready_peak: int | None, ready_usage: int | None) -> int:
+    """What making a fork held beyond the fork itself: its cgroup's peak when its call was about to start (CRIU's
+    restore and what it restored) less its charge then (the fork's own processes, which the launch rule already
+    charges as the fork's bytes for its whole hold, the making's seconds included). 0 where either is unknown."""
+    if ready_peak is None or ready_usage is None:
+        return 0
+    return max(0, ready_peak - ready_usage)
 
 
 def upper_bytes(ws: Workspace) -> int:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import anyio
 
 from bunshin_async import Workspace
-from bunshin_async._runtime._probes import fork_cost, memory_peak
+from bunshin_async._runtime._probes import fork_cost, making_bytes, memory_peak
 from bunshin_async._workspace._accounting import accounting_scope, written_bytes
 
 MIB = 1 << 20
@@ -41,3 +41,13 @@ async def test_a_small_forks_cost_is_what_the_accounting_adds_and_a_calls_passin
                 assert passing >= cost + 30 * MIB, (passing, cost)
             finally:
                 await fork.aclose()
+
+
+def test_a_forks_making_is_charged_beyond_the_fork_itself() -> None:
+    """The launch rule charges a fork's own bytes for its whole hold, its making included: the making term is what
+    the cgroup's peak (CRIU's restore among it) held beyond the charge the fork then had (review19: the peak alone
+    counted the fork's own bytes twice). Pure arithmetic, no workspace."""
+    assert making_bytes(5 * MIB, 2 * MIB) == 3 * MIB
+    assert making_bytes(2 * MIB, 2 * MIB) == 0
+    assert making_bytes(1 * MIB, 2 * MIB) == 0  # a charge above the peak read a moment before: nothing
+    assert making_bytes(None, 2 * MIB) == 0 and making_bytes(5 * MIB, None) == 0  # no memory controller

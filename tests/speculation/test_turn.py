@@ -121,7 +121,7 @@ async def test_a_fork_is_weighed_before_its_call_runs(serve: Any) -> None:
 
 async def test_a_forks_making_and_its_call_are_measured_as_the_kernel_charges_them(serve: Any) -> None:
     """Beside the fork's own bytes the policy is told what its making held (``observe_transient``: the fork's cgroup
-    peak before its call, CRIU's restore among it) and, once the call ended, what the call held in the fork
+    peak before its call less its charge then, CRIU's restore) and, once the call ended, what the call held in the fork
     (``observe_fork_call``: the cgroup's peak above that): a hit's call was taken to hold on the main line what it
     holds in the fork, and on the long-tool groups it did not (session 19). ``dd`` with a 32 MiB block touches
     a 32 MiB buffer: the call is measured at least 24 MiB (its peak above the making's, which held CRIU's restore,
