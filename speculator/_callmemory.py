@@ -50,6 +50,16 @@ class CallMemory:
         if seconds >= 0:
             self.main.setdefault(key_signature(key), Ewma(seconds)).add(seconds, self.alpha)
 
+    def size(self, key: CallKey) -> float | None:
+        """The bytes calls of ``key``'s signature held in forks (None: none measured yet)."""
+        sig = self.bytes.get(key_signature(key))
+        return None if sig is None else sig.value
+
+    def bytes_of(self, key: CallKey) -> float:
+        """``size``, else any signature's (0 before any fork's call was measured)."""
+        size = self.size(key)
+        return self.all_bytes.value if size is None else size
+
     def extra(self, key: CallKey, run: float) -> float:
         """Byte-seconds a call like ``key`` (expected to run ``run`` seconds) holds in a fork beyond what it holds on
         the main line: its bytes x (its seconds in forks - on the main line), at least 0. Its bytes are its
@@ -57,7 +67,7 @@ class CallMemory:
         fork (in forks, else ``run``) is charged, as a call the main line would not run (the cache serves it) is;
         not run in a fork yet: as long as on the main line, nothing beyond."""
         sig = key_signature(key)
-        size = self.bytes[sig].value if sig in self.bytes else self.all_bytes.value
+        size = self.bytes_of(key)
         fork, main = self.fork.get(sig), self.main.get(sig)
         if main is None:
             return size * (fork.value if fork is not None else run)

@@ -12,6 +12,7 @@ import msgspec
 
 from bunshin_async.speculation import Launch
 
+from ._allowance import Allowance
 from ._memory import MemoryTerms
 
 __all__ = ["Decision", "Verdict", "decision", "jsonl_sink"]
@@ -36,8 +37,8 @@ class Verdict(enum.Enum):
 class Decision(msgspec.Struct, frozen=True, kw_only=True):
     """One option's verdict and the figures it was judged by: ``p`` calibrated (``p_stated`` as the predictor said),
     ``run`` the expected run time, ``hideable`` the LLM time it could hide, ``saving`` the net expected seconds,
-    ``load`` the CPU contention charged; for a fork, the GiB·s rule's verdict in byte-seconds (``memory_net``) and its
-    terms (``memory``)."""
+    ``load`` the CPU contention charged; for a fork, the GiB·s rule's verdict in byte-seconds (``memory_net``), its
+    terms (``memory``) and what the run's allowance had left when it was judged (``allowance``, ``Allowance``)."""
 
     t: float
     verdict: Verdict
@@ -56,6 +57,7 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
     load: float
     memory_net: float | None = None
     memory: MemoryTerms | None = None
+    allowance: float | None = None
 
 
 _encoder = msgspec.json.Encoder()
@@ -81,6 +83,8 @@ class _Judge(Protocol):
     def memory_terms(self, option: Launch) -> MemoryTerms: ...
     def memory_net(self, option: Launch) -> float: ...
     @property
+    def allowance(self) -> Allowance: ...
+    @property
     def load(self) -> float: ...
 
 
@@ -95,6 +99,7 @@ def decision(policy: _Judge, option: Launch, verdict: Verdict, saving: float) ->
         turn_elapsed=round(option.turn_elapsed, 3), run=round(policy.expected_seconds(option), 3),
         hideable=round(policy.hideable(option), 3), saving=round(saving, 4), load=round(policy.load, 3),
         memory_net=None if terms is None else round(policy.memory_net(option)), memory=rounded,
+        allowance=None if terms is None else round(policy.allowance.balance),
     )  # fmt: skip
 
 

@@ -143,17 +143,20 @@ class ForkMemory:
         *,
         fork_seconds: float = 0.0,
         call: float = 0.0,
+        miss_call: float | None = None,
     ) -> MemoryTerms:
         """``MemoryTerms`` of a fork for ``rollout``, used with probability ``p``, hiding ``hidden`` seconds of its
         call (as long as a miss's call runs before the ask), held ``hold`` seconds, ``fork_seconds`` of them in the
         making; ``straggler``: what the rollout's ending sooner frees, in rollouts' worth; ``call``: the
-        byte-seconds a hit's call holds in the fork beyond the main line (``CallMemory.extra``)."""
+        byte-seconds a hit's call holds in the fork beyond the main line (``CallMemory.extra``); ``miss_call``: the
+        bytes a miss's call holds beyond its fork (its signature's, measured in forks; None: ``miss_call_bytes``,
+        what discarded forks' calls held, whatever they ran)."""
         fork, own = self.sizes(rollout)
         return MemoryTerms(
             freed=p * hidden * own * straggler,
             held=fork,
             hold=hold,
-            miss=(1 - p) * self.miss_call_bytes() * hidden,
+            miss=(1 - p) * (self.miss_call_bytes() if miss_call is None else miss_call) * hidden,
             lasting=p * self.lasting(rollout),
             transient=self.transient_bytes.value * fork_seconds,
             call=p * call,

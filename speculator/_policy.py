@@ -11,6 +11,7 @@ import msgspec
 
 from bunshin_async.speculation import CallKey, Launch, LiveForks
 
+from ._allowance import Allowance
 from ._calibration import Calibration
 from ._callmemory import CallMemory
 from ._decisions import Decision, Verdict, decision
@@ -136,14 +137,17 @@ class CostAwarePolicy(MemoryWeighing):
     a long call that waits may still be a long shot.
     Memory, in the experiment's currency (GiB·s, here byte-seconds): a fork is launched only when what it saves
     pays for what it holds (``memory_net``, ``MemoryWeighing``), by bytes measured as the experiment counts them
-    (``ForkMemory``, ``CallMemory``); until a fork and a fork's call have been measured, one at a time. Reads in
+    (``ForkMemory``, ``CallMemory``), or when its worse outcome fits the run's allowance (``memory_allows``);
+    until a fork and a fork's call have been measured, one at a time, of a call expected to end before the ask. Reads in
     place hold nothing. ``decisions`` is told every verdict.
     On a saturated machine only likely guesses run (a coin flip never does), so speculation backs off instead of
     slowing the rollouts it serves. When the event loop itself is saturated (``loop_load()`` at least
     ``max_loop_load``: many rollouts, short tool calls) the policy is not ``active``: the runtime does not even ask
     the predictors, since every rollout waits on that one thread and a hidden tool call only adds to its work.
     Budgets: at most ``max_branches`` running, ``max_forks`` forks, and forks' estimated memory within
-    ``memory_budget`` bytes. One policy may serve many rollouts (share it to share what it
+    ``memory_budget`` bytes. A fork that does not pay for its memory may still launch from the run's allowance:
+    ``memory_share`` of the byte-seconds its rollouts held, less what its forks cost (``Allowance``; 0: never).
+    One policy may serve many rollouts (share it to share what it
     learned); the per-call run times it keeps are those of the ``max_calls`` calls run last.
 
     Precision: the probability used is the candidate's times its predictor's observed calibration, capped at 1
@@ -171,6 +175,7 @@ class CostAwarePolicy(MemoryWeighing):
         fork_bytes: int = 32 << 20,
         fork_weight: float = 1.0,
         memory_weight: float = 1.0,
+        memory_share: float = 0.1,
         read_cost: float = 0.006,
         min_probability: float = 0.05,
         prior_weight: float = 2.0,
@@ -204,6 +209,7 @@ class CostAwarePolicy(MemoryWeighing):
         m = self.memory = ForkMemory(float(fork_bytes), alpha, rollout_seconds, clock)
         self.fork_bytes, self.rollout_bytes, self.copy_extra = m.fork_bytes, m.rollout_bytes, m.copy_extra
         self.calls = CallMemory(alpha)
+        self.allowance = Allowance(memory_share, clock)
         self.max_calls = max_calls
         self._times = _CallTimes(alpha, max_calls)
         self._llm_prior = llm_seconds
@@ -279,12 +285,15 @@ class CostAwarePolicy(MemoryWeighing):
         """Whether an unused branch for ``launch`` is worth handing to the next turn (``Speculation.keep``): the model
         asks for its call in a later turn if at all, so the fork is held at least that turn's LLM time (a turn more
         per call it is chained after) while it hides at most its run time: the launch rule (``memory_net``) with a
-        turn that has just started. A branch that fails it is let go (``TurnMetrics.released``). A read in the
+        turn that has just started, by itself (the allowance is not spent on a kept branch). A branch that fails it,
+        or any fork before the rule has measured one, is let go (``TurnMetrics.released``). A read in the
         rollout's own workspace (no fork, no chain) holds nothing: it is kept, as ``select`` launches it unweighed."""
         if not launch.needs_fork and launch.parent is None:
             return True
         fresh = msgspec.structs.replace(launch, turn_elapsed=0.0)
-        kept = not self.weighs_measured or self.memory_net(fresh) >= 0  # unmeasured: ``select`` bounds it
+        # unmeasured: let go (a kept fork holds its call's memory into turns nobody weighed: a missed install
+        # of torch, the first fork of a run, held ~100 MiB for 20 s, 0.7x fork+cache's whole GiB·s; session 20)
+        kept = not self.memory_weight or (self.weighs_measured and self.memory_net(fresh) >= 0)
         self._record(fresh, Verdict.KEEP if kept else Verdict.RELEASE, self.saving(fresh))
         return kept
 
@@ -299,6 +308,8 @@ class CostAwarePolicy(MemoryWeighing):
             if o.rollout:
                 self._progress.seen(o.rollout, o.progress, o.group)
                 self.memory.rollouts.seen(o.rollout)
+        measured = self.rollout_bytes.n > 0  # the prior (a fork's 32 MiB) would earn what no rollout held
+        self.allowance.observe_rollouts(len(self._progress.calls), self.rollout_bytes.value if measured else 0.0)
         ranked = sorted(((self.saving(o), o) for o in options), key=lambda x: -x[0])
         out: list[Launch] = []
         for gain, option in ranked:
@@ -309,6 +320,8 @@ class CostAwarePolicy(MemoryWeighing):
             if option.needs_fork:
                 forks += 1
                 self.live.add(option)
+                if self.weighs_measured:  # a fork launched to measure is weighed by priors: not charged
+                    self.allowance.charge(option, *self.outcome_costs(option))
             running += 1
             out.append(option)
         return out
@@ -327,9 +340,11 @@ class CostAwarePolicy(MemoryWeighing):
             if forks >= self.max_forks or (forks + 1) * self.fork_bytes.value > self.memory_budget:
                 return Verdict.FORKS
             if self.memory_weight and not self.weighs_measured:
-                if self.live.total():  # no measure yet: one fork at a time, measured when it is ready
+                # no measure yet: one fork at a time, measured when it is ready, and only a call expected to end
+                # before the ask (its cost unweighed, but bounded by the turn: a miss is cancelled at the ask)
+                if self.live.total() or self.expected_seconds(option) > self.hideable(option):
                     return Verdict.MEASURING
-            elif self.memory_net(option) < 0:
+            elif not self.memory_allows(option):
                 return Verdict.MEMORY
             if not self._group_fork_allowed(option.rollout):
                 return Verdict.GROUP
@@ -348,6 +363,8 @@ class CostAwarePolicy(MemoryWeighing):
     def release(self, launch: Launch, used: bool) -> None:
         """A branch this policy selected ended; ``used``: the main line took its result."""
         self.live.remove(launch)
+        if launch.needs_fork:
+            self.allowance.settle(launch, used)
         if used and launch.needs_fork:
             self.memory.committed(launch.rollout)
         self.precision.launched(launch.candidate.source, launch.probability, used)  # as stated: calibrated later

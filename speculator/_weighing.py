@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from bunshin_async.speculation import CallKey, Launch
 
+from ._allowance import Allowance
 from ._callmemory import CallMemory
 from ._memory import Ewma, ForkMemory, MemoryTerms
 
@@ -18,6 +19,7 @@ class MemoryWeighing:
 
     memory: ForkMemory
     calls: CallMemory
+    allowance: Allowance
     memory_weight: float
     fork_seconds: Ewma
     alpha: float
@@ -59,15 +61,27 @@ class MemoryWeighing:
         first copy of a small workspace holds less)."""
         return self.memory_terms(option).net(self.memory_weight)
 
-    def memory_terms(self, option: Launch) -> MemoryTerms:
-        """``memory_net``'s terms for ``option``."""
+    def memory_terms(self, option: Launch, p: float | None = None) -> MemoryTerms:
+        """``memory_net``'s terms for ``option`` (with probability ``p`` of a hit: by default its own). A miss's
+        call holds its signature's bytes as measured in forks, else what discarded forks' calls held."""
         run = self.expected_seconds(option)
         hidden = min(run, self.hideable(option))
         straggler = 1 + self.straggler_weight * self.lag(option.rollout)
         return self.memory.terms(
-            option.rollout, self.probability(option), hidden, self.hold_seconds(option), straggler,
-            fork_seconds=self.fork_seconds.value, call=self.calls.extra(option.key, run),
+            option.rollout, self.probability(option) if p is None else p, hidden, self.hold_seconds(option),
+            straggler, fork_seconds=self.fork_seconds.value, call=self.calls.extra(option.key, run),
+            miss_call=self.calls.size(option.key),
         )  # fmt: skip
+
+    def outcome_costs(self, option: Launch) -> tuple[float, float]:
+        """Byte-seconds a fork for ``option`` costs if it is used and if it is not (negative: it saves)."""
+        w = self.memory_weight
+        return -self.memory_terms(option, 1.0).net(w), -self.memory_terms(option, 0.0).net(w)
+
+    def memory_allows(self, option: Launch) -> bool:
+        """The GiB·s rule: a fork that pays for itself in expectation (``memory_net`` >= 0), or one whose worse
+        outcome fits what the run may still spend on speculation (``Allowance``)."""
+        return self.memory_net(option) >= 0 or self.allowance.fits(*self.outcome_costs(option))
 
     def observe_fork(self, seconds: float, memory_bytes: int) -> None:
         if seconds > 0:

@@ -157,7 +157,7 @@ def test_a_fork_is_launched_only_when_the_gib_seconds_it_saves_pay_for_what_it_h
     committed then even while its call runs on); a hit frees the rollout's memory the hidden seconds sooner.
     Byte-seconds, the experiment's currency."""
     mib = 1 << 20
-    policy = CostAwarePolicy(contention=None, llm_seconds=3.0, fork_seconds=0.2)
+    policy = CostAwarePolicy(contention=None, llm_seconds=3.0, fork_seconds=0.2, memory_share=0.0)
     policy.observe_rollout_memory(64 * mib)
     _call_measured(policy)
     policy.observe_fork(0.2, 64 * mib)  # a copy-on-write fork holds an image of its whole rollout
@@ -181,13 +181,13 @@ def test_a_fork_is_launched_only_when_the_gib_seconds_it_saves_pay_for_what_it_h
     assert policy.memory_net(install) == pytest.approx((3.0 * 64 - 3.2 * (0.7 * 64 + 0.3 * 32)) * mib)
     assert policy.select([install], running=0, forks=0) == [install]
     # long LLM turns on a small workspace: held for the whole turn, hiding only the run: never
-    slow_model = CostAwarePolicy(contention=None, llm_seconds=30.0, fork_seconds=0.2)
+    slow_model = CostAwarePolicy(contention=None, llm_seconds=30.0, fork_seconds=0.2, memory_share=0.0)
     slow_model.observe_rollout_memory(16 * mib)
     _call_measured(slow_model)
     slow_model.observe_fork(0.2, 16 * mib)
     assert slow_model.select([_launch("r", 0, p=1.0, seconds=2.0)], running=0, forks=0) == []
     # a group's straggler finishing sooner frees more than its own workspace (its group's base and captures)
-    group = CostAwarePolicy(contention=None, llm_seconds=3.0, fork_seconds=0.2, group_forks=4)
+    group = CostAwarePolicy(contention=None, llm_seconds=3.0, fork_seconds=0.2, group_forks=4, memory_share=0.0)
     group.observe_rollout_memory(64 * mib)
     _call_measured(group)
     group.observe_fork(0.2, 60 * mib)
@@ -205,7 +205,7 @@ def test_a_hit_is_charged_what_its_copy_holds_beyond_the_rollout_until_the_rollo
     workspace it replaces, to the rollout's end), but only once: a rollout living in a copy is weighed with what
     copies of copies hold."""
     mib, now = 1 << 20, [0.0]
-    policy = CostAwarePolicy(contention=None, llm_seconds=3.0, fork_seconds=0.2, rollout_seconds=60.0,
+    policy = CostAwarePolicy(contention=None, llm_seconds=3.0, fork_seconds=0.2, rollout_seconds=60.0, memory_share=0.0,
                              clock=lambda: now[0])  # fmt: skip
     policy.observe_rollout_memory(16 * mib)
     _call_measured(policy)
@@ -257,7 +257,7 @@ def test_a_miss_is_charged_what_its_call_held_and_a_hit_is_not() -> None:
     until the ask, when a miss still running is cancelled); a hit's call holds the same memory on the main line,
     only earlier, so the fork is charged it in proportion to the chance of a miss, for the call's expected run."""
     mib = 1 << 20
-    policy = CostAwarePolicy(contention=None, llm_seconds=3.0, fork_seconds=0.2)
+    policy = CostAwarePolicy(contention=None, llm_seconds=3.0, fork_seconds=0.2, memory_share=0.0)
     policy.observe_rollout_memory(16 * mib)
     _call_measured(policy)
     policy.observe_fork(0.2, 4 * mib)
@@ -282,7 +282,7 @@ def test_before_anything_is_measured_forks_launch_one_at_a_time() -> None:
     first fork that pays in time is launched unweighed, one at a time until a measurement arrives; then the rule
     applies, in both directions."""
     mib = 1 << 20
-    policy = CostAwarePolicy(contention=None, llm_seconds=3.0, fork_seconds=0.2)
+    policy = CostAwarePolicy(contention=None, llm_seconds=3.0, fork_seconds=0.2, memory_share=0.0)
     likely, other = _launch("a", 0, p=0.6, seconds=2.0), _launch("b", 0, p=0.6, seconds=2.0)
     assert policy.memory_net(likely) < 0  # by the priors it could never pay
     assert policy.select([likely, other], running=0, forks=0) == [likely]  # one, to measure
@@ -292,7 +292,7 @@ def test_before_anything_is_measured_forks_launch_one_at_a_time() -> None:
     policy.observe_rollout_memory(4 * mib)  # measured beside it: the rule, as measured
     _call_measured(policy)
     assert policy.memory_net(other) > 0 and policy.select([other], running=0, forks=0) == [other]
-    big = CostAwarePolicy(contention=None, llm_seconds=3.0, fork_seconds=0.2)
+    big = CostAwarePolicy(contention=None, llm_seconds=3.0, fork_seconds=0.2, memory_share=0.0)
     assert big.select([likely], running=0, forks=0) == [likely]
     big.observe_fork(0.2, 64 * mib)
     big.observe_rollout_memory(64 * mib)
@@ -475,9 +475,9 @@ def test_a_hits_call_is_charged_what_it_holds_in_a_fork_beyond_the_main_line() -
     ran 0.3-0.7 s on the main line, and calls the cache would have served ran at all). So a call is charged its
     measured bytes (``observe_fork_call``: how far it raised its fork's cgroup) for the seconds it runs in
     forks beyond those on the main line (``observe_tool``); a call never run on the main line for its whole run;
-    one never run in a fork, nothing beyond the main line's."""
+    one never run in a fork, nothing beyond the main line's. (No allowance: each fork must pay for itself.)"""
     mib = 1 << 20
-    policy = CostAwarePolicy(contention=None, llm_seconds=3.0, fork_seconds=0.2)
+    policy = CostAwarePolicy(contention=None, llm_seconds=3.0, fork_seconds=0.2, memory_share=0.0)
     policy.observe_rollout_memory(16 * mib)
     policy.observe_fork(0.2, 1 * mib)
     pip = CallKey.of(BASH, {"command": "pip install flask"})
@@ -505,3 +505,76 @@ def test_a_hits_call_is_charged_what_it_holds_in_a_fork_beyond_the_main_line() -
     never = CostAwarePolicy(contention=None)
     never.observe_tool(pip, 0.5)  # never run in a fork: held as on the main line
     assert never.calls.extra(pip, 0.5) == 0
+
+
+def test_a_miss_is_charged_what_calls_of_its_own_signature_held() -> None:
+    """A miss's call holds its memory until the ask: what calls of its signature raised their forks by
+    (``observe_fork_call``), not what the last discarded fork's call held whatever it ran (session 19: one missed
+    ``pip install``'s 32 MiB was charged to every later guess, a ``python3 script.py`` as much as an install)."""
+    mib = 1 << 20
+    policy = CostAwarePolicy(contention=None, llm_seconds=3.0, fork_seconds=0.2, memory_share=0.0)
+    policy.observe_rollout_memory(16 * mib)
+    policy.observe_fork(0.2, 4 * mib)
+    pip = CallKey.of(BASH, {"command": "pip install torch"})
+    policy.observe_fork_call(pip, -1.0, 40 * mib)  # a missed install, cut at the ask
+    policy.observe_miss(44 * mib)
+    make = _launch("r", 0, p=0.5, seconds=2.0)
+    assert policy.memory_terms(make).miss == pytest.approx(0.5 * 40 * mib * 2.0)  # its own not measured: a miss's
+    policy.observe_fork_call(make.key, 2.0, 2 * mib)
+    assert policy.memory_terms(make).miss == pytest.approx(0.5 * 2 * mib * 2.0)  # its own signature's
+
+
+def test_forks_that_cannot_pay_alone_launch_within_a_share_of_what_the_rollouts_hold() -> None:
+    """Weighed one by one, a fork whose call holds memory cannot pay on small workspaces (a hit frees a fraction
+    of a MiB·s per second hidden), and the rule refused nearly everything (session 19). The allowance lets the run
+    spend ``memory_share`` of its rollouts' byte-seconds on such forks: each charged its worse outcome while in
+    flight, its outcome's cost once released (a hit that saved more than it held gives back)."""
+    mib, now = 1 << 20, [0.0]
+    policy = CostAwarePolicy(contention=None, llm_seconds=3.0, fork_seconds=0.2, memory_share=0.1,
+                             clock=lambda: now[0])  # fmt: skip
+    policy.observe_rollout_memory(1 * mib)
+    policy.observe_fork(0.2, 1 * mib)
+    policy.observe_fork_call(CallKey.of(BASH, {"command": "python3 x.py"}), 2.0, 10 * mib)
+    guess = _launch("r", 0, p=0.5, seconds=2.0)
+    policy.observe_fork_call(guess.key, 2.0, 10 * mib)  # its call: 10 MiB, as long in a fork as on the main line
+    policy.observe_tool(guess.key, 2.0)
+    assert policy.memory_net(guess) < 0
+    hit, miss = policy.outcome_costs(guess)
+    assert miss == pytest.approx((3.2 * 1 + 10 * 2.0) * mib)  # the fork held 3.2 s, its call until the ask
+    assert hit == pytest.approx((3.2 * 1 - 2.0 * 1) * mib)  # held less freed (the rollout's bytes 2 s sooner)
+    assert policy.select([guess], running=0, forks=0) == []  # nothing earned yet
+    assert policy.verdicts["memory"] == 1
+    now[0] = 100.0  # the rollout ran 100 s at 1 MiB: 100 MiB·s, a tenth of it spendable
+    assert policy.select([guess], running=0, forks=0) == []  # 10 MiB·s: its miss would cost 23.2
+    assert policy.allowance.balance == pytest.approx(0.1 * 100 * mib)
+    now[0] = 250.0
+    assert policy.select([guess], running=0, forks=0) == [guess]  # 25 MiB·s
+    assert policy.allowance.balance == pytest.approx((25.0 - 23.2) * mib)  # its worse outcome held
+    assert policy.select([guess], running=0, forks=1) == []  # the next does not fit beside it
+    policy.release(guess, False)
+    assert policy.allowance.balance == pytest.approx((25.0 - 23.2) * mib)  # it missed: spent
+    now[0] = 400.0
+    assert policy.select([guess], running=0, forks=0) == []  # 40 - 23.2 = 16.8 left
+    now[0] = 470.0
+    assert policy.select([guess], running=0, forks=0) == [guess]  # 47 - 23.2 = 23.8 left: fits
+    policy.release(guess, True)  # used: it hid 2 s, and cost 1.2 MiB·s
+    assert policy.allowance.balance == pytest.approx((47.0 - 23.2 - 1.2) * mib)
+    never = CostAwarePolicy(contention=None, llm_seconds=3.0, fork_seconds=0.2, memory_share=0.0)
+    never.allowance.earned = 1e12  # however much the rollouts held: each fork must pay alone
+    assert not never.allowance.fits(0.0, 1.0)
+
+
+def test_before_anything_is_measured_only_a_call_that_ends_before_the_ask_is_forked_and_none_is_kept() -> None:
+    """The fork launched to measure is weighed by nothing: its cost is bounded only by when it ends. So it must be
+    expected to end before the ask (a miss is cancelled then), and no unmeasured fork is kept into the next turn
+    (session 20: the first fork of a run, a missed ``pip install torch`` kept across turns, held ~100 MiB for
+    20 s, 0.7x fork+cache's whole GiB·s)."""
+    policy = CostAwarePolicy(contention=None, llm_seconds=3.0, fork_seconds=0.2)
+    install, short = _launch("a", 0, p=0.9, seconds=15.0), _launch("b", 0, p=0.6, seconds=1.0)
+    assert policy.select([install], running=0, forks=0) == []
+    assert policy.verdicts["measuring"] == 1
+    assert policy.select([install, short], running=0, forks=0) == [short]
+    assert policy.allowance.balance == 0  # weighed by priors (a fork as big as its rollout): not charged
+    assert not policy.keeps(short)  # unmeasured: let go at the turn's end
+    assert policy.verdicts["release"] == 1
+    assert CostAwarePolicy(contention=None, memory_weight=0.0).keeps(short)  # memory not weighed: kept
