@@ -164,6 +164,10 @@ def main() -> int:
     q.add_argument("--fork-seconds", type=float, default=_DEFAULT.fork_seconds, help="a fork's seconds")
     q.add_argument("--cpu-share", type=float, default=_DEFAULT.cpu_share, help="CPU s per s of a main-line call")
     q.add_argument("--contention", type=float, default=_DEFAULT.contention, help="how busy the CPUs are, 0-1")
+    q.add_argument("--memory-share", type=float, help="the policy's memory_share (default: its own)")
+    q.add_argument("--making-mib", type=float, default=_DEFAULT.making_mib, help="a fork's making beyond the fork")
+    q.add_argument("--install-mib", type=float, default=_DEFAULT.install_mib, help="an install's call in a fork")
+    q.add_argument("--interpreter-mib", type=float, default=_DEFAULT.interpreter_mib, help="a python/node call's")
     q.add_argument("--learned", action="store_true", help="the policy's priors until its first fork (the runtime's)")
     p.add_argument(
         "--run-times", action="store_true",
@@ -245,6 +249,8 @@ def main() -> int:
         model = ByteModel(
             fork_mib=args.fork_mib, rollout_mib=args.rollout_mib, copy_extra_mib=args.copy_extra_mib,
             fork_seconds=args.fork_seconds, cpu_share=args.cpu_share, contention=args.contention, learned=args.learned,
+            making_mib=args.making_mib, install_mib=args.install_mib, interpreter_mib=args.interpreter_mib,
+            memory_share=args.memory_share,
         )  # fmt: skip
         _after_policy(groups, speculation, model, args, times)
         return 0
@@ -395,8 +401,11 @@ def _after_policy(
           f"{sum(rep.calls.values())} calls, x {args.time_scale:g}; hideable {hideable:.1f} s; policy told: fork "
           f"{model.fork_mib} MiB, {model.fork_seconds} s, rollout {model.rollout_mib} MiB, copy "
           f"{model.copy_extra_mib:+} MiB, CPU share {model.cpu_share}, contention {model.contention}"
-          f"{', learned after its first fork' if model.learned else ''}; predictors: "
-          f"{', '.join(args.predictors)}\n")  # fmt: skip
+          f"{', learned after its first fork' if model.learned else ''}; making {model.making_mib} MiB, calls: "
+          f"install {model.install_mib} MiB, interpreter {model.interpreter_mib} MiB; predictors: "
+          f"{', '.join(args.predictors)}")  # fmt: skip
+    print(f"memory by the policy's terms, MiB·s: forks' net cost {rep.spent:.1f} (oracle {oracle.spent:.1f}) against "
+          f"the main lines' {rep.earned:.1f} as it estimates them ({oracle.earned:.1f})\n")  # fmt: skip
     head = ("| {} | offered | launched (forks) | hits | hidden s | share of hideable | wrong s | fork MiB·s held / "
             "freed | refused: " + " / ".join(_REFUSED) + " |")  # fmt: skip
     rule = "|---" * 9 + "|"

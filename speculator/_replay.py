@@ -18,6 +18,7 @@ constant).
 from __future__ import annotations
 
 import heapq
+import re
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from math import inf
@@ -40,10 +41,12 @@ from bunshin_async.tools import Effect, bash_tool
 
 from ._offline import Record, _calls, _context
 from ._policy import CostAwarePolicy
+from ._signature import key_signature
 
 __all__ = ["REASONS", "ByteModel", "Refusal", "ReplayReport", "explain", "replay"]
 
 _MIB = 1 << 20
+_INSTALL = re.compile(r"(pip[\d.]*|npm|apt-get|apt|conda|uv|yarn|pnpm|gem|cargo)( |$)")
 _BASH = bash_tool()
 
 #: Why an offered call was not launched, in the order the runtime decides: not speculable (an external or
@@ -71,7 +74,16 @@ class ByteModel(msgspec.Struct, frozen=True, kw_only=True):
     contention (0: the policy's floor, ``min_contention``, applies). ``learned``: as in the runtime, the policy
     starts from its priors and is told the bytes only once it launched a fork (a fork is measured when it is
     made); otherwise it knows them from the start. Defaults: session 17's run B, the end of the run
-    (``spec.policy_*``)."""
+    (``spec.policy_*``).
+
+    The memory terms the runtime measures per fork (session 19), modelled: ``making_mib``, what a fork's making
+    holds beyond the fork (``observe_transient``: CRIU's restore, 2.1-2.7 MiB by the ledger); what a call raises
+    its fork's cgroup by (``observe_fork_call``, and a miss's bytes, ``observe_miss``), by program
+    (``call_mib``): an install (``pip``, ``npm``, ``apt-get``, ...) ``install_mib`` (pip: 37-44 MiB by the
+    ledger), an interpreter (``python``, ``node``) ``interpreter_mib`` (the long-tool groups' Python scripts: 3.1
+    MiB by session 20's decision logs), anything else 0 (a call that stays under
+    the restore's peak is measured 0, ``call_peak``). A call in a fork runs its recorded time; a miss is cut at
+    the ask (its seconds then unknown)."""
 
     fork_mib: float = 0.23
     rollout_mib: float = 0.57
@@ -80,10 +92,25 @@ class ByteModel(msgspec.Struct, frozen=True, kw_only=True):
     cpu_share: float = 0.1
     contention: float = 0.0
     learned: bool = False
+    making_mib: float = 2.4
+    install_mib: float = 40.0
+    interpreter_mib: float = 3.0
+    memory_share: float | None = None  # the policy's ``memory_share`` (None: its default)
+
+    def call_mib(self, key: CallKey) -> float:
+        """What a call like ``key`` raises its fork's cgroup by, MiB (the model above)."""
+        program = key_signature(key).partition(":")[2]
+        if _INSTALL.match(program) or program.startswith("python -m pip"):
+            return self.install_mib
+        if program.startswith(("python", "node")):
+            return self.interpreter_mib
+        return 0.0
 
     def policy(self, clock: Callable[[], float]) -> CostAwarePolicy:
         """A ``CostAwarePolicy`` as the experiment makes it, its machine readings replaced by this model."""
         p = CostAwarePolicy(contention=lambda: self.contention, loop_load=None, clock=clock)
+        if self.memory_share is not None:
+            p.allowance.share = self.memory_share
         if not self.learned:
             self.told(p)
         return p
@@ -93,6 +120,7 @@ class ByteModel(msgspec.Struct, frozen=True, kw_only=True):
         difference to its rollout), and once a fork's call ended (this model has no call's memory: a call that held
         nothing, so the rule charges no call beyond the main line, as before session 19)."""
         p.observe_fork_call(CallKey.of(_BASH, {"command": "true"}), 0.0, 0)
+        p.observe_transient(round(self.making_mib * _MIB))
         p.observe_fork(self.fork_seconds, round(self.fork_mib * _MIB))
         p.observe_rollout_memory(round(self.rollout_mib * _MIB))
         p.observe_copy(round((self.rollout_mib + self.copy_extra_mib) * _MIB), round(self.rollout_mib * _MIB))
@@ -128,6 +156,8 @@ class ReplayReport(msgspec.Struct):
     calls: dict[str, int] = msgspec.field(default_factory=dict)
     by_task: dict[str, dict[str, dict[str, float]]] = msgspec.field(default_factory=dict)
     refused: list[Refusal] = msgspec.field(default_factory=list)
+    spent: float = 0.0  # MiB·s the policy's settled forks cost by its terms (``Allowance.spent``), every run's
+    earned: float = 0.0  # MiB·s the main lines held by the policy's estimate (``Allowance.earned``), every run's
 
     def total(self, source: str = "all", tasks: Iterable[str] | None = None) -> dict[str, float]:
         """``source``'s counts summed over ``tasks`` (all by default)."""
@@ -171,7 +201,11 @@ def explain(
             if forks >= policy.max_forks or (forks + 1) * policy.fork_bytes.value > policy.memory_budget:
                 out[n] = "fork budget"
                 continue
-            if policy.memory_net(o) < 0:
+            if policy.memory_weight and not policy.weighs_measured:
+                if live or policy.expected_seconds(o) > policy.hideable(o):  # measuring: one short call at a time
+                    out[n] = "GiB·s"
+                    continue
+            elif not policy.memory_allows(o):
                 out[n] = "GiB·s"
                 continue
             limit = policy.group_forks - (0 if policy.lag(o.rollout) >= 1.0 else policy.straggler_reserve)
@@ -359,10 +393,16 @@ def _run(
             # the main line claims the branch of its call, whether or not the cache could now serve the call
             # (a sibling made it during the turn): used, but it hid nothing the cache would not have
             used = o.key == key
-            policy.release(o, used)
             lead = llm - (model.fork_seconds if o.needs_fork else 0.0)
             ran = min(tool if used else durations[task].get(o.key, 0.0), max(0.0, lead))
             ran = 0.0 if used and cached else ran
+            if o.needs_fork:  # what the runtime measures of it when it settles (``ByteModel``)
+                call = round(model.call_mib(o.key) * _MIB)
+                whole = tool if used else durations[task].get(o.key, inf)
+                policy.observe_fork_call(o.key, whole if used or whole <= lead else -1.0, call)
+                if not used:
+                    policy.observe_miss(round(model.fork_mib * _MIB) + call)
+            policy.release(o, used)
             hold = model.fork_seconds + llm if o.needs_fork else 0.0
             for src in (o.candidate.source, "all"):
                 c, m = stats[task][src], sums[task][src]
@@ -374,6 +414,8 @@ def _run(
                 m["freed"] += model.rollout_mib * ran if used and o.needs_fork else 0.0
         for p in mine[task, r]:
             p.observe(ctx, key)
+    report.spent += policy.allowance.spent / _MIB
+    report.earned += policy.allowance.earned / _MIB
     for task in tasks:
         by = report.by_task.setdefault(task, {})
         for src in set(stats[task]) | set(sums[task]):

@@ -120,3 +120,23 @@ def test_explain_names_the_rule_select_applied(fork_mib: float, verdict: str) ->
     # what select did not do is not passed off as a rule's verdict
     fresh = CostAwarePolicy(contention=None, loop_load=None)
     assert explain(fresh, options[:1], [], running=0, forks=0) == ["unexplained"]
+
+
+def test_the_replay_feeds_the_memory_terms_the_runtime_measures() -> None:
+    """The replay tells the policy what the runtime measures of each fork (``ByteModel``: its making, its call's
+    bytes by program, a miss's bytes), so its refusals are the runtime's (session 19's decision logs): a wrong
+    guess of an install held an install's memory until the ask, and a later right guess of a call whose signature
+    no fork has run is charged a miss's call as big; where installs hold nothing, it is launched."""
+    group = {"t": [_record(("ls", 1.0, 0.1), ("make a", 3.0, 9.0), ("make b", 3.0, 9.0), ("make c", 3.0, 9.0))]}
+    wrong = [[], [("pip install y", 0.9, 9.0)], [("pip install z", 0.9, 9.0)], [("make c", 0.9, 9.0)]]
+    assert ByteModel().call_mib(CallKey.of(BASH, {"command": "cd /a && pip3 install x"})) == 40.0
+    assert ByteModel().call_mib(CallKey.of(BASH, {"command": "python3 a.py"})) == 3.0
+    assert ByteModel().call_mib(CallKey.of(BASH, {"command": "make"})) == 0.0
+    charged = replay(group, _make(wrong), model=ByteModel(memory_share=0.0))
+    total = charged.total()
+    assert (total["launched"], total.get("hits", 0), total["GiB·s"]) == (1, 0, 1)  # the first install's guess
+    [refused] = charged.refused
+    assert (refused.command, refused.reason) == ("make c", "GiB·s") and refused.memory_net is not None
+    assert refused.memory_net < -40 * 2.0 * (1 - (refused.probability or 0))  # a miss's 40 MiB, 2 s at least
+    free = replay(group, _make(wrong), model=ByteModel(install_mib=0.0, memory_share=0.0)).total()
+    assert (free["launched"], free["hits"], free.get("GiB·s", 0)) == (2, 1, 0)
