@@ -47,10 +47,14 @@ class Guest:
 
     async def ask(self, cmd: str) -> str:
         n, self.n = self.n, self.n + 1
-        await self.ws.write_file(f"/workspace/req-{n}", cmd)
-        with anyio.fail_after(60):
+        # a hang guard, generous (test_smaps_early's lock case once timed out on the loaded machine, unexplained),
+        # over the request too, and saying which request it was
+        with anyio.move_on_after(120) as waited:
+            await self.ws.write_file(f"/workspace/req-{n}", cmd)
             while (r := await self.ws.exec(f"cat /workspace/ans-{n} 2>/dev/null")).exit_code:  # noqa: ASYNC110
                 await anyio.sleep(0.02)
+        if waited.cancelled_caught:
+            raise AssertionError(f"track_guest.py in {self.ws.id} did not answer request {n} ({cmd!r}) in 120 s")
         return r.stdout.strip()
 
 
