@@ -592,6 +592,12 @@ def _spec_counts(specs: Sequence[Any]) -> dict[str, float]:
     for name in ("fork_bytes", "rollout_bytes", "copy_extra") if memory is not None else ():
         figure = getattr(memory, name)
         out[f"policy_{name}"], out[f"policy_{name}_n"] = round(figure.value), figure.n
+    # what the run's memory allowance earned (its share of the rollouts' byte-seconds) and its forks cost by the
+    # rule's terms, settled and in flight (``speculator._allowance.Allowance``), MiB·s
+    allowance = getattr(specs[0].policy, "allowance", None) if specs else None
+    if allowance is not None:
+        out["policy_allowance_mib_s"] = round(allowance.share * allowance.earned / 2**20, 1)
+        out["policy_allowance_left_mib_s"] = round(allowance.balance / 2**20, 1)
     for verdict, n in sorted(getattr(specs[0].policy, "verdicts", {}).items()) if specs else ():
         out[f"verdict_{verdict}"] = n  # how many options the policy judged so (``speculator.Verdict``)
     return out

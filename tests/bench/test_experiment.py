@@ -20,6 +20,7 @@ from bench.experiment._runner import (
     ReplayAgent,
     RolloutSummary,
     _result,
+    _spec_counts,
     markdown_table,
     run_experiment,
     write_outputs,
@@ -486,3 +487,17 @@ def test_on_a_trace_file_each_task_gets_odds_fitted_on_the_other_tasks(tmp_path:
     assert isinstance(siblings("a", odds=odds), KindOdds) and siblings("a", odds=odds).factors == {"run": 0.5}
     assert siblings("z", odds=odds).factors == KIND_ODDS["siblings"]  # a task the file did not have: the shipped
     assert not isinstance(siblings("a", odds=odds, kind_odds=False), KindOdds)
+
+
+@pytest.mark.unit
+def test_the_spec_figures_say_what_the_memory_allowance_earned_and_has_left() -> None:
+    """The run's launch rule spends on forks that do not pay alone at most ``memory_share`` of what its rollouts
+    held (``speculator._allowance``): the experiment's ``spec`` figures show that share and what is left, MiB·s."""
+    from bunshin_async.speculation import Speculation
+    from speculator import CostAwarePolicy
+
+    policy = CostAwarePolicy(memory_share=0.1)
+    policy.allowance.earned = 300 * 2**20  # the rollouts held 300 MiB·s
+    policy.allowance.spent = 12 * 2**20  # its forks cost 12 by the rule's terms
+    out = _spec_counts([Speculation(predictors=[], policy=policy)])
+    assert (out["policy_allowance_mib_s"], out["policy_allowance_left_mib_s"]) == (30.0, 18.0)
