@@ -68,7 +68,7 @@ def reclaim_dead_runs(bases: list[Path] | None = None, cgroup_root: Path = CGROU
     """Remove what dead test runs left (blocking): their directories (each locked exclusively meanwhile, so two
     starting runs never remove one tree at once) with the mounts at or below them (the snapshot store's tmpfs, the
     workspaces' disks), their owner files, and their cgroup parents (thawed, emptied, removed bottom-up). A run
-    with a live directory keeps its cgroups. A line per thing removed."""
+    with a live directory, or whose pid lives, keeps its cgroups. A line per thing removed."""
     bases = run_bases() if bases is None else bases
     out: list[str] = []
     runs = _dirs(bases)
@@ -96,7 +96,11 @@ def reclaim_dead_runs(bases: list[Path] | None = None, cgroup_root: Path = CGROU
     for hierarchy in cgroup_roots(cgroup_root):  # v1: one per controller (a comounted one twice, by its symlinks)
         for top in sorted(hierarchy.iterdir()) if hierarchy.is_dir() else []:
             match = _CGROUP.fullmatch(top.name)
-            if match and int(match.group(1)) not in live and top.is_dir():
+            # ``live`` is what the directories showed before their removal, which may take seconds: a run started
+            # since has its cgroup parent and no directory in that listing; its pid, alive now, keeps it (a recycled
+            # pid only delays the collection)
+            pid = int(match.group(1)) if match else 0
+            if match and pid not in live and not os.path.exists(f"/proc/{pid}") and top.is_dir():
                 tree = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts))
                 if all(_remove_cgroup(cg) for cg in [*tree, top]):
                     out.append(f"removed cgroup {top}")

@@ -84,6 +84,25 @@ def test_only_runs_proven_dead_are_reclaimed(tmp_path: Path) -> None:
     assert not (cgroups / "memory" / f"bunshin-test-{gone}").exists()
 
 
+@pytest.mark.unit
+def test_a_run_started_after_the_listing_keeps_its_cgroup(tmp_path: Path) -> None:
+    """A run that started while the reclaim removed dead runs' directories (seconds, with their mounts) has its
+    cgroup parent, and no directory in the listing the reclaim took first: its pid lives, so its cgroup is kept (it
+    was killed and removed: the live run's workspaces with it). A dead pid's cgroup without directories goes."""
+    gone = _exited_pid()
+    live = os.getpid()  # no directory of it below tmp_path: as a run whose directories came after the listing
+    tmp, shm, cgroups = (tmp_path / n for n in ("tmp", "shm", "cgroup"))
+    for d in (tmp, shm):
+        d.mkdir()
+    for pid in (live, gone):
+        (cgroups / "memory" / f"bunshin-test-{pid}" / "ws-x").mkdir(parents=True)
+
+    out = reclaim_dead_runs([tmp, shm], cgroup_root=cgroups)
+
+    assert [p.name for p in (cgroups / "memory").iterdir()] == [f"bunshin-test-{live}"], out
+    assert (cgroups / "memory" / f"bunshin-test-{live}" / "ws-x").is_dir()
+
+
 def _exited_pid() -> int:
     """A pid no process has now (that of a child that exited and was reaped)."""
     proc = subprocess.Popen(["true"])
