@@ -155,3 +155,25 @@ def test_each_tasks_factors_are_fitted_on_the_other_tasks_only() -> None:
     fits = fit_held_out(guesses, ["a", "b", "c"])
     assert fits["a"]["s"]["run"] < 1 < fits["b"]["s"]["run"]
     assert fits["c"] == fit_odds(g[1:] for g in guesses)  # a task without guesses: fitted on all
+
+
+def test_the_install_search_agrees_with_the_one_definition_and_is_linear() -> None:
+    """``installer`` answers as ``INSTALL.search`` does (seeded command lines of managers, verbs, look-alikes and
+    separators), without the regex's backtracking from each manager word to its segment's end: one segment of
+    a megabyte of ``pip pip ...`` is answered at once (the regex took 14 s over 64 KB, quadratically more here)."""
+    import random
+
+    from speculator._signature import INSTALL, installer
+
+    words = [
+        "pip", "pip3", "pip3.11", "python3 -m pip", "python -m\npip", "python3", "-m", "apt", "apt-get", "go", "uv",
+        "npm", "install", "add", "install.log", "-install", "reinstall", "add-on", "pipx", "uvx", "x", "cat", "|",
+        "||", "&&", ";", "&", "\n",
+    ]  # fmt: skip
+    rng = random.Random(20)
+    for _ in range(5000):
+        command = " ".join(rng.choice(words) for _ in range(rng.randint(1, 9)))
+        m = INSTALL.search(command)
+        assert installer(command) == (m["manager"] if m else None), command
+    assert installer("pip " * 250_000) is None
+    assert installer("pip " * 250_000 + "install x") == "pip"
