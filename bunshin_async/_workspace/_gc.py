@@ -210,17 +210,20 @@ async def reclaim() -> list[str]:
 def _abandoned(ws_dir: Path) -> bool:
     """Whether a workspace directory is proven dead, the run dir's lock held exclusively (no process is making one
     meanwhile: ``make_dirs`` holds it shared from the directory to its owner file): its owner is gone, or it has
-    none, or an empty one (its maker was killed before it wrote the owner file whole). An owner file that is not a
-    regular file (a symlink is not followed) is no proof: kept."""
+    none, or an empty one (its maker was killed before it wrote the owner file whole), unless its cgroup has tasks:
+    the owner file is on the workspace's disk, a tmpfs mounted on the directory, which a process in another mount
+    namespace sharing the run dir mounted where this one sees only the empty directory (a maker killed in
+    ``make_dirs`` made no cgroup yet). An owner file that is not a regular file (a symlink is not followed) is no
+    proof: kept."""
     owner = ws_dir / "owner"
     try:
         st = owner.lstat()
     except FileNotFoundError:
-        return True
+        return not _cgroup(f"ws-{ws_dir.name}").pids()
     except OSError:
         return False
     if stat.S_ISREG(st.st_mode) and st.st_size == 0:
-        return True
+        return not _cgroup(f"ws-{ws_dir.name}").pids()
     token = read_token(owner)
     return token is not None and not alive(token)
 

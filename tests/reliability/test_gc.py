@@ -104,7 +104,7 @@ async def test_a_start_collects_only_what_is_proven_dead(tmp_path: Path, monkeyp
     monkeypatch.setenv("BUNSHIN_SNAPDIR", str(snaps))
     monkeypatch.setenv("BUNSHIN_CGROUP_PARENT", parent)
     dead = f"{2**22 + 1} 0"  # above pid_max's ceiling: never a live process
-    names = ("deadbeef0101", "deadbeef0102", "deadbeef0103", "deadbeef0104", "deadbeef0105")
+    names = ("deadbeef0101", "deadbeef0102", "deadbeef0103", "deadbeef0104", "deadbeef0105", "deadbeef0106")
     made = {name: run / name for name in names}
     for d in made.values():
         (d / "upper").mkdir(parents=True)
@@ -116,6 +116,12 @@ async def test_a_start_collects_only_what_is_proven_dead(tmp_path: Path, monkeyp
     (made["deadbeef0104"] / "owner").write_text(owner_token(os.getpid()))
     (made["deadbeef0105"] / "owner").write_text("")  # killed while writing it
     cgroup = Cgroup.create("ws-deadbeef0101", Limits())
+    # no owner file here, but its cgroup has a task: a workspace whose disk (holding its owner file) is mounted in
+    # another mount namespace, where a process sharing the run dir runs it
+    elsewhere = Cgroup.create("ws-deadbeef0106", Limits())
+    task = subprocess.Popen(["sleep", "600"])
+    for d in elsewhere.dirs:
+        (d / "cgroup.procs").write_text(str(task.pid))
     for name, users in (("snap-dead", dead), ("snap-new", None), (f"exp-{2**22 + 1}-0", dead)):
         (snaps / name / "images").mkdir(parents=True)
         if users is not None:
@@ -132,13 +138,17 @@ async def test_a_start_collects_only_what_is_proven_dead(tmp_path: Path, monkeyp
         assert "removed deadbeef0101" in report and "removed snapshot snap-dead" in report, report
         assert f"unmounted {made['deadbeef0101']}" in report, report
         assert not made["deadbeef0101"].exists() and not any(d.exists() for d in cgroup.dirs)
-        assert [n for n in names if made[n].exists()] == ["deadbeef0102", "deadbeef0104"], report
+        assert [n for n in names if made[n].exists()] == ["deadbeef0102", "deadbeef0104", "deadbeef0106"], report
+        assert task.poll() is None and all(d.exists() for d in elsewhere.dirs)
         assert (snaps / "snap-new").exists() and not (snaps / "snap-dead").exists()
         unmade = snaps / ".layers"
         assert (unmade / "unmade-live.users").exists() and not (unmade / "unmade-dead.users").exists()
         assert f"unmounted {scope}" in report and not scope.exists() and not _mounted(scope), report
         assert await _gc.reclaim() == []
     finally:
+        task.kill()
+        task.wait()
+        elsewhere.destroy_sync()
         for point in (made["deadbeef0101"], scope):
             if _mounted(point):
                 subprocess.run(["umount", "-l", str(point)], check=False)
