@@ -68,3 +68,13 @@ def test_a_heredoc_that_rewrites_a_file_used_before_brings_the_run_back() -> Non
     assert _guesses("python -m unittest -q", "cat csvtool/core.py", rewrite) == [("python -m unittest -q", 0.5)]
     # never named before: a new file, which is what runs next, not the tests
     assert _guesses("python -m unittest -q", "cat csvtool/cli.py", rewrite) == [("python -m unittest -q", 0.01)]
+
+
+def test_the_edited_files_are_read_word_by_word_and_an_overlong_word_names_none() -> None:
+    from speculator._recent import _edited
+
+    edit = CallKey.of(BASH, {"command": "sed -i 's/a/b/' src/solve.py 'conf.yaml' --out=x.json"})
+    assert _edited(edit) == {"solve.py", "conf.yaml", "x.json"}
+    # a word longer than any file name (here 64 KiB of path characters) is no file's name, and is not searched
+    long = CallKey.of(BASH, {"command": f"sed -i 's/a/b/' {'a/' * 32768}z.py solve.py"})
+    assert _edited(long) == {"solve.py"}
