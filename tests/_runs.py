@@ -64,11 +64,15 @@ def _dirs(bases: list[Path]) -> list[tuple[int, Path]]:
     return found
 
 
-def reclaim_dead_runs(bases: list[Path] | None = None, cgroup_root: Path = CGROUP_ROOT) -> list[str]:
+def reclaim_dead_runs(
+    bases: list[Path] | None = None, cgroup_root: Path = CGROUP_ROOT, *, starting: int | None = None
+) -> list[str]:
     """Remove what dead test runs left (blocking): their directories (each locked exclusively meanwhile, so two
     starting runs never remove one tree at once) with the mounts at or below them (the snapshot store's tmpfs, the
     workspaces' disks), their owner files, and their cgroup parents (thawed, emptied, removed bottom-up). A run
-    with a live directory, or whose pid lives, keeps its cgroups. A line per thing removed."""
+    with a live directory, or whose pid lives, keeps its cgroups, but for ``starting``, the pid of the run calling
+    this before it made anything: a cgroup parent of its pid is a dead run's that had the same pid. A line per
+    thing removed."""
     bases = run_bases() if bases is None else bases
     out: list[str] = []
     runs = _dirs(bases)
@@ -100,7 +104,8 @@ def reclaim_dead_runs(bases: list[Path] | None = None, cgroup_root: Path = CGROU
             # since has its cgroup parent and no directory in that listing; its pid, alive now, keeps it (a recycled
             # pid only delays the collection)
             pid = int(match.group(1)) if match else 0
-            if match and pid not in live and not os.path.exists(f"/proc/{pid}") and top.is_dir():
+            gone = pid == starting or (pid not in live and not os.path.exists(f"/proc/{pid}"))
+            if match and gone and top.is_dir():
                 tree = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts))
                 if all(_remove_cgroup(cg) for cg in [*tree, top]):
                     out.append(f"removed cgroup {top}")

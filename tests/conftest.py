@@ -52,7 +52,7 @@ def host_run(request: pytest.FixtureRequest) -> Iterator[HostRun | None]:
         yield None
         return
     assert os.geteuid() == 0, "host tests need root (`make test-unit` runs the tests that do not)"
-    reclaim_dead_runs()  # what killed runs left: outside `bunshin gc`'s reach (tests/_runs.py)
+    reclaim_dead_runs(starting=os.getpid())  # what killed runs left: outside `bunshin gc`'s reach (tests/_runs.py)
     with pytest.MonkeyPatch.context() as env:
         run = HostRun(
             Path(tempfile.mkdtemp(prefix=f"{RUN_PREFIX}{os.getpid()}-")),

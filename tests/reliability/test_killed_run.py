@@ -101,6 +101,9 @@ def test_a_run_started_after_the_listing_keeps_its_cgroup(tmp_path: Path) -> Non
 
     assert [p.name for p in (cgroups / "memory").iterdir()] == [f"bunshin-test-{live}"], out
     assert (cgroups / "memory" / f"bunshin-test-{live}" / "ws-x").is_dir()
+    # the run of that pid, starting (it made nothing yet): its pid's cgroup parent is a dead run's of the same pid
+    out = reclaim_dead_runs([tmp, shm], cgroup_root=cgroups, starting=live)
+    assert list((cgroups / "memory").iterdir()) == [], out
 
 
 def _exited_pid() -> int:
