@@ -63,6 +63,12 @@ class Allowance:
         """A fork for ``launch`` was launched: its costs, byte-seconds, if it is used (``hit``) or not (``miss``)."""
         self._pending.setdefault(_id(launch), []).append((hit, miss))
 
+    def forget(self, rollout: str) -> None:
+        """``rollout`` ended: drop what its forks still hold charged (a launch whose branch never started is never
+        released, and would lower the balance for the rest of the run)."""
+        for key in [k for k in self._pending if k[0] == rollout]:
+            del self._pending[key]
+
     def settle(self, launch: Launch, used: bool) -> None:
         """The fork for ``launch`` ended, ``used`` or not: its outcome's cost replaces its worst case."""
         charges = self._pending.get(_id(launch))

@@ -373,6 +373,7 @@ class CostAwarePolicy(MemoryWeighing):
         """``rollout`` ended: it no longer counts in its group's progress."""
         self._progress.done(rollout)
         self.live.forget(rollout)
+        self.allowance.forget(rollout)
         self.memory.done(rollout)
 
     def observe_tool(self, key: CallKey, seconds: float) -> None:

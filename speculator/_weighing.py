@@ -61,12 +61,13 @@ class MemoryWeighing:
         first copy of a small workspace holds less)."""
         return self.memory_terms(option).net(self.memory_weight)
 
-    def memory_terms(self, option: Launch, p: float | None = None) -> MemoryTerms:
-        """``memory_net``'s terms for ``option`` (with probability ``p`` of a hit: by default its own). A miss's
-        call holds its signature's bytes as measured in forks, else what discarded forks' calls held."""
+    def memory_terms(self, option: Launch, p: float | None = None, *, kernel: bool = False) -> MemoryTerms:
+        """``memory_net``'s terms for ``option`` (with probability ``p`` of a hit: by default its own; ``kernel``:
+        what a hit frees as the kernel counts it, without the straggler's weight). A miss's call holds its
+        signature's bytes as measured in forks, else what discarded forks' calls held."""
         run = self.expected_seconds(option)
         hidden = min(run, self.hideable(option))
-        straggler = 1 + self.straggler_weight * self.lag(option.rollout)
+        straggler = 1.0 if kernel else 1 + self.straggler_weight * self.lag(option.rollout)
         return self.memory.terms(
             option.rollout, self.probability(option) if p is None else p, hidden, self.hold_seconds(option),
             straggler, fork_seconds=self.fork_seconds.value, call=self.calls.extra(option.key, run),
@@ -74,9 +75,9 @@ class MemoryWeighing:
         )  # fmt: skip
 
     def outcome_costs(self, option: Launch) -> tuple[float, float]:
-        """Byte-seconds a fork for ``option`` costs if it is used and if it is not (negative: it saves)."""
-        w = self.memory_weight
-        return -self.memory_terms(option, 1.0).net(w), -self.memory_terms(option, 0.0).net(w)
+        """Byte-seconds a fork for ``option`` costs if it is used and if it is not (negative: it saves), as the
+        kernel counts them (no straggler's weight, no ``memory_weight``): what the allowance is charged."""
+        return -self.memory_terms(option, 1.0, kernel=True).net(), -self.memory_terms(option, 0.0, kernel=True).net()
 
     def memory_allows(self, option: Launch) -> bool:
         """The GiB·s rule: a fork that pays for itself in expectation (``memory_net`` >= 0), or one whose worse

@@ -559,6 +559,10 @@ def test_forks_that_cannot_pay_alone_launch_within_a_share_of_what_the_rollouts_
     assert policy.select([guess], running=0, forks=0) == [guess]  # 47 - 23.2 = 23.8 left: fits
     policy.release(guess, True)  # used: it hid 2 s, and cost 1.2 MiB·s
     assert policy.allowance.balance == pytest.approx((47.0 - 23.2 - 1.2) * mib)
+    now[0] = 480.0
+    assert policy.select([guess], running=0, forks=0) == [guess]  # 48 - 24.4: its branch never starts (cancelled)
+    policy.rollout_done("r")  # ...and is never released: the rollout's end drops its charge
+    assert policy.allowance.balance == pytest.approx((48.0 - 23.2 - 1.2) * mib)
     never = CostAwarePolicy(contention=None, llm_seconds=3.0, fork_seconds=0.2, memory_share=0.0)
     never.allowance.earned = 1e12  # however much the rollouts held: each fork must pay alone
     assert not never.allowance.fits(0.0, 1.0)
