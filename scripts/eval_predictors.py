@@ -50,6 +50,7 @@ import msgspec
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bunshin_async._llm._turns import token_pieces  # noqa: E402
 from bunshin_async.speculation import CallKey, Candidate, PredictionContext, Predictor  # noqa: E402
 from speculator import (  # noqa: E402
     KIND_ODDS,
@@ -69,8 +70,9 @@ from speculator import (  # noqa: E402
     with_kind_odds,
 )
 from speculator._kinds import Guess, fit_held_out, shift_odds  # noqa: E402
+from speculator._latency import RolloutTime, latency_share  # noqa: E402
 from speculator._offline import OfflineReport, Record, _calls, evaluate, leave_task_out, load_groups  # noqa: E402
-from speculator._replay import ByteModel, replay  # noqa: E402
+from speculator._replay import ByteModel, ReplayReport, replay  # noqa: E402
 from speculator._steps import _stepped  # noqa: E402
 from speculator._written import written_script  # noqa: E402
 
@@ -375,6 +377,43 @@ _REFUSED = (
 )
 
 
+def _tap(call: CallKey, llm: float) -> float:
+    """How long before its message's end the stream tap starts ``call``, as the experiment's replay server streams
+    it (``RecordedTiming(ttft=0.05)``, ``separate_finish``): the turn's tokens (the call's name, then its arguments
+    in ``token_pieces``; the traces hold no assistant text) spread evenly from the first token to the recorded LLM
+    time, the finish one interval after the last."""
+    n = 1 + len(token_pieces(call.args.decode()))
+    return (llm - min(0.05, llm)) / (n - 1) if n > 1 else 0.0
+
+
+def _latency(groups: dict[str, list[Record]], rep: ReplayReport, oracle: ReplayReport, together: bool) -> None:
+    """Each group's latency (its slowest rollout's end) and the share of the oracle's gain, as the experiment
+    reports them (``speculator._latency``), with the stream tap and without it (the hits alone)."""
+    runs = [list(groups)] if together else [[t] for t in groups]
+    print(
+        "\nGroup latency (its slowest rollout's end, s; rollout #): fork+cache; the predictors' hits alone / with "
+        "the stream tap; the oracle's likewise\n| group | fork+cache | predictors | oracle |\n|---|---|---|---|"
+    )
+    for task in groups:
+
+        def cell(rs: list[RolloutTime], tap: bool) -> str:
+            late = max(range(len(rs)), key=lambda k: rs[k].latency(tap=tap))
+            return f"{rs[late].latency(tap=tap):.1f} (#{late})"
+
+        base = rep.rollouts[task]
+        late = max(range(len(base)), key=lambda k: base[k].seconds)
+        print(f"| {task} | {base[late].seconds:.1f} (#{late}) | {cell(base, False)} / {cell(base, True)} | "
+              f"{cell(oracle.rollouts[task], False)} / {cell(oracle.rollouts[task], True)} |")  # fmt: skip
+    print("\n| share of the oracle's gain | run latency: gain, oracle's, share | mean group latency: gain, "
+          "oracle's, share |\n|---|---|---|")  # fmt: skip
+    for label, tap in (("hits alone", False), ("with the stream tap (as the experiment counts)", True)):
+        s = latency_share(rep.rollouts, oracle.rollouts, runs=runs, tap=tap)
+        share = "-" if s.share is None else f"{100 * s.share:.0f}%"
+        mean_share = "-" if s.mean_share is None else f"{100 * s.mean_share:.0f}%"
+        print(f"| {label} | {100 * s.gain:.2f}%, {100 * s.oracle_gain:.2f}%, {share} | {100 * s.mean_gain:.2f}%, "
+              f"{100 * s.oracle_mean_gain:.2f}%, {mean_share} |")  # fmt: skip
+
+
 def _row(label: str, s: dict[str, float], hideable: float) -> str:
     hidden = s.get("hidden", 0.0)
     refused = " / ".join(f"{s.get(r, 0):.0f}" for r in _REFUSED)
@@ -392,7 +431,7 @@ def _after_policy(
 ) -> None:
     """The tables after the runtime's launch decision (``speculator._replay``): per task, per predictor, the
     experiment's oracle under the same policy, and the ablation (each predictor left out, each alone)."""
-    run = {"model": model, "time_scale": args.time_scale, "together": args.together}
+    run = {"model": model, "time_scale": args.time_scale, "together": args.together, "tap": _tap}
     rep = replay(groups, speculation(frozenset()), **run)
     oracle = replay(groups, _oracle(groups), **run)
     timed = replay(groups, _oracle(groups, args.time_scale), **run)
@@ -420,6 +459,7 @@ def _after_policy(
     print(_row(f"**{label}**", other.total(), hideable))
     print(_row("**all: oracle**", oracle.total(), hideable))
     print(_row("**all: oracle, its guesses stating their run time**", timed.total(), hideable))
+    _latency(groups, rep, oracle, args.together)
 
     def told(task: str) -> Callable[[], Sequence[Predictor]]:
         records, table = iter(groups[task]), SiblingTable()

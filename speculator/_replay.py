@@ -39,6 +39,7 @@ from bunshin_async.speculation import (
 )
 from bunshin_async.tools import Effect, bash_tool
 
+from ._latency import RolloutTime
 from ._offline import Record, _calls, _context
 from ._policy import CostAwarePolicy
 from ._signature import key_signature
@@ -150,12 +151,15 @@ class ReplayReport(msgspec.Struct):
     ``offered`` options, ``launched`` (``forks`` of them in forks), ``hits``, ``hidden`` seconds, ``wrong``
     seconds (what the misses ran until the ask), ``held`` and ``freed`` MiB·s (the forks' bytes for their hold;
     the rollout's bytes for the seconds a hit hid) and one count per refusal reason (``REASONS``).
-    ``hideable``: per task, the oracle's bound (``min(tool, LLM)`` of each call the prefix cache does not serve)."""
+    ``hideable``: per task, the oracle's bound (``min(tool, LLM)`` of each call the prefix cache does not serve).
+    ``rollouts``: per task, each rollout's seconds and what was hidden on it (``speculator._latency``: the group's
+    latency is its slowest rollout's)."""
 
     hideable: dict[str, float] = msgspec.field(default_factory=dict)
     calls: dict[str, int] = msgspec.field(default_factory=dict)
     by_task: dict[str, dict[str, dict[str, float]]] = msgspec.field(default_factory=dict)
     refused: list[Refusal] = msgspec.field(default_factory=list)
+    rollouts: dict[str, list[RolloutTime]] = msgspec.field(default_factory=dict)
     spent: float = 0.0  # MiB·s the policy's settled forks cost by its terms (``Allowance.spent``), every run's
     earned: float = 0.0  # MiB·s the main lines held by the policy's estimate (``Allowance.earned``), every run's
 
@@ -252,18 +256,28 @@ def replay(
     time_scale: float = 1.0,
     together: bool = True,
     capture_seconds: float = 1.0,
+    tap: Callable[[CallKey, float], float] | None = None,
 ) -> ReplayReport:
     """Replay ``groups`` (task -> its rollouts' records) through the runtime's planning and a ``CostAwarePolicy``
     (``model`` says what it is told of forks); ``make(task)`` gives a factory of one rollout's predictors, as for
     ``_offline.evaluate``. ``together``: every task in one run sharing one policy (else a run, and a policy,
     per task). The prefix cache serves a state once the call that made it has ended (a write only if it took at
     least ``capture_seconds``, the experiment's ``capture_min_duration``): a sibling's call still running is not
-    served, and a guess of it is launched if the policy agrees."""
+    served, and a guess of it is launched if the policy agrees. ``tap(call, LLM seconds)``: how long before its
+    message's end the stream tap starts ``call`` (recorded seconds, x ``time_scale``; the message ends that much
+    after its last token), for each rollout's latency (``ReplayReport.rollouts``); None: 0."""
     report = ReplayReport()
     runs = [dict(groups)] if together else [{t: rs} for t, rs in groups.items()]
     for run in runs:
-        _run(run, make, model or ByteModel(), time_scale, capture_seconds, report)
+        _run(run, make, model or ByteModel(), time_scale, capture_seconds, report, tap or (lambda _k, _s: 0.0))
     return report
+
+
+def _tail(record: Record) -> float:
+    """The LLM seconds of a record's turns after its last call (its answer; format errors are not replayed)."""
+    steps = record.get("steps", ())
+    n = next((i for i, s in enumerate(steps) if not s.get("tool") or s["tool"] == "submit"), len(steps))
+    return sum(float(s.get("llm_seconds") or 0.0) for s in steps[n:] if s.get("kind") != "format_error")
 
 
 def _run(
@@ -273,13 +287,18 @@ def _run(
     scale: float,
     capture_seconds: float,
     report: ReplayReport,
+    tap: Callable[[CallKey, float], float],
 ) -> None:
     now = 0.0
     policy = model.policy(lambda: now)
     told = not model.learned
     tasks = list(groups)
     rollouts = {(t, r): _calls(rec) for t in tasks for r, rec in enumerate(groups[t])}
+    gaps = {k: [tap(key, llm) * scale for key, llm, _ in v] for k, v in rollouts.items()}
     rollouts = {k: [(key, llm * scale, tool * scale) for key, llm, tool in v] for k, v in rollouts.items()}
+    # per rollout: seconds as fork+cache runs it (its answer's turn, each turn to its message's end), hits' hidden
+    # seconds, and those with the tap's
+    times = {k: [scale * _tail(groups[k[0]][k[1]]) + sum(gaps[k]), 0.0, 0.0] for k in rollouts}
     durations: dict[str, dict[CallKey, float]] = {t: {} for t in tasks}
     for (t, _), calls in rollouts.items():
         for key, _, tool in calls:
@@ -389,6 +408,7 @@ def _run(
             made[task][after] = min(made[task].get(after, inf), now + tool)
         report.calls[task] += 1
         report.hideable[task] += 0.0 if cached else min(llm, tool)
+        won = 0.0  # what a hit on this call hid before the ask
         for o in turn.launches:
             # the main line claims the branch of its call, whether or not the cache could now serve the call
             # (a sibling made it during the turn): used, but it hid nothing the cache would not have
@@ -412,11 +432,20 @@ def _run(
                 m["hidden" if used else "wrong"] += ran
                 m["held"] += model.fork_mib * hold
                 m["freed"] += model.rollout_mib * ran if used and o.needs_fork else 0.0
+            won = max(won, ran if used else 0.0)
+        if not cached:
+            acc = times[task, r]
+            acc[0] += llm + tool
+            acc[1] += won
+            acc[2] += min(tool, won + gaps[task, r][i])
+        else:
+            times[task, r][0] += llm
         for p in mine[task, r]:
             p.observe(ctx, key)
     report.spent += policy.allowance.spent / _MIB
     report.earned += policy.allowance.earned / _MIB
     for task in tasks:
+        report.rollouts[task] = [RolloutTime(*(round(x, 3) for x in times[task, r])) for r in range(len(groups[task]))]
         by = report.by_task.setdefault(task, {})
         for src in set(stats[task]) | set(sums[task]):
             row = {k: float(v) for k, v in stats[task][src].items()}

@@ -140,3 +140,24 @@ def test_the_replay_feeds_the_memory_terms_the_runtime_measures() -> None:
     assert refused.memory_net < -40 * 2.0 * (1 - (refused.probability or 0))  # a miss's 40 MiB, 2 s at least
     free = replay(group, _make(wrong), model=ByteModel(install_mib=0.0, memory_share=0.0)).total()
     assert (free["launched"], free["hits"], free.get("GiB·s", 0)) == (2, 1, 0)
+
+
+def test_each_rollouts_seconds_and_what_was_hidden_on_it() -> None:
+    """Per rollout: its turns to their message's end (the tap's interval after the last token), its answer's
+    turn, its calls but those the cache serves; a hit hides its lead, the tap starts every call its interval early
+    (a hit's too, at most the call's run time)."""
+    answer = {"tool": "submit", "args": {}, "llm_seconds": 2.0, "tool_seconds": 0.0}
+    first = _record(("ls", 1.0, 0.1), ("pip install x", 5.0, 20.0))
+    first["steps"].append(answer)
+    second = _record(("ls", 3.0, 0.1), ("make", 1.0, 4.0))  # its ls is served by the cache (the first's ended)
+    group = {"t": [first, second]}
+    make = _make([[], [("pip install x", 1.0, 20.0)]], [])
+    times = replay(group, make, tap=lambda call, llm: 0.5).rollouts["t"]
+    fork = ByteModel().fork_seconds
+    assert times[0].seconds == pytest.approx(1.0 + 0.1 + 5.0 + 20.0 + 2.0 + 2 * 0.5)
+    assert times[0].hidden == pytest.approx(5.0 - fork)
+    assert times[0].tapped == pytest.approx(0.1 + 5.0 - fork + 0.5)
+    assert times[1].seconds == pytest.approx(3.0 + 1.0 + 4.0 + 2 * 0.5)  # no ls: the cache served it
+    assert (times[1].hidden, times[1].tapped) == (0.0, 0.5)
+    untapped = replay(group, make).rollouts["t"]
+    assert untapped[0].seconds == pytest.approx(28.1) and untapped[0].tapped == untapped[0].hidden
