@@ -89,14 +89,18 @@ class _CallTimes:
 
 class _Progress:
     """How many calls each running rollout has made, and its group (``Launch.group``): who is its group's
-    straggler."""
+    straggler. ``size``: the most rollouts of each group seen running at once (a group that had siblings keeps a
+    straggler when they ended)."""
 
     def __init__(self) -> None:
         self.calls: dict[str, int] = {}
         self.group: dict[str, str] = {}
+        self.size: dict[str, int] = {}
 
     def seen(self, rollout: str, calls: int, group: str) -> None:
         self.calls[rollout], self.group[rollout] = calls, group
+        running = sum(1 for g in self.group.values() if g == group)
+        self.size[group] = max(self.size.get(group, 0), running)
 
     def done(self, rollout: str) -> None:
         self.calls.pop(rollout, None)
@@ -104,13 +108,15 @@ class _Progress:
 
     def lag(self, rollout: str) -> float:
         """How far ``rollout`` is behind the other rollouts of its group still running, 0 (the front, or alone: a
-        group of one has no straggler, whatever other groups share the policy) to 1 (the straggler)."""
+        group of one has no straggler, whatever other groups share the policy) to 1 (the straggler, and the last
+        of a group whose other rollouts ended: the group waits for it alone; on the terminal-bench traces, 133 of
+        2,043 turn starts, against 51% of those furthest behind with others running)."""
         if rollout not in self.calls:
             return 0.0
         group = self.group.get(rollout, "")
         peers = [n for r, n in self.calls.items() if self.group.get(r, "") == group]
         if len(peers) < 2:
-            return 0.0
+            return 1.0 if self.size.get(group, 0) >= 2 else 0.0
         lo, hi = min(peers), max(peers)
         return 1.0 if hi == lo else (hi - self.calls[rollout]) / (hi - lo)
 

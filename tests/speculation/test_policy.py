@@ -76,8 +76,10 @@ def test_the_straggler_is_its_own_groups_and_a_group_of_one_has_none() -> None:
         policy.select([launch], running=0, forks=0)
     assert policy.lag("a1") == 1.0 and policy.lag("a0") == 0.0
     assert policy.lag("b0") == 0.0 and policy.lag("c0") == 0.0  # alone in their groups, however far behind
-    policy.rollout_done("a0")
-    assert policy.lag("a1") == 0.0
+    # the last rollout of a group whose siblings ended is its straggler: the group waits for it alone
+    policy.rollout_done("a1")
+    assert policy.lag("a0") == 1.0
+    assert policy.saving(_launch("a0", 9)) > policy.saving(_launch("c0", 20))
 
 
 def test_a_lone_rollout_is_nobodys_straggler() -> None:
@@ -216,7 +218,8 @@ def test_a_hit_is_charged_what_its_copy_holds_beyond_the_rollout_until_the_rollo
     policy.observe_copy(24 * mib, 16 * mib)  # a copy 8 MiB bigger than its rollout
     assert policy.memory_net(sure) == pytest.approx(held - 8 * mib * 60.0)  # never seen: the prior, 60 s
     assert policy.select([sure], running=0, forks=0) == []
-    _group(policy, {"r": 1, "other": 0})  # both start now ("r" ahead: no straggler)
+    _group(policy, {"r": 1})  # both start now, "other" in a group of its own ("r" alone: no straggler)
+    policy.select([msgspec.structs.replace(_launch("other", 0, p=0.0), group="o")], running=0, forks=0)
     now[0] = 10.0
     assert policy.memory_net(sure) == pytest.approx(held - 8 * mib * 50.0)  # 60 s in all, 10 s run
     now[0] = 100.0
