@@ -9,10 +9,13 @@ Every task of a run starts at time 0 and the run's rollouts share one policy, as
 several groups shares its policy; ``replay(..., together=False)`` gives each task a run of its own). Times are the
 recorded ones times ``time_scale`` (the experiment pads tools and scales LLM turns alike). A branch is asked for at
 its turn's end: a hit hides ``min(tool, LLM - fork seconds)`` (a read in place ``min(tool, LLM)``), a miss ran for
-as long (its recorded duration when the group ever ran it, else nothing is known of it and 0 is counted). Not
-replayed: chains (launches after a speculated call), branches kept across turns, re-planning during a turn, the
-tap (a call started once its arguments are complete), and the CPU the machine's load takes (``contention`` is a
-constant).
+as long (its recorded duration when the group ever ran it, else nothing is known of it and 0 is counted). The
+prefix cache serves a state a sibling made, and an identical write a sibling's main line is running (its single
+flight: not launched, and fork+cache's rollout waits for that call's end). Each rollout's latency
+(``ReplayReport.rollouts``, ``speculator._latency``) counts what hits hid on it and, given ``tap``, what the stream
+tap hides (every call starts once its arguments are complete). The events keep their recorded times (what a hit
+hides does not move a rollout's later turns). Not replayed: chains (launches after a speculated call), branches
+kept across turns, re-planning during a turn, and the CPU the machine's load takes (``contention`` is a constant).
 """
 
 from __future__ import annotations
@@ -310,6 +313,9 @@ def _run(
     # made one has ended, a write only if it took at least the cache's ``capture_seconds`` (the experiment's cache
     # captures no faster write; a read's result is recorded whatever it took)
     made: dict[str, dict[bytes, float]] = {t: {} for t in tasks}
+    # per task, the writes on a main line until they end: the cache's single flight serves an identical write (the
+    # runtime's skip vetoes its launch, ``ToolCache.would_hit``; fork+cache's rollout waits for it)
+    flights: dict[str, dict[bytes, float]] = {t: {} for t in tasks}
     stats: dict[str, dict[str, Counter[str]]] = {t: defaultdict(Counter) for t in tasks}
     sums: dict[str, defaultdict[str, defaultdict[str, float]]] = {
         t: defaultdict(lambda: defaultdict(float)) for t in tasks
@@ -361,7 +367,13 @@ def _run(
                 if pr.key is not None and pr.candidate.probability > best.get(pr.key, (-1.0, ""))[0]:
                     best[pr.key] = (pr.candidate.probability, pr.candidate.source)
             speculable = {p.key for p in predictions if p.key is not None and p.speculable}
-            vetoed = {k for k in speculable if made[task].get(extend_chain(ctx.chain, k), inf) <= now}
+            writes = {p.key for p in predictions if p.key is not None and p.effect is Effect.WRITE}
+            vetoed = {
+                k
+                for k in speculable
+                if made[task].get(state := extend_chain(ctx.chain, k), inf) <= now
+                or (k in writes and flights[task].get(state, -inf) > now)
+            }
             why = {
                 k: "unspeculable" if k not in speculable else "cached"
                 for k in best
@@ -404,8 +416,15 @@ def _run(
         after = extend_chain(chains[task, r][i], key)
         chains[task, r].append(after)
         cached = made[task].get(after, inf) <= now
-        if not cached and (tool >= capture_seconds or _BASH.classify_call(key.arguments()).effect is not Effect.WRITE):
+        write = _BASH.classify_call(key.arguments()).effect is Effect.WRITE
+        # a sibling's identical write in flight, and no branch of this call: fork+cache waits for that one's end
+        wait = flights[task].get(after, -inf) - now if write and not cached else -inf
+        if wait >= 0 and all(o.key != key for o in turn.launches):
+            cached, tool = True, wait
+        if not cached and (tool >= capture_seconds or not write):
             made[task][after] = min(made[task].get(after, inf), now + tool)
+        if not cached and write:
+            flights[task][after] = min(flights[task].get(after, inf), now + tool)
         report.calls[task] += 1
         report.hideable[task] += 0.0 if cached else min(llm, tool)
         won = 0.0  # what a hit on this call hid before the ask
@@ -438,8 +457,8 @@ def _run(
             acc[0] += llm + tool
             acc[1] += won
             acc[2] += min(tool, won + gaps[task, r][i])
-        else:
-            times[task, r][0] += llm
+        else:  # served by the cache (its restore taken as free), or by a sibling's flight after ``tool`` seconds
+            times[task, r][0] += llm + (tool if wait >= 0 else 0.0)
         for p in mine[task, r]:
             p.observe(ctx, key)
     report.spent += policy.allowance.spent / _MIB

@@ -161,3 +161,15 @@ def test_each_rollouts_seconds_and_what_was_hidden_on_it() -> None:
     assert (times[1].hidden, times[1].tapped) == (0.0, 0.5)
     untapped = replay(group, make).rollouts["t"]
     assert untapped[0].seconds == pytest.approx(28.1) and untapped[0].tapped == untapped[0].hidden
+
+
+def test_a_write_in_flight_on_a_siblings_main_line_is_served_by_its_flight() -> None:
+    """The cache's single flight: an identical write a sibling's main line is running is not launched (the
+    runtime's skip, ``ToolCache.would_hit``), and fork+cache's rollout waits for that flight, not its own run."""
+    first = _record(("ls", 1.0, 0.1), ("pip install x", 1.0, 20.0))  # the install runs from 2.1 to 22.1
+    second = _record(("ls", 3.0, 0.1), ("pip install x", 5.0, 30.0))  # its turn starts at 3.1, decided at 8.1
+    report = replay({"t": [first, second]}, _make([], [[], [("pip install x", 1.0, 20.0)]]))
+    seen = report.total()
+    assert seen["right cached"] == 1 and seen.get("launched", 0) == 0
+    assert report.rollouts["t"][1].seconds == pytest.approx(3.0 + 5.0 + 22.1 - 8.1)  # its ls served too
+    assert report.hideable["t"] == pytest.approx(0.1 + 1.0)  # the first's ls and install alone
