@@ -608,11 +608,39 @@ static int last_pid(int argc, char **argv)
 	return 0;
 }
 
+/* A host helper that must not outlive the host process (CRIU's wrappers, _criu.SwrkCriu): the host names itself
+ * in PARENT_ENV, and this process takes SIGKILL when its parent dies. A CRIU orphaned mid-dump would go on with the
+ * tree frozen and seized, or restore a copy nobody owns. The signal comes when the *thread* that forked this process
+ * exits (prctl(2)): the host forks from its event loop's thread, which outlives the call. It is kept across the exec
+ * of CRIU (not set-user-ID, no file capabilities) and cleared by a fork, so CRIU's own helpers do not inherit it. If
+ * the parent died before the prctl this process was reparented already: getppid() then names another process. */
+#define PARENT_ENV "BUNSHIN_PARENT_PID"
+
+static void die_with_parent(void)
+{
+	const char *want = getenv(PARENT_ENV);
+	char *end;
+
+	if (!want)
+		return;
+	long pid = strtol(want, &end, 10);
+	if (*want == 0 || *end || pid <= 0)
+		failf("bad " PARENT_ENV " %s", want);
+	if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0)
+		fail("PR_SET_PDEATHSIG", errno);
+	if (getppid() != (pid_t)pid)
+		_exit(1); /* the host is gone: nothing to report to */
+	unsetenv(PARENT_ENV);
+}
+
 int main(int argc, char **argv)
 {
 	struct config c = {0};
 	pid_t parent = getppid();
 
+	if (argc >= 2 && (!strcmp(argv[1], "--restore-wrap") || !strcmp(argv[1], "--join")))
+		status_fd = STDERR_FILENO;
+	die_with_parent();
 	if (argc >= 2 && !strcmp(argv[1], "--restore-wrap"))
 		return restore_wrap(argc, argv);
 	if (argc >= 2 && !strcmp(argv[1], "--join"))

@@ -107,12 +107,12 @@ def reclaim_dead_runs(
             gone = pid == starting or (pid not in live and not os.path.exists(f"/proc/{pid}"))
             if match and gone and top.is_dir():
                 tree = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts))
-                if all(_remove_cgroup(cg) for cg in [*tree, top]):
+                if all(remove_cgroup(cg) for cg in [*tree, top]):
                     out.append(f"removed cgroup {top}")
     return out
 
 
-def _remove_cgroup(d: Path) -> bool:
+def remove_cgroup(d: Path) -> bool:
     """Thaw ``d`` (a frozen v1 task does not die of SIGKILL), kill its tasks and remove it, waiting up to 5 s for
     them to exit; whether it is gone."""
     group = Cgroup(cgroup_version() or 1, [d])

@@ -8,8 +8,10 @@ files, so that files and memory are one consistent moment.
 
 CRIU resolves ``images_dir_fd`` and ``work_dir_fd`` as ``/proc/<peer>/fd/<n>`` of the process on the other end of the
 socket (cr-service.c, ``setup_opts_from_req``), that is, in this process: the descriptors stay open here and are not
-passed down. A cancelled call kills CRIU (SIGKILL) and reaps it; CRIU's own rollback on a killed dump is the
-kernel's: ptrace and the freezer let go of the tree when CRIU dies, so the dumpee keeps running.
+passed down. A cancelled call kills CRIU (SIGKILL) and reaps it; ptrace lets go of the tree when CRIU dies, but the
+cgroup-v1 freezer does not: a tree CRIU froze (``freeze_cgroup``) stays frozen until someone thaws it. The dump's
+caller thaws it (``_dump``); when this process dies, CRIU dies with it (``PARENT_ENV``) and ``bunshin gc`` or the
+next process's first workspace start (``_workspace._gc``) thaws the cgroup before it kills what is in it.
 """
 
 from __future__ import annotations
@@ -73,6 +75,11 @@ FdHandler = Callable[[str, int, int], None]
 criu/patches/0013), which it then owns; without one such descriptors are closed."""
 
 MAX_MSG = 1 << 20
+PARENT_ENV = "BUNSHIN_PARENT_PID"
+"""Names this process to ``bunshin-init`` (native/init.c, ``die_with_parent``), the first program of every CRIU
+call: it sets ``PR_SET_PDEATHSIG(SIGKILL)``, kept across its exec of CRIU, so a CRIU whose host was killed outright
+does not go on with the tree frozen and seized or restore a copy nobody owns. The signal comes when the thread that
+forked CRIU exits: anyio's asyncio backend forks from the event loop's thread, which outlives the call."""
 LOG_TAIL = 4000
 # Options rpc.proto lacks go through a config file (``criu_opts.config_file``); none are needed today.
 
@@ -225,13 +232,20 @@ def _ended(returncode: int | None) -> str:
     return f"exit status {returncode}"
 
 
+def _plain_wrapper() -> list[str]:
+    """The wrapper of a call that has none: ``bunshin-init --join`` with no cgroup only execs CRIU, after
+    ``PARENT_ENV``."""
+    return [str(_paths.init_binary()), "--join", "--"]
+
+
 class HookFailed(Exception):
     """A notification handler raised; CRIU was told and rolls back."""
 
 
 class CriuBackend(Protocol):
     """Runs one CRIU request to its end. ``wrapper`` is a command prefix that ends by exec'ing its last argument
-    list (for a restore: join the cgroup and mount the root in a private mount namespace, then ``exec criu``);
+    list (for a restore: join the cgroup and mount the root in a private mount namespace, then ``exec criu``), and
+    runs ``bunshin-init`` first or execs it with the environment kept (``PARENT_ENV``);
     ``env`` is added to CRIU's environment (the patches' switches). ``ready``, when given, is awaited once CRIU has
     started and waits for the request, which is sent when it returns: the caller's last steps before a dump (the
     drain that pauses the workspace) overlap CRIU's start instead of waiting for it. A cancellation or an error in
@@ -296,7 +310,9 @@ class SwrkCriu:
                 high = fcntl.fcntl(theirs.fileno(), fcntl.F_DUPFD_CLOEXEC, 10)
                 theirs.close()
                 theirs = socket.socket(fileno=high)
-            argv = [*wrapper, str(criu), "swrk", str(theirs.fileno())]
+            # bunshin-init, first in a wrapper or alone (one static exec, ~0.3 ms, overlapped by a dump's drain),
+            # gives CRIU its parent-death signal (PARENT_ENV)
+            argv = [*(wrapper or _plain_wrapper()), str(criu), "swrk", str(theirs.fileno())]
             try:
                 proc = await anyio.open_process(
                     argv,
@@ -304,7 +320,7 @@ class SwrkCriu:
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.PIPE,
                     pass_fds=(theirs.fileno(),),
-                    env={**os.environ, **env} if env else None,
+                    env={**os.environ, **(env or {}), PARENT_ENV: str(os.getpid())},
                 )
             finally:
                 theirs.close()

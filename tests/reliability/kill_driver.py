@@ -1,13 +1,16 @@
 """A subprocess SDK that SIGKILLs itself at one stage of a snapshot, fork, rollback or cache capture
 (``python kill_driver.py STAGE``; the test gives it its own run dir, snapshot dir and cgroup parent). It prints
-``ready <workspace pid>`` before the operation; it never prints anything after the stage, it dies there."""
+``ready <workspace pid>`` before the operation and ``criu <pid>`` for each CRIU it starts; it never prints anything
+after the stage, it dies there."""
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import sys
 import threading
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +24,7 @@ from bunshin_async._host import (
     _criu,  # noqa: E402
     _snapstore,
 )
+from bunshin_async._host._kernel import CGROUP_ROOT  # noqa: E402
 from bunshin_async._workspace._core import WorkspaceCore  # noqa: E402
 from bunshin_async.cache import ForkStateProvider  # noqa: E402
 from tests.reliability.campaign import holding_workspace  # noqa: E402
@@ -31,6 +35,7 @@ STAGES = [
     "snapshot:post-dump",  # in CRIU's post-dump notification: the tree is frozen, the upper dir being copied
     "snapshot:done",  # the snapshot is on the store, nobody closes it
     "fork:criu",  # CRIU's restore of a copy running
+    "fork:frozen",  # the fork's dump at work with the tree frozen (CRIU stopped in post-dump, the freezer FROZEN)
     "fork:restored",  # a copy restored, the fork's snapshot not closed yet
     "rollback:stopped",  # the workspace's processes killed, its restore not started
     "rollback:criu",  # CRIU's restore into the workspace running
@@ -43,8 +48,47 @@ def die() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+class Reporting(_criu.SwrkCriu):
+    """The real backend, printing each CRIU's pid (the test checks that none outlives the driver)."""
+
+    def __init__(self, hook: Callable[[int], Awaitable[None]] | None = None) -> None:
+        self.pid = 0
+
+        async def on_spawn(pid: int) -> None:
+            print("criu", pid, flush=True)
+            self.pid = pid
+            if hook is not None:
+                await hook(pid)
+
+        super().__init__(on_spawn)
+
+
+class Stopping(Reporting):
+    """Dies in a dump's post-dump notification with CRIU stopped first, a CRIU still at work that cannot finish by
+    itself (without its parent-death signal it stays so), and the tree frozen: CRIU has let go of the freezer by
+    then (seize.c, ``freeze_processes``: it thaws once it has seized the tree), so the freezer state CRIU leaves when
+    killed in its freeze window (a few milliseconds, up to its timeout for a task that does not freeze) is written
+    here."""
+
+    def __init__(self, freezer_state: Path) -> None:
+        super().__init__()
+        self.freezer_state = freezer_state
+
+    async def call(self, req: Any, *, notify: Any = None, **kw: Any) -> Any:
+        async def stop_then_die(name: str, pid: int) -> None:
+            if name == "post-dump":
+                os.kill(self.pid, signal.SIGSTOP)
+                self.freezer_state.write_text("FROZEN")
+                die()
+            if notify is not None:
+                await notify(name, pid)
+
+        return await super().call(req, notify=stop_then_die, **kw)
+
+
 async def main(stage: str) -> None:
     op, point = stage.split(":")
+    _criu.default_backend = Reporting
     async with Workspace() as ws:
         await holding_workspace(ws, 8)
         base = await ws.snapshot() if op == "rollback" else None
@@ -56,11 +100,10 @@ async def main(stage: str) -> None:
 
         if point == "criu":
 
-            class Dying(_criu.SwrkCriu):
+            class Dying(Reporting):
                 async def call(self, req: Any, *, ready: Any = None, **kw: Any) -> Any:
                     if ready is None:  # a restore: CRIU works from its start
-                        self.on_spawn = on_spawn
-                        return await super().call(req, **kw)
+                        return await Reporting(on_spawn).call(req, **kw)
 
                     async def then_die() -> None:  # a dump: CRIU works from the request, sent after ready
                         await ready()
@@ -68,7 +111,10 @@ async def main(stage: str) -> None:
 
                     return await super().call(req, ready=then_die, **kw)
 
-            _criu.default_backend = Dying  # type: ignore[assignment]
+            _criu.default_backend = Dying
+        if point == "frozen":  # the driver's cgroup parent has no run scope
+            state = CGROUP_ROOT / "freezer" / os.environ["BUNSHIN_CGROUP_PARENT"] / f"ws-{ws.id}" / "freezer.state"
+            _criu.default_backend = functools.partial(Stopping, state)
         if point == "drained":
             real_drain = _quiesce.drain
 
