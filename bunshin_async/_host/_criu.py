@@ -310,8 +310,8 @@ class SwrkCriu:
                 high = fcntl.fcntl(theirs.fileno(), fcntl.F_DUPFD_CLOEXEC, 10)
                 theirs.close()
                 theirs = socket.socket(fileno=high)
-            # bunshin-init, first in a wrapper or alone (one static exec, ~0.3 ms, overlapped by a dump's drain),
-            # gives CRIU its parent-death signal (PARENT_ENV)
+            # bunshin-init, first in a wrapper or alone (one static exec, 0.4 ms here, loaded; a dump overlaps it
+            # with its drain), gives CRIU its parent-death signal (PARENT_ENV)
             argv = [*(wrapper or _plain_wrapper()), str(criu), "swrk", str(theirs.fileno())]
             try:
                 proc = await anyio.open_process(
