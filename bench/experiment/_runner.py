@@ -309,6 +309,13 @@ _VOLATILE = [
     # widest value, so the padding of an `ls -l` line goes too.
     (re.compile(r"^([-dlcbps][-rwxsStT]{9}[.+@]?) +(\d+) +(\S+) +(\S+) +", re.M), r"\1 \2 \3 \4 "),
     (re.compile(r"^(d[-rwxsStT]{9}[.+@]? \d+ \S+ \S+ )\d+", re.M), r"\1~"),
+    # `ps aux` (procps): %CPU, %MEM, VSZ, RSS, START and TIME are the moment's and the process's age, not the call's
+    # result (a copy's processes were restored later than its parent's, and have run for another time); USER, PID,
+    # TTY, STAT and COMMAND are still compared. Columns are padded to the widest value, so the padding goes too.
+    (
+        re.compile(r"^(\S+) +(\d+) +\d+\.\d +\d+\.\d +\d+ +\d+ +(\S+) +(\S+) +\S+ +\d[\d:-]* (.*)$", re.M),
+        r"\1 \2 ~ \3 \4 ~ \5",
+    ),
 ]
 
 

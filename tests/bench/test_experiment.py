@@ -208,6 +208,41 @@ def test_scrubbing_hides_a_directorys_size_in_ls_and_not_a_files() -> None:
     assert scrub(copy) != scrub(copy.replace("drwxr-xr-x", "drwx------"))  # and a directory's mode
 
 
+@pytest.mark.unit
+def test_scrubbing_hides_the_moment_in_ps_aux_and_not_the_processes() -> None:
+    """A process's line in real ``ps aux`` output before and after it grew by 64 MiB: its RSS, VSZ and %MEM differ,
+    as its %CPU, START and TIME do between a copy and its parent; what the process is (user, pid, tty, state,
+    command) is still compared."""
+    import subprocess
+    import sys
+
+    from bench.experiment._runner import scrub
+
+    grow = "import sys\nsys.stdin.readline()\nb = bytearray(64 << 20)\nprint('grown', flush=True)\nsys.stdin.read()\n"
+    with subprocess.Popen([sys.executable, "-c", grow], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as p:
+        assert p.stdin is not None and p.stdout is not None
+
+        def line() -> str:
+            out = subprocess.run(["ps", "aux"], capture_output=True, text=True, check=True).stdout
+            [mine] = [ln for ln in out.splitlines() if ln.split()[1] == str(p.pid)]
+            return mine + "\n"
+
+        before = line()
+        p.stdin.write("go\n")
+        p.stdin.flush()
+        assert p.stdout.readline() == "grown\n"
+        after = line()
+        p.stdin.close()
+    assert before != after  # RSS, VSZ
+    assert scrub(before) == scrub(after)
+    fields = after.split(None, 10)
+    older = " ".join([*fields[:8], "Dec03", "12:34", fields[10]])  # START, TIME
+    assert scrub(older) == scrub(after)
+    for i, other in ((1, "1"), (7, "Z"), (10, "python3 other\n")):  # PID, STAT, COMMAND
+        changed = " ".join([*fields[:i], other, *fields[i + 1 :]])
+        assert scrub(changed) != scrub(after), other
+
+
 def _config_result(name: str, latency: float, groups: dict[str, float], gib_s: float, digests: list[str],
                    state: str = "s") -> ConfigResult:  # fmt: skip
     rollouts = [RolloutSummary(rollout=0, status="finished", reason=None, reward=1.0, wall_seconds=latency,
