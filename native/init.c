@@ -542,17 +542,32 @@ struct clone_args_v1 {
  * This process joins the namespace for its children (setns) and makes one child there with clone3's set_tid at a pid
  * nobody holds: a pid asked for that way is allocated exactly (kernel/pid.c, alloc_pid: idr_alloc) and leaves the
  * namespace's cursor alone, where a plain fork would move it. The child lives for one pread and is not dumpable; the
- * host runs this while the workspace is frozen, so nothing in it runs meanwhile anyway. */
+ * host runs this while the workspace is frozen, so nothing in it runs meanwhile anyway.
+ *
+ * --last-pid FD EXPECT NEW: the same, and if the value read is EXPECT the child writes NEW, printing "L <pid> W" (the
+ * host's _host/_pidcursor.py puts the cursor back after a speculative read the rollout did not use, and forward when
+ * it did). Compare and set in one child, a pread and a pwrite apart: only a process of the workspace forking in that
+ * window is missed (it keeps its pid; the kernel never hands out a pid in use, whatever the cursor says). Writing
+ * needs CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE over the namespace's user namespace (pid_ns_ctl_handler): the child
+ * has the host's. */
+static long number(const char *s, long lo, long hi, const char *what)
+{
+	char *end;
+	errno = 0;
+	long v = strtol(s, &end, 10);
+	if (*s == 0 || *end || errno || v < lo || v > hi)
+		failf("bad %s %s", what, s);
+	return v;
+}
+
 static int last_pid(int argc, char **argv)
 {
-	char buf[128], *end;
-	long fd, max = 0;
+	char buf[128];
+	long fd, max = 0, expect = -1, want = -1;
 
-	if (argc != 3)
-		failf("usage: bunshin-init --last-pid PIDFD");
-	fd = strtol(argv[2], &end, 10);
-	if (*argv[2] == 0 || *end || fd < 0 || fd > 1 << 20)
-		failf("bad descriptor %s", argv[2]);
+	if (argc != 3 && argc != 5)
+		failf("usage: bunshin-init --last-pid PIDFD [EXPECT NEW]");
+	fd = number(argv[2], 0, 1 << 20, "descriptor");
 	prctl(PR_SET_DUMPABLE, 0);
 	int maxfd = open("/proc/sys/kernel/pid_max", O_RDONLY | O_CLOEXEC);
 	ssize_t n = maxfd < 0 ? -1 : read(maxfd, buf, sizeof(buf) - 1);
@@ -561,7 +576,11 @@ static int last_pid(int argc, char **argv)
 	buf[n] = 0;
 	max = strtol(buf, NULL, 10);
 	close(maxfd);
-	int sysctl = open(LAST_PID, O_RDONLY | O_CLOEXEC);
+	if (argc == 5) {
+		expect = number(argv[3], 0, max - 1, "expected last pid");
+		want = number(argv[4], 0, max - 1, "last pid");
+	}
+	int sysctl = open(LAST_PID, (argc == 5 ? O_RDWR : O_RDONLY) | O_CLOEXEC);
 	if (sysctl < 0)
 		fail(LAST_PID, errno);
 	if (setns((int)fd, CLONE_NEWPID) < 0)
@@ -588,10 +607,24 @@ static int last_pid(int argc, char **argv)
 	if (child == 0) {
 		close(out[0]);
 		n = pread(sysctl, buf, sizeof(buf) - 1, 0);
-		if (n > 0 && write(out[1], buf, n) == n)
-			_exit(0);
-		dprintf(out[1], "E read " LAST_PID ": %s", strerror(errno));
-		_exit(1);
+		if (n <= 0) {
+			dprintf(out[1], "E read " LAST_PID ": %s", strerror(errno));
+			_exit(1);
+		}
+		buf[n] = 0;
+		long now = strtol(buf, NULL, 10);
+		if (want >= 0 && now == expect) {
+			char num[32];
+			int len = snprintf(num, sizeof(num), "%ld", want);
+			if (pwrite(sysctl, num, (size_t)len, 0) != len) {
+				dprintf(out[1], "E write " LAST_PID ": %s", strerror(errno));
+				_exit(1);
+			}
+			dprintf(out[1], "%ld W", now);
+		} else {
+			dprintf(out[1], "%ld", now);
+		}
+		_exit(0);
 	}
 	close(out[1]);
 	n = read(out[0], buf, sizeof(buf) - 1);
@@ -604,7 +637,9 @@ static int last_pid(int argc, char **argv)
 		failf("%s", buf[0] == 'E' ? buf + 2 : "the reader in the namespace died");
 	if (n <= 0)
 		failf("the reader in the namespace said nothing");
-	dprintf(STDOUT_FILENO, "L %ld\n", strtol(buf, NULL, 10));
+	char *end;
+	long value = strtol(buf, &end, 10);
+	dprintf(STDOUT_FILENO, "L %ld%s\n", value, strcmp(end, " W") ? "" : " W");
 	return 0;
 }
 

@@ -29,12 +29,14 @@ import os
 import signal
 import stat
 import struct
+from collections.abc import Callable
 
 import anyio
 from anyio.abc import SocketStream
 
 from .._exceptions import AgentError, WorkspaceClosed
 from . import _protocol as P
+from ._pidcursor import PidLedger
 
 __all__ = ["AGENT_THREADS", "MIN_RATE", "SOCKET", "STALL_TIMEOUT", "AgentClient", "agent_threads", "answer_limit"]
 
@@ -143,8 +145,18 @@ class AgentClient:
     """Connections to the agent of the workspace whose pid 1 is ``pid`` (host pid). ``pidfd`` is that pid 1's
     pidfd, borrowed: its owner (the workspace core) closes the client before it closes the pidfd."""
 
-    def __init__(self, pid: int, pidfd: int, workspace_id: str, *, stall_timeout: float = STALL_TIMEOUT) -> None:
+    def __init__(
+        self,
+        pid: int,
+        pidfd: int,
+        workspace_id: str,
+        *,
+        stall_timeout: float = STALL_TIMEOUT,
+        procs: Callable[[], str | None] | None = None,
+    ) -> None:
         self.pid = pid
+        self.pids = PidLedger(pid, procs)  # the pid cursor around speculative calls run in place (``procs``: its
+        # cgroup's procs file, to see the workspace's own processes)
         self.pidfd = pidfd
         self.workspace_id = workspace_id
         self.stall_timeout = stall_timeout
@@ -154,6 +166,7 @@ class AgentClient:
         self._open.set()
         self._in_flight = 0
         self._drained = anyio.Event()
+        self._scopes_open = False  # a quiesce lets the requests of speculative scopes through until they ended
 
     def _error(self, message: str, reason: str, req: P.Request | None = None) -> AgentError:
         request = type(req).__name__ if req is not None else ""
@@ -219,11 +232,16 @@ class AgentClient:
             os.close(fd)
 
     async def request(self, req: P.Request) -> P.Response:
-        while not self._open.is_set():
+        # a speculative call run in place finishes while a dump waits for it (``quiesce``)
+        while not self._open.is_set() and not (self._scopes_open and self.pids.current() is not None):
             await self._open.wait()
         self._in_flight += 1
         try:
-            return await self._request(req)
+            await self.pids.before(req)
+            try:
+                return await self._request(req)
+            finally:
+                self.pids.after(req)
         finally:
             self._in_flight -= 1
             if self._in_flight == 0:
@@ -231,11 +249,20 @@ class AgentClient:
 
     async def quiesce(self) -> None:
         """Let calls in flight finish, hold new ones until ``resume`` and close every idle connection, so that the
-        agent holds no connection to the host (CRIU cannot dump one: a snapshot quiesces its workspace's client)."""
+        agent holds no connection to the host (CRIU cannot dump one: a snapshot quiesces its workspace's client).
+        A speculative call run in place (``pids.read``) finishes first, and the pid cursor is settled (a copy
+        starts from the plain loop's)."""
         self._open = anyio.Event()
+        self._scopes_open = True
+        try:
+            while self.pids.active:
+                await self.pids.ended.wait()
+        finally:
+            self._scopes_open = False
         while self._in_flight:
             self._drained = anyio.Event()
             await self._drained.wait()
+        await self.pids.settle()
         await self._close_idle()
 
     def resume(self) -> None:
@@ -322,6 +349,7 @@ class AgentClient:
         calls held by ``quiesce`` go to it once resumed, instead of failing on a closed client."""
         await self._close_idle()
         self.pid, self.pidfd = pid, pidfd
+        self.pids.rebind(pid)
 
     async def aclose(self) -> None:
         self._closed = True

@@ -16,6 +16,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from .._exceptions import ToolError
+from .._host._pidcursor import ReadPids
 from .._tools._tools import Tool
 from .._workspace._accounting import workspace_memory, written_bytes
 from .._workspace._facade import Workspace
@@ -88,6 +89,7 @@ class Branch:
         self.base: Workspace | None = None  # what it forked (its parent's fork, or the rollout's workspace)
         self.layer_bytes: int | None = None  # its snapshot layer: what ``base`` had written, copied for the fork
         self.lock = anyio.Lock()  # held while a chained child forks this branch's fork, and while it is committed
+        self.pids: ReadPids | None = None  # run in place: the pids its processes took (put back unless used)
 
 
 def descends(b: Branch, ancestor: Branch) -> bool:
@@ -273,7 +275,11 @@ class BranchSet:
                     b.ws = base
                 b.run_start = clock()
                 b.calling.set()
-                b.result, b.error = await run_tool(tool, b.ws, args)
+                if b.launch.needs_fork:
+                    b.result, b.error = await run_tool(tool, b.ws, args)
+                else:
+                    async with b.ws.in_place() as b.pids:
+                        b.result, b.error = await run_tool(tool, b.ws, args)
                 b.run_end = clock()
                 b.ok = True
                 b.owner.log.mark("branch_done", b.position, b.key.name)
@@ -294,6 +300,8 @@ class BranchSet:
     async def _settle(self, b: Branch) -> None:
         """Account for a branch whose task ends, and close its fork unless it was committed."""
         owner = b.owner
+        if b.pids is not None and not b.used:
+            b.pids.drop()
         if b in owner.live:
             owner.live.remove(b)
         if b in self.handle.kept:

@@ -101,6 +101,8 @@ class MainLine:
                 if result is not None:
                     self._deliver(d, result)
                     return
+                if branch.pids is not None:  # the call runs here after all: the read's pids go back first
+                    branch.pids.used = False
             self._deliver(d, await self._execute(d, tool))
         finally:
             d.done.set()
@@ -208,6 +210,8 @@ class MainLine:
         # commit itself (the executor's bookkeeping, a cache capture) is not counted: a call run on the main line
         # pays for it too.
         b.used, b.saved = True, (t_due + run) - t_ready
+        if b.pids is not None:
+            b.pids.use()
         return CallResult(
             index=d.call.index, call=d.call, result=b.result, error=b.error, source="speculated", seconds=run, t=now
         )

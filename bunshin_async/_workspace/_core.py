@@ -315,7 +315,7 @@ class WorkspaceCore:
         await self.shim.stdout.aclose()
         if self.pid is None or self.pidfd is None:
             raise WorkspaceStartError(f"workspace {self.id}: pid 1 exited while it started", workspace_id=self.id)
-        self.client = AgentClient(self.pid, self.pidfd, self.id)
+        self.client = AgentClient(self.pid, self.pidfd, self.id, procs=self.procs_file)
 
     async def adopt(self, pid: int) -> None:
         """Take a pid 1 that CRIU restored (our child through rst_sibling) as this workspace's; a client kept by
@@ -325,7 +325,7 @@ class WorkspaceCore:
         if self.client is not None:
             await self.client.rebind(pid, self.pidfd)
         else:
-            self.client = AgentClient(pid, self.pidfd, self.id)
+            self.client = AgentClient(pid, self.pidfd, self.id, procs=self.procs_file)
 
     async def stop_processes(self, *, kill_shim: bool = False, keep_client: bool = False) -> None:
         """Kill the tree and reap its pid 1 (or shim), leaving directory and cgroup in place. ``kill_shim``: a
@@ -386,6 +386,10 @@ class WorkspaceCore:
             self.mem_parent = snap_dir
 
     # ------------------------------------------------------------------------------------------------ agent
+
+    def procs_file(self) -> str | None:
+        """Its cgroup's procs file (every process of the workspace), if it has a cgroup."""
+        return self.cgroup.procs_files[0] if self.cgroup is not None and self.cgroup.procs_files else None
 
     def live_client(self) -> AgentClient:
         if self.state != "running" or self.client is None:

@@ -15,6 +15,7 @@ import shlex
 import signal
 import time
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Generic, TypeVar
@@ -27,6 +28,7 @@ from .._fork import _dump, _restore
 from .._fork._snapshot import Snapshot, record_of
 from .._host import _protocol as P
 from .._host._kernel import CgroupView, Limits
+from .._host._pidcursor import ReadPids
 from .._host._protocol import DirEntry, ExecResult
 from .._host._security import Security
 from .._images._image import Image
@@ -258,6 +260,12 @@ class Workspace:
         """Replace this workspace's processes and files by the snapshot's; the object keeps its id. If the restore
         fails the workspace is closed and ``ForkError`` raised."""
         await _restore.rollback(self._core, record_of(snap))
+
+    def in_place(self) -> AbstractAsyncContextManager[ReadPids]:
+        """The scope of a speculative call run in this workspace, not in a fork (the speculation runtime's reads):
+        the pids its processes took are handed out again unless ``ReadPids.use`` says the rollout took its result,
+        where that is provably what the plain loop sees (``_host/_pidcursor``)."""
+        return self._core.live_client().pids.read()
 
     async def _call(self, req: P.Request, tool: str, timeout: float | None = None) -> P.Response:
         return await self._core.call(req, tool, timeout)

@@ -7,12 +7,17 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
+import msgspec
+import pytest
+
 from bunshin_async import Workspace
+from bunshin_async._host._pidcursor import exchange_last_pid
 from bunshin_async.speculation import BoundedPolicy, Speculation
 from bunshin_async.tools import builtin_tools
 from speculator import Rule, RulePredictor
 
-from .agent_loop import agent_rollout
+from .agent_loop import agent_rollout, held_client
 from .conftest import bash, final, trajectory
 
 BACKGROUND = "sleep 100 >/dev/null 2>&1 & echo $!"
@@ -33,3 +38,105 @@ async def test_a_committed_fork_prints_the_pids_the_plain_loop_prints(serve: Any
             off = await agent_rollout(client, f"replay:{traj.key}", ws, tools, None)
     assert on.metrics.committed == 1
     assert on.calls == off.calls
+
+
+READ = "cat g; ls -d /tmp"  # a read (run in place) that starts processes
+
+
+async def test_an_unused_read_run_in_place_leaves_the_plain_loops_pids(serve: Any) -> None:
+    # A read predicted after the first call runs in place while the model thinks; the model asks for a write
+    # instead. The read's processes took pids in the rollout's own workspace: unless they are handed out again, the
+    # next `sleep & echo $!` prints another pid than the plain loop (12 vs 11 before). The model's answer is held
+    # until the read's call returned (``held_client``): under load it could come first, and the read would be cut.
+    traj = trajectory("pids", [bash("echo 0 > g", turn=0), bash("echo a > f", turn=1), bash(BACKGROUND, turn=2),
+                               bash(BACKGROUND, turn=3), final()])  # fmt: skip
+    rule = Rule(after="echo 0", then_tool="bash", then_args={"command": READ}, probability=1.0, expected_seconds=1.0)
+    spec = Speculation(predictors=[RulePredictor([rule])], policy=BoundedPolicy(), group=traj.task_id, early=True)
+    done = anyio.Event()
+    tools = builtin_tools()
+    run_bash = next(t for t in tools if t.name == "bash").handler
+    assert run_bash is not None
+
+    async def handler(ws: Any, args: Any) -> Any:
+        try:
+            return await run_bash(ws, args)
+        finally:
+            if args["command"] == READ:
+                done.set()
+
+    on_tools = [msgspec.structs.replace(t, handler=handler) if t.name == "bash" else t for t in tools]
+    async with serve([traj]) as client:
+        gated = held_client(client, 2, done)  # the second answer: the turn that asks for the write
+        try:
+            async with Workspace() as ws:
+                on = await agent_rollout(gated, f"replay:{traj.key}", ws, on_tools, spec, task_id=traj.task_id)
+        finally:
+            await gated.close()
+        async with Workspace() as ws:
+            off = await agent_rollout(client, f"replay:{traj.key}", ws, tools, None)
+    assert on.metrics.wasted == 1 and on.metrics.committed == 0, on.metrics
+    assert on.calls == off.calls
+
+
+async def _next_pid(ws: Workspace) -> int:
+    return int((await ws.exec(BACKGROUND)).stdout)
+
+
+@pytest.mark.parametrize("used", [False, True])
+async def test_a_read_in_place_puts_the_cursor_back_unless_used(used: bool) -> None:
+    async with Workspace() as plain, Workspace() as ws:
+        async with ws.in_place() as read:
+            assert (await ws.exec("true; /bin/true")).ok  # bash and true: two pids
+        if used:
+            read.use()
+            assert (await plain.exec("true; /bin/true")).ok  # what the plain loop ran
+        assert await _next_pid(ws) == await _next_pid(plain)
+        assert (ws._core.client.pids.settled, read.state) == ((0, "done") if used else (1, "back"))
+
+
+async def test_a_read_put_back_then_used_goes_forward_again() -> None:
+    # A dump (a fork for another guess at the same call) settles the read as unused: the copy starts from the
+    # plain loop's cursor before the call; used afterwards, the rollout's cursor goes forward again.
+    async with Workspace() as plain, Workspace() as before, Workspace() as ws:
+        async with ws.in_place() as read:
+            assert (await ws.exec("true; /bin/true")).ok
+        (copy,) = await ws.fork(1)
+        try:
+            assert await _next_pid(copy) == await _next_pid(before)
+        finally:
+            await copy.aclose()
+        read.use()
+        assert (await plain.exec("true; /bin/true")).ok
+        assert await _next_pid(ws) == await _next_pid(plain)
+        assert ws._core.client.pids.forward == 1
+
+
+FIFO = "mkfifo /tmp/go /tmp/went"
+
+
+@pytest.mark.parametrize("other", ["guest", "request", "left"])
+async def test_a_read_is_not_put_back_when_something_else_took_pids(other: str) -> None:
+    # guest: a process of the workspace forks while the read runs; request: another call (not the read's) starts a
+    # process meanwhile; left: the read leaves a process behind. The cursor then stays where it is: the read's and
+    # the other's pids are not handed out again (a pid in use never is; the plain loop's numbering is lost).
+    async with Workspace() as ws:
+        assert (await ws.exec(FIFO)).ok
+        if other == "guest":
+            await ws.spawn("read x < /tmp/go; /bin/true; echo > /tmp/went")
+        read_cmd = {"guest": "echo > /tmp/go; cat /tmp/went", "request": "cat /tmp/went",
+                    "left": "sleep 100 >/dev/null 2>&1 &"}[other]  # fmt: skip
+        async with anyio.create_task_group() as tg:
+            if other == "request":  # started outside the read's scope: another task's call
+                tg.start_soon(ws.exec, "/bin/true; echo > /tmp/went")
+            async with ws.in_place() as read:
+                assert (await ws.exec(read_cmd)).ok
+        before = await _last_pid(ws)
+        assert await _next_pid(ws) == before + 2  # bash, sleep: after everything, as without the read's scope
+        pids = ws._core.client.pids
+        assert (pids.settled, read.state) == (0, "done")
+
+
+async def _last_pid(ws: Workspace) -> int:
+    value, _ = await anyio.to_thread.run_sync(exchange_last_pid, ws.pid)
+    assert value is not None
+    return value

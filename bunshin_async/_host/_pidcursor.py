@@ -1,0 +1,290 @@
+"""The pid cursor around speculative calls run in place (issue #38: the same results in every configuration).
+
+A speculative read runs in the rollout's own workspace, not in a fork, and the processes it starts take pids from
+the workspace's pid namespace whether the rollout uses the read or not. After an unused one the main line's next
+`cmd & echo $!` printed another pid than the plain loop. A ``ReadPids`` scope (``PidLedger.read``) reads the
+namespace's cursor (``kernel.ns_last_pid``, through ``bunshin-init --last-pid``: ``_pidns``) before the scope's
+first request that may start a process and after the scope ends, and the ledger *settles* it before anything else
+may take a pid (another such request, a dump's ``quiesce``, the next scope): unused (or not yet known to be used),
+the cursor goes back to where the read found it; used (``ReadPids.use``), it stays or goes forward again.
+
+Only a scope that provably took pids alone is put back: no other request that may start a process was in flight
+when it began or started before it ended, the workspace's own processes (all but pid 1 and the agent) are the same
+tasks with the same CPU time at its end as at its start (none ran, so none forked), and none of its own processes
+is left. Each move is a compare-and-set in the namespace (the value the scope left, or put back): anything that took
+a pid since fails it, and the cursor then stays where it is. So a read that ran beside another call, beside a busy
+guest process (a server polling), or that left a process behind, moves the pids as before (docs/concepts/
+speculation.md, Guarantees). A cursor set back never makes the kernel hand out a pid in use (``alloc_pid`` skips
+them); it only makes the pids of processes that ended be handed out again, as the plain loop would have.
+
+What crosses the boundary is bounded: the helper's answer (``parse_last_pid``) and the host's own /proc and cgroup
+files (host pids, read on the host; nothing inside the workspace's tree is looked up).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+import os
+import subprocess
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import anyio
+
+from . import _paths
+from . import _protocol as P
+from ._pidns import MAX_OUTPUT, TIMEOUT, parse_last_pid, pid_max
+
+__all__ = ["PID_REQUESTS", "PidLedger", "ReadPids", "exchange_last_pid", "guest_tasks"]
+
+log = logging.getLogger("bunshin_async.speculation")
+
+PID_REQUESTS = (P.Exec, P.ShellOpen, P.ShellRun, P.Spawn, P.Signal)
+"""Requests that may start a process in the workspace (a signal may make one fork)."""
+MAX_TASKS = 4096
+"""Tasks of a workspace looked at; one with more is not quiet enough to be sure of."""
+
+
+def exchange_last_pid(pid: int, expect: int | None = None, new: int | None = None) -> tuple[int | None, bool]:
+    """The last pid of the pid namespace of host process ``pid`` (its pid 1), and, given ``expect`` and ``new``,
+    whether it was ``expect`` and set to ``new`` (``bunshin-init --last-pid``). ``(None, False)`` when it cannot be
+    had (logged). Blocking: a helper process, ~1 ms."""
+    limit = pid_max()
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError as exc:
+        log.debug("pid %d: its pid namespace's last pid: %s", pid, exc)
+        return None, False
+    cmd = [str(_paths.init_binary()), "--last-pid", str(fd)]
+    if expect is not None and new is not None:
+        cmd += [str(expect), str(new)]
+    try:
+        with subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=(fd,)) as proc:
+            try:
+                out, _ = proc.communicate(b"g", timeout=TIMEOUT)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                log.warning("pid %d: its pid namespace's last pid: no answer in %s s", pid, TIMEOUT)
+                return None, False
+    except OSError as exc:
+        log.warning("pid %d: its pid namespace's last pid: %s", pid, exc)
+        return None, False
+    finally:
+        os.close(fd)
+    if proc.returncode != 0:
+        log.warning("pid %d: its pid namespace's last pid: %s", pid, out[:MAX_OUTPUT].decode(errors="replace"))
+        return None, False
+    return parse_last_pid(out, limit), out[:MAX_OUTPUT].rstrip().endswith(b" W")
+
+
+def _runtime(path: str) -> int:
+    """The first field of a task's schedstat (nanoseconds it ran), -1 if it cannot be read (a zombie's)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64).split(b" ", 1)[0]
+        return int(head) if head.isdigit() and len(head) <= 20 else -1
+    except OSError:
+        return -1
+
+
+def _ns_pid(pid: int) -> int | None:
+    """``pid``'s pid in its innermost pid namespace (the last of /proc/<pid>/status's NSpid)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f.read(8192).splitlines():
+                if line.startswith(b"NSpid:"):
+                    last = line.split()[-1]
+                    return int(last) if last.isdigit() and len(last) <= 10 else None
+    except OSError:
+        pass
+    return None
+
+
+def guest_tasks(procs: str, pid1: int) -> dict[int, int] | None:
+    """The workspace's own tasks (host tids of every thread in its cgroup ``procs`` file, and pid 1's children,
+    zombies included) but pid 1 and the agent (its pids 1 and 2), each with the nanoseconds it ran; None when that
+    cannot be known. Two equal readings mean none of them ran in between, so none made a process. Blocking: the
+    host's /proc and cgroup files only."""
+    try:
+        pids = set(Path(procs).read_text()[: MAX_TASKS * 12].split())
+        with open(f"/proc/{pid1}/task/{pid1}/children", "rb") as f:
+            pids |= {p.decode() for p in f.read(MAX_TASKS * 12).split()}
+    except OSError:
+        return None
+    tasks: dict[int, int] = {}
+    for p in pids:
+        if not p.isdigit() or int(p) == pid1:
+            continue
+        if len(pids) > MAX_TASKS:
+            return None
+        ns = _ns_pid(int(p))
+        if ns == 2:  # the agent: its threads serve the host's requests, counted there
+            continue
+        try:
+            tids = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            tids = []
+        if not tids:  # gone since: it ran
+            tasks[int(p)] = -1
+        for t in tids[:MAX_TASKS]:
+            if t.isdigit():
+                tasks[int(t)] = _runtime(f"/proc/{p}/task/{t}/schedstat")
+    return tasks
+
+
+_current: contextvars.ContextVar[ReadPids | None] = contextvars.ContextVar("bunshin_read_pids", default=None)
+
+
+class ReadPids:
+    """One speculative call run in place and what its processes did to the pid cursor. The runtime calls ``use``
+    once the rollout takes its result (before anything else may run), ``drop`` once it never will."""
+
+    def __init__(self, ledger: PidLedger) -> None:
+        self.ledger = ledger
+        self.state = "running"  # -> "ran" (it took pids alone), "back" (put back), "done" (nothing more to do)
+        self.before: int | None = None  # the cursor when it first asked for a process
+        self.after: int | None = None  # and when it ended
+        self.started = 0  # the ledger's count of requests that may start a process, when it first asked
+        self.own = 0  # such requests it made
+        self.alone = False  # nothing else that may start a process was in flight then
+        self.tasks: dict[int, int] | None = None
+        self.used = False
+        self.dropped = False
+
+    def use(self) -> None:
+        self.used = True
+
+    def drop(self) -> None:
+        self.dropped = True
+
+
+class PidLedger:
+    """An agent client's count of the requests that may start a process, and the in-place scopes to settle. ``pid1``
+    is the workspace's pid 1 (host pid), ``procs`` a callable giving its cgroup's procs file (None: no scope is
+    ever put back)."""
+
+    def __init__(self, pid1: int, procs: Callable[[], str | None] | None = None) -> None:
+        self.pid1, self.procs = pid1, procs
+        self.started = 0
+        self.busy = 0
+        self.active = 0  # scopes whose call runs (a dump waits for them: ``AgentClient.quiesce``)
+        self.ended = anyio.Event()  # set when a scope ends
+        self.closed: list[ReadPids] = []  # scopes whose call returned, not yet measured
+        self.reads: list[ReadPids] = []  # measured, to settle
+        self.settled = 0  # put back (counters for tests and logs)
+        self.forward = 0
+        self._lock = anyio.Lock()
+
+    @staticmethod
+    def current() -> ReadPids | None:
+        return _current.get()
+
+    def rebind(self, pid1: int) -> None:
+        """A new pid 1 (a restore in place): its cursor came with its images; nothing is left to settle."""
+        self.pid1 = pid1
+        for r in self.reads:
+            r.state = "done"
+        self.reads = []
+
+    @contextlib.asynccontextmanager
+    async def read(self) -> AsyncIterator[ReadPids]:
+        """The scope of one speculative call run in place (module doc): its requests are its own (a context
+        variable), and its end reads the cursor again, shielded."""
+        r = ReadPids(self)
+        self.active += 1
+        token = _current.set(r)
+        try:
+            yield r
+        finally:
+            # Before any await: once its call returned, the next request of another task finds it closed and
+            # measures it first (``_settle``), whichever task runs first.
+            _current.reset(token)
+            self.closed.append(r)
+            try:
+                with anyio.CancelScope(shield=True), anyio.move_on_after(TIMEOUT):
+                    async with self._lock:
+                        await self._measure()
+            finally:
+                if r.state == "running":
+                    r.state = "done"
+                if r in self.closed:
+                    self.closed.remove(r)
+                self.active -= 1
+                self.ended.set()
+                self.ended = anyio.Event()
+
+    async def before(self, req: P.Request) -> ReadPids | None:
+        """Called by the client before sending ``req``: settle what other scopes left, or, for a scope's first
+        request that may start a process, read the cursor. Returns the scope ``req`` counts for."""
+        if not isinstance(req, PID_REQUESTS):
+            return None
+        r = _current.get()
+        if r is not None and r.ledger is not self:
+            r = None
+        async with self._lock:
+            await self._settle()
+            if r is not None and r.own == 0 and r.state == "running":
+                r.alone, r.started = self.busy == 0, self.started
+                procs = self.procs() if self.procs is not None else None
+                if r.alone and procs is not None:
+                    r.before, r.tasks = await anyio.to_thread.run_sync(self._reading, procs)
+            self.started += 1
+            self.busy += 1
+            if r is not None:
+                r.own += 1
+        return r
+
+    def after(self, req: P.Request) -> None:
+        if isinstance(req, PID_REQUESTS):
+            self.busy -= 1
+
+    async def settle(self) -> None:
+        async with self._lock:
+            await self._settle()
+
+    def _reading(self, procs: str, end: bool = False) -> tuple[int | None, dict[int, int] | None]:
+        """The cursor and the guest's tasks: at a scope's start the tasks first, at its end the cursor first, so
+        that a process of the workspace forking between the two readings shows in its CPU time either way."""
+        if end:
+            value, _ = exchange_last_pid(self.pid1)
+            return value, guest_tasks(procs, self.pid1)
+        tasks = guest_tasks(procs, self.pid1)
+        return exchange_last_pid(self.pid1)[0], tasks
+
+    async def _measure(self) -> None:
+        """The scopes whose call returned: each "ran" alone if nothing else may have taken a pid meanwhile (module
+        doc), else there is nothing to do for it. With the lock held."""
+        while self.closed:
+            r = self.closed.pop(0)
+            procs = self.procs() if self.procs is not None else None
+            if r.state != "running" or r.own == 0 or not r.alone or r.before is None or procs is None:
+                r.state = "done"
+                continue
+            r.state = "done"
+            if self.started - r.started != r.own or self.busy:
+                continue  # another request that may start a process ran beside it
+            r.after, tasks = await anyio.to_thread.run_sync(self._reading, procs, True)
+            if tasks is None or tasks != r.tasks or r.after is None or not r.before <= r.after:
+                continue  # a process of the workspace ran, or one of the read's is left
+            r.state = "ran"
+            self.reads.append(r)
+
+    async def _settle(self) -> None:
+        """Put back the cursor of every scope that ran and is not used, forward again that of one put back and used
+        since (compare-and-set, in the order they ran). With the lock held."""
+        await self._measure()
+        for r in self.reads:
+            assert r.before is not None and r.after is not None
+            if r.state == "ran" and not r.used:
+                _, moved = await anyio.to_thread.run_sync(exchange_last_pid, self.pid1, r.after, r.before)
+                r.state = "back" if moved else "done"
+                self.settled += moved
+            elif r.state == "back" and r.used:
+                _, moved = await anyio.to_thread.run_sync(exchange_last_pid, self.pid1, r.before, r.after)
+                r.state = "done"
+                self.forward += moved
+            elif r.used or r.dropped:
+                r.state = "done"
+        self.reads = [r for r in self.reads if r.state != "done"]
