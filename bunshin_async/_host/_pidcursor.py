@@ -113,12 +113,12 @@ def guest_tasks(procs: str, pid1: int) -> dict[int, int] | None:
             pids |= {p.decode() for p in f.read(MAX_TASKS * 12).split()}
     except OSError:
         return None
+    if len(pids) > MAX_TASKS:
+        return None
     tasks: dict[int, int] = {}
     for p in pids:
         if not p.isdigit() or int(p) == pid1:
             continue
-        if len(pids) > MAX_TASKS:
-            return None
         ns = _ns_pid(int(p))
         if ns == 2:  # the agent: its threads serve the host's requests, counted there
             continue
@@ -223,6 +223,12 @@ class PidLedger:
         r = _current.get()
         if r is not None and r.ledger is not self:
             r = None
+        if not (self.closed or self.reads or self._lock.locked() or (r is not None and r.own == 0)):
+            self.started += 1  # nothing to settle or read: no await (the exec round trip's hot path)
+            self.busy += 1
+            if r is not None:
+                r.own += 1
+            return r
         async with self._lock:
             await self._settle()
             if r is not None and r.own == 0 and r.state == "running":
