@@ -151,10 +151,13 @@ class ReadPids:
         self.alone = False  # nothing else that may start a process was in flight then
         self.tasks: dict[int, int] | None = None
         self.used = False
+        self.decided = False
         self.dropped = False
 
-    def use(self) -> None:
-        self.used = True
+    def use(self, *, ran: bool = True) -> None:
+        """The rollout takes its result. ``ran``: the plain loop would have run the call here; False when it
+        would have been served without running (a tool cache's hit): its pids then go back as an unused read's."""
+        self.used, self.decided = ran, True
 
     def drop(self) -> None:
         self.dropped = True

@@ -210,7 +210,7 @@ class MainLine:
         # commit itself (the executor's bookkeeping, a cache capture) is not counted: a call run on the main line
         # pays for it too.
         b.used, b.saved = True, (t_due + run) - t_ready
-        if b.pids is not None:
+        if b.pids is not None and not b.pids.decided:
             b.pids.use()
         return CallResult(
             index=d.call.index, call=d.call, result=b.result, error=b.error, source="speculated", seconds=run, t=now

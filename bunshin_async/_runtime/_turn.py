@@ -290,9 +290,10 @@ class SpeculativeTurn:
         near = filtered(tool, key) if tool is not None and key is not None else None
         wanted = {key, near[0] if near else None}
         self._planner.score(position, wanted)
+        skip = self.speculation.skip if self.speculation is not None else None
         for b in self._branches.live:  # a read run in place that this call takes: its pids stay (``ReadPids``)
             if b.pids is not None and b.key in wanted and b.parent is None and b.epoch == self.handle.epoch:
-                b.pids.use()
+                b.pids.use(ran=not (skip is not None and skip(b.launch)))  # the cache would serve it: no process
         # A finished branch for another call may stay (its state is unchanged until a write: a later call may want
         # it, and it costs only memory); one still running for another call goes (it takes CPU from the rollouts).
         keep_done = self._launcher.keeping

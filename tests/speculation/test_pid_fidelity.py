@@ -140,3 +140,57 @@ async def _last_pid(ws: Workspace) -> int:
     value, _ = await anyio.to_thread.run_sync(exchange_last_pid, ws.pid)
     assert value is not None
     return value
+
+
+async def test_a_used_read_keeps_its_pids_unless_a_cache_would_have_served_it(serve: Any) -> None:
+    # The model asks for the read a branch ran in place: the plain loop ran it there too, so its pids stay (the next
+    # `sleep & echo $!` prints the plain loop's pid). With a tool cache that would serve the call by the time the
+    # model asks for it (a sibling recorded it meanwhile: ``Speculation.skip`` says so when the call is decided),
+    # the plain loop with that cache runs no process for it: the read's pids go back as an unused read's (the
+    # oracle's hf-model-inference #2 printed one pid more than fork+cache: four rollouts ran `ls -la` in place, where
+    # fork+cache ran it once and served three from its cache).
+    traj = trajectory("pids", [bash("echo 0 > g", turn=0), bash(READ, turn=1), bash(BACKGROUND, turn=2), final()])
+    rule = Rule(after="echo 0", then_tool="bash", then_args={"command": READ}, probability=1.0, expected_seconds=1.0)
+    tools = builtin_tools()
+    run_bash = next(t for t in tools if t.name == "bash").handler
+    assert run_bash is not None
+    runs = []
+    async with serve([traj]) as client:
+        for served in (False, True):
+            done = anyio.Event()
+
+            async def handler(ws: Any, args: Any, done: anyio.Event = done) -> Any:
+                try:
+                    return await run_bash(ws, args)
+                finally:
+                    if args["command"] == READ:
+                        done.set()
+
+            def skip(launch: Any, done: anyio.Event = done, served: bool = served) -> bool:
+                return served and done.is_set()  # not at its launch: by the time the model asks for it
+
+            on_tools = [msgspec.structs.replace(t, handler=handler) if t.name == "bash" else t for t in tools]
+            spec = Speculation(predictors=[RulePredictor([rule])], policy=BoundedPolicy(), group=traj.task_id,
+                               early=True, skip=skip)  # fmt: skip
+            gated = held_client(client, 2, done)  # the read's turn: asked for once the branch ran it
+            try:
+                async with Workspace() as ws:
+                    runs.append(await agent_rollout(gated, f"replay:{traj.key}", ws, on_tools, spec,
+                                                    task_id=traj.task_id))  # fmt: skip
+            finally:
+                await gated.close()
+        async with Workspace() as ws:
+            off = await agent_rollout(client, f"replay:{traj.key}", ws, tools, None)
+    kept, served_run = runs
+    assert kept.metrics.committed == 1 and served_run.metrics.committed == 1
+    assert kept.calls == off.calls
+    async with Workspace() as ws:  # how many pids the read takes
+        first = await _last_pid(ws)
+        assert (await ws.exec(READ)).ok
+        took = await _last_pid(ws) - first
+    assert took >= 1
+    assert _pid_printed(kept) - _pid_printed(served_run) == took
+
+
+def _pid_printed(run: Any) -> int:
+    return int(run.calls[2].outcome.split()[-1])
