@@ -179,6 +179,7 @@ class PidLedger:
         self.settled = 0  # put back (counters for tests and logs)
         self.forward = 0
         self._lock = anyio.Lock()
+        self._idle = anyio.Event()  # set when no request that may start a process is in flight
 
     @staticmethod
     def current() -> ReadPids | None:
@@ -232,8 +233,15 @@ class PidLedger:
             if r is not None:
                 r.own += 1
             return r
+        first = r is not None and r.own == 0
+        while first and self.busy:  # a scope starts after what runs (the plain loop's order), not beside it
+            self._idle = anyio.Event()
+            await self._idle.wait()
         async with self._lock:
-            await self._settle()
+            if first:
+                await self._measure()  # the reads before it stay until the rollout takes or leaves them
+            else:
+                await self._settle()
             if r is not None and r.own == 0 and r.state == "running":
                 r.alone, r.started = self.busy == 0, self.started
                 procs = self.procs() if self.procs is not None else None
@@ -248,6 +256,8 @@ class PidLedger:
     def after(self, req: P.Request) -> None:
         if isinstance(req, PID_REQUESTS):
             self.busy -= 1
+            if not self.busy:
+                self._idle.set()
 
     async def settle(self) -> None:
         async with self._lock:
@@ -284,13 +294,15 @@ class PidLedger:
         """Put back the cursor of every scope that ran and is not used, forward again that of one put back and used
         since (compare-and-set, in the order they ran). With the lock held."""
         await self._measure()
-        for r in self.reads:
+        for r in reversed(self.reads):  # the last first: each put back to where the one before it left the cursor
             assert r.before is not None and r.after is not None
             if r.state == "ran" and not r.used:
                 _, moved = await anyio.to_thread.run_sync(exchange_last_pid, self.pid1, r.after, r.before)
                 r.state = "back" if moved else "done"
                 self.settled += moved
-            elif r.state == "back" and r.used:
+        for r in self.reads:
+            assert r.before is not None and r.after is not None
+            if r.state == "back" and r.used:
                 _, moved = await anyio.to_thread.run_sync(exchange_last_pid, self.pid1, r.before, r.after)
                 r.state = "done"
                 self.forward += moved

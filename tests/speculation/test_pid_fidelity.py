@@ -12,7 +12,7 @@ import msgspec
 import pytest
 
 from bunshin_async import Workspace
-from bunshin_async._host._pidcursor import exchange_last_pid
+from bunshin_async._host._pidcursor import ReadPids, exchange_last_pid
 from bunshin_async.speculation import BoundedPolicy, Speculation
 from bunshin_async.tools import builtin_tools
 from speculator import Rule, RulePredictor
@@ -125,15 +125,24 @@ async def test_a_read_is_not_put_back_when_something_else_took_pids(other: str) 
             await ws.spawn("read x < /tmp/go; /bin/true; echo > /tmp/went")
         read_cmd = {"guest": "echo > /tmp/go; cat /tmp/went", "request": "cat /tmp/went",
                     "left": "sleep 100 >/dev/null 2>&1 &"}[other]  # fmt: skip
+        scopes: list[ReadPids] = []
         async with anyio.create_task_group() as tg:
-            if other == "request":  # started outside the read's scope: another task's call
-                tg.start_soon(ws.exec, "/bin/true; echo > /tmp/went")
+            if other == "request":  # another task's call (started outside the read's scope), once the read's runs
+                tg.start_soon(_exec_once_running, ws, scopes, "/bin/true; echo > /tmp/went")
             async with ws.in_place() as read:
+                scopes.append(read)
                 assert (await ws.exec(read_cmd)).ok
         before = await _last_pid(ws)
         assert await _next_pid(ws) == before + 2  # bash, sleep: after everything, as without the read's scope
         pids = ws._core.client.pids
         assert (pids.settled, read.state) == (0, "done")
+
+
+async def _exec_once_running(ws: Workspace, scopes: list[ReadPids], cmd: str) -> None:
+    with anyio.fail_after(60):
+        while not (scopes and scopes[0].own):  # the read's request is counted (it goes out without another await)
+            await anyio.sleep(0.01)
+    await ws.exec(cmd)
 
 
 async def _last_pid(ws: Workspace) -> int:
@@ -194,3 +203,22 @@ async def test_a_used_read_keeps_its_pids_unless_a_cache_would_have_served_it(se
 
 def _pid_printed(run: Any) -> int:
     return int(run.calls[2].outcome.split()[-1])
+
+
+async def test_a_read_in_place_starts_after_a_call_in_flight() -> None:
+    # The main line's call runs (a read of the same message the model asked for first): a read run in place waits
+    # for it, as the plain loop runs them one after the other, and so took its pids alone (put back unused). Had it
+    # run beside the call, their pids would interleave and could not be put back.
+    async with Workspace() as plain, Workspace() as ws:
+        pids = ws._core.client.pids
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ws.exec, "sleep 1")  # outside the read's scope
+            with anyio.fail_after(60):
+                while not pids.busy:
+                    await anyio.sleep(0.01)
+            async with ws.in_place() as read:
+                assert (await ws.exec("true; /bin/true")).ok
+        assert read.alone
+        assert (await plain.exec("sleep 1")).ok
+        assert await _next_pid(ws) == await _next_pid(plain)
+        assert (pids.settled, read.state) == (1, "back")
