@@ -20,7 +20,7 @@ from .._host._pidcursor import ReadPids
 from .._tools._tools import Tool
 from .._workspace._accounting import workspace_memory, written_bytes
 from .._workspace._facade import Workspace
-from ._calls import Launch, PredictionContext
+from ._calls import CallKey, Launch, PredictionContext
 from ._handle import CLOSE_DEADLINE, WorkspaceHandle
 from ._metrics import BranchRecord, TurnLog, TurnMetrics, merge_counts
 from ._planning import KeepOption, choose_kept
@@ -175,7 +175,9 @@ async def measure_discarded(b: Branch, rollout: Workspace | None) -> int:
 class BranchSet:
     """The branches one turn owns: ``live`` ones (running or done, not yet taken, discarded or settled) and ``all``
     it ever held. ``writing``: a main-line write of the turn runs (an in-place read must not start). ``on_ready``
-    is called when a write branch finished before the model asked for it (the turn chains after it)."""
+    is called when a write branch finished before the model asked for it (the turn chains after it); ``earlier``
+    gives the ends of the main line's calls before a position but those of a key (a read run in place waits for
+    them; one that would take the branch's result must not be waited for)."""
 
     def __init__(
         self, handle: WorkspaceHandle, tools: dict[str, Tool], speculation: Speculation | None, log: TurnLog
@@ -185,6 +187,7 @@ class BranchSet:
         self.all: list[Branch] = []
         self.writing = False
         self.on_ready: Callable[[Branch], None] = lambda b: None
+        self.earlier: Callable[[int, CallKey], list[anyio.Event]] = lambda position, key: []
 
     def launch(self, b: Branch, tg: TaskGroup) -> None:
         """Start ``b``'s task in ``tg`` (the turn's, or the handle's when branches may outlive the turn)."""
@@ -269,6 +272,9 @@ class BranchSet:
                     await anyio.lowlevel.checkpoint()  # a cancellation that came during the fork lands here
                     b.owner.log.mark("branch_ready", b.position, f"fork {b.fork_seconds * 1000:.0f} ms")
                 else:
+                    if b.parent is None and b.owner is self:  # in the rollout's workspace: after the message's
+                        for done in self.earlier(b.position, b.key):  # calls before it, in the plain loop's order
+                            await done.wait()  # (its pids too: ``ReadPids``)
                     base = self._base(b)
                     if base is None or (b.parent is None and b.owner.writing):
                         return

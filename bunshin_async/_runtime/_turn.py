@@ -96,6 +96,7 @@ class SpeculativeTurn:
             after=launcher.replan,
         )  # fmt: skip
         launcher.main = self._main
+        self._branches.earlier = lambda position, key: [d.done for d in self._main.decided[:position] if d.key != key]
         self._tg: TaskGroup | None = None
         self._out: MemoryObjectSendStream[TapEvent | CallResult] | None = None
         self._in: MemoryObjectReceiveStream[TapEvent | CallResult] | None = None
