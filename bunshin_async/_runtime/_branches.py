@@ -9,6 +9,7 @@ on. Cleanup is shielded, with a deadline.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Collection
 from typing import Any, Literal
 
@@ -90,6 +91,11 @@ class Branch:
         self.layer_bytes: int | None = None  # its snapshot layer: what ``base`` had written, copied for the fork
         self.lock = anyio.Lock()  # held while a chained child forks this branch's fork, and while it is committed
         self.pids: ReadPids | None = None  # run in place: the pids its processes took (put back unless used)
+
+    def left(self) -> None:
+        """Its task ends: a read run in place that the rollout did not take never will be."""
+        if self.pids is not None and not self.used:
+            self.pids.drop()
 
 
 def descends(b: Branch, ancestor: Branch) -> bool:
@@ -175,9 +181,7 @@ async def measure_discarded(b: Branch, rollout: Workspace | None) -> int:
 class BranchSet:
     """The branches one turn owns: ``live`` ones (running or done, not yet taken, discarded or settled) and ``all``
     it ever held. ``writing``: a main-line write of the turn runs (an in-place read must not start). ``on_ready``
-    is called when a write branch finished before the model asked for it (the turn chains after it); ``earlier``
-    gives the ends of the main line's calls before a position but those of a key (a read run in place waits for
-    them; one that would take the branch's result must not be waited for)."""
+    is called when a write branch finished before the model asked for it (the turn chains after it)."""
 
     def __init__(
         self, handle: WorkspaceHandle, tools: dict[str, Tool], speculation: Speculation | None, log: TurnLog
@@ -187,7 +191,7 @@ class BranchSet:
         self.all: list[Branch] = []
         self.writing = False
         self.on_ready: Callable[[Branch], None] = lambda b: None
-        self.earlier: Callable[[int, CallKey], list[anyio.Event]] = lambda position, key: []
+        self.earlier: Callable[[int, CallKey], list[anyio.Event]] = lambda p, k: []  # main-line ends before p, not k's
 
     def launch(self, b: Branch, tg: TaskGroup) -> None:
         """Start ``b``'s task in ``tg`` (the turn's, or the handle's when branches may outlive the turn)."""
@@ -272,20 +276,16 @@ class BranchSet:
                     await anyio.lowlevel.checkpoint()  # a cancellation that came during the fork lands here
                     b.owner.log.mark("branch_ready", b.position, f"fork {b.fork_seconds * 1000:.0f} ms")
                 else:
-                    if b.parent is None and b.owner is self:  # in the rollout's workspace: after the message's
-                        for done in self.earlier(b.position, b.key):  # calls before it, in the plain loop's order
-                            await done.wait()  # (its pids too: ``ReadPids``)
+                    for done in self.earlier(b.position, b.key) if b.parent is None and b.owner is self else ():
+                        await done.wait()  # in the rollout's workspace: after the message's calls before it
                     base = self._base(b)
                     if base is None or (b.parent is None and b.owner.writing):
                         return
                     b.ws = base
                 b.run_start = clock()
                 b.calling.set()
-                if b.launch.needs_fork:
-                    b.result, b.error = await run_tool(tool, b.ws, args)
-                else:
-                    async with b.ws.in_place() as b.pids:
-                        b.result, b.error = await run_tool(tool, b.ws, args)
+                async with contextlib.nullcontext() if b.launch.needs_fork else b.ws.in_place() as b.pids:
+                    b.result, b.error = await run_tool(tool, b.ws, args)  # in place: its pids go back unless used
                 b.run_end = clock()
                 b.ok = True
                 b.owner.log.mark("branch_done", b.position, b.key.name)
@@ -306,8 +306,7 @@ class BranchSet:
     async def _settle(self, b: Branch) -> None:
         """Account for a branch whose task ends, and close its fork unless it was committed."""
         owner = b.owner
-        if b.pids is not None and not b.used:
-            b.pids.drop()
+        b.left()
         if b in owner.live:
             owner.live.remove(b)
         if b in self.handle.kept:
