@@ -46,6 +46,7 @@ from .._llm._events import (
 )
 from .._tools._tools import Effect, Tool
 from ._branches import BranchSet
+from ._calls import CallKey
 from ._handle import WorkspaceHandle
 from ._launcher import Launcher
 from ._mainline import Decided, MainLine
@@ -96,7 +97,7 @@ class SpeculativeTurn:
             after=launcher.replan,
         )  # fmt: skip
         launcher.main = self._main
-        self._branches.earlier = lambda position, key: [d.done for d in self._main.decided[:position] if d.key != key]
+        self._branches.earlier = self._earlier
         self._tg: TaskGroup | None = None
         self._out: MemoryObjectSendStream[TapEvent | CallResult] | None = None
         self._in: MemoryObjectReceiveStream[TapEvent | CallResult] | None = None
@@ -304,6 +305,19 @@ class SpeculativeTurn:
         assert self._tg is not None
         self._main.start(d, self._tg)
         self._launcher.replan()
+
+    def _earlier(self, position: int, key: CallKey) -> list[anyio.Event]:
+        """The ends of the main line's calls before ``position`` that a read run in place for it waits for (they
+        start as they are decided: ``early``), but those that would take its result (its key, or a near miss)."""
+        if not self.early:
+            return []
+        ends = []
+        for d in self._main.decided[:position]:
+            tool = self.tools.get(d.call.name)
+            near = filtered(tool, d.key) if tool is not None and d.key is not None else None
+            if d.key != key and (near is None or near[0] != key):
+                ends.append(d.done)
+        return ends
 
     def _finalize(self) -> None:
         self._log.finalized = True
