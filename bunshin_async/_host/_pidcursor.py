@@ -221,7 +221,8 @@ class PidLedger:
 
     async def before(self, req: P.Request) -> ReadPids | None:
         """Called by the client before sending ``req``: settle what other scopes left, or, for a scope's first
-        request that may start a process, read the cursor. Returns the scope ``req`` counts for."""
+        request that may start a process, wait until no other such request is in flight and read the cursor.
+        Returns the scope ``req`` counts for."""
         if not isinstance(req, PID_REQUESTS):
             return None
         r = _current.get()
@@ -235,7 +236,8 @@ class PidLedger:
             return r
         first = r is not None and r.own == 0
         while first and self.busy:  # a scope starts after what runs (the plain loop's order), not beside it
-            self._idle = anyio.Event()
+            if self._idle.is_set():  # one event for every waiter: a new one per waiter would strand the others
+                self._idle = anyio.Event()
             await self._idle.wait()
         async with self._lock:
             if first:
