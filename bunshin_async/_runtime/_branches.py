@@ -91,6 +91,7 @@ class Branch:
         self.layer_bytes: int | None = None  # its snapshot layer: what ``base`` had written, copied for the fork
         self.lock = anyio.Lock()  # held while a chained child forks this branch's fork, and while it is committed
         self.pids: ReadPids | None = None  # run in place: the pids its processes took (put back unless used)
+        self.ran = True  # taken: the plain loop would run its call there (False: a tool cache would serve it)
 
     def left(self) -> None:
         """Its task ends: a read run in place that the rollout did not take never will be."""
