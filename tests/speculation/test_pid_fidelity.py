@@ -208,17 +208,34 @@ def _pid_printed(run: Any) -> int:
 async def test_a_read_in_place_starts_after_a_call_in_flight() -> None:
     # The main line's call runs (a read of the same message the model asked for first): a read run in place waits
     # for it, as the plain loop runs them one after the other, and so took its pids alone (put back unused). Had it
-    # run beside the call, their pids would interleave and could not be put back.
+    # run beside the call, their pids would interleave and could not be put back. The call in flight blocks on a
+    # fifo until the read is seen waiting for it (an order, not a sleep), and is then let go by another call.
     async with Workspace() as plain, Workspace() as ws:
         pids = ws._core.client.pids
+        for w in (plain, ws):
+            assert (await w.exec("mkfifo /tmp/go")).ok
+        reads: list[ReadPids] = []
         async with anyio.create_task_group() as tg:
-            tg.start_soon(ws.exec, "sleep 1")  # outside the read's scope
+            tg.start_soon(ws.exec, "read x < /tmp/go; /bin/true")  # outside the read's scope
             with anyio.fail_after(60):
                 while not pids.busy:
                     await anyio.sleep(0.01)
-            async with ws.in_place() as read:
-                assert (await ws.exec("true; /bin/true")).ok
+            tg.start_soon(_read_in_place, ws, reads)
+            with anyio.fail_after(60):
+                while not pids._idle.statistics().tasks_waiting:  # the read waits for the call in flight
+                    await anyio.sleep(0.01)
+            assert reads[0].own == 0 and pids.busy == 1  # its exec has not gone out
+            assert (await ws.exec("echo > /tmp/go")).ok  # lets the call in flight end
+        (read,) = reads
         assert read.alone
-        assert (await plain.exec("sleep 1")).ok
+        async with anyio.create_task_group() as tg:  # what the plain loop ran (in whatever order: the count counts)
+            tg.start_soon(plain.exec, "read x < /tmp/go; /bin/true")
+            assert (await plain.exec("echo > /tmp/go")).ok
         assert await _next_pid(ws) == await _next_pid(plain)
         assert (pids.settled, read.state) == (1, "back")
+
+
+async def _read_in_place(ws: Workspace, reads: list[ReadPids]) -> None:
+    async with ws.in_place() as read:
+        reads.append(read)
+        assert (await ws.exec("true; /bin/true")).ok
