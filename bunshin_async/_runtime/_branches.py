@@ -285,7 +285,8 @@ class BranchSet:
                     b.ws = base
                 b.run_start = clock()
                 b.calling.set()
-                async with contextlib.nullcontext() if b.launch.needs_fork else b.ws.in_place() as b.pids:
+                in_place = not b.launch.needs_fork and isinstance(b.ws, Workspace)  # (an executor's: anything)
+                async with b.ws.in_place() if in_place else contextlib.nullcontext() as b.pids:
                     b.result, b.error = await run_tool(tool, b.ws, args)  # in place: its pids go back unless used
                 b.run_end = clock()
                 b.ok = True
