@@ -170,6 +170,8 @@ def main() -> int:
     q.add_argument("--making-mib", type=float, default=_DEFAULT.making_mib, help="a fork's making beyond the fork")
     q.add_argument("--install-mib", type=float, default=_DEFAULT.install_mib, help="an install's call in a fork")
     q.add_argument("--interpreter-mib", type=float, default=_DEFAULT.interpreter_mib, help="a python/node call's")
+    q.add_argument("--install-seconds", type=float, default=_DEFAULT.install_seconds,
+                   help="how long an install's call holds its bytes in a fork (inf: its whole run)")  # fmt: skip
     q.add_argument("--learned", action="store_true", help="the policy's priors until its first fork (the runtime's)")
     p.add_argument(
         "--run-times", action="store_true",
@@ -252,6 +254,7 @@ def main() -> int:
             fork_mib=args.fork_mib, rollout_mib=args.rollout_mib, copy_extra_mib=args.copy_extra_mib,
             fork_seconds=args.fork_seconds, cpu_share=args.cpu_share, contention=args.contention, learned=args.learned,
             making_mib=args.making_mib, install_mib=args.install_mib, interpreter_mib=args.interpreter_mib,
+            install_seconds=args.install_seconds,
             memory_share=args.memory_share,
         )  # fmt: skip
         _after_policy(groups, speculation, model, args, times)
@@ -441,7 +444,8 @@ def _after_policy(
           f"{model.fork_mib} MiB, {model.fork_seconds} s, rollout {model.rollout_mib} MiB, copy "
           f"{model.copy_extra_mib:+} MiB, CPU share {model.cpu_share}, contention {model.contention}"
           f"{', learned after its first fork' if model.learned else ''}; making {model.making_mib} MiB, calls: "
-          f"install {model.install_mib} MiB, interpreter {model.interpreter_mib} MiB; predictors: "
+          f"install {model.install_mib} MiB for {model.install_seconds} s, interpreter {model.interpreter_mib} MiB; "
+          f"predictors: "
           f"{', '.join(args.predictors)}")  # fmt: skip
     print(f"memory by the policy's terms, MiB·s: forks' net cost {rep.spent:.1f} (oracle {oracle.spent:.1f}) against "
           f"the main lines' {rep.earned:.1f} as it estimates them ({oracle.earned:.1f})\n")  # fmt: skip

@@ -17,11 +17,11 @@ class MemoryTerms(msgspec.Struct, frozen=True):
     """The launch rule's terms for one fork, byte-seconds unless said: ``freed``, what a hit is expected to free (p x
     the seconds it hides x the rollout's bytes x its straggler factor: the rollout ends that much sooner);
     ``held`` bytes the fork holds beside its rollout for ``hold`` seconds, hit or miss; ``miss``, what a miss's call
-    is expected to hold ((1 - p) x its bytes x the seconds it runs before the ask: a hit's call holds the same on
-    the main line, only earlier); ``lasting``, what a hit's copy is expected to add to the rollout until it ends (p
-    x ``ForkMemory.lasting``; negative: it saves); ``transient``, what making the fork holds while it is made (CRIU's
-    processes, the restore's charge: ``ForkMemory.transient_bytes`` x the fork's seconds), hit or miss; ``call``,
-    what a hit's call is expected to hold in the fork beyond what it would hold on the main line (p x
+    is expected to hold ((1 - p) x its byte-seconds in the seconds it runs before the ask: a hit's call holds the
+    same on the main line, only earlier); ``lasting``, what a hit's copy is expected to add to the rollout until it
+    ends (p x ``ForkMemory.lasting``; negative: it saves); ``transient``, what making the fork holds while it is
+    made (CRIU's processes, the restore's charge: ``ForkMemory.transient_bytes`` x the fork's seconds), hit or miss;
+    ``call``, what a hit's call is expected to hold in the fork beyond what it would hold on the main line (p x
     ``CallMemory.extra``: a call run in a fork beside others' forks ran longer, and one the cache would have served
     runs at all)."""
 
@@ -143,20 +143,21 @@ class ForkMemory:
         *,
         fork_seconds: float = 0.0,
         call: float = 0.0,
-        miss_call: float | None = None,
+        miss_held: float | None = None,
     ) -> MemoryTerms:
         """``MemoryTerms`` of a fork for ``rollout``, used with probability ``p``, hiding ``hidden`` seconds of its
         call (as long as a miss's call runs before the ask), held ``hold`` seconds, ``fork_seconds`` of them in the
         making; ``straggler``: what the rollout's ending sooner frees, in rollouts' worth; ``call``: the
-        byte-seconds a hit's call holds in the fork beyond the main line (``CallMemory.extra``); ``miss_call``: the
-        bytes a miss's call holds beyond its fork (its signature's, measured in forks; None: ``miss_call_bytes``,
-        what discarded forks' calls held, whatever they ran)."""
+        byte-seconds a hit's call holds in the fork beyond the main line (``CallMemory.extra``); ``miss_held``: the
+        byte-seconds a miss's call holds beyond its fork in the ``hidden`` seconds before the ask (its signature's,
+        measured in forks, ``CallMemory.held_over``; None: ``miss_call_bytes`` for that long, what discarded forks'
+        calls held, whatever they ran)."""
         fork, own = self.sizes(rollout)
         return MemoryTerms(
             freed=p * hidden * own * straggler,
             held=fork,
             hold=hold,
-            miss=(1 - p) * (self.miss_call_bytes() if miss_call is None else miss_call) * hidden,
+            miss=(1 - p) * (self.miss_call_bytes() * hidden if miss_held is None else miss_held),
             lasting=p * self.lasting(rollout),
             transient=self.transient_bytes.value * fork_seconds,
             call=p * call,

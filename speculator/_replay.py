@@ -71,6 +71,11 @@ REASONS = (
 )
 
 
+def _installs(key: CallKey) -> bool:
+    program = key_signature(key).partition(":")[2]
+    return bool(_INSTALL.match(program)) or program.startswith("python -m pip")
+
+
 class ByteModel(msgspec.Struct, frozen=True, kw_only=True):
     """What the policy is told of forks and rollouts (measured by the runtime, given here): a fork's bytes beside
     its rollout, a rollout's, what a committed copy holds more than its rollout (negative: less), a fork's
@@ -87,7 +92,10 @@ class ByteModel(msgspec.Struct, frozen=True, kw_only=True):
     ledger), an interpreter (``python``, ``node``) ``interpreter_mib`` (the long-tool groups' Python scripts: 3.1
     MiB by session 20's decision logs), anything else 0 (a call that stays under
     the restore's peak is measured 0, ``call_peak``). A call in a fork runs its recorded time; a miss is cut at
-    the ask (its seconds then unknown)."""
+    the ask (its seconds then unknown). What it holds over time (``CallMeter``'s byte-seconds): its bytes for at
+    most ``install_seconds`` of an install's run (the experiment pads a call with a sleep after it: by session
+    19's ledger a padded ``pip install`` held its 37-44 MiB 0.3-0.7 s on the main line and 2.5-3.2 s in forks
+    launched together; the longest is taken), for the whole run of anything else."""
 
     fork_mib: float = 0.23
     rollout_mib: float = 0.57
@@ -99,16 +107,22 @@ class ByteModel(msgspec.Struct, frozen=True, kw_only=True):
     making_mib: float = 2.4
     install_mib: float = 40.0
     interpreter_mib: float = 3.0
+    install_seconds: float = 3.2
     memory_share: float | None = None  # the policy's ``memory_share`` (None: its default)
 
     def call_mib(self, key: CallKey) -> float:
         """What a call like ``key`` raises its fork's cgroup by, MiB (the model above)."""
-        program = key_signature(key).partition(":")[2]
-        if _INSTALL.match(program) or program.startswith("python -m pip"):
+        if _installs(key):
             return self.install_mib
-        if program.startswith(("python", "node")):
+        if key_signature(key).partition(":")[2].startswith(("python", "node")):
             return self.interpreter_mib
         return 0.0
+
+    def call_byte_seconds(self, key: CallKey, seconds: float) -> float:
+        """What a call like ``key`` holds above its fork's charge in its first ``seconds`` seconds, byte-seconds."""
+        mib = self.call_mib(key)
+        held = min(seconds, self.install_seconds) if _installs(key) else seconds
+        return mib * _MIB * max(0.0, held)
 
     def policy(self, clock: Callable[[], float]) -> CostAwarePolicy:
         """A ``CostAwarePolicy`` as the experiment makes it, its machine readings replaced by this model."""
@@ -123,7 +137,7 @@ class ByteModel(msgspec.Struct, frozen=True, kw_only=True):
         """What the runtime tells the policy when a fork is ready (its seconds and bytes, its rollout's, the copy's
         difference to its rollout), and once a fork's call ended (this model has no call's memory: a call that held
         nothing, so the rule charges no call beyond the main line, as before session 19)."""
-        p.observe_fork_call(CallKey.of(_BASH, {"command": "true"}), 0.0, 0)
+        p.observe_fork_call(CallKey.of(_BASH, {"command": "true"}), 0.0, 0, 0.0)
         p.observe_transient(round(self.making_mib * _MIB))
         p.observe_fork(self.fork_seconds, round(self.fork_mib * _MIB))
         p.observe_rollout_memory(round(self.rollout_mib * _MIB))
@@ -438,7 +452,9 @@ def _run(
             if o.needs_fork:  # what the runtime measures of it when it settles (``ByteModel``)
                 call = round(model.call_mib(o.key) * _MIB)
                 whole = tool if used else durations[task].get(o.key, inf)
-                policy.observe_fork_call(o.key, whole if used or whole <= lead else -1.0, call)
+                ended = used or whole <= lead
+                held = model.call_byte_seconds(o.key, whole if ended else max(0.0, lead))
+                policy.observe_fork_call(o.key, whole if ended else -1.0, call, held)
                 if not used:
                     policy.observe_miss(round(model.fork_mib * _MIB) + call)
             policy.release(o, used)

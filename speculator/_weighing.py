@@ -63,15 +63,16 @@ class MemoryWeighing:
 
     def memory_terms(self, option: Launch, p: float | None = None, *, kernel: bool = False) -> MemoryTerms:
         """``memory_net``'s terms for ``option`` (with probability ``p`` of a hit: by default its own; ``kernel``:
-        what a hit frees as the kernel counts it, without the straggler's weight). A miss's call holds its
-        signature's bytes as measured in forks, else what discarded forks' calls held."""
+        what a hit frees as the kernel counts it, without the straggler's weight). A miss's call holds what calls of
+        its signature held in forks in as many seconds (``CallMemory.held_over``), else what discarded forks' calls
+        held."""
         run = self.expected_seconds(option)
         hidden = min(run, self.hideable(option))
         straggler = 1.0 if kernel else 1 + self.straggler_weight * self.lag(option.rollout)
         return self.memory.terms(
             option.rollout, self.probability(option) if p is None else p, hidden, self.hold_seconds(option),
             straggler, fork_seconds=self.fork_seconds.value, call=self.calls.extra(option.key, run),
-            miss_call=self.calls.size(option.key),
+            miss_held=self.calls.held_over(option.key, hidden),
         )  # fmt: skip
 
     def outcome_costs(self, option: Launch) -> tuple[float, float]:
@@ -105,11 +106,11 @@ class MemoryWeighing:
         """A rollout's footprint (its PSS, the page images it maps, its upper dir), to weigh forks' against."""
         self.memory.observe_rollout(memory_bytes)
 
-    def observe_fork_call(self, key: CallKey, seconds: float, memory_bytes: int) -> None:
+    def observe_fork_call(self, key: CallKey, seconds: float, memory_bytes: int, byte_seconds: float = -1.0) -> None:
         """A call ran ``seconds`` in a fork, hit or miss (negative: cut short), raising its cgroup
-        ``memory_bytes`` above its charge when it started (``CallMemory.observe_fork``); a run time that ended counts
-        as a main-line call's does for ``saving``."""
-        self.calls.observe_fork(key, seconds, memory_bytes)
+        ``memory_bytes`` above its charge when it started and holding ``byte_seconds`` above it over its run
+        (``CallMemory.observe_fork``); a run time that ended counts as a main-line call's does for ``saving``."""
+        self.calls.observe_fork(key, seconds, memory_bytes, byte_seconds)
         if seconds >= 0:
             self.observe_call_seconds(key, seconds)
 

@@ -25,7 +25,7 @@ from ._calls import CallKey, Launch, PredictionContext
 from ._handle import CLOSE_DEADLINE, WorkspaceHandle
 from ._metrics import BranchRecord, TurnLog, TurnMetrics, merge_counts
 from ._planning import KeepOption, choose_kept
-from ._probes import call_peak, fork_cost, making_bytes, memory_peak, memory_usage
+from ._probes import CallMeter, call_peak, fork_cost, making_bytes, memory_peak, memory_usage
 from ._speculation import Speculation, policy_keeps
 
 __all__ = ["FORK_DEADLINE", "Branch", "BranchSet", "descends", "run_tool"]
@@ -87,6 +87,7 @@ class Branch:
         self.exc: BaseException | None = None  # what ended it when it ``failed``
         self.ready_peak: int | None = None  # its fork's cgroup peak when its call started (the restore's charge)
         self.ready_usage: int | None = None  # its fork's cgroup charge then
+        self.meter: CallMeter | None = None  # a fork's call: the byte-seconds it held (above what it held then)
         self.base: Workspace | None = None  # what it forked (its parent's fork, or the rollout's workspace)
         self.layer_bytes: int | None = None  # its snapshot layer: what ``base`` had written, copied for the fork
         self.lock = anyio.Lock()  # held while a chained child forks this branch's fork, and while it is committed
@@ -97,6 +98,17 @@ class Branch:
         """Its task ends: a read run in place that the rollout did not take never will be."""
         if self.pids is not None and not self.used:
             self.pids.drop()
+
+    async def run_call(self, tool: Tool, args: dict[str, Any], clock: Callable[[], float]) -> None:
+        """Run its call in ``ws``: ``result`` and ``error``; a fork's call metered (``CallMeter``)."""
+        assert self.ws is not None
+        self.meter = CallMeter(self.ws, clock) if self.forked else None
+        call = run_tool(tool, self.ws, args)
+        self.result, self.error = await (self.meter.during(call) if self.meter is not None else call)
+
+    def byte_seconds(self) -> float:
+        """What a fork's call held over its run (``CallMeter``, stopped now), -1 where not measured."""
+        return self.meter.stop() if self.meter is not None else -1.0
 
 
 def descends(b: Branch, ancestor: Branch) -> bool:
@@ -287,7 +299,7 @@ class BranchSet:
                 b.calling.set()
                 in_place = not b.launch.needs_fork and isinstance(b.ws, Workspace)  # (an executor's: anything)
                 async with b.ws.in_place() if in_place else contextlib.nullcontext() as b.pids:
-                    b.result, b.error = await run_tool(tool, b.ws, args)  # in place: its pids go back unless used
+                    await b.run_call(tool, args, clock)  # in place: its pids go back unless used
                 b.run_end = clock()
                 b.ok = True
                 b.owner.log.mark("branch_done", b.position, b.key.name)
@@ -324,7 +336,7 @@ class BranchSet:
         observe_call = getattr(spec.policy, "observe_fork_call", None) if spec is not None and b.forked else None
         if observe_call is not None and b.run_start and b.ws is not None:  # hit or miss, ended or cut short
             held = call_peak(b.ws, b.ready_peak, b.ready_usage)
-            observe_call(b.key, b.run_end - b.run_start if b.ok else -1.0, held)
+            observe_call(b.key, b.run_end - b.run_start if b.ok else -1.0, held, b.byte_seconds())
         elif spec is not None and b.ok:
             spec.policy.observe_tool(b.key, b.run_end - b.run_start)
         observe_rollout = getattr(spec.policy, "observe_rollout_memory", None) if spec is not None else None

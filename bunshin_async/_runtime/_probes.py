@@ -3,12 +3,20 @@ call from a worker thread, except ``cgroup_cpu_seconds``, a few bytes of sysfs).
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import anyio
+
 from .._workspace._accounting import workspace_memory, written_bytes
 from .._workspace._facade import Workspace
 
 __all__ = [
-    "call_peak", "cgroup_cpu_seconds", "fork_cost", "making_bytes", "memory_peak", "memory_usage", "upper_bytes",
+    "CallMeter", "call_peak", "cgroup_cpu_seconds", "fork_cost", "held_charge", "making_bytes", "memory_peak",
+    "memory_usage", "upper_bytes",
 ]  # fmt: skip
+
+T = TypeVar("T")
 
 
 def cgroup_cpu_seconds(ws: Workspace) -> float:
@@ -69,3 +77,83 @@ def upper_bytes(ws: Workspace) -> int:
     """The bytes of ``ws``'s private upper dir (what it wrote): its own tmpfs's count (``written_bytes``), no walk of
     its tree but without a disk of its own (``Limits(disk=None)``). Blocking."""
     return written_bytes(ws.directory)
+
+
+def held_charge(ws: Workspace) -> int | None:
+    """What ``ws``'s processes and writes hold now by its cgroup's ``memory.stat``, its children's included:
+    anonymous and shmem (tmpfs) pages (v1 ``total_rss`` + ``total_shmem``, v2 ``anon`` + ``shmem``;
+    cgroup-v1/memory.rst, cgroup-v2.rst), as the experiment counts memory (PSS, upper dirs), not the page cache of
+    files they only read, which ``memory_usage`` counts (a ``pip install`` left ~9 MiB of it charged after it exited).
+    None without a memory controller or once removed. A few hundred bytes of sysfs, read in place (only the memory
+    controller's directory, v1, or the one v2 directory, has the file)."""
+    cg = ws.cgroup
+    for d in cg.dirs if cg is not None else ():
+        try:
+            text = (d / "memory.stat").read_bytes()
+        except OSError:  # not the memory controller's directory, or removed meanwhile
+            continue
+        stat = dict(line.split(b" ", 1) for line in text.splitlines() if b" " in line)
+        fields = (b"total_rss", b"total_shmem") if b"total_rss" in stat else (b"anon", b"shmem")
+        return sum(int(stat.get(f, b"0")) for f in fields)
+    return None
+
+
+class CallMeter:
+    """Byte-seconds a call holds in its workspace: what the cgroup holds (``held_charge``: its processes' anonymous
+    pages, what they wrote to tmpfs) above what it held when the call started, read every ``interval`` seconds
+    while the call runs and integrated by trapezoids, as the experiment's sampler integrates a run's memory. A
+    call's peak (``call_peak``) says how high it went, not for how long: a padded ``pip install``
+    (``bench.experiment --pad-tools``) holds its ~40 MiB for a second and sleeps for the rest of its recorded 15 s.
+    ``byte_seconds`` is -1 without a memory controller."""
+
+    def __init__(self, ws: Workspace, clock: Callable[[], float], interval: float = 0.1) -> None:
+        self.ws, self.clock, self.interval = ws, clock, interval
+        self.byte_seconds = -1.0
+        self._base: int | None = None
+        self._last: tuple[float, int] | None = None
+        self._stopped = False
+
+    def sample(self) -> None:
+        """Read the charge now and add the stretch since the last reading (the first reading is the base)."""
+        if self._stopped:
+            return
+        held = held_charge(self.ws)
+        if held is None:
+            return
+        now = self.clock()
+        if self._base is None:
+            self._base, self.byte_seconds = held, 0.0
+        above = max(0, held - self._base)
+        if self._last is not None:
+            then, before = self._last
+            self.byte_seconds += max(0.0, now - then) * (before + above) / 2
+        self._last = (now, above)
+
+    def stop(self) -> float:
+        """The call ended (or was cut short): a last reading, then no more; ``byte_seconds``. Idempotent."""
+        self.sample()
+        self._stopped = True
+        return self.byte_seconds
+
+    async def during(self, call: Awaitable[T]) -> T:
+        """``await call`` while sampling (the first reading before it starts); stopped when it returns, raises or is
+        cancelled (its error is raised as itself, not wrapped in a group)."""
+        self.sample()
+        error: Exception | None = None
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._every)
+            try:
+                out = await call
+            except Exception as exc:  # noqa: BLE001 - re-raised below, once the sampler has stopped
+                error = exc
+            finally:
+                self.stop()
+                tg.cancel_scope.cancel()
+        if error is not None:
+            raise error
+        return out
+
+    async def _every(self) -> None:
+        while not self._stopped:
+            await anyio.sleep(self.interval)
+            self.sample()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import anyio
 
 from bunshin_async import Workspace
-from bunshin_async._runtime._probes import fork_cost, making_bytes, memory_peak
+from bunshin_async._runtime._probes import CallMeter, call_peak, fork_cost, making_bytes, memory_peak, memory_usage
 from bunshin_async._workspace._accounting import accounting_scope, written_bytes
 
 MIB = 1 << 20
@@ -51,3 +51,40 @@ def test_a_forks_making_is_charged_beyond_the_fork_itself() -> None:
     assert making_bytes(2 * MIB, 2 * MIB) == 0
     assert making_bytes(1 * MIB, 2 * MIB) == 0  # a charge above the peak read a moment before: nothing
     assert making_bytes(None, 2 * MIB) == 0 and making_bytes(5 * MIB, None) == 0  # no memory controller
+
+
+async def test_a_calls_byte_seconds_count_how_long_it_held_its_memory_not_only_how_high() -> None:
+    """``CallMeter`` integrates what the cgroup holds above the call's start while the call runs: a call that holds 32
+    MiB for half a second and then sleeps two (as a ``--pad-tools`` call sleeps after its command) is charged about
+    its half second, where its peak (``call_peak``) held for its whole run says four times that or more. Bounded by
+    the peak for the run; the sampler is cancelled with the call."""
+    async with Workspace() as ws:
+        clock = anyio.current_time
+        ready_peak, base = memory_peak(ws), memory_usage(ws)
+        assert base is not None
+        meter = CallMeter(ws, clock)
+        hold = "x = bytearray(32 << 20); x[::4096] = b'1' * len(x[::4096]); import time; time.sleep(0.5)"
+        start = clock()
+        result = await meter.during(ws.exec(["sh", "-c", f'python3 -c "{hold}"; sleep 2']))
+        seconds = clock() - start
+        assert result.exit_code == 0
+        peak = call_peak(ws, ready_peak, base)
+        assert peak >= 30 * MIB, peak
+        assert 0 < meter.byte_seconds <= peak * seconds
+        assert meter.byte_seconds < 0.75 * peak * seconds, (meter.byte_seconds / MIB, peak / MIB, seconds)
+        assert meter.byte_seconds >= 0.1 * 30 * MIB  # its half second held was seen
+        stopped = meter.byte_seconds
+        meter.sample()
+        assert meter.byte_seconds == stopped  # stopped with its call
+
+
+def test_a_meter_without_a_memory_controller_measures_nothing() -> None:
+    """No reading (no memory controller): -1, which the policy reads as not measured."""
+
+    class _NoMemory:  # a workspace whose cgroup has no memory controller
+        cgroup = None
+
+    meter = CallMeter(_NoMemory(), lambda: 0.0)  # type: ignore[arg-type]
+    meter.sample()
+    meter.stop()
+    assert meter.byte_seconds == -1.0

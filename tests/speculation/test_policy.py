@@ -585,3 +585,77 @@ def test_before_anything_is_measured_only_a_call_that_ends_before_the_ask_is_for
     assert not policy.keeps(short)  # unmeasured: let go at the turn's end
     assert policy.verdicts["release"] == 1
     assert CostAwarePolicy(contention=None, memory_weight=0.0).keeps(short)  # memory not weighed: kept
+
+
+def test_a_calls_memory_is_charged_by_what_it_held_over_time_not_at_its_peak() -> None:
+    """A call's bytes are its peak (``call_peak``); held for every second of its run they overcharged a padded call
+    (``bench.experiment --pad-tools`` sleeps after a ``pip install`` until its recorded 15 s: its 40 MiB are held for
+    a second or two; session 20 refused the siblings' ``pip3 install torch`` hits at -559 MiB·s). The runtime now
+    measures the byte-seconds a fork's call held (``CallMeter``): a call is charged those, at most its peak for the
+    seconds that count, and a call never run on the main line is still charged its whole measured run (what kept
+    the oracle's burst of installs from 1.22x fork+cache's GiB·s)."""
+    mib = 1 << 20
+    policy = CostAwarePolicy(contention=None, llm_seconds=3.0, fork_seconds=0.2, memory_share=0.0)
+    policy.observe_rollout_memory(1 * mib)
+    policy.observe_fork(0.2, 1 * mib)
+    pip = _launch("r", 0, p=0.9, seconds=15.0)
+    policy.observe_fork_call(pip.key, 15.0, 40 * mib, 60.0 * mib)  # 40 MiB at its peak, 60 MiB·s over 15 s
+    terms = policy.memory_terms(pip)
+    assert terms.call == pytest.approx(0.9 * 60.0 * mib)  # never on the main line: its whole run, as measured
+    hidden = 3.0  # the LLM time left: what a miss runs before the ask
+    assert terms.miss == pytest.approx(0.1 * 60.0 * mib)  # 40 MiB for 3 s at its peak, but a whole run held 60
+    assert 40 * hidden > 60
+    policy.observe_fork_call(pip.key, 15.0, 40 * mib, 20.0 * mib)  # a quieter run: 20 MiB·s
+    held = policy.calls.held[key_signature(pip.key)].value / mib
+    assert held == pytest.approx(0.7 * 60 + 0.3 * 20)
+    assert policy.memory_terms(pip).call == pytest.approx(0.9 * held * mib)
+    assert policy.memory_terms(pip).miss == pytest.approx(0.1 * held * mib)  # less than its peak for 3 s
+    policy.observe_fork_call(pip.key, -1.0, 40 * mib, 5.0 * mib)  # cut short at 5 MiB·s: a whole run held more
+    assert policy.calls.held[key_signature(pip.key)].value == held * mib
+    policy.observe_fork_call(pip.key, -1.0, 40 * mib, 90.0 * mib)  # cut short, and already more: it counts
+    assert policy.calls.held[key_signature(pip.key)].value == pytest.approx((0.7 * held + 0.3 * 90) * mib)
+    # on the main line too, 15 s as in forks (a padded call): nothing beyond; 20 s in forks: its mean bytes 5 s
+    policy.observe_tool(pip.key, 15.0)
+    assert policy.memory_terms(pip).call == 0
+    policy.observe_fork_call(pip.key, 31.67, 40 * mib, 40.0 * mib)
+    fork = policy.calls.fork[key_signature(pip.key)].value
+    held = policy.calls.held[key_signature(pip.key)].value
+    beyond = fork - policy.calls.main[key_signature(pip.key)].value
+    assert policy.memory_terms(pip).call == pytest.approx(0.9 * held / fork * beyond)
+    assert held / fork < 40 * mib  # below its peak
+
+
+def test_a_call_measured_without_its_byte_seconds_is_charged_its_peak_for_its_seconds() -> None:
+    """Without a memory controller the runtime reports no byte-seconds (-1): the rule charges the peak for the
+    seconds that count, as before."""
+    mib = 1 << 20
+    policy = CostAwarePolicy(contention=None, llm_seconds=3.0, fork_seconds=0.2, memory_share=0.0)
+    policy.observe_rollout_memory(1 * mib)
+    policy.observe_fork(0.2, 1 * mib)
+    pip = _launch("r", 0, p=0.9, seconds=15.0)
+    policy.observe_fork_call(pip.key, 15.0, 40 * mib)
+    assert policy.memory_terms(pip).call == pytest.approx(0.9 * 40 * mib * 15.0)
+    assert policy.memory_terms(pip).miss == pytest.approx(0.1 * 40 * mib * 3.0)
+
+
+def test_a_padded_install_that_held_its_peak_briefly_launches_within_the_allowance() -> None:
+    """The decision the change is for: a likely install hit whose peak held for all its seconds does not fit the
+    allowance, and fits it once charged what it was measured to hold."""
+    mib, now = 1 << 20, [0.0]
+
+    def policy_with(byte_seconds: float) -> CostAwarePolicy:
+        policy = CostAwarePolicy(contention=None, llm_seconds=3.0, fork_seconds=0.2, memory_share=0.1,
+                                 clock=lambda: now[0])  # fmt: skip
+        policy.observe_rollout_memory(1 * mib)
+        policy.observe_fork(0.2, 1 * mib)
+        policy.observe_fork_call(_launch("q", 0).key, 15.0, 40 * mib, byte_seconds)
+        return policy
+
+    peak, measured = policy_with(-1.0), policy_with(40.0 * mib)
+    pip = _launch("r", 0, p=0.9, seconds=15.0)
+    assert peak.select([pip], running=0, forks=0) == measured.select([pip], running=0, forks=0) == []  # 0 earned
+    now[0] = 500.0  # one rollout, 500 s at 1 MiB: 50 MiB·s to spend
+    assert max(measured.outcome_costs(pip)) == pytest.approx((3.2 * 1 + 40) * mib)  # a miss: its fork, its call
+    assert max(peak.outcome_costs(pip)) == pytest.approx((3.2 * 1 + 40 * 15 - 3) * mib)  # a hit: its peak 15 s
+    assert peak.select([pip], running=0, forks=0) == [] and peak.verdicts["memory"] == 2
+    assert measured.select([pip], running=0, forks=0) == [pip]

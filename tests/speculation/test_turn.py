@@ -125,7 +125,8 @@ async def test_a_forks_making_and_its_call_are_measured_as_the_kernel_charges_th
     (``observe_fork_call``: the cgroup's peak above that): a hit's call was taken to hold on the main line what it
     holds in the fork, and on the long-tool groups it did not (session 19). ``dd`` with a 32 MiB block touches
     a 32 MiB buffer: the call is measured at least 24 MiB (its peak above the making's, which held CRIU's restore,
-    a few MiB: with a 16 MiB buffer and a 16 MiB bound it once measured 15.8), the run time with it."""
+    a few MiB: with a 16 MiB buffer and a 16 MiB bound it once measured 15.8), the run time with it, and the
+    byte-seconds it held over its run."""
     mib = 1 << 20
     seen: dict[str, list[Any]] = {"transient": [], "call": []}
 
@@ -134,9 +135,9 @@ async def test_a_forks_making_and_its_call_are_measured_as_the_kernel_charges_th
             seen["transient"].append(memory_bytes)
             super().observe_transient(memory_bytes)
 
-        def observe_fork_call(self, key: CallKey, seconds: float, memory_bytes: int) -> None:
-            seen["call"].append((key.arguments()["command"], seconds, memory_bytes))
-            super().observe_fork_call(key, seconds, memory_bytes)
+        def observe_fork_call(self, key: CallKey, seconds: float, memory_bytes: int, byte_seconds: float) -> None:
+            seen["call"].append((key.arguments()["command"], seconds, memory_bytes, byte_seconds))
+            super().observe_fork_call(key, seconds, memory_bytes, byte_seconds)
 
     dd = "dd if=/dev/zero of=/dev/null bs=32M count=1 2>/dev/null; sleep 0.3; echo x > f"
     steps = [bash("echo a > start", llm=0.05), bash(dd, llm=1.2), final()]
@@ -146,8 +147,9 @@ async def test_a_forks_making_and_its_call_are_measured_as_the_kernel_charges_th
         on = await agent_rollout(client, "replay:measured", ws, TOOLS, Speculation([RulePredictor([rule])], policy))
     assert on.metrics.committed == 1
     assert len(seen["transient"]) == 1 and seen["transient"][0] > 1 * mib  # CRIU's restore at least
-    [(command, seconds, held)] = seen["call"]
+    [(command, seconds, held, byte_seconds)] = seen["call"]
     assert command == dd and seconds >= 0.3 and held >= 24 * mib
+    assert 0 <= byte_seconds <= held * seconds  # what it held over its run (``CallMeter``), at most its peak
     assert policy.calls.measured and policy.memory.transient_bytes.value == seen["transient"][0]
 
 

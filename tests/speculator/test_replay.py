@@ -173,3 +173,24 @@ def test_a_write_in_flight_on_a_siblings_main_line_is_served_by_its_flight() -> 
     assert seen["right cached"] == 1 and seen.get("launched", 0) == 0
     assert report.rollouts["t"][1].seconds == pytest.approx(3.0 + 5.0 + 22.1 - 8.1)  # its ls served too
     assert report.hideable["t"] == pytest.approx(0.1 + 1.0)  # the first's ls and install alone
+
+
+def test_the_replay_tells_the_policy_what_an_install_held_over_its_run_not_its_peak_for_all_of_it() -> None:
+    """The runtime measures what a fork's call held over its run (``CallMeter``); the replay models it as the
+    runtime would read a padded install: its bytes for ``install_seconds`` (session 19's ledger: 0.3-3.2 s), the
+    rest of its recorded run a sleep. A later install's miss is then charged what the measured one held, not its
+    peak for the whole hidden time: with an allowance that fits the one and not the other, the guess launches only
+    when the replay tells the policy the byte-seconds (``install_seconds=inf``: the peak held throughout)."""
+    assert ByteModel().call_byte_seconds(CallKey.of(BASH, {"command": "pip install a"}), 15.0) == 40 * 3.2 * 2**20
+    assert ByteModel().call_byte_seconds(CallKey.of(BASH, {"command": "pip install a"}), 1.0) == 40 * 2**20
+    assert ByteModel().call_byte_seconds(CallKey.of(BASH, {"command": "python3 a.py"}), 15.0) == 3 * 15 * 2**20
+    assert ByteModel().call_byte_seconds(CallKey.of(BASH, {"command": "make"}), 15.0) == 0
+    group = {"t": [_record(("ls", 8.0, 0.1), ("make", 8.0, 0.5), ("pip install a", 8.0, 15.0),
+                           ("pip install b", 8.0, 15.0))]}  # fmt: skip
+    guesses = [[], [("make", 1.0, 0.5)], [("pip install a", 0.9, 15.0)], [("pip install b", 0.5, 15.0)]]
+    measured = replay(group, _make(guesses), model=ByteModel(memory_share=5.0))
+    peak = replay(group, _make(guesses), model=ByteModel(memory_share=5.0, install_seconds=float("inf")))
+    assert (measured.total()["hits"], measured.refused) == (3, [])
+    assert peak.total()["hits"] == 2
+    [refused] = peak.refused
+    assert (refused.command, refused.reason) == ("pip install b", "GiB·s")
