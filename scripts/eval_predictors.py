@@ -179,6 +179,10 @@ def main() -> int:
     )  # fmt: skip
     q.add_argument("--why", type=float, metavar="S", help="list the right guesses refused whose call took >= S s")
     q.add_argument("--no-ablation", action="store_true", help="with --policy: skip the ablation rows")
+    q.add_argument(
+        "--reask", action="store_true",
+        help="with --policy: a rollout in its turn plans again when a sibling decides a call (Speculation.signal)",
+    )  # fmt: skip
     p.add_argument(
         "--odds", choices=("shipped", "held-out", "none"), default="shipped",
         help="odds by the kind of call: the shipped KIND_ODDS, fitted for each task on the other tasks, or none",
@@ -434,10 +438,11 @@ def _after_policy(
 ) -> None:
     """The tables after the runtime's launch decision (``speculator._replay``): per task, per predictor, the
     experiment's oracle under the same policy, and the ablation (each predictor left out, each alone)."""
-    run = {"model": model, "time_scale": args.time_scale, "together": args.together, "tap": _tap}
+    fixed = {"model": model, "time_scale": args.time_scale, "together": args.together, "tap": _tap}
+    run = {**fixed, "reask": args.reask}
     rep = replay(groups, speculation(frozenset()), **run)
-    oracle = replay(groups, _oracle(groups), **run)
-    timed = replay(groups, _oracle(groups, args.time_scale), **run)
+    oracle = replay(groups, _oracle(groups), **fixed)  # told the calls: a sibling's decision tells it nothing more
+    timed = replay(groups, _oracle(groups, args.time_scale), **fixed)
     hideable = sum(rep.hideable.values())
     print(f"{args.traces.name}: {len(groups)} groups ({'one run' if args.together else 'each its own run'}), "
           f"{sum(rep.calls.values())} calls, x {args.time_scale:g}; hideable {hideable:.1f} s; policy told: fork "

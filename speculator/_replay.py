@@ -263,6 +263,38 @@ class _Turn(msgspec.Struct):
     ctx: PredictionContext
     proposed: dict[str, dict[CallKey, float]]
     launches: list[Launch]
+    start: float = 0.0
+
+
+def _classify(predictors: Sequence[Predictor], ctx: PredictionContext) -> list[Classified]:
+    """What ``predictors`` guess at ``ctx``, classified by the bash tool as the runtime's planner does."""
+    out = []
+    for p in predictors:
+        for cand in p.predict(ctx):
+            ck = CallKey(cand.name, _BASH.version, msgspec.json.encode(cand.arguments, order="deterministic"))
+            cls = _BASH.classify_call(cand.arguments) if cand.name == _BASH.name else None
+            if cls is None:
+                out.append(Classified(cand, None, Effect.EXTERNAL, False))
+            else:
+                out.append(Classified(cand, ck, cls.effect, cls.deterministic))
+    return out
+
+
+def _vetoed(
+    predictions: Sequence[Classified], chain: bytes, made: Mapping[bytes, float], flights: Mapping[bytes, float],
+    now: float,
+) -> set[CallKey]:  # fmt: skip
+    """The speculable guesses the prefix cache serves now: a state made, or a write in flight on a main line."""
+    return {
+        p.key
+        for p in predictions
+        if p.key is not None
+        and p.speculable
+        and (
+            made.get(state := extend_chain(chain, p.key), inf) <= now
+            or (p.effect is Effect.WRITE and flights.get(state, -inf) > now)
+        )
+    }
 
 
 def replay(
@@ -274,6 +306,7 @@ def replay(
     together: bool = True,
     capture_seconds: float = 1.0,
     tap: Callable[[CallKey, float], float] | None = None,
+    reask: bool = False,
 ) -> ReplayReport:
     """Replay ``groups`` (task -> its rollouts' records) through the runtime's planning and a ``CostAwarePolicy``
     (``model`` says what it is told of forks); ``make(task)`` gives a factory of one rollout's predictors, as for
@@ -282,11 +315,14 @@ def replay(
     least ``capture_seconds``, the experiment's ``capture_min_duration``): a sibling's call still running is not
     served, and a guess of it is launched if the policy agrees. ``tap(call, LLM seconds)``: how long before its
     message's end the stream tap starts ``call`` (recorded seconds, x ``time_scale``; the message ends that much
-    after its last token), for each rollout's latency (``ReplayReport.rollouts``); None: 0."""
+    after its last token), for each rollout's latency (``ReplayReport.rollouts``); None: 0. ``reask``: whenever a
+    rollout decides a call, its siblings still in their turn ask their predictors again and launch what the
+    policy picks of the new options (what a runtime re-planning on a sibling's decision would add; counted as
+    ``replanned`` launches, a hit hiding only what is left of the turn)."""
     report = ReplayReport()
     runs = [dict(groups)] if together else [{t: rs} for t, rs in groups.items()]
     for run in runs:
-        _run(run, make, model or ByteModel(), time_scale, capture_seconds, report, tap or (lambda _k, _s: 0.0))
+        _run(run, make, model or ByteModel(), time_scale, capture_seconds, report, tap or (lambda _k, _s: 0.0), reask)
     return report
 
 
@@ -305,6 +341,7 @@ def _run(
     capture_seconds: float,
     report: ReplayReport,
     tap: Callable[[CallKey, float], float],
+    reask: bool = False,
 ) -> None:
     now = 0.0
     policy = model.policy(lambda: now)
@@ -367,27 +404,13 @@ def _run(
                 before, _, seconds = calls[i - 1]
                 policy.observe_tool(before, seconds)
                 policy.observe_cpu(before, model.cpu_share * seconds, seconds)
-            predictions = []
-            for p in mine[task, r]:
-                for cand in p.predict(ctx):
-                    ck = CallKey(cand.name, _BASH.version, msgspec.json.encode(cand.arguments, order="deterministic"))
-                    cls = _BASH.classify_call(cand.arguments) if cand.name == _BASH.name else None
-                    if cls is None:
-                        predictions.append(Classified(cand, None, Effect.EXTERNAL, False))
-                    else:
-                        predictions.append(Classified(cand, ck, cls.effect, cls.deterministic))
+            predictions = _classify(mine[task, r], ctx)
             best: dict[CallKey, tuple[float, str]] = {}
             for pr in predictions:
                 if pr.key is not None and pr.candidate.probability > best.get(pr.key, (-1.0, ""))[0]:
                     best[pr.key] = (pr.candidate.probability, pr.candidate.source)
             speculable = {p.key for p in predictions if p.key is not None and p.speculable}
-            writes = {p.key for p in predictions if p.key is not None and p.effect is Effect.WRITE}
-            vetoed = {
-                k
-                for k in speculable
-                if made[task].get(state := extend_chain(ctx.chain, k), inf) <= now
-                or (k in writes and flights[task].get(state, -inf) > now)
-            }
+            vetoed = _vetoed(predictions, ctx.chain, made[task], flights[task], now)
             why = {
                 k: "unspeculable" if k not in speculable else "cached"
                 for k in best
@@ -420,7 +443,7 @@ def _run(
                     told = True
                 for _ in (o for o in selected if o.needs_fork):
                     policy.observe_fork(model.fork_seconds, round(model.fork_mib * _MIB))
-            open_turns[task, r, i] = _Turn(ctx, proposals(predictions), list(selected))
+            open_turns[task, r, i] = _Turn(ctx, proposals(predictions), list(selected), now)
             continue
         # the call is decided: score the guesses, settle the launches, let the predictors learn
         turn = open_turns.pop((task, r, i))
@@ -446,7 +469,7 @@ def _run(
             # the main line claims the branch of its call, whether or not the cache could now serve the call
             # (a sibling made it during the turn): used, but it hid nothing the cache would not have
             used = o.key == key
-            lead = llm - (model.fork_seconds if o.needs_fork else 0.0)
+            lead = llm - o.turn_elapsed - (model.fork_seconds if o.needs_fork else 0.0)
             ran = min(tool if used else durations[task].get(o.key, 0.0), max(0.0, lead))
             ran = 0.0 if used and cached else ran
             if o.needs_fork:  # what the runtime measures of it when it settles (``ByteModel``)
@@ -458,7 +481,7 @@ def _run(
                 if not used:
                     policy.observe_miss(round(model.fork_mib * _MIB) + call)
             policy.release(o, used)
-            hold = model.fork_seconds + llm if o.needs_fork else 0.0
+            hold = model.fork_seconds + llm - o.turn_elapsed if o.needs_fork else 0.0
             for src in (o.candidate.source, "all"):
                 c, m = stats[task][src], sums[task][src]
                 c["launched"] += 1
@@ -477,6 +500,24 @@ def _run(
             times[task, r][0] += llm + (tool if wait >= 0 else 0.0)
         for p in mine[task, r]:
             p.observe(ctx, key)
+        for (t2, r2, i2), other in open_turns.items() if reask else ():
+            if t2 == task:  # a sibling in its turn: what its predictors say now (a sibling's table learned this call)
+                guesses = _classify(mine[t2, r2], other.ctx)
+                for source, proposed in proposals(guesses).items():
+                    seen = other.proposed.setdefault(source, {})
+                    seen.update({k: max(v, seen.get(k, 0.0)) for k, v in proposed.items()})
+                options = plan_launches(
+                    guesses, in_flight={o.key for o in other.launches}, turn_elapsed=now - other.start,
+                    veto=_keys_in(_vetoed(guesses, other.ctx.chain, made[t2], flights[t2], now)),
+                    rollout=f"{t2}:{r2}", progress=i2, group=t2,
+                )  # fmt: skip
+                forks = sum(o.needs_fork for o in other.launches)
+                more = policy.select(options, running=len(other.launches), forks=forks)
+                for o in more:
+                    stats[t2]["all"]["replanned"] += 1
+                    if o.needs_fork:
+                        policy.observe_fork(model.fork_seconds, round(model.fork_mib * _MIB))
+                other.launches += more
     report.spent += policy.allowance.spent / _MIB
     report.earned += policy.allowance.earned / _MIB
     for task in tasks:

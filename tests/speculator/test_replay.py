@@ -194,3 +194,39 @@ def test_the_replay_tells_the_policy_what_an_install_held_over_its_run_not_its_p
     assert peak.total()["hits"] == 2
     [refused] = peak.refused
     assert (refused.command, refused.reason) == ("pip install b", "GiB·s")
+
+
+class _Told:
+    """Guesses (p 0.9, 10 s) what a sibling decided from the same history: the group's ``decided`` table."""
+
+    name = "told"
+
+    def __init__(self, decided: dict[bytes, set[CallKey]]) -> None:
+        self.decided = decided
+
+    def predict(self, ctx: PredictionContext) -> Sequence[Candidate]:
+        return [
+            Candidate(name=k.name, arguments=k.arguments(), probability=0.9, source=self.name, expected_seconds=10.0)
+            for k in sorted(self.decided.get(ctx.chain, ()), key=lambda k: k.args)
+        ]
+
+    def observe(self, ctx: PredictionContext, call: CallKey) -> None:
+        self.decided.setdefault(ctx.chain, set()).add(call)
+
+
+def test_a_siblings_decision_during_the_turn_is_planned_again_only_when_asked() -> None:
+    """``reask``: rollout 1's turn (0-5 s) asks again when rollout 0 decides a read at 1 s; run in place, it hides
+    what is left of the turn. (A write would be the cache's: rollout 0's identical write is in flight.)"""
+    group = {"t": [_record(("cat log", 1.0, 10.0)), _record(("cat log", 5.0, 10.0))]}
+
+    def make(task: str) -> Callable[[], Sequence[Predictor]]:
+        decided: dict[bytes, set[CallKey]] = {}
+        return lambda: [_Told(decided)]
+
+    once = replay(group, make)
+    assert once.total().get("launched", 0) == 0
+    again = replay(group, make, reask=True)
+    seen = again.total()
+    assert (seen["replanned"], seen["launched"], seen["hits"]) == (1, 1, 1)
+    assert seen["hidden"] == pytest.approx(5.0 - 1.0)
+    assert again.rollouts["t"][1].hidden == pytest.approx(seen["hidden"])
