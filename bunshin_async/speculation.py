@@ -38,7 +38,7 @@ from ._runtime._handle import Executor, WorkspaceHandle
 from ._runtime._metrics import BranchRecord, RolloutMetrics, TimelineEvent, TurnMetrics
 from ._runtime._planning import Classified, plan_launches, proposals, scores
 from ._runtime._results import CallResult, TurnOutcome
-from ._runtime._speculation import BoundedPolicy, LiveForks, Speculation
+from ._runtime._speculation import BoundedPolicy, GroupSignal, LiveForks, Speculation
 from ._runtime._turn import SpeculativeTurn, run_turn
 
 __all__ = [
@@ -49,6 +49,7 @@ __all__ = [
     "Candidate",
     "Classified",
     "Executor",
+    "GroupSignal",
     "Launch",
     "LiveForks",
     "Policy",

@@ -108,7 +108,8 @@ def default_speculation(
     trained on timed traces of *other* tasks than those measured): each guess states its signature's where its
     predictor states none, so the policy does not take a kind of call it has not seen run yet for a short one.
     ``odds``: per predictor, odds factors by the kind of call guessed (``KindOdds``; default ``KIND_ODDS``, fitted on
-    timed traces; ``{}``: the predictors' own odds)."""
+    timed traces; ``{}``: the predictors' own odds). The rollouts sharing ``table`` share its ``signal``: a turn
+    whose message still streams plans again when a sibling decides a call."""
     table = table if table is not None else SiblingTable()
     predictors: list[Predictor] = [
         SiblingPredictor(table),
@@ -129,8 +130,9 @@ def default_speculation(
     if times is not None:
         predictors = [TimedPredictor(p, times) for p in predictors]
     return Speculation(
-        predictors=predictors, policy=policy if policy is not None else CostAwarePolicy(), group=group, early=tap
-    )
+        predictors=predictors, policy=policy if policy is not None else CostAwarePolicy(), group=group, early=tap,
+        signal=table.signal,
+    )  # fmt: skip
 
 
 def held_out_odds(groups: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, dict[str, dict[str, float]]]:

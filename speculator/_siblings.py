@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import xxhash
 
-from bunshin_async.speculation import CallKey, Candidate, PredictionContext
+from bunshin_async.speculation import CallKey, Candidate, GroupSignal, PredictionContext
 
 __all__ = [
     "SiblingPredictor",
@@ -59,6 +59,8 @@ class SiblingTable:
         #: Every call the group made, by signature (``tool:program``; kept by ``SignaturePredictor``): which
         #: concrete call a predicted signature most likely is, for a rollout that never made one.
         self.by_signature: dict[str, Counter[CallKey]] = defaultdict(Counter)
+        #: Told when a rollout of the group decides a call (``Speculation.signal``): the others plan again.
+        self.signal = GroupSignal()
 
     def add(self, chain: bytes, call: CallKey, previous: CallKey | None = None, output: str | None = None) -> None:
         self.next[chain][call] += 1

@@ -3,13 +3,39 @@ fallback ``BoundedPolicy``; ``speculator`` has the cost-aware policy."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ._calls import CallKey, Launch, Policy, Predictor
 from ._metrics import RolloutMetrics, TurnMetrics
 
-__all__ = ["BoundedPolicy", "LiveForks", "Speculation", "policy_active", "policy_keeps"]
+__all__ = ["BoundedPolicy", "GroupSignal", "LiveForks", "Speculation", "policy_active", "policy_keeps"]
+
+
+class GroupSignal:
+    """The rollouts of a group tell each other when one decides a call (``notify``), so that those whose message
+    still streams plan their next call again (``subscribed``): a sibling's decision is new evidence for their
+    predictors (what the group did next from the same state). Pass one to each rollout's ``Speculation`` of the
+    group. Callbacks run in the notifying turn's task, on the same event loop, and must not block."""
+
+    def __init__(self) -> None:
+        self._subscribers: dict[int, tuple[object, Callable[[], None]]] = {}
+
+    @contextmanager
+    def subscribed(self, owner: object, callback: Callable[[], None]) -> Iterator[None]:
+        """Call ``callback`` on every sibling's decision (not ``owner``'s own) until the block ends."""
+        self._subscribers[id(owner)] = (owner, callback)
+        try:
+            yield
+        finally:
+            self._subscribers.pop(id(owner), None)
+
+    def notify(self, owner: object) -> None:
+        """``owner`` decided a call: every other subscriber plans again."""
+        for who, callback in list(self._subscribers.values()):
+            if who is not owner:
+                callback()
 
 
 class LiveForks:
@@ -110,7 +136,11 @@ class Speculation:
     open the next turn are launched at once, before this turn's cleanup, the agent loop's bookkeeping and the next
     model request, instead of when the next turn starts; the next turn adopts them (beyond ``keep``) and commits,
     keeps or cancels them as any kept branch. False: the next turn's first call is predicted when that turn
-    starts."""
+    starts.
+
+    ``signal``: the group's ``GroupSignal`` (one per group, shared by its rollouts' ``Speculation``): while this
+    turn's message streams it plans its next call again whenever a sibling decides one, with what the
+    predictors learned from it (otherwise it plans at the turn's start and after its own decisions only)."""
 
     predictors: Sequence[Predictor] = ()
     policy: Policy = field(default_factory=BoundedPolicy)
@@ -121,6 +151,7 @@ class Speculation:
     on_observation: bool = True
     metrics: RolloutMetrics = field(default_factory=RolloutMetrics)
     turns: list[TurnMetrics] = field(default_factory=list)
+    signal: GroupSignal | None = None
 
 
 def policy_active(spec: Speculation) -> bool:

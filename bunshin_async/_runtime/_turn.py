@@ -210,7 +210,7 @@ class SpeculativeTurn:
         self, events: AsyncIterable[TapEvent], send: MemoryObjectSendStream[TapEvent | CallResult] | None
     ) -> None:
         mark = self._log.mark
-        async with send if send is not None else contextlib.nullcontext():
+        async with send if send is not None else contextlib.nullcontext(), self._siblings():
             self._launcher.replan()
             first = True
             async for ev in events:
@@ -240,6 +240,14 @@ class SpeculativeTurn:
             self.handle.kept = await self._branches.hand_over(limit, ahead, background=keeping)
             self._finalize()
             self._complete.set()
+
+    @contextlib.asynccontextmanager
+    async def _siblings(self) -> AsyncIterator[None]:
+        """While the stream runs, a sibling's decision (``Speculation.signal``) plans this turn's next call again
+        (``Launcher.replan`` does nothing once the message finished)."""
+        signal = self.speculation.signal if self.speculation is not None else None
+        with signal.subscribed(self, self._launcher.replan) if signal is not None else contextlib.nullcontext():
+            yield
 
     def _emit(self, item: TapEvent | CallResult) -> None:
         if self._out is not None:
@@ -286,6 +294,8 @@ class SpeculativeTurn:
                 ctx = self._launcher.context(position)
                 for predictor in self.speculation.predictors:
                     predictor.observe(ctx, key)
+                if self.speculation.signal is not None:  # the group's turns in flight plan again with it
+                    self.speculation.signal.notify(self)
             self.handle.record(key)
         d = Decided(call, position, key, effect, self._log.clock())
         tool = self.tools.get(call.name)

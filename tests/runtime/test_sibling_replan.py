@@ -1,0 +1,113 @@
+"""A sibling's decision plans a turn again (``Speculation.signal``, ``GroupSignal``): the turn runtime's own logic
+without a workspace (reads of tools that never touch one, hand-made stream events), as in test_ahead.py. While
+rollout B's message streams, rollout A of its group decides a call; B's predictors, which learned it, are asked
+again and B's read of that call starts before B's model names it, and B's turn commits it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+
+import anyio
+import pytest
+
+from bunshin_async._llm._events import ArgumentsComplete, MessageFinished, TapEvent, ToolCall, ToolNameKnown
+from bunshin_async.speculation import (
+    BoundedPolicy,
+    CallKey,
+    Candidate,
+    GroupSignal,
+    PredictionContext,
+    Speculation,
+    WorkspaceHandle,
+    run_turn,
+)
+
+from .test_ahead import _Executor, _Probe
+
+pytestmark = pytest.mark.unit
+
+
+class _Siblings:
+    """Predicts (p = 0.9) what a sibling decided from the same history: the group's shared ``decided`` list."""
+
+    name = "siblings"
+
+    def __init__(self, decided: dict[bytes, list[str]]) -> None:
+        self.decided = decided
+
+    def predict(self, ctx: PredictionContext) -> Sequence[Candidate]:
+        return [
+            Candidate(name=n, arguments={}, probability=0.9, source=self.name) for n in self.decided.get(ctx.chain, [])
+        ]
+
+    def observe(self, ctx: PredictionContext, call: CallKey) -> None:
+        self.decided.setdefault(ctx.chain, []).append(call.name)
+
+
+class _Rollout:
+    def __init__(self, decided: dict[bytes, list[str]], signal: GroupSignal | None) -> None:
+        self.probe = _Probe("probe")
+        self.executor = _Executor([self.probe.tool()])
+        self.handle = WorkspaceHandle.over(self.executor, salt="t")  # the same salt: the group's chain keys agree
+        self.spec = Speculation(predictors=[_Siblings(decided)], policy=BoundedPolicy(), keep=0, signal=signal)
+
+
+def _call() -> ToolCall:
+    return ToolCall(index=0, id="c0", name="probe", arguments={}, raw="{}")
+
+
+async def _message_after(started: anyio.Event, ready: anyio.Event) -> AsyncIterator[TapEvent]:
+    """A message that names ``probe`` only once ``ready`` is set (``started``: the stream is being read)."""
+    started.set()
+    with anyio.fail_after(10):  # no re-plan: the probe never starts before it is named, and the test fails here
+        await ready.wait()
+    yield ToolNameKnown(index=0, id="c0", name="probe", t=0.0)
+    yield ArgumentsComplete(call=_call(), t=0.0)
+    yield MessageFinished(finish_reason="tool_calls", content="", tool_calls=[_call()], t=0.0)
+
+
+async def _message() -> AsyncIterator[TapEvent]:
+    yield ArgumentsComplete(call=_call(), t=0.0)
+    yield MessageFinished(finish_reason="tool_calls", content="", tool_calls=[_call()], t=0.0)
+
+
+async def test_a_siblings_decision_starts_the_call_in_a_turn_still_streaming() -> None:
+    decided: dict[bytes, list[str]] = {}
+    signal = GroupSignal()
+    a, b = _Rollout(decided, signal), _Rollout(decided, signal)
+    streaming = anyio.Event()
+    async with anyio.create_task_group() as tg:
+
+        async def run_b() -> None:
+            outcome = await run_turn(_message_after(streaming, b.probe.started), b.handle, b.executor.tools, b.spec)
+            assert (outcome.results[0].result, outcome.results[0].source) == ("probe output", "speculated")
+            assert (outcome.metrics.launched, outcome.metrics.committed) == (1, 1)
+
+        tg.start_soon(run_b)
+        await streaming.wait()
+        assert b.probe.runs == 0  # nothing predicted at its turn's start: no sibling had decided yet
+        outcome = await run_turn(_message(), a.handle, a.executor.tools, a.spec)
+        assert outcome.metrics.launched == 0  # its own decision plans nothing again for itself
+    assert b.probe.runs == 1  # the branch's run served B's call
+    # B's turn ended: it no longer listens (a later decision plans nothing for it)
+    signal.notify(a)
+    assert b.probe.runs == 1
+
+
+async def test_without_the_groups_signal_a_turn_plans_at_its_own_points_only() -> None:
+    """The same group without a ``GroupSignal``: B's call runs only once its model names it."""
+    decided: dict[bytes, list[str]] = {}
+    a, b = _Rollout(decided, None), _Rollout(decided, None)
+    ready, streaming = anyio.Event(), anyio.Event()
+    async with anyio.create_task_group() as tg:
+
+        async def run_b() -> None:
+            outcome = await run_turn(_message_after(streaming, ready), b.handle, b.executor.tools, b.spec)
+            assert (outcome.metrics.launched, outcome.metrics.committed) == (0, 0)
+
+        tg.start_soon(run_b)
+        await streaming.wait()
+        await run_turn(_message(), a.handle, a.executor.tools, a.spec)
+        assert b.probe.runs == 0
+        ready.set()
+    assert b.probe.runs == 1
