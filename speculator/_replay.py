@@ -317,8 +317,8 @@ def replay(
     message's end the stream tap starts ``call`` (recorded seconds, x ``time_scale``; the message ends that much
     after its last token), for each rollout's latency (``ReplayReport.rollouts``); None: 0. ``reask``: whenever a
     rollout decides a call, its siblings still in their turn ask their predictors again and launch what the
-    policy picks of the new options (what a runtime re-planning on a sibling's decision would add; counted as
-    ``replanned`` launches, a hit hiding only what is left of the turn)."""
+    policy picks of the new options, but not the sibling's call from the state it was decided in (the cache's:
+    ``Launcher.sibling``); counted as ``replanned`` launches, a hit hiding only what is left of the turn."""
     report = ReplayReport()
     runs = [dict(groups)] if together else [{t: rs} for t, rs in groups.items()]
     for run in runs:
@@ -506,8 +506,9 @@ def _run(
                 for source, proposed in proposals(guesses).items():
                     seen = other.proposed.setdefault(source, {})
                     seen.update({k: max(v, seen.get(k, 0.0)) for k, v in proposed.items()})
+                running = {o.key for o in other.launches} | ({key} if other.ctx.chain == ctx.chain else set())
                 options = plan_launches(
-                    guesses, in_flight={o.key for o in other.launches}, turn_elapsed=now - other.start,
+                    guesses, in_flight=running, turn_elapsed=now - other.start,
                     veto=_keys_in(_vetoed(guesses, other.ctx.chain, made[t2], flights[t2], now)),
                     rollout=f"{t2}:{r2}", progress=i2, group=t2,
                 )  # fmt: skip

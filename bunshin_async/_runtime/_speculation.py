@@ -17,13 +17,14 @@ class GroupSignal:
     """The rollouts of a group tell each other when one decides a call (``notify``), so that those whose message
     still streams plan their next call again (``subscribed``): a sibling's decision is new evidence for their
     predictors (what the group did next from the same state). Pass one to each rollout's ``Speculation`` of the
-    group. Callbacks run in the notifying turn's task, on the same event loop, and must not block."""
+    group. Callbacks are given the call and the state it was decided in (``PredictionContext.chain``); they run in
+    the notifying turn's task, on the same event loop, and must not block."""
 
     def __init__(self) -> None:
-        self._subscribers: dict[int, tuple[object, Callable[[], None]]] = {}
+        self._subscribers: dict[int, tuple[object, Callable[[CallKey, bytes], None]]] = {}
 
     @contextmanager
-    def subscribed(self, owner: object, callback: Callable[[], None]) -> Iterator[None]:
+    def subscribed(self, owner: object, callback: Callable[[CallKey, bytes], None]) -> Iterator[None]:
         """Call ``callback`` on every sibling's decision (not ``owner``'s own) until the block ends."""
         self._subscribers[id(owner)] = (owner, callback)
         try:
@@ -31,11 +32,11 @@ class GroupSignal:
         finally:
             self._subscribers.pop(id(owner), None)
 
-    def notify(self, owner: object) -> None:
-        """``owner`` decided a call: every other subscriber plans again."""
+    def notify(self, owner: object, call: CallKey, state: bytes) -> None:
+        """``owner`` decided ``call`` in ``state``: every other subscriber plans again."""
         for who, callback in list(self._subscribers.values()):
             if who is not owner:
-                callback()
+                callback(call, state)
 
 
 class LiveForks:

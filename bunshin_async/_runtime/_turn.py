@@ -246,7 +246,7 @@ class SpeculativeTurn:
         """While the stream runs, a sibling's decision (``Speculation.signal``) plans this turn's next call again
         (``Launcher.replan`` does nothing once the message finished)."""
         signal = self.speculation.signal if self.speculation is not None else None
-        with signal.subscribed(self, self._launcher.replan) if signal is not None else contextlib.nullcontext():
+        with signal.subscribed(self, self._launcher.sibling) if signal is not None else contextlib.nullcontext():
             yield
 
     def _emit(self, item: TapEvent | CallResult) -> None:
@@ -295,7 +295,7 @@ class SpeculativeTurn:
                 for predictor in self.speculation.predictors:
                     predictor.observe(ctx, key)
                 if self.speculation.signal is not None:  # the group's turns in flight plan again with it
-                    self.speculation.signal.notify(self)
+                    self.speculation.signal.notify(self, key, ctx.chain)
             self.handle.record(key)
         d = Decided(call, position, key, effect, self._log.clock())
         tool = self.tools.get(call.name)

@@ -1,7 +1,8 @@
 """A sibling's decision plans a turn again (``Speculation.signal``, ``GroupSignal``): the turn runtime's own logic
 without a workspace (reads of tools that never touch one, hand-made stream events), as in test_ahead.py. While
 rollout B's message streams, rollout A of its group decides a call; B's predictors, which learned it, are asked
-again and B's read of that call starts before B's model names it, and B's turn commits it."""
+again and B's read of that call starts before B's model names it, and B's turn commits it. Not
+from the state A decided it in: there the prefix cache serves it."""
 
 from __future__ import annotations
 
@@ -28,27 +29,25 @@ pytestmark = pytest.mark.unit
 
 
 class _Siblings:
-    """Predicts (p = 0.9) what a sibling decided from the same history: the group's shared ``decided`` list."""
+    """Predicts (p = 0.9) whatever a sibling decided, from any state: the group's shared ``decided`` list."""
 
     name = "siblings"
 
-    def __init__(self, decided: dict[bytes, list[str]]) -> None:
+    def __init__(self, decided: list[str]) -> None:
         self.decided = decided
 
     def predict(self, ctx: PredictionContext) -> Sequence[Candidate]:
-        return [
-            Candidate(name=n, arguments={}, probability=0.9, source=self.name) for n in self.decided.get(ctx.chain, [])
-        ]
+        return [Candidate(name=n, arguments={}, probability=0.9, source=self.name) for n in self.decided]
 
     def observe(self, ctx: PredictionContext, call: CallKey) -> None:
-        self.decided.setdefault(ctx.chain, []).append(call.name)
+        self.decided.append(call.name)
 
 
 class _Rollout:
-    def __init__(self, decided: dict[bytes, list[str]], signal: GroupSignal | None) -> None:
+    def __init__(self, decided: list[str], signal: GroupSignal | None, salt: str) -> None:
         self.probe = _Probe("probe")
         self.executor = _Executor([self.probe.tool()])
-        self.handle = WorkspaceHandle.over(self.executor, salt="t")  # the same salt: the group's chain keys agree
+        self.handle = WorkspaceHandle.over(self.executor, salt=salt)  # the salt: the state a rollout starts in
         self.spec = Speculation(predictors=[_Siblings(decided)], policy=BoundedPolicy(), keep=0, signal=signal)
 
 
@@ -72,9 +71,9 @@ async def _message() -> AsyncIterator[TapEvent]:
 
 
 async def test_a_siblings_decision_starts_the_call_in_a_turn_still_streaming() -> None:
-    decided: dict[bytes, list[str]] = {}
+    decided: list[str] = []
     signal = GroupSignal()
-    a, b = _Rollout(decided, signal), _Rollout(decided, signal)
+    a, b = _Rollout(decided, signal, "a"), _Rollout(decided, signal, "b")
     streaming = anyio.Event()
     async with anyio.create_task_group() as tg:
 
@@ -90,14 +89,14 @@ async def test_a_siblings_decision_starts_the_call_in_a_turn_still_streaming() -
         assert outcome.metrics.launched == 0  # its own decision plans nothing again for itself
     assert b.probe.runs == 1  # the branch's run served B's call
     # B's turn ended: it no longer listens (a later decision plans nothing for it)
-    signal.notify(a)
+    signal.notify(a, CallKey(name="probe", version="", args=b"{}"), b"")
     assert b.probe.runs == 1
 
 
 async def test_without_the_groups_signal_a_turn_plans_at_its_own_points_only() -> None:
     """The same group without a ``GroupSignal``: B's call runs only once its model names it."""
-    decided: dict[bytes, list[str]] = {}
-    a, b = _Rollout(decided, None), _Rollout(decided, None)
+    decided: list[str] = []
+    a, b = _Rollout(decided, None, "a"), _Rollout(decided, None, "b")
     ready, streaming = anyio.Event(), anyio.Event()
     async with anyio.create_task_group() as tg:
 
@@ -109,5 +108,26 @@ async def test_without_the_groups_signal_a_turn_plans_at_its_own_points_only() -
         await streaming.wait()
         await run_turn(_message(), a.handle, a.executor.tools, a.spec)
         assert b.probe.runs == 0
+        ready.set()
+    assert b.probe.runs == 1
+
+
+async def test_a_siblings_call_from_the_same_state_is_left_to_the_cache() -> None:
+    """A and B stand in the same state: A's call is not launched for B (a write in flight is the cache's single
+    flight, a read the cache's once it ended), though B's predictors name it."""
+    decided: list[str] = []
+    signal = GroupSignal()
+    a, b = _Rollout(decided, signal, "t"), _Rollout(decided, signal, "t")
+    ready, streaming = anyio.Event(), anyio.Event()
+    async with anyio.create_task_group() as tg:
+
+        async def run_b() -> None:
+            outcome = await run_turn(_message_after(streaming, ready), b.handle, b.executor.tools, b.spec)
+            assert (outcome.metrics.launched, outcome.metrics.committed) == (0, 0)
+
+        tg.start_soon(run_b)
+        await streaming.wait()
+        await run_turn(_message(), a.handle, a.executor.tools, a.spec)
+        assert decided == ["probe"] and b.probe.runs == 0
         ready.set()
     assert b.probe.runs == 1

@@ -197,30 +197,33 @@ def test_the_replay_tells_the_policy_what_an_install_held_over_its_run_not_its_p
 
 
 class _Told:
-    """Guesses (p 0.9, 10 s) what a sibling decided from the same history: the group's ``decided`` table."""
+    """Guesses (p 1, 10 s) whatever a sibling decided and the rollout did not, from any state: the group's
+    ``decided`` list."""
 
     name = "told"
 
-    def __init__(self, decided: dict[bytes, set[CallKey]]) -> None:
+    def __init__(self, decided: list[CallKey]) -> None:
         self.decided = decided
 
     def predict(self, ctx: PredictionContext) -> Sequence[Candidate]:
         return [
-            Candidate(name=k.name, arguments=k.arguments(), probability=0.9, source=self.name, expected_seconds=10.0)
-            for k in sorted(self.decided.get(ctx.chain, ()), key=lambda k: k.args)
+            Candidate(name=k.name, arguments=k.arguments(), probability=1.0, source=self.name, expected_seconds=10.0)
+            for k in self.decided
+            if k not in ctx.history
         ]
 
     def observe(self, ctx: PredictionContext, call: CallKey) -> None:
-        self.decided.setdefault(ctx.chain, set()).add(call)
+        self.decided.append(call)
 
 
 def test_a_siblings_decision_during_the_turn_is_planned_again_only_when_asked() -> None:
-    """``reask``: rollout 1's turn (0-5 s) asks again when rollout 0 decides a read at 1 s; run in place, it hides
-    what is left of the turn. (A write would be the cache's: rollout 0's identical write is in flight.)"""
-    group = {"t": [_record(("cat log", 1.0, 10.0)), _record(("cat log", 5.0, 10.0))]}
+    """``reask``: rollout 1's turn (0-5 s) asks again when rollout 0 decides a read at 1 s, after an ``ls`` (another
+    state); run in place, it hides what is left of the turn. Rollout 0's ``ls`` at 0.5 s, decided in rollout 1's
+    state, is not launched: the cache's."""
+    group = {"t": [_record(("ls", 0.5, 0.1), ("cat log", 0.4, 10.0)), _record(("cat log", 5.0, 10.0))]}
 
     def make(task: str) -> Callable[[], Sequence[Predictor]]:
-        decided: dict[bytes, set[CallKey]] = {}
+        decided: list[CallKey] = []
         return lambda: [_Told(decided)]
 
     once = replay(group, make)
