@@ -513,7 +513,7 @@ def _run(
                     rollout=f"{t2}:{r2}", progress=i2, group=t2,
                 )  # fmt: skip
                 forks = sum(o.needs_fork for o in other.launches)
-                more = policy.select(options, running=len(other.launches), forks=forks)
+                more = policy.select(options, running=len(other.launches), forks=forks) if options else []
                 for o in more:
                     stats[t2]["all"]["replanned"] += 1
                     if o.needs_fork:
