@@ -46,12 +46,12 @@ class CallMemory:
         """A call ran ``seconds`` in a fork (negative: cut short), raised its cgroup ``memory_bytes`` above its
         charge when it started (``_runtime._probes.call_peak``) and held ``byte_seconds`` above that charge over its
         run (``CallMeter``; negative: not measured). A run cut short held at least what it held until then: it
-        raises its signature's byte-seconds, never lowers them."""
+        raises its signature's byte-seconds, never lowers them, and alone it does not stand for a whole run (a
+        ``pip install`` cut at the ask after a second had held 1-2 MiB·s of its ~30; session 21's online logs)."""
         sig = key_signature(key)
-        if byte_seconds >= 0:
-            held = self.held.get(sig)
-            if held is None or seconds >= 0 or byte_seconds > held.value:
-                self.held.setdefault(sig, Ewma(byte_seconds)).add(byte_seconds, self.alpha)
+        held = self.held.get(sig)
+        if byte_seconds >= 0 and (seconds >= 0 or (held is not None and byte_seconds > held.value)):
+            self.held.setdefault(sig, Ewma(byte_seconds)).add(byte_seconds, self.alpha)
         if memory_bytes >= 0:
             self.bytes.setdefault(sig, Ewma(float(memory_bytes))).add(float(memory_bytes), self.alpha)
             self.all_bytes.add(float(memory_bytes), self.alpha)

@@ -625,15 +625,20 @@ def test_a_calls_memory_is_charged_by_what_it_held_over_time_not_at_its_peak() -
     assert held / fork < 40 * mib  # below its peak
 
 
-def test_a_call_measured_without_its_byte_seconds_is_charged_its_peak_for_its_seconds() -> None:
-    """Without a memory controller the runtime reports no byte-seconds (-1): the rule charges the peak for the
-    seconds that count, as before."""
+@pytest.mark.parametrize(("seconds", "byte_seconds"), [(15.0, -1.0), (-1.0, 2.0 * (1 << 20))])
+def test_a_call_without_a_whole_run_measured_is_charged_its_peak_for_its_seconds(
+    seconds: float, byte_seconds: float
+) -> None:
+    """Without a memory controller the runtime reports no byte-seconds (-1), and a run cut short at the ask says
+    what the call held until then, not what a whole run holds (online, a ``pip install`` cut after a second had
+    held 2 MiB·s of its ~30): until a whole run is measured the rule charges the peak for the seconds that count,
+    as before."""
     mib = 1 << 20
     policy = CostAwarePolicy(contention=None, llm_seconds=3.0, fork_seconds=0.2, memory_share=0.0)
     policy.observe_rollout_memory(1 * mib)
     policy.observe_fork(0.2, 1 * mib)
     pip = _launch("r", 0, p=0.9, seconds=15.0)
-    policy.observe_fork_call(pip.key, 15.0, 40 * mib)
+    policy.observe_fork_call(pip.key, seconds, 40 * mib, byte_seconds)
     assert policy.memory_terms(pip).call == pytest.approx(0.9 * 40 * mib * 15.0)
     assert policy.memory_terms(pip).miss == pytest.approx(0.1 * 40 * mib * 3.0)
 
