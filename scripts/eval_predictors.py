@@ -18,6 +18,10 @@ online into it).
 A row re-asks the predictors whenever a sibling decides a call during a rollout's turn (what a runtime that plans
 again on a sibling's decision could add; a guess first made then hides only what is left of the turn).
 
+``--policy``: the runtime's launch decision replayed (``speculator._replay``), and each group's latency (its
+slowest rollout's end) with the share of the oracle's gain as ``bench.experiment`` reports it, by the hits alone
+and with the stream tap (``speculator._latency``); ``--reask``: with the runtime's re-plan on a sibling's decision.
+
 Calibration: per predictor and tenth of stated probability, guesses and hit rate; and held out, each task's guesses
 against the hit rates the other tasks' guesses scored. The traces hold no observations, so the observation
 predictor is scored apart, told before each single-package pip install the error that would have named the package
