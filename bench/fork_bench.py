@@ -15,9 +15,10 @@ images, ``digest_ok`` that every nested copy serves ``c``'s digest; ``gen3`` for
 ``warm_spares``: ``from_snapshot`` latency with ``--spares`` warm spares (``snap.keep_spares``: frozen pre-restored
 copies handed out thawed), median/p90, against plain restores, in the cow mode when it is measured.
 
-Issue 39's split of a fork: ``pause_ms`` is how long the source was paused (``Snapshot.dump_ms``: from the dump's
-request, the workspace drained and CRIU already started, to CRIU's answer, when its calls go on (CRIU's exit and
-reaping come after, since session 20); the tree is frozen and its pages written to
+Issue 39's split of a fork: ``pause_ms`` is how long the source was paused (``Snapshot.dump_ms``: from the drain's
+start, when new calls are held, CRIU already started, to CRIU's answer, when the held calls go on: the pause a call
+sees (since session 21; before, it was counted from the dump's request, after the drain and the dump's checks; CRIU's
+exit and reaping come after since session 20); the tree is frozen and its pages written to
 the store within it; a ``+serial`` mode starts CRIU after the drain, as before, and counts its start) and
 ``copy_first_exec_ms`` is the time from the snapshot to the first command answered in a copy (the restore plus one
 ``exec``), per fork and per nested fork. ``--dirty-mib N`` measures only checkpoints of a parent that keeps running

@@ -141,11 +141,22 @@ async def _snapshot_once(ws: WorkspaceCore, backend: CriuBackend | None) -> Snap
     gated: AgentClient | None = None
     requested = False  # the dump's request went to CRIU (the workspace drained)
 
-    async def drained() -> int | None:
-        # The workspace's pause starts here: CRIU has started already (``CriuBackend.call``'s ``ready``).
+    async def drained(held: Callable[[], None]) -> int | None:
+        # CRIU has started already (``CriuBackend.call``'s ``ready``). The checks of ``_before_dump`` run while the
+        # workspace's calls still go on, and again after the drain only if a call ran meanwhile (its processes may
+        # change the net namespace or start a tracer at any time either way: CRIU fails on a traced task,
+        # criu/patches/0008, and ``_undumpable`` names it then). The pause the calls see starts at ``held``.
         nonlocal gated, requested
-        gated = await _quiesce.drain(ws)
+        client = ws.client
+        if client is None:
+            raise ws.closed_error()
+        mark = client.mark()
         blocked, netns = await anyio.to_thread.run_sync(_before_dump, ws)
+        if not blocked:
+            held()
+            gated = await _quiesce.drain(ws)
+            if not client.quiet_since(mark):
+                blocked, netns = await anyio.to_thread.run_sync(_before_dump, ws)
         if blocked:
             raise ForkError(f"workspace {ws.id}: {blocked}", workspace_id=ws.id)
         requested = True
@@ -233,7 +244,7 @@ async def _dump(
     backend: CriuBackend,
     parent: Path | None,
     env: dict[str, str],
-    drained: Callable[[], Awaitable[int | None]],
+    drained: Callable[[Callable[[], None]], Awaitable[int | None]],
     track: bool = False,
     rebase: bool = False,
     thawed: Callable[[], None] | None = None,
@@ -243,8 +254,9 @@ async def _dump(
     ``track``: CRIU tracks writes and hands us the uffds, ``WriteTracking``; ``rebase``: CRIU kills the tree once
     it is dumped, for ``_restore.rebase``, and leaves it running if the dump fails). ``drained`` drains the
     workspace once CRIU has started (so that CRIU's start is not part of the workspace's pause) and returns the net
-    namespace to leave out of the images (``_before_dump``); ``snap.dump_ms`` is counted from then to CRIU's answer,
-    when ``thawed`` (not for a re-base, whose tree is gone) lets the workspace go on."""
+    namespace to leave out of the images (``_before_dump``), calling the function it is given when it starts holding
+    the workspace's calls; ``snap.dump_ms`` is counted from then to CRIU's answer, when ``thawed`` (not for a
+    re-base, whose tree is gone) lets the workspace go on: the pause a call made meanwhile sees."""
     assert ws.pid is not None
     freezer = ws.cgroup.freezer_dir if ws.cgroup is not None else None
     req = rpc.criu_req(type=rpc.DUMP)
@@ -285,13 +297,15 @@ async def _dump(
             env = {**env, "CRIU_PARENT_EARLY": str(parent / "images")}
     t0 = time.monotonic()
 
-    async def ready() -> None:
+    def held() -> None:
         nonlocal t0
-        netns = await drained()
+        t0 = time.monotonic()
+
+    async def ready() -> None:
+        netns = await drained(held)
         if netns is not None:
             req.opts.external.append(f"net[{netns}]:{NET_KEY}")
             snap.fresh_net = True
-        t0 = time.monotonic()
 
     def answered(resp: Any) -> None:
         # CRIU answers after the thaw (cr-dump.c, cr_dump_finish) and exits after that: its exit and reaping are

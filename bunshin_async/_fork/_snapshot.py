@@ -48,9 +48,9 @@ class Snapshot:
 
     @property
     def dump_ms(self) -> float | None:
-        """How long the CRIU dump paused the workspace: from its request (the workspace drained; CRIU, started
-        before the drain, waiting) to CRIU's answer, when the tree is thawed and the workspace's calls go on (its
-        exit and reaping come after; None for ``"fs"``)."""
+        """How long the CRIU dump paused the workspace, as its calls see it: from the drain's start, when new calls
+        are held (calls in flight are waited for within it; CRIU, started before, waiting), to CRIU's answer, when
+        the tree is thawed and the held calls go on (its exit and reaping come after; None for ``"fs"``)."""
         return self._record.dump_ms
 
     @property

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -174,4 +175,46 @@ async def test_the_workspace_goes_on_at_crius_answer_before_its_exit(
     async with await _dump.snapshot(ws._core, Spawns()) as snap:
         assert events[-3:] == ["resume", "reap", "resume"], events  # the second: ``finally``'s, a no-op
         assert snap.dump_ms is not None and snap.dump_ms > 0
+    assert (await ws.exec("echo alive")).stdout == "alive\n"
+
+
+async def test_the_pause_counts_from_the_held_calls(ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
+    # ``dump_ms`` is the pause a call sees: from the drain's start (new calls held) to CRIU's answer. The dump's
+    # checks (``_before_dump``) run before the drain while no call runs; a call in flight then has them made again
+    # after the drain, and that time is in the pause.
+    checks: list[tuple[bool, float]] = []  # (the workspace's calls held, when the check started)
+    resumed: list[float] = []
+    real_check = _dump._before_dump
+    real_resume = AgentClient.resume
+    client = ws._core.client
+    assert client is not None
+
+    def check(core: Any) -> Any:
+        checks.append((not client._open.is_set(), time.monotonic()))
+        return real_check(core)
+
+    def resume(self: AgentClient) -> None:
+        resumed.append(time.monotonic())
+        real_resume(self)
+
+    monkeypatch.setattr(_dump, "_before_dump", check)
+    monkeypatch.setattr(AgentClient, "resume", resume)
+    await ws.write_file("/workspace/f", "kept")
+    async with await _dump.snapshot(ws._core, Spawns()):
+        assert [held for held, _ in checks] == [False], checks  # once, the calls not held
+    checks.clear()
+    resumed.clear()
+
+    async def in_flight() -> None:
+        await ws.exec("sleep 0.3")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(in_flight)
+        while client.mark()[1] == 0:  # the exec is in flight
+            await anyio.lowlevel.checkpoint()
+        async with await _dump.snapshot(ws._core, Spawns()) as snap:
+            assert [held for held, _ in checks] == [False, True], checks  # made again once the exec had ended
+            assert snap.dump_ms is not None
+            # the second check, and the wait for the exec before it, are in the pause the held calls saw
+            assert snap.dump_ms >= (resumed[0] - checks[1][1]) * 1000, (snap.dump_ms, checks, resumed)
     assert (await ws.exec("echo alive")).stdout == "alive\n"
