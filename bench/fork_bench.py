@@ -411,7 +411,39 @@ def _criu_stats_dir(images: Path) -> dict[str, float]:
     }
 
 
+class _Held:
+    """The pause a workspace's calls see, measured alike for any SDK (``held_ms``: an SDK before session 21 counted
+    ``dump_ms`` from the dump's request, after the drain and its checks): from its client's ``quiesce`` (new calls
+    held from then on) to the first ``resume`` after it (the held calls go on)."""
+
+    start: float | None = None
+    ms: float | None = None
+
+    @classmethod
+    def install(cls) -> None:
+        from bunshin_async._host._client import AgentClient
+
+        real_quiesce, real_resume = AgentClient.quiesce, AgentClient.resume
+        if getattr(real_quiesce, "held", False):
+            return
+
+        async def quiesce(self: AgentClient) -> None:
+            cls.start, cls.ms = time.monotonic(), None
+            await real_quiesce(self)
+
+        def resume(self: AgentClient) -> None:
+            if cls.start is not None and cls.ms is None:
+                cls.ms = (time.monotonic() - cls.start) * 1000
+            real_resume(self)
+
+        quiesce.held = True  # type: ignore[attr-defined]
+        AgentClient.quiesce = quiesce  # type: ignore[method-assign]
+        AgentClient.resume = resume  # type: ignore[method-assign]
+
+
 async def _checkpoint(ws: Workspace, track: bool) -> tuple[Snapshot, dict[str, float]]:
+    _Held.install()
+    _Held.start = _Held.ms = None
     t0 = time.monotonic()
     with Config.scoped(track_writes=track):
         snap = await ws.snapshot()
@@ -424,6 +456,8 @@ async def _checkpoint(ws: Workspace, track: bool) -> tuple[Snapshot, dict[str, f
     row = {"pause": (snap.dump_ms or snap.frozen_ms or 0.0) + rebase, "snapshot": took, "image": image,
            "rebase": rebase, **_criu_stats(snap)}  # fmt: skip
     row["chain"] = await anyio.to_thread.run_sync(_snapstore.mem_chain_depth, path)
+    if _Held.ms is not None:
+        row["held"] = _Held.ms + rebase
     keep = os.environ.get("BUNSHIN_BENCH_KEEP_LOGS")  # a directory: each dump's CRIU log is copied there
     if keep:  # (with BUNSHIN_CRIU_LOG_LEVEL=3: CRIU's "Pages of PID" lines say where each page dump went)
         build = Path(os.environ.get("BUNSHIN_CRIU", "default")).parent.parent.name
@@ -440,6 +474,8 @@ async def _checkpoint(ws: Workspace, track: bool) -> tuple[Snapshot, dict[str, f
 def _summary(rows: list[dict[str, float]]) -> dict[str, Any]:
     keys = ("pause", "snapshot", "freezing_ms", "frozen_ms", "memdump_ms", "memwrite_ms")
     out: dict[str, Any] = {f"{k.removesuffix('_ms')}_ms": _stats([r[k] for r in rows]) for k in keys}
+    if all("held" in r for r in rows):
+        out["held_ms"] = _stats([r["held"] for r in rows])
     pre = [r["precopy_frozen_ms"] for r in rows if "precopy_frozen_ms" in r]
     if pre:
         out["precopy_frozen_ms"] = _stats(pre)
