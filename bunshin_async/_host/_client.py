@@ -2,7 +2,8 @@
 
 A request cancelled mid-flight hangs up (shuts its side down); the agent sees the hang-up, kills the command it was
 running, waits until it is reaped and closes its end, which the request waits for (shielded, ``HANG_UP_GRACE`` at
-most): a cancelled call returns once its processes are gone, not while they are still exiting.
+most): a cancelled call returns once its processes are gone, not while they are still exiting. A workspace about to
+be destroyed (``abandon``) skips that wait: its close kills everything anyway.
 
 Reaching the socket: the agent listens on ``/run/bunshin/agent.sock`` inside the workspace, and the host never
 looks that name up itself. ``connect("/proc/<pid>/root/run/bunshin/agent.sock")`` would follow the workspace's
@@ -168,6 +169,7 @@ class AgentClient:
         self._started = 0
         self._drained = anyio.Event()
         self._scopes_open = False  # a quiesce lets the requests of speculative scopes through until they ended
+        self._abandoned = False
 
     def _error(self, message: str, reason: str, req: P.Request | None = None) -> AgentError:
         request = type(req).__name__ if req is not None else ""
@@ -319,7 +321,7 @@ class AgentClient:
                 self._idle.append(conn)
             else:  # failed, cancelled or bad: this connection is done, the workspace's others are not
                 with anyio.CancelScope(shield=True):
-                    if cancelled:
+                    if cancelled and not self._abandoned:
                         await _hang_up(conn)
                     await conn.aclose()
         assert resp is not None
@@ -369,6 +371,12 @@ class AgentClient:
         await self._close_idle()
         self.pid, self.pidfd = pid, pidfd
         self.pids.rebind(pid)
+
+    def abandon(self) -> None:
+        """The workspace is about to be destroyed (a discarded speculative fork): a request cancelled from now on
+        hangs up without waiting for the agent to reap its command, as its close kills the cgroup anyway. Never for
+        a workspace that lives on: its next call could meet the command's processes still exiting."""
+        self._abandoned = True
 
     async def aclose(self) -> None:
         self._closed = True

@@ -20,7 +20,7 @@ from .._exceptions import ToolError
 from .._host._pidcursor import ReadPids
 from .._tools._tools import Tool
 from .._workspace._accounting import workspace_memory, written_bytes
-from .._workspace._facade import Workspace
+from .._workspace._facade import Workspace, abandon_calls
 from ._calls import CallKey, Launch, PredictionContext
 from ._handle import CLOSE_DEADLINE, WorkspaceHandle
 from ._metrics import BranchRecord, TurnLog, TurnMetrics, merge_counts
@@ -94,6 +94,13 @@ class Branch:
         self.pids: ReadPids | None = None  # run in place: the pids its processes took (put back unless used)
         self.ran = True  # taken: the plain loop would run its call there (False: a tool cache would serve it)
         self.led: bool | None = None  # in place through the executor's single flight: it ran there (not served)
+
+    def cancel(self) -> None:
+        """Cancel its task. Its own fork is closed once it settles, so its cancelled call need not wait for the agent
+        to reap the command (``abandon_calls``); a call in place, in a workspace that lives on, does."""
+        if self.launch.needs_fork and self.ws is not None:
+            abandon_calls(self.ws)
+        self.scope.cancel()
 
     def left(self) -> None:
         """Its task ends: a read run in place that the rollout did not take never will be."""
@@ -452,7 +459,7 @@ class BranchSet:
                 c.owner.live.remove(c)
             if c in self.handle.kept:
                 self.handle.kept.remove(c)
-            c.scope.cancel()
+            c.cancel()
             stack.extend(c.children)
 
     async def quiesce(self) -> None:

@@ -391,6 +391,12 @@ class WorkspaceCore:
         """Its cgroup's procs file (every process of the workspace), if it has a cgroup."""
         return self.cgroup.procs_files[0] if self.cgroup is not None and self.cgroup.procs_files else None
 
+    def abandon_calls(self) -> None:
+        """This workspace is about to be closed: its calls cancelled from now on need not wait for the agent to
+        reap their commands (``AgentClient.abandon``)."""
+        if self.client is not None:
+            self.client.abandon()
+
     def live_client(self) -> AgentClient:
         if self.state != "running" or self.client is None:
             raise self.closed_error()

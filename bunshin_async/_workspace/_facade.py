@@ -35,7 +35,7 @@ from .._images._image import Image
 from . import _gc, _gui
 from ._core import SetupStep, WorkspaceCore, WorkspaceSpec
 
-__all__ = ["BackgroundProcess", "Shell", "Workspace"]
+__all__ = ["BackgroundProcess", "Shell", "Workspace", "abandon_calls"]
 
 
 def _check_timeout(timeout: float | None, tool: str) -> None:
@@ -446,6 +446,13 @@ class Shell:
                     await self.workspace._call(P.ShellClose(shell_id=shell_id), "shell")
                 except WorkspaceClosed:
                     pass
+
+
+def abandon_calls(ws: Workspace) -> None:
+    """``ws`` is about to be closed (a discarded speculative fork): a call of it cancelled from now on returns
+    without waiting for the agent to reap its command, which the close's cgroup kill reaps with everything else.
+    Never for a workspace that lives on (its next call could meet the command still exiting)."""
+    ws._core.abandon_calls()
 
 
 async def _start_display(ws: Workspace, spec: _gui.Display) -> None:

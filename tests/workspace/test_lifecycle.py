@@ -10,6 +10,8 @@ import anyio
 import pytest
 
 from bunshin_async import Image, ImageError, Workspace, WorkspaceClosed, WorkspaceStartError
+from bunshin_async._host import _client
+from bunshin_async._workspace._facade import abandon_calls
 
 
 async def test_closes_after_an_exception_inside() -> None:
@@ -52,6 +54,53 @@ async def test_a_cancelled_call_returns_once_its_command_is_gone(how: str) -> No
             tg.cancel_scope.cancel()
         assert set(ws.cgroup.pids()) == before
         assert (await sh.run("echo $X")).stdout == "kept\n"
+
+
+@pytest.mark.parametrize("abandoned", [False, True], ids=["lives-on", "abandoned"])
+async def test_an_abandoned_workspaces_cancelled_call_does_not_wait_for_its_command(
+    abandoned: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A workspace about to be closed (a discarded speculative fork: ``abandon_calls``) need not wait for its
+    cancelled call's command to be reaped, its close kills everything: with the workspace frozen, so that its agent
+    cannot answer the hang-up, such a call returns before the thaw; one of a workspace that lives on returns only
+    once the agent has answered, after the thaw."""
+    monkeypatch.setattr(_client, "HANG_UP_GRACE", 3600.0)  # only the agent's answer ends that wait
+    order: list[str] = []
+    returned = anyio.Event()
+    async with Workspace() as ws:
+        assert ws.cgroup is not None
+        [freezer] = [d / "freezer.state" for d in ws.cgroup.dirs if (d / "freezer.state").exists()]
+        scope = anyio.CancelScope()
+
+        async def call() -> None:
+            try:
+                with scope:
+                    await ws.exec("touch /tmp/started; sleep 1000")
+            finally:
+                order.append("returned")
+                returned.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call)
+            with anyio.fail_after(60):  # hang guards: the command starts, the freeze completes
+                while (await ws.exec("test -e /tmp/started")).exit_code:  # noqa: ASYNC110 - polls the guest
+                    await anyio.sleep(0.02)
+                freezer.write_text("FROZEN")
+                while freezer.read_text().strip() != "FROZEN":  # noqa: ASYNC110 - polls the host's view
+                    await anyio.sleep(0.005)
+            try:
+                if abandoned:
+                    abandon_calls(ws)
+                scope.cancel()
+                if abandoned:
+                    with anyio.move_on_after(30):  # a hang guard: it returns at once
+                        await returned.wait()
+                else:
+                    await anyio.wait_all_tasks_blocked()  # the cancelled call waits on the frozen agent
+            finally:
+                order.append("thawed")
+                freezer.write_text("THAWED")
+    assert order == (["returned", "thawed"] if abandoned else ["thawed", "returned"])
 
 
 @pytest.mark.parametrize("after", [0.0, 0.005, 0.02])
