@@ -74,10 +74,16 @@ def _entities(output: str) -> dict[str, str]:
 
 def _named(kind: str, entity: str, text: str) -> str | None:
     """``text`` with ``entity`` (or, for a module, its distribution's name) cut out as ``kind``'s hole, if it
-    names it as a word; None if it does not."""
+    names it as a word; None if it does not. A Python install names it as pip compares names (PEP 503: any case,
+    a run of ``-``, ``_`` and ``.`` as any other): ``No module named 'Foo_Bar'``, then ``pip install foo-bar``."""
+    pip = kind == "module" and (installer(text) or "").startswith(_PYTHON_INSTALLERS)
     for name in (entity, DISTRIBUTIONS.get(entity)) if kind == "module" else (entity,):
         if name and len(name) >= 2:
-            cut = re.sub(rf"(?<![\w-]){re.escape(name)}(?![\w-])", _HOLE.format(kind), text)
+            if pip:
+                spelled = "[-_.]+".join(re.escape(part) for part in re.split(r"[-_.]+", name))
+                cut = re.sub(rf"(?<![\w.-]){spelled}(?![\w.-])", _HOLE.format(kind), text, flags=re.IGNORECASE)
+            else:
+                cut = re.sub(rf"(?<![\w-]){re.escape(name)}(?![\w-])", _HOLE.format(kind), text)
             if cut != text:
                 return cut
     return None

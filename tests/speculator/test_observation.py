@@ -56,6 +56,25 @@ def test_an_import_error_of_a_module_installed_under_another_name_fills_the_dist
     assert _guesses(pip, "yaml") == [("python3 -m pip install pyyaml", 0.7)]
 
 
+def test_an_install_names_the_module_as_pip_compares_names() -> None:
+    """pip takes a name in any case, a run of ``-``, ``_`` and ``.`` as any other (PEP 503): an install after an
+    import error names the module (or its distribution) so spelled, and is a template still; a longer name is not
+    it, and a call that is no install compares names exactly (Python's imports are case-sensitive)."""
+    for module, install in [
+        ("Foo_Bar", "pip install foo-bar"),
+        ("foo_bar", "pip install Foo.Bar --no-deps"),
+        ("speech_recognition", "pip3 install speechrecognition"),  # its distribution: SpeechRecognition
+    ]:
+        mine = ObservationPredictor(SiblingTable())
+        mine.observe(_ctx(ERROR.format(module)), CallKey.of(BASH, {"command": install}))
+        tail = " --no-deps" if "--no-deps" in install else ""
+        assert _guesses(mine, "numpy") == [(f"{install.split(' install ')[0]} install numpy{tail}", 0.7)], module
+    for module, call in [("foo", "pip install foo-bar"), ("foo", "pip install foo.bar"), ("Foo", "grep -ri foo .")]:
+        other = ObservationPredictor(SiblingTable())
+        other.observe(_ctx(ERROR.format(module)), CallKey.of(BASH, {"command": call}))
+        assert _guesses(other, "numpy") == [], (module, call)
+
+
 def test_only_a_python_installer_takes_the_distributions_name() -> None:
     from speculator._observation import _HOLE, _fill
 
