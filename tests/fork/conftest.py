@@ -11,6 +11,7 @@ workspace that is no CoW copy are a pre-copy plus an incremental dump (the fixtu
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -53,4 +54,23 @@ def fork_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
 async def ws() -> AsyncIterator[Workspace]:
     async with Workspace() as w:
         await w.write_file("/workspace/guest_state.py", (HERE / "guest_state.py").read_bytes())
+        yield w
+
+
+@asynccontextmanager
+async def track_guest(
+    monkeypatch: pytest.MonkeyPatch, *needs: tuple[str, str], log: bool = False, track: bool = False
+) -> AsyncIterator[Workspace]:
+    """A workspace running track_guest.py, once the host's CRIU has each of ``needs`` (a feature ``criu --version``
+    lists, the patch that adds it); ``log``: CRIU logs at level 3 (what a patch says it did); ``track``: snapshots
+    write-tracked (``BUNSHIN_TRACK_WRITES``), each incremental on the previous one."""
+    if log:
+        monkeypatch.setenv("BUNSHIN_CRIU_LOG_LEVEL", "3")
+    if track:
+        monkeypatch.setenv("BUNSHIN_TRACK_WRITES", "1")
+    for feature, patch in needs:
+        assert feature in criu_features(), f"CRIU lacks criu/patches/{patch}: run criu/build.sh"
+    async with Workspace() as w:
+        await w.write_file("/workspace/track_guest.py", (HERE / "track_guest.py").read_bytes())
+        await w.spawn(["python3", "/workspace/track_guest.py"])
         yield w

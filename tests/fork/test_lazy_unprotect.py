@@ -14,9 +14,8 @@ import pytest
 
 from bunshin_async import Snapshot, Workspace
 from bunshin_async._fork._snapshot import record_of
-from bunshin_async._host._criu import criu_features
 
-from .conftest import HERE
+from .conftest import track_guest
 from .test_smaps_early import guest_pid
 from .test_track_writes import Guest
 
@@ -27,11 +26,7 @@ LAZY_UNPROTECT = "lazy-unprotect"  # the feature criu/patches/0026 adds to `criu
 
 @pytest.fixture
 async def guest(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Workspace]:
-    monkeypatch.setenv("BUNSHIN_CRIU_LOG_LEVEL", "3")
-    assert LAZY_UNPROTECT in criu_features(), "CRIU lacks criu/patches/0026: run criu/build.sh"
-    async with Workspace() as w:
-        await w.write_file("/workspace/track_guest.py", (HERE / "track_guest.py").read_bytes())
-        await w.spawn(["python3", "/workspace/track_guest.py"])
+    async with track_guest(monkeypatch, (LAZY_UNPROTECT, "0026"), log=True) as w:
         yield w
 
 

@@ -13,9 +13,8 @@ import pytest
 
 from bunshin_async import Snapshot, Workspace
 from bunshin_async._fork._snapshot import record_of
-from bunshin_async._host._criu import criu_features
 
-from .conftest import HERE
+from .conftest import track_guest
 from .test_track_writes import Guest, restored_digest
 
 pytestmark = [pytest.mark.fork_modes("criu-cow"), pytest.mark.tracked]
@@ -25,11 +24,7 @@ BATCH = "parasite-batch"  # the feature criu/patches/0024 adds to `criu --versio
 
 @pytest.fixture
 async def guest(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Workspace]:
-    monkeypatch.setenv("BUNSHIN_CRIU_LOG_LEVEL", "3")  # CRIU logs the buffers written and the parasite's calls
-    assert BATCH in criu_features(), "CRIU lacks criu/patches/0024: run criu/build.sh"
-    async with Workspace() as w:
-        await w.write_file("/workspace/track_guest.py", (HERE / "track_guest.py").read_bytes())
-        await w.spawn(["python3", "/workspace/track_guest.py"])
+    async with track_guest(monkeypatch, (BATCH, "0024"), log=True) as w:
         yield w
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +17,10 @@ import pytest
 from bunshin_async import Snapshot, Workspace
 from bunshin_async._fork import _dump
 from bunshin_async._fork._snapshot import record_of
-from bunshin_async._host._criu import SwrkCriu, criu_features
+from bunshin_async._host._criu import SwrkCriu
 from bunshin_async._host._wptrack import WP_TRACK
 
-from .conftest import HERE
+from .conftest import track_guest
 from .test_track_writes import Guest, restored_digest
 
 pytestmark = pytest.mark.fork_modes("criu-cow")
@@ -29,13 +30,7 @@ PARENT_EARLY = "parent-early"  # the feature criu/patches/0027 adds to `criu --v
 
 @pytest.fixture
 async def guest(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Workspace]:
-    monkeypatch.setenv("BUNSHIN_TRACK_WRITES", "1")  # each checkpoint is incremental on the previous one
-    monkeypatch.setenv("BUNSHIN_CRIU_LOG_LEVEL", "3")
-    assert WP_TRACK in criu_features(), "CRIU lacks criu/patches/0013: run criu/build.sh"
-    assert PARENT_EARLY in criu_features(), "CRIU lacks criu/patches/0027: run criu/build.sh"
-    async with Workspace() as w:
-        await w.write_file("/workspace/track_guest.py", (HERE / "track_guest.py").read_bytes())
-        await w.spawn(["python3", "/workspace/track_guest.py"])
+    async with track_guest(monkeypatch, (WP_TRACK, "0013"), (PARENT_EARLY, "0027"), log=True, track=True) as w:
         yield w
 
 
@@ -50,6 +45,23 @@ class EarlyFrom(SwrkCriu):
         if env and "CRIU_PARENT_EARLY" in env:
             env = {**env, "CRIU_PARENT_EARLY": str(self.images)}
         return await super().call(req, env=env, **kw)
+
+
+@asynccontextmanager
+async def told_the_first(guest: Workspace) -> AsyncIterator[Snapshot]:
+    """Three write-tracked snapshots of ``guest``, each incremental on the one before; the third's CRIU is told to
+    read the first's images before the freeze (they hold pagemaps of the same processes), not its parent's. Yields
+    the third once a copy of it has been checked by digest; the second's images are kept."""
+    g = Guest(guest)
+    await g.ask("digest")
+    async with await guest.snapshot() as s1:
+        await g.ask("write 64")
+        async with await guest.snapshot() as s2:
+            d3 = await g.ask("write 64")
+            async with await _dump.snapshot(guest._core, EarlyFrom(record_of(s1).images)) as s3:
+                assert await restored_digest(s3, g.n) == d3
+                yield s3
+            assert record_of(s2).images.is_dir()
 
 
 def early(snap: Snapshot) -> list[str]:
@@ -81,18 +93,9 @@ async def test_the_parent_is_read_before_the_freeze(guest: Workspace) -> None:
 
 
 async def test_another_directory_is_not_used(guest: Workspace) -> None:
-    g = Guest(guest)
-    await g.ask("digest")
-    async with await guest.snapshot() as s1:
-        await g.ask("write 64")
-        async with await guest.snapshot() as s2:
-            d3 = await g.ask("write 64")
-            # s3's parent is s2; its CRIU is told s1's images, which hold pagemaps of the same processes
-            async with await _dump.snapshot(guest._core, EarlyFrom(record_of(s1).images)) as s3:
-                reads = early(s3)
-                assert len(reads) >= 3 and set(reads) == {"the parent is not the directory read"}, reads
-                assert await restored_digest(s3, g.n) == d3
-            assert record_of(s2).images.is_dir()
+    async with told_the_first(guest) as s3:
+        reads = early(s3)
+        assert len(reads) >= 3 and set(reads) == {"the parent is not the directory read"}, reads
 
 
 async def test_without_the_ready_check_the_parent_is_read_frozen(

@@ -13,11 +13,10 @@ import pytest
 
 from bunshin_async import Snapshot, Workspace
 from bunshin_async._fork._snapshot import record_of
-from bunshin_async._host._criu import criu_features
 from bunshin_async._host._snapstore import mem_chain_depth
 from bunshin_async._host._wptrack import WP_TRACK
 
-from .conftest import HERE
+from .conftest import track_guest
 from .test_track_writes import Guest, restored_digest
 
 pytestmark = pytest.mark.fork_modes("criu-cow")
@@ -27,13 +26,7 @@ PARENT_ONLY = "parent-pagemap-only"  # the feature criu/patches/0022 adds to `cr
 
 @pytest.fixture
 async def guest(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Workspace]:
-    monkeypatch.setenv("BUNSHIN_TRACK_WRITES", "1")  # each checkpoint is incremental on the previous one
-    monkeypatch.setenv("BUNSHIN_CRIU_LOG_LEVEL", "3")  # CRIU logs where each process's page dump went
-    assert WP_TRACK in criu_features(), "CRIU lacks criu/patches/0013: run criu/build.sh"
-    assert PARENT_ONLY in criu_features(), "CRIU lacks criu/patches/0022: run criu/build.sh"
-    async with Workspace() as w:
-        await w.write_file("/workspace/track_guest.py", (HERE / "track_guest.py").read_bytes())
-        await w.spawn(["python3", "/workspace/track_guest.py"])
+    async with track_guest(monkeypatch, (WP_TRACK, "0013"), (PARENT_ONLY, "0022"), log=True, track=True) as w:
         yield w
 
 

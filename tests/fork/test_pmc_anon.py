@@ -13,9 +13,8 @@ import pytest
 
 from bunshin_async import Snapshot, Workspace
 from bunshin_async._fork._snapshot import record_of
-from bunshin_async._host._criu import criu_features
 
-from .conftest import HERE
+from .conftest import track_guest
 from .test_smaps_early import guest_pid
 from .test_track_writes import Guest, dump_stats, restored_digest
 
@@ -28,11 +27,7 @@ FILE_PAGES = 384  # track_guest.py's ``fmap`` file: 1.5 MiB
 
 @pytest.fixture
 async def guest(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Workspace]:
-    monkeypatch.setenv("BUNSHIN_CRIU_LOG_LEVEL", "3")  # CRIU logs its pagemap cache's scans per process
-    assert PMC_ANON in criu_features(), "CRIU lacks criu/patches/0016: run criu/build.sh"
-    async with Workspace() as w:
-        await w.write_file("/workspace/track_guest.py", (HERE / "track_guest.py").read_bytes())
-        await w.spawn(["python3", "/workspace/track_guest.py"])
+    async with track_guest(monkeypatch, (PMC_ANON, "0016"), log=True) as w:
         yield w
 
 

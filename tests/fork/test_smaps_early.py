@@ -16,9 +16,9 @@ import pytest
 from bunshin_async import Snapshot, Workspace
 from bunshin_async._fork import _dump
 from bunshin_async._fork._snapshot import record_of
-from bunshin_async._host._criu import SwrkCriu, criu_features
+from bunshin_async._host._criu import SwrkCriu
 
-from .conftest import HERE
+from .conftest import track_guest
 from .test_track_writes import Guest, restored_digest
 
 pytestmark = [pytest.mark.fork_modes("criu-cow"), pytest.mark.tracked]
@@ -28,11 +28,7 @@ SMAPS_EARLY = "smaps-early"  # the feature criu/patches/0015 adds to `criu --ver
 
 @pytest.fixture
 async def guest(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Workspace]:
-    monkeypatch.setenv("BUNSHIN_CRIU_LOG_LEVEL", "3")  # CRIU logs what it did with each early read
-    assert SMAPS_EARLY in criu_features(), "CRIU lacks criu/patches/0015: run criu/build.sh"
-    async with Workspace() as w:
-        await w.write_file("/workspace/track_guest.py", (HERE / "track_guest.py").read_bytes())
-        await w.spawn(["python3", "/workspace/track_guest.py"])
+    async with track_guest(monkeypatch, (SMAPS_EARLY, "0015"), log=True) as w:
         yield w
 
 

@@ -20,10 +20,10 @@ from bunshin_async import ForkError, Snapshot, Workspace
 from bunshin_async._fork import _dump
 from bunshin_async._fork._snapshot import record_of
 from bunshin_async._host import _wptrack
-from bunshin_async._host._criu import SwrkCriu, criu_features, rpc
+from bunshin_async._host._criu import SwrkCriu, rpc
 from bunshin_async._host._wptrack import WP_TRACK
 
-from .conftest import HERE
+from .conftest import track_guest
 from .test_rollback_faults import KillCriuAt
 
 BUF_PAGES = 16 << 8  # track_guest.py's 16 MiB buffer
@@ -31,11 +31,7 @@ BUF_PAGES = 16 << 8  # track_guest.py's 16 MiB buffer
 
 @pytest.fixture
 async def guest(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Workspace]:
-    monkeypatch.setenv("BUNSHIN_TRACK_WRITES", "1")
-    assert WP_TRACK in criu_features(), "CRIU lacks criu/patches/0013: run criu/build.sh"
-    async with Workspace() as w:
-        await w.write_file("/workspace/track_guest.py", (HERE / "track_guest.py").read_bytes())
-        await w.spawn(["python3", "/workspace/track_guest.py"])
+    async with track_guest(monkeypatch, (WP_TRACK, "0013"), track=True) as w:
         yield w
 
 
@@ -196,9 +192,7 @@ async def test_failed_precopy_leaves_a_whole_dump(guest: Workspace) -> None:
 
 async def test_off_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("BUNSHIN_TRACK_WRITES", raising=False)
-    async with Workspace() as w:
-        await w.write_file("/workspace/track_guest.py", (HERE / "track_guest.py").read_bytes())
-        await w.spawn(["python3", "/workspace/track_guest.py"])
+    async with track_guest(monkeypatch) as w:
         g = Guest(w)
         await g.ask("digest")
         async with await w.snapshot():

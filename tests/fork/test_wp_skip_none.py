@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 
 from bunshin_async import Workspace
-from bunshin_async._host._criu import criu_features
 
-from .conftest import HERE
+from .conftest import track_guest
 from .test_smaps_early import guest_pid
 from .test_track_writes import Guest, restored_digest
 
@@ -30,11 +29,7 @@ SWP_PTE_MARKER = 31  # a PTE marker's swap type in pagemap (include/linux/swap.h
 
 @pytest.fixture
 async def guest(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Workspace]:
-    monkeypatch.setenv("BUNSHIN_TRACK_WRITES", "1")
-    assert WP_SKIP_NONE in criu_features(), "CRIU lacks criu/patches/0034: run criu/build.sh"
-    async with Workspace() as w:
-        await w.write_file("/workspace/track_guest.py", (HERE / "track_guest.py").read_bytes())
-        await w.spawn(["python3", "/workspace/track_guest.py"])
+    async with track_guest(monkeypatch, (WP_SKIP_NONE, "0034"), track=True) as w:
         yield w
 
 

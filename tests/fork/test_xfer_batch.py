@@ -12,9 +12,8 @@ import pytest
 
 from bunshin_async import Snapshot, Workspace
 from bunshin_async._fork._snapshot import record_of
-from bunshin_async._host._criu import criu_features
 
-from .conftest import HERE
+from .conftest import track_guest
 from .test_track_writes import Guest, restored_digest
 
 pytestmark = [pytest.mark.fork_modes("criu-cow"), pytest.mark.tracked]
@@ -24,11 +23,7 @@ XFER_BATCH = "xfer-batch"  # the feature criu/patches/0018 adds to `criu --versi
 
 @pytest.fixture
 async def guest(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Workspace]:
-    monkeypatch.setenv("BUNSHIN_CRIU_LOG_LEVEL", "3")  # CRIU logs the pages it wrote and in how many batches
-    assert XFER_BATCH in criu_features(), "CRIU lacks criu/patches/0018: run criu/build.sh"
-    async with Workspace() as w:
-        await w.write_file("/workspace/track_guest.py", (HERE / "track_guest.py").read_bytes())
-        await w.spawn(["python3", "/workspace/track_guest.py"])
+    async with track_guest(monkeypatch, (XFER_BATCH, "0018"), log=True) as w:
         yield w
 
 
