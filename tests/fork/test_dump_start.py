@@ -189,8 +189,14 @@ async def test_the_pause_counts_from_the_held_calls(ws: Workspace, monkeypatch: 
     client = ws._core.client
     assert client is not None
 
+    release = False  # the first check lets the call in flight end (an order: it blocks on a fifo until then)
+
     def check(core: Any) -> Any:
+        nonlocal release
         checks.append((not client._open.is_set(), time.monotonic()))
+        if release:
+            release = False
+            anyio.from_thread.run(ws.exec, "echo go > /tmp/go")  # before the drain: not held
         return real_check(core)
 
     def resume(self: AgentClient) -> None:
@@ -206,8 +212,10 @@ async def test_the_pause_counts_from_the_held_calls(ws: Workspace, monkeypatch: 
     resumed.clear()
 
     async def in_flight() -> None:
-        await ws.exec("sleep 0.3")
+        await ws.exec("read line < /tmp/go")
 
+    assert (await ws.exec("mkfifo /tmp/go")).ok
+    release = True
     async with anyio.create_task_group() as tg:
         tg.start_soon(in_flight)
         while client.mark()[1] == 0:  # the exec is in flight
