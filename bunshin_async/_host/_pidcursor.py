@@ -35,7 +35,7 @@ import anyio
 
 from . import _paths
 from . import _protocol as P
-from ._pidns import MAX_OUTPUT, TIMEOUT, parse_last_pid, pid_max
+from ._pidns import MAX_OUTPUT, TIMEOUT, parse_exchange, pid_max
 
 __all__ = ["PID_REQUESTS", "PidLedger", "ReadPids", "exchange_last_pid", "guest_tasks"]
 
@@ -76,7 +76,7 @@ def exchange_last_pid(pid: int, expect: int | None = None, new: int | None = Non
     if proc.returncode != 0:
         log.warning("pid %d: its pid namespace's last pid: %s", pid, out[:MAX_OUTPUT].decode(errors="replace"))
         return None, False
-    return parse_last_pid(out, limit), out[:MAX_OUTPUT].rstrip().endswith(b" W")
+    return parse_exchange(out, limit)
 
 
 def _runtime(path: str) -> int:

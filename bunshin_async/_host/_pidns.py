@@ -26,7 +26,7 @@ from pathlib import Path
 from . import _paths
 from ._threads import join_thread
 
-__all__ = ["LAST_PID_IMG", "LastPid", "parse_last_pid"]
+__all__ = ["LAST_PID_IMG", "LastPid", "parse_exchange", "parse_last_pid"]
 
 log = logging.getLogger("bunshin_async.fork")
 
@@ -55,6 +55,14 @@ def parse_last_pid(out: bytes, limit: int) -> int | None:
         return None
     value = int(text)
     return value if 0 < value < limit else None
+
+
+def parse_exchange(out: bytes, limit: int) -> tuple[int | None, bool]:
+    """The answer of ``--last-pid FD EXPECT NEW``: the pid read (``parse_last_pid``), and whether the helper wrote
+    NEW (``L <pid> W``: it read EXPECT)."""
+    text = out[:MAX_OUTPUT].rstrip()
+    written = text.endswith(b" W")
+    return parse_last_pid(text[:-2] if written else text, limit), written
 
 
 class LastPid:

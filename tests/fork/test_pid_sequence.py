@@ -19,7 +19,7 @@ import pytest
 from bunshin_async import Workspace
 from bunshin_async._fork._snapshot import record_of
 from bunshin_async._host._criu import criu_features
-from bunshin_async._host._pidns import LAST_PID_IMG, LastPid, parse_last_pid
+from bunshin_async._host._pidns import LAST_PID_IMG, LastPid, parse_exchange, parse_last_pid
 
 pytestmark = pytest.mark.tracked
 
@@ -118,6 +118,11 @@ def test_the_helpers_answer_is_a_pid_below_pid_max_or_nothing() -> None:
     for out in (b"L -1\n", b"L 0\n", b"L 32768\n", b"L 99999999999999\n", b"L 4 5\n", b"L x\n", b"E setns: EPERM\n",
                 b"", b"4\n", b"L " + b"9" * 300):  # fmt: skip
         assert parse_last_pid(out, 32768) is None, out
+    # a compare-and-set's answer: the pid it read, written or not (``L 4 W`` read as no pid hid what it read)
+    assert parse_exchange(b"L 4 W\n", 32768) == (4, True)
+    assert parse_exchange(b"L 4\n", 32768) == (4, False)
+    assert parse_exchange(b"L 32768 W\n", 32768) == (None, True)
+    assert parse_exchange(b"L W\n", 32768) == (None, True)
 
 
 async def test_a_reading_never_asked_for_leaves_nothing(ws: Workspace, tmp_path: Path) -> None:
