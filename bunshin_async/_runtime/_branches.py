@@ -10,6 +10,7 @@ on. Cleanup is shielded, with a deadline.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Callable, Collection
 from typing import Any, Literal
 
@@ -167,6 +168,28 @@ async def read_in_place(b: Branch, tool: Tool, args: dict[str, Any], executor: o
     except ToolError as exc:
         return None, exc
     return (None, outcome) if isinstance(outcome, ToolError) else (outcome, None)
+
+
+def observe_fork_call(observe: Callable[..., None], b: Branch) -> None:
+    """Tell a policy's ``observe_fork_call`` what fork branch ``b``'s call took and held (``Policy``). A hook of the
+    form before ``byte_seconds`` (session 20: key, seconds, bytes) is told that form, so a user's policy keeps
+    working."""
+    assert b.ws is not None
+    seconds = b.run_end - b.run_start if b.ok else -1.0
+    told = (b.key, seconds, call_peak(b.ws, b.ready_peak, b.ready_usage), b.byte_seconds())
+    observe(*told[: positional(observe, len(told))])
+
+
+def positional(fn: Callable[..., Any], most: int) -> int:
+    """How many positional arguments ``fn`` takes, up to ``most`` (``most`` when it takes ``*args`` or cannot be
+    inspected)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return most
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return most
+    return min(most, sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params))
 
 
 async def _fork_shielded(ws: Workspace) -> Workspace:
@@ -372,8 +395,7 @@ class BranchSet:
         spec = owner.speculation
         observe_call = getattr(spec.policy, "observe_fork_call", None) if spec is not None and b.forked else None
         if observe_call is not None and b.run_start and b.ws is not None:  # hit or miss, ended or cut short
-            held = call_peak(b.ws, b.ready_peak, b.ready_usage)
-            observe_call(b.key, b.run_end - b.run_start if b.ok else -1.0, held, b.byte_seconds())
+            observe_fork_call(observe_call, b)
         elif spec is not None and b.ok:
             spec.policy.observe_tool(b.key, b.run_end - b.run_start)
         observe_rollout = getattr(spec.policy, "observe_rollout_memory", None) if spec is not None else None

@@ -158,7 +158,8 @@ class Policy(Protocol):
     fork before its call, what its making held (its cgroup's peak then: the restore's CRIU and what it restored);
     ``observe_fork_call(key, seconds, bytes, byte_seconds)``: a call run in a fork, hit or miss, took ``seconds``
     (negative: cut short), raised the fork's cgroup ``bytes`` above its charge when it started (``call_peak``) and
-    held ``byte_seconds`` above that charge over its run (``CallMeter``, sampled; -1: not measured) (instead of
+    held ``byte_seconds`` above that charge over its run (``CallMeter``, sampled; -1: not measured; a hook without
+    that argument, session 20's form, is told the first three) (instead of
     ``observe_tool``, which then tells main-line and in-place runs only); ``observe_cpu(key, cpu_seconds, seconds)``: a
     call run on the main line took ``cpu_seconds`` of CPU (its workspace's cgroup, where it has CPU accounting) in
     ``seconds``, to tell waiting from computing; ``active()``: asked before the predictors are, False when no launch

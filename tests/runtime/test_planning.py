@@ -4,8 +4,11 @@ scoring of predictors' guesses; which unused branches a turn hands to the next."
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
+from bunshin_async._runtime._branches import observe_fork_call, positional
 from bunshin_async._runtime._calls import CallKey, Candidate, PredictionContext, chain_root, extend_chain
 from bunshin_async._runtime._planning import (
     Classified,
@@ -128,3 +131,28 @@ def test_kept_branches_finished_first_then_likeliest_with_their_ancestors() -> N
     assert choose_kept(alive, 2) == [4, 3]
     assert choose_kept(alive, 1) == [2]  # 3 needs its parent too: no room
     assert choose_kept(alive, 0) == []
+
+
+def test_a_policys_fork_call_hook_of_the_first_form_is_told_that_form() -> None:
+    """``observe_fork_call`` gained ``byte_seconds`` (session 21): a policy written for (key, seconds, bytes) is told
+    those three, a newer one all four, one taking ``*args`` all four."""
+    told: list[tuple[object, ...]] = []
+
+    class Old:
+        def observe_fork_call(self, key: CallKey, seconds: float, held: int) -> None:
+            told.append((key, seconds, held))
+
+    class New:
+        def observe_fork_call(self, key: CallKey, seconds: float, held: int, byte_seconds: float = -1.0) -> None:
+            told.append((key, seconds, held, byte_seconds))
+
+    def anything(*args: object) -> None:
+        told.append(args)
+
+    # a fork branch whose call ran 2 s and held 5 byte-seconds (its cgroup unread: no memory controller, 0 bytes)
+    b = SimpleNamespace(key=_key("make"), ok=True, run_start=1.0, run_end=3.0, ws=SimpleNamespace(cgroup=None),
+                        ready_peak=None, ready_usage=None, byte_seconds=lambda: 5.0)  # fmt: skip
+    for hook in (Old().observe_fork_call, New().observe_fork_call, anything):
+        observe_fork_call(hook, b)  # type: ignore[arg-type]
+    assert told == [(_key("make"), 2.0, 0), (_key("make"), 2.0, 0, 5.0), (_key("make"), 2.0, 0, 5.0)]
+    assert positional(len, 4) == 1
