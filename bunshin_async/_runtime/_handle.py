@@ -207,6 +207,8 @@ class WorkspaceHandle:
                     yield self
                 finally:
                     self.tasks = None
+                    for b in self.kept:  # no turn takes them now: a fork's is closed as it settles (``Branch.cancel``)
+                        b.cancel()
                     self.kept = []
                     tg.cancel_scope.cancel()
         except BaseExceptionGroup as group:  # the block's own error (branch tasks catch theirs), as it was raised

@@ -1,7 +1,8 @@
-"""Discarding a speculative branch (``BranchSet.discard``): a branch in a fork of its own marks that fork's calls
-abandoned (its cancelled call returns without waiting for the agent to reap the command: the fork is closed when the
-branch settles, tests/workspace/test_lifecycle.py shows the wait cut), and so do the forks chained after it; a read
-run in place, in a workspace that lives on, keeps the wait. The runtime's own logic, without starting a workspace."""
+"""Discarding a speculative branch (``BranchSet.discard``, and the branches kept past a rollout's last turn when its
+``background()`` ends): a branch in a fork of its own marks that fork's calls abandoned (its cancelled call returns
+without waiting for the agent to reap the command: the fork is closed when the branch settles,
+tests/workspace/test_lifecycle.py shows the wait cut), and so do the forks chained after it; a read run in place, in
+a workspace that lives on, keeps the wait. The runtime's own logic, without starting a workspace."""
 
 from __future__ import annotations
 
@@ -46,3 +47,16 @@ async def test_a_discarded_forks_calls_are_abandoned_and_an_in_place_reads_are_n
     branches.discard(read)
     assert all(b.discarded for b in (write, after, read_after, read))
     assert abandoned == [fork, chained]
+
+
+async def test_the_branches_kept_when_the_background_ends_are_abandoned_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    abandoned: list[Workspace] = []
+    monkeypatch.setattr(_branches, "abandon_calls", abandoned.append)
+    rollout, fork = Workspace(), Workspace()
+    handle = WorkspaceHandle(rollout)
+    branches = BranchSet(handle, {}, None, TurnLog(TurnMetrics(turn=0), time.monotonic))
+    write, read = _branch(branches, "make", Effect.WRITE, fork), _branch(branches, "ls", Effect.READ, rollout)
+    async with handle.background():
+        handle.kept = [write, read]  # what the last turn handed on
+    assert abandoned == [fork] and handle.kept == []
+    assert write.scope.cancel_called and read.scope.cancel_called
