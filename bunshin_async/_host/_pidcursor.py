@@ -27,7 +27,9 @@ import contextlib
 import contextvars
 import logging
 import os
-import subprocess
+import select
+import signal
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -47,36 +49,84 @@ MAX_TASKS = 4096
 """Tasks of a workspace looked at; one with more is not quiet enough to be sure of."""
 
 
+HELPER_FD = 3
+"""The descriptor the helper gets the pidfd on (``posix_spawn`` dups it there; the host's own is close-on-exec)."""
+
+
 def exchange_last_pid(pid: int, expect: int | None = None, new: int | None = None) -> tuple[int | None, bool]:
     """The last pid of the pid namespace of host process ``pid`` (its pid 1), and, given ``expect`` and ``new``,
     whether it was ``expect`` and set to ``new`` (``bunshin-init --last-pid``). ``(None, False)`` when it cannot be
-    had (logged). Blocking: a helper process, ~1 ms."""
+    had (logged). Blocking: a helper process, ~0.5 ms quiet. Spawned with ``posix_spawn``, not ``subprocess``:
+    ``Popen``'s own work was two thirds of each run (1.8 against 0.55 ms, loaded; a read in place runs it two or
+    three times)."""
     limit = pid_max()
     try:
         fd = os.pidfd_open(pid)
     except OSError as exc:
         log.debug("pid %d: its pid namespace's last pid: %s", pid, exc)
         return None, False
-    cmd = [str(_paths.init_binary()), "--last-pid", str(fd)]
+    args = ["bunshin-init", "--last-pid", str(HELPER_FD)]
     if expect is not None and new is not None:
-        cmd += [str(expect), str(new)]
+        args += [str(expect), str(new)]
+    if fd == HELPER_FD:  # (dup2 onto itself would leave it close-on-exec)
+        fd, old = os.dup(fd), fd
+        os.close(old)
+    out: bytes | None = b""
+    child = 0
+    r_in, w_in = os.pipe()  # close-on-exec: the child gets only what the file actions dup (their dup2 clears it)
+    r_out, w_out = os.pipe()
     try:
-        with subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=(fd,)) as proc:
-            try:
-                out, _ = proc.communicate(b"g", timeout=TIMEOUT)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                log.warning("pid %d: its pid namespace's last pid: no answer in %s s", pid, TIMEOUT)
-                return None, False
+        dup = os.POSIX_SPAWN_DUP2
+        actions = [(dup, r_in, 0), (dup, w_out, 1), (dup, fd, HELPER_FD)]
+        child = os.posix_spawn(str(_paths.init_binary()), args, {}, file_actions=actions)
+        os.close(w_out)
+        w_out = -1
+        os.write(w_in, b"g")  # it reads one byte and answers (it may have failed and gone first: EPIPE)
+        out = _read_answer(r_out)
     except OSError as exc:
         log.warning("pid %d: its pid namespace's last pid: %s", pid, exc)
-        return None, False
     finally:
-        os.close(fd)
-    if proc.returncode != 0:
-        log.warning("pid %d: its pid namespace's last pid: %s", pid, out[:MAX_OUTPUT].decode(errors="replace"))
+        for f in (fd, r_in, w_in, r_out, w_out):
+            if f >= 0:
+                os.close(f)
+        status = _reap(child, kill=out is None) if child else -1
+    if out is None:
+        log.warning("pid %d: its pid namespace's last pid: no answer in %s s", pid, TIMEOUT)
+        return None, False
+    if status != 0:
+        if out:
+            log.warning("pid %d: its pid namespace's last pid: %s", pid, out[:MAX_OUTPUT].decode(errors="replace"))
         return None, False
     return parse_exchange(out, limit)
+
+
+def _read_answer(fd: int) -> bytes | None:
+    """What the helper printed until it closed its end (at most ``MAX_OUTPUT`` bytes kept), None after ``TIMEOUT``.
+    ``poll``, not ``select``: a host with many workspaces holds descriptors past FD_SETSIZE."""
+    out = b""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or not poller.poll(left * 1000):
+            return None
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            return out
+        out = (out + chunk)[: MAX_OUTPUT * 2]
+
+
+def _reap(child: int, *, kill: bool) -> int:
+    """Wait for the helper, killed first when it did not answer in time; its exit status."""
+    try:
+        if kill:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
+        _, status = os.waitpid(child, 0)
+        return os.waitstatus_to_exitcode(status)
+    except ChildProcessError:
+        return -1
 
 
 def _runtime(path: str) -> int:
