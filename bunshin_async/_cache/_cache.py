@@ -20,7 +20,7 @@ random share of hits and reports disagreements in ``metrics().audit_mismatches``
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +30,7 @@ import msgspec
 from .._exceptions import InvalidValue, ToolCallError, ToolError
 from .._runtime._handle import WorkspaceSlot
 from .._tools._tools import CallClass, Effect, Tool, builtin_tools, lookup
-from ._calls import CallRecord, Calls, share_read
+from ._calls import CallRecord, Calls
 from ._keys import SCHEMA_VERSION, BaseState, StateChain, encode_call, pure_key
 from ._metrics import CacheMetrics
 from ._position import Position
@@ -270,15 +270,6 @@ class CachedSession:
             key = self._pos.chain.write_key(call)
             return cache.flights.get(key) is not None or cache.tree.snapshot(key) is not None
         return cache.known(pure_key(call) if cls.effect is Effect.PURE else self._pos.chain.read_key(call))
-
-    async def share(self, tool: str, args: Mapping[str, Any], run: Callable[[], Awaitable[Any]]) -> tuple[Any, bool]:
-        """A speculative read of ``tool`` run in place (``run``: in the session's workspace, at its state), through
-        the cache's single flight: a sibling's identical read in flight or stored serves it instead (``share_read``).
-        Returns the outcome (the result, or the ``ToolError``) and whether ``run`` ran. Not under the session's
-        lock: a read does not move the state, and the speculation runtime ends its reads before a write runs."""
-        t = lookup(self.tools, tool)
-        norm = t.normalize(args)
-        return await share_read(self._calls, t, norm, t.classify_call(norm), run)
 
     async def move(self, workspace: Workspace) -> None:
         """Continue in ``workspace``, a speculative write's fork whose call still runs (owned by the session from now

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import msgspec
@@ -61,8 +61,6 @@ class Calls:
         self.pos = pos
         self.capture = capture
         self._decoders = {name: msgspec.msgpack.Decoder(t.result_type) for name, t in tools.items()}
-        # keys of speculative reads (``share_read``): None when this session ran it, else what served it and how
-        self.speculated: dict[bytes, tuple[Entry, Source] | None] = {}
 
     async def dispatch(self, tool: Tool, args: dict[str, Any], cls: CallClass) -> CallRecord:
         """Serve or run one call (``args`` normalized, ``cls`` its class)."""
@@ -305,82 +303,6 @@ class Calls:
                 entry = await self.shared.capture(self.pos.workspace, key, entry)
         else:
             key = pure_key(call) if cls.effect is Effect.PURE else self.pos.chain.read_key(call)
-            if key in self.speculated:  # its speculative run went through the single flight (``share_read``)
-                served = self.speculated.pop(key)
-                if served is not None:  # a sibling's run or the store served it, as it would have served ``call``
-                    seconds, source = served[0].duration, served[1]
-                    self.shared.metrics.count_hit(tool.name, cls.effect.value, seconds, shared=source == "shared")
-                    return CallRecord(tool.name, cls.effect, source, result, seconds, key.hex())
-                self._miss(tool, cls.effect, entry, None)  # ran here, and stored when it ended
-                return CallRecord(tool.name, cls.effect, "adopted", result, duration, key.hex())
         await self.shared.put(key, entry)
         self._miss(tool, cls.effect, entry, None)
         return CallRecord(tool.name, cls.effect, "adopted", result, duration, key.hex())
-
-
-SPECULATED_KEYS = 256
-"""Speculative reads a session remembers until the rollout takes them (``Calls.speculated``); older ones are
-forgotten (taken after that, one is recorded as run here)."""
-
-
-async def share_read(
-    calls: Calls, tool: Tool, args: dict[str, Any], cls: CallClass, run: Callable[[], Awaitable[Any]]
-) -> tuple[Any, bool]:
-    """A speculative read run in place for ``calls``'s session, through its cache's single flight, as a main-line
-    read is (``Calls._read``): sibling rollouts that speculate (or call) the same read at the same state while it
-    runs wait for its outcome instead of running it, and one that comes later is served from the store. ``run``
-    runs the tool in the rollout's workspace (its result, or the ``ToolError`` raised). Returns the outcome (the
-    result or the ``ToolError``, not raised) and whether ``run`` ran. Counted in the metrics only once the rollout
-    takes it (``Calls.adopt``): a hit served here is a ``shared`` one; stored when run (an unused read's result
-    serves siblings too)."""
-    if not cls.cacheable or cls.effect not in (Effect.READ, Effect.PURE):
-        return await _outcome(run), True
-    cache = calls.shared
-    call = encode_call(tool.name, tool.version, args)
-    key = pure_key(call) if cls.effect is Effect.PURE else calls.pos.chain.read_key(call)
-    while True:
-        flight = cache.flights.get(key)
-        entry = None
-        if flight is not None:
-            await flight.done.wait()
-            entry = flight.entry
-            if entry is None:
-                continue  # the leader failed without an outcome: go round, maybe as the leader
-        else:
-            entry = await cache.lookup(key)
-        if entry is not None:
-            try:
-                outcome = calls._decode(tool, entry)
-            except CorruptRecord:
-                cache.metrics.corrupt += 1
-                await cache.delete(key)
-                continue
-            _remember(calls, key, (entry, "cache" if flight is None else "shared"))
-            return outcome, False
-        if cache.flights.get(key) is not None:
-            continue
-        flight = cache.flights.lead(key)
-        try:
-            t0 = time.perf_counter()
-            outcome = await _outcome(run)
-            entry = entry_of(tool.name, cls.effect.value, outcome, time.perf_counter() - t0)
-            if entry is not None:
-                await cache.put(key, entry)
-                _remember(calls, key, None)
-        finally:
-            cache.flights.finish(key, flight, entry)
-        return outcome, True
-
-
-def _remember(calls: Calls, key: bytes, served: tuple[Entry, Source] | None) -> None:
-    calls.speculated.pop(key, None)
-    calls.speculated[key] = served
-    while len(calls.speculated) > SPECULATED_KEYS:
-        del calls.speculated[next(iter(calls.speculated))]
-
-
-async def _outcome(run: Callable[[], Awaitable[Any]]) -> Any:
-    try:
-        return await run()
-    except ToolError as exc:
-        return exc

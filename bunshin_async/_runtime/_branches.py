@@ -94,7 +94,6 @@ class Branch:
         self.lock = anyio.Lock()  # held while a chained child forks this branch's fork, and while it is committed
         self.pids: ReadPids | None = None  # run in place: the pids its processes took (put back unless used)
         self.ran = True  # taken: the plain loop would run its call there (False: a tool cache would serve it)
-        self.led: bool | None = None  # in place through the executor's single flight: it ran there (not served)
 
     def cancel(self) -> None:
         """Cancel its task. Its own fork is closed once it settles, so its cancelled call need not wait for the agent
@@ -108,13 +107,9 @@ class Branch:
         if self.pids is not None and not self.used:
             self.pids.drop()
 
-    async def run_call(self, tool: Tool, args: dict[str, Any], clock: Callable[[], float], executor: object) -> None:
-        """Run its call in ``ws``: ``result`` and ``error``; a fork's call metered (``CallMeter``), a read in place
-        as ``read_in_place`` runs it (``executor``: the rollout's)."""
+    async def run_call(self, tool: Tool, args: dict[str, Any], clock: Callable[[], float]) -> None:
+        """Run its call in ``ws``: ``result`` and ``error``; a fork's call metered (``CallMeter``)."""
         assert self.ws is not None
-        if not self.launch.needs_fork:
-            self.result, self.error = await read_in_place(self, tool, args, executor)
-            return
         self.meter = CallMeter(self.ws, clock) if self.forked else None
         call = run_tool(tool, self.ws, args)
         self.result, self.error = await (self.meter.during(call) if self.meter is not None else call)
@@ -141,33 +136,6 @@ async def run_tool(tool: Tool, ws: Workspace, args: dict[str, Any]) -> tuple[Any
         return await tool.handler(ws, tool.normalize(args)), None
     except ToolError as exc:
         return None, exc
-
-
-async def read_in_place(b: Branch, tool: Tool, args: dict[str, Any], executor: object) -> tuple[Any, ToolError | None]:
-    """Run read branch ``b``'s call in place: in a pid-cursor scope (its pids go back unless the rollout uses it:
-    ``Workspace.in_place``), and, in the rollout's workspace (not a chained read's in its parent's fork: another
-    state than the executor's), through the executor's single flight where it has one (``share``, a
-    ``CachedSession``'s: an identical read a sibling runs or stored serves it, and no process runs here)."""
-    assert b.ws is not None
-    ws: Workspace = b.ws
-    share = getattr(executor, "share", None) if b.parent is None else None
-
-    async def run() -> Any:
-        b.led = True if share is not None else None
-        in_place = isinstance(ws, Workspace)  # (an executor's workspace may be anything)
-        async with ws.in_place() if in_place else contextlib.nullcontext() as b.pids:
-            result, error = await run_tool(tool, ws, args)
-        if error is not None:
-            raise error
-        return result
-
-    try:
-        if share is None:
-            return await run(), None
-        outcome, b.led = await share(tool.name, args, run)
-    except ToolError as exc:
-        return None, exc
-    return (None, outcome) if isinstance(outcome, ToolError) else (outcome, None)
 
 
 def observe_fork_call(observe: Callable[..., None], b: Branch) -> None:
@@ -359,7 +327,9 @@ class BranchSet:
                     b.ws = base
                 b.run_start = clock()
                 b.calling.set()
-                await b.run_call(tool, args, clock, self.handle.executor)
+                in_place = not b.launch.needs_fork and isinstance(b.ws, Workspace)  # (an executor's: anything)
+                async with b.ws.in_place() if in_place else contextlib.nullcontext() as b.pids:
+                    await b.run_call(tool, args, clock)  # in place: its pids go back unless used
                 b.run_end = clock()
                 b.ok = True
                 b.owner.log.mark("branch_done", b.position, b.key.name)

@@ -211,7 +211,7 @@ class MainLine:
         # pays for it too.
         b.used, b.saved = True, (t_due + run) - t_ready
         if b.pids is not None and not b.pids.decided:
-            b.pids.use(ran=b.ran if b.led is None else b.led)
+            b.pids.use(ran=b.ran)
         return CallResult(
             index=d.call.index, call=d.call, result=b.result, error=b.error, source="speculated", seconds=run, t=now
         )

@@ -305,7 +305,7 @@ class SpeculativeTurn:
         skip = self.speculation.skip if self.speculation is not None else None
         for b in self._branches.live:  # a read run in place that this call takes: its pids stay (``ReadPids``)
             if not b.launch.needs_fork and b.key in wanted and b.parent is None and b.epoch == self.handle.epoch:
-                b.ran = not (skip is not None and skip(b.launch)) if b.led is None else b.led  # (False: no process)
+                b.ran = not (skip is not None and skip(b.launch))  # the cache would serve it: no process
                 if b.pids is not None:  # (else its scope has not begun: ``_taken`` tells it)
                     b.pids.use(ran=b.ran)
         # A finished branch for another call may stay (its state is unchanged until a write: a later call may want
