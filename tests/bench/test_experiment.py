@@ -218,15 +218,25 @@ def test_scrubbing_hides_the_moment_in_ps_aux_and_not_the_processes() -> None:
 
     from bench.experiment._runner import scrub
 
-    grow = "import sys\nsys.stdin.readline()\nb = bytearray(64 << 20)\nprint('grown', flush=True)\nsys.stdin.read()\n"
+    grow = (
+        "import sys\nprint('ready', flush=True)\nsys.stdin.readline()\nb = bytearray(64 << 20)\n"
+        "print('grown', flush=True)\nsys.stdin.read()\n"
+    )
     with subprocess.Popen([sys.executable, "-c", grow], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as p:
         assert p.stdin is not None and p.stdout is not None
 
         def line() -> str:
+            # once it waits for its input (state S): a loaded machine may still run it just after it printed, and
+            # ps's STAT would then say R
+            for _ in range(10_000):  # a hang guard: it blocks within microseconds of its print
+                if Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "S":
+                    break
+                time.sleep(0.001)
             out = subprocess.run(["ps", "aux"], capture_output=True, text=True, check=True).stdout
             [mine] = [ln for ln in out.splitlines() if ln.split()[1] == str(p.pid)]
             return mine + "\n"
 
+        assert p.stdout.readline() == "ready\n"
         before = line()
         p.stdin.write("go\n")
         p.stdin.flush()
