@@ -472,7 +472,6 @@ def _after_policy(
     print(_row(f"**{label}**", other.total(), hideable))
     print(_row("**all: oracle**", oracle.total(), hideable))
     print(_row("**all: oracle, its guesses stating their run time**", timed.total(), hideable))
-    _latency(groups, rep, oracle, args.together)
 
     def told(task: str) -> Callable[[], Sequence[Predictor]]:
         records, table = iter(groups[task]), SiblingTable()
@@ -482,6 +481,7 @@ def _after_policy(
 
     print(_row("observation alone, told each single-package install's package (upper bound)",
                replay(groups, told, **run).total(), hideable))  # fmt: skip
+    _latency(groups, rep, oracle, args.together)
     print("\nBy predictor (the source of the option the policy weighed)\n" + head.format("predictor") + "\n" + rule)
     for source in rep.sources():
         print(_row(source, rep.total(source), hideable))
