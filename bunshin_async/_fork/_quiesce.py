@@ -63,10 +63,12 @@ async def drain(ws: WorkspaceCore) -> AgentClient:
     try:
         with anyio.move_on_after(DRAIN_TIMEOUT) as scope:
             await gated.quiesce()
-            delay = 0.0005
-            while _host_connections(ws):  # the agent closes its end once it reads our hang-up
-                await anyio.sleep(delay)
-                delay = min(delay * 2, 0.02)
+            if not gated.all_closed():  # a connection closed without the agent's end-of-file seen (0.3 ms a look)
+                delay = 0.0005
+                while _host_connections(ws):  # the agent closes its end once it reads our hang-up
+                    await anyio.sleep(delay)
+                    delay = min(delay * 2, 0.02)
+                gated.seen_closed()
     except BaseException:
         gated.resume()
         raise

@@ -113,16 +113,20 @@ def answer_limit(req: P.Request, request_bytes: int) -> int:
     return limit
 
 
-async def _hang_up(conn: SocketStream) -> None:
+async def _hang_up(conn: SocketStream) -> bool:
     """Tell the agent the request is cancelled (a shutdown of our side: it reads end-of-file) and wait until it has
-    ended the command and closed its end, dropping whatever it still sends (``HANG_UP_GRACE`` at most)."""
+    ended the command and closed its end, dropping whatever it still sends (``HANG_UP_GRACE`` at most). Whether
+    its end-of-file came: every descriptor of its end is closed."""
     with anyio.move_on_after(HANG_UP_GRACE):
         try:
             await conn.send_eof()
             while True:
                 await conn.receive()
-        except (OSError, anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+        except anyio.EndOfStream:
+            return True
+        except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
             pass
+    return False
 
 
 def agent_threads(pids_limit: int | None) -> int:
@@ -167,6 +171,7 @@ class AgentClient:
         self._open.set()
         self._in_flight = 0
         self._started = 0
+        self._unseen = 0  # connections closed without the agent's end-of-file seen since the last ``seen_closed``
         self._drained = anyio.Event()
         self._scopes_open = False  # a quiesce lets the requests of speculative scopes through until they ended
         self._abandoned = False
@@ -280,11 +285,21 @@ class AgentClient:
         idle, self._idle = self._idle, []
         try:
             for conn in idle:
-                await _hang_up(conn)
+                if not await _hang_up(conn):
+                    self._unseen += 1
         finally:
             with anyio.CancelScope(shield=True):
                 for conn in idle:
                     await conn.aclose()
+
+    def all_closed(self) -> bool:
+        """Whether the agent closed its end of every connection this client has closed (since ``seen_closed``):
+        then it holds none, and a dump need not look through the workspace's descriptors for one."""
+        return self._unseen == 0
+
+    def seen_closed(self) -> None:
+        """The workspace's descriptors were looked through and hold no host connection."""
+        self._unseen = 0
 
     def resume(self) -> None:
         self._open.set()
@@ -321,8 +336,8 @@ class AgentClient:
                 self._idle.append(conn)
             else:  # failed, cancelled or bad: this connection is done, the workspace's others are not
                 with anyio.CancelScope(shield=True):
-                    if cancelled and not self._abandoned:
-                        await _hang_up(conn)
+                    if not (cancelled and not self._abandoned and await _hang_up(conn)):
+                        self._unseen += 1
                     await conn.aclose()
         assert resp is not None
         return resp
@@ -362,6 +377,7 @@ class AgentClient:
 
     async def _close_idle(self) -> None:
         idle, self._idle = self._idle, []
+        self._unseen += len(idle)
         for conn in idle:
             await conn.aclose()
 

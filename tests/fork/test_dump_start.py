@@ -226,3 +226,37 @@ async def test_the_pause_counts_from_the_held_calls(ws: Workspace, monkeypatch: 
             # the second check, and the wait for the exec before it, are in the pause the held calls saw
             assert snap.dump_ms >= (resumed[0] - checks[1][1]) * 1000, (snap.dump_ms, checks, resumed)
     assert (await ws.exec("echo alive")).stdout == "alive\n"
+
+
+async def test_the_drain_looks_for_host_connections_only_after_one_closed_unseen(
+    ws: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The hang-up sees the agent's end-of-file for each idle connection, so a dump looks through the workspace's
+    # descriptors (0.3 ms) only when a connection was closed without it (here: closed without a hang-up, as a
+    # rebind does); that look finds none, and the next dump does not look again.
+    looks: list[int] = []
+    real = _quiesce._host_connections
+
+    def host_connections(core: Any) -> int:
+        looks.append(n := real(core))
+        return n
+
+    monkeypatch.setattr(_quiesce, "_host_connections", host_connections)
+    client = ws._core.client
+    assert client is not None
+    await ws.write_file("/workspace/f", "kept")
+    async with await _dump.snapshot(ws._core, Spawns()):
+        assert looks == []
+    assert (await ws.exec("echo one")).stdout == "one\n"  # an idle connection again
+    await client._close_idle()  # closed without a hang-up: the agent's end may still be open
+    async with await _dump.snapshot(ws._core, Spawns()):
+        assert looks and looks[-1] == 0, looks  # looked until the agent's end was gone
+    seen = len(looks)
+    assert (await ws.exec("echo two")).stdout == "two\n"
+    async with await _dump.snapshot(ws._core, Spawns()) as snap:
+        assert len(looks) == seen
+        [copy] = await Workspace.from_snapshot(snap)
+        try:
+            assert await copy.read_file("/workspace/f") == b"kept"
+        finally:
+            await copy.aclose()
