@@ -310,11 +310,13 @@ _VOLATILE = [
     (re.compile(r"^([-dlcbps][-rwxsStT]{9}[.+@]?) +(\d+) +(\S+) +(\S+) +", re.M), r"\1 \2 \3 \4 "),
     (re.compile(r"^(d[-rwxsStT]{9}[.+@]? \d+ \S+ \S+ )\d+", re.M), r"\1~"),
     # `ps aux` (procps): %CPU, %MEM, VSZ, RSS, START and TIME are the moment's and the process's age, not the call's
-    # result (a copy's processes were restored later than its parent's, and have run for another time); USER, PID,
-    # TTY, STAT and COMMAND are still compared. Columns are padded to the widest value, so the padding goes too.
+    # result (a copy's processes were restored later than its parent's, and have run for another time); so is
+    # STAT's first letter when it is R, S, D or I (running or waiting at that moment: `ps aux | grep x`'s own grep,
+    # a server between requests, R or S by the load); USER, PID, TTY, the rest of STAT (Z, T, the flags) and COMMAND
+    # are still compared. Columns are padded to the widest value, so the padding goes too.
     (
-        re.compile(r"^(\S+) +(\d+) +\d+\.\d +\d+\.\d +\d+ +\d+ +(\S+) +(\S+) +\S+ +\d[\d:-]* (.*)$", re.M),
-        r"\1 \2 ~ \3 \4 ~ \5",
+        re.compile(r"^(\S+) +(\d+) +\d+\.\d +\d+\.\d +\d+ +\d+ +(\S+) +[RSDI]?(\S*) +\S+ +\d[\d:-]* (.*)$", re.M),
+        r"\1 \2 ~ \3 ~\4 ~ \5",
     ),
 ]
 

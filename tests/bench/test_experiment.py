@@ -211,8 +211,9 @@ def test_scrubbing_hides_a_directorys_size_in_ls_and_not_a_files() -> None:
 @pytest.mark.unit
 def test_scrubbing_hides_the_moment_in_ps_aux_and_not_the_processes() -> None:
     """A process's line in real ``ps aux`` output before and after it grew by 64 MiB: its RSS, VSZ and %MEM differ,
-    as its %CPU, START and TIME do between a copy and its parent; what the process is (user, pid, tty, state,
-    command) is still compared."""
+    as its %CPU, START and TIME do between a copy and its parent, and whether ps found it running or waiting (STAT's
+    R, S, D: the load's); what the process is (user, pid, tty, a stopped or zombie state, STAT's flags, command) is
+    still compared."""
     import subprocess
     import sys
 
@@ -248,9 +249,12 @@ def test_scrubbing_hides_the_moment_in_ps_aux_and_not_the_processes() -> None:
     fields = after.split(None, 10)
     older = " ".join([*fields[:8], "Dec03", "12:34", fields[10]])  # START, TIME
     assert scrub(older) == scrub(after)
-    for i, other in ((1, "1"), (7, "Z"), (10, "python3 other\n")):  # PID, STAT, COMMAND
+    for i, other in ((1, "1"), (7, "Z"), (7, "T"), (7, fields[7] + "+"), (10, "python3 other\n")):  # PID, STAT, COMMAND
         changed = " ".join([*fields[:i], other, *fields[i + 1 :]])
         assert scrub(changed) != scrub(after), other
+    for state in "RSD":  # running or waiting at the moment ps read it (a loaded machine runs it later)
+        moment = " ".join([*fields[:7], state + fields[7][1:], *fields[8:]])
+        assert scrub(moment) == scrub(after), state
 
 
 def _config_result(name: str, latency: float, groups: dict[str, float], gib_s: float, digests: list[str],
