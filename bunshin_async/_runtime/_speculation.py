@@ -3,6 +3,7 @@ fallback ``BoundedPolicy``; ``speculator`` has the cost-aware policy."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -12,13 +13,17 @@ from ._metrics import RolloutMetrics, TurnMetrics
 
 __all__ = ["BoundedPolicy", "GroupSignal", "LiveForks", "Speculation", "policy_active", "policy_keeps"]
 
+log = logging.getLogger("bunshin_async.speculation")
+
 
 class GroupSignal:
     """The rollouts of a group tell each other when one decides a call (``notify``), so that those whose message
     still streams plan their next call again (``subscribed``): a sibling's decision is new evidence for their
     predictors (what the group did next from the same state). Pass one to each rollout's ``Speculation`` of the
     group. Callbacks are given the call and the state it was decided in (``PredictionContext.chain``); they run in
-    the notifying turn's task, on the same event loop, and must not block."""
+    the notifying turn's task, on the same event loop, and must not block. A re-plan is advisory: one that raises
+    (a sibling's predictor or policy) is logged and the others still run, so that it never fails the notifying
+    rollout's turn; only what is not an ``Exception`` (a cancellation) goes on up."""
 
     def __init__(self) -> None:
         self._subscribers: dict[int, tuple[object, Callable[[CallKey, bytes], None]]] = {}
@@ -36,7 +41,10 @@ class GroupSignal:
         """``owner`` decided ``call`` in ``state``: every other subscriber plans again."""
         for who, callback in list(self._subscribers.values()):
             if who is not owner:
-                callback(call, state)
+                try:
+                    callback(call, state)
+                except Exception:
+                    log.warning("a sibling's re-plan after %s failed; it goes on without it", call.name, exc_info=True)
 
 
 class LiveForks:

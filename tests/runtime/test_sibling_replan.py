@@ -131,3 +131,25 @@ async def test_a_siblings_call_from_the_same_state_is_left_to_the_cache() -> Non
         assert decided == ["probe"] and b.probe.runs == 0
         ready.set()
     assert b.probe.runs == 1
+
+
+async def test_a_siblings_failing_replan_does_not_fail_the_notifier(caplog: pytest.LogCaptureFixture) -> None:
+    """A re-plan is advisory: one sibling's that raises is logged, the other siblings still plan, and the notifying
+    rollout goes on; a cancellation (not an ``Exception``) is not swallowed."""
+    signal, told = GroupSignal(), []
+    call = CallKey(name="probe", version="", args=b"{}")
+
+    def broken(key: CallKey, state: bytes) -> None:
+        raise RuntimeError("a sibling's predictor failed")
+
+    a, b, c = object(), object(), object()
+    with signal.subscribed(b, broken), signal.subscribed(c, lambda key, state: told.append((key, state))):
+        signal.notify(a, call, b"s")  # does not raise
+        assert told == [(call, b"s")]
+        assert "re-plan after probe failed" in caplog.text and "a sibling's predictor failed" in caplog.text
+
+        def cancelled(key: CallKey, state: bytes) -> None:
+            raise anyio.get_cancelled_exc_class()()
+
+        with signal.subscribed(b, cancelled), pytest.raises(anyio.get_cancelled_exc_class()):
+            signal.notify(a, call, b"s")
