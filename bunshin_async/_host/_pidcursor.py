@@ -31,7 +31,6 @@ import select
 import signal
 import time
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 
 import anyio
 
@@ -156,12 +155,17 @@ def guest_tasks(procs: str, pid1: int) -> dict[int, int] | None:
     zombies included) but pid 1 and the agent (its pids 1 and 2), each with the nanoseconds it ran; None when that
     cannot be known. Two equal readings mean none of them ran in between, so none made a process. Blocking: the
     host's /proc and cgroup files only."""
+    bound = MAX_TASKS * 12  # a list longer than this holds more than MAX_TASKS pids: not read further
     try:
-        pids = set(Path(procs).read_text()[: MAX_TASKS * 12].split())
+        with open(procs, "rb") as f:
+            listed = f.read(bound + 1)
         with open(f"/proc/{pid1}/task/{pid1}/children", "rb") as f:
-            pids |= {p.decode() for p in f.read(MAX_TASKS * 12).split()}
+            children = f.read(bound + 1)
     except OSError:
         return None
+    if len(listed) > bound or len(children) > bound:
+        return None
+    pids = {p.decode() for p in (*listed.split(), *children.split())}
     if len(pids) > MAX_TASKS:
         return None
     tasks: dict[int, int] = {}
