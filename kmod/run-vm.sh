@@ -78,7 +78,9 @@ if [[ $1 == criu* ]]; then
     prog=/criu_test
     CRIU_BIN=${BUNSHIN_KMOD_CRIU:-$KMOD/../criu/dist/sbin/criu}
     [[ -x $CRIU_BIN ]] || die "no CRIU at $CRIU_BIN; run \`make setup\` (criu/build.sh)"
-    "$CRIU_BIN" --version 2>/dev/null | grep -qx 'Features: tmpl-restore' \
+    # Capture first (as criu/build.sh does): CRIU writes each line apart, grep -q exits at its match, and a later
+    # line's write then kills CRIU with SIGPIPE, which pipefail reports as a failed check (the CI run of 1198f2c).
+    grep -qx 'Features: tmpl-restore' <<<"$("$CRIU_BIN" --version 2>/dev/null || true)" \
         || die "$CRIU_BIN lacks the template restore (criu/patches/0012-template-restore.patch); rerun criu/build.sh"
     # CRIU's kernel-feature probe needs nf_tables: the modules kmod/setup.sh unpacked, loaded in their order.
     [[ -s $CACHE/$KVER/modules/order ]] || die "no modules for CRIU in $CACHE/$KVER/modules; run \`make setup\`"
