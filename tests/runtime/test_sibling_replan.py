@@ -96,19 +96,7 @@ async def test_a_siblings_decision_starts_the_call_in_a_turn_still_streaming() -
 async def test_without_the_groups_signal_a_turn_plans_at_its_own_points_only() -> None:
     """The same group without a ``GroupSignal``: B's call runs only once its model names it."""
     decided: list[str] = []
-    a, b = _Rollout(decided, None, "a"), _Rollout(decided, None, "b")
-    ready, streaming = anyio.Event(), anyio.Event()
-    async with anyio.create_task_group() as tg:
-
-        async def run_b() -> None:
-            outcome = await run_turn(_message_after(streaming, ready), b.handle, b.executor.tools, b.spec)
-            assert (outcome.metrics.launched, outcome.metrics.committed) == (0, 0)
-
-        tg.start_soon(run_b)
-        await streaming.wait()
-        await run_turn(_message(), a.handle, a.executor.tools, a.spec)
-        assert b.probe.runs == 0
-        ready.set()
+    b = await _a_decides_while_b_streams(_Rollout(decided, None, "a"), _Rollout(decided, None, "b"), decided)
     assert b.probe.runs == 1
 
 
@@ -117,7 +105,13 @@ async def test_a_siblings_call_from_the_same_state_is_left_to_the_cache() -> Non
     flight, a read the cache's once it ended), though B's predictors name it."""
     decided: list[str] = []
     signal = GroupSignal()
-    a, b = _Rollout(decided, signal, "t"), _Rollout(decided, signal, "t")
+    b = await _a_decides_while_b_streams(_Rollout(decided, signal, "t"), _Rollout(decided, signal, "t"), decided)
+    assert b.probe.runs == 1
+
+
+async def _a_decides_while_b_streams(a: _Rollout, b: _Rollout, decided: list[str]) -> _Rollout:
+    """A's turn decides ``probe`` while B's message streams: B launches nothing before its model names the call
+    (asserted), then runs it itself; returns B."""
     ready, streaming = anyio.Event(), anyio.Event()
     async with anyio.create_task_group() as tg:
 
@@ -130,7 +124,7 @@ async def test_a_siblings_call_from_the_same_state_is_left_to_the_cache() -> Non
         await run_turn(_message(), a.handle, a.executor.tools, a.spec)
         assert decided == ["probe"] and b.probe.runs == 0
         ready.set()
-    assert b.probe.runs == 1
+    return b
 
 
 async def test_a_siblings_failing_replan_does_not_fail_the_notifier(caplog: pytest.LogCaptureFixture) -> None:
