@@ -16,8 +16,8 @@ turn through ``run_turn`` (or ``SpeculativeTurn`` to see results as they come)::
 
 Predictors and policies live in the ``speculator`` package; this module only knows their Protocols. The turn's
 planning is exported as pure functions (``Classified``, ``plan_launches``, ``proposals``, ``scores``) so that an
-offline replay of recorded rollouts plans launches exactly as a live turn does; ``chain_root`` and ``extend_chain``
-make the ``PredictionContext.chain`` keys.
+offline replay of recorded rollouts plans launches exactly as a live turn does, and ``tell_run`` tells the policy of
+each run what a live turn tells it; ``chain_root`` and ``extend_chain`` make the ``PredictionContext.chain`` keys.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from ._runtime._metrics import BranchRecord, RolloutMetrics, TimelineEvent, Turn
 from ._runtime._planning import Classified, plan_launches, proposals, scores
 from ._runtime._results import CallResult, TurnOutcome
 from ._runtime._speculation import BoundedPolicy, GroupSignal, LiveForks, Speculation
+from ._runtime._telling import Ran, tell_run
 from ._runtime._turn import SpeculativeTurn, run_turn
 
 __all__ = [
@@ -55,6 +56,7 @@ __all__ = [
     "Policy",
     "PredictionContext",
     "Predictor",
+    "Ran",
     "RolloutMetrics",
     "Speculation",
     "SpeculativeTurn",
@@ -69,6 +71,7 @@ __all__ = [
     "proposals",
     "run_turn",
     "scores",
+    "tell_run",
 ]
 
 _publish(__name__, globals())

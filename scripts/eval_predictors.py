@@ -168,6 +168,8 @@ def main() -> int:
     q.add_argument("--rollout-mib", type=float, default=_DEFAULT.rollout_mib, help="a rollout's bytes")
     q.add_argument("--copy-extra-mib", type=float, default=_DEFAULT.copy_extra_mib, help="a copy's beyond its rollout")
     q.add_argument("--fork-seconds", type=float, default=_DEFAULT.fork_seconds, help="a fork's seconds")
+    q.add_argument("--restore-seconds", type=float, default=_DEFAULT.restore_seconds,
+                   help="a write the cache serves, on the main line (its restore)")  # fmt: skip
     q.add_argument("--cpu-share", type=float, default=_DEFAULT.cpu_share, help="CPU s per s of a main-line call")
     q.add_argument("--contention", type=float, default=_DEFAULT.contention, help="how busy the CPUs are, 0-1")
     q.add_argument("--memory-share", type=float, help="the policy's memory_share (default: its own)")
@@ -260,7 +262,8 @@ def main() -> int:
     if args.policy:
         model = ByteModel(
             fork_mib=args.fork_mib, rollout_mib=args.rollout_mib, copy_extra_mib=args.copy_extra_mib,
-            fork_seconds=args.fork_seconds, cpu_share=args.cpu_share, contention=args.contention, learned=args.learned,
+            fork_seconds=args.fork_seconds, restore_seconds=args.restore_seconds, cpu_share=args.cpu_share,
+            contention=args.contention, learned=args.learned,
             making_mib=args.making_mib, install_mib=args.install_mib, interpreter_mib=args.interpreter_mib,
             install_seconds=args.install_seconds,
             memory_share=args.memory_share,
@@ -450,7 +453,8 @@ def _after_policy(
     hideable = sum(rep.hideable.values())
     print(f"{args.traces.name}: {len(groups)} groups ({'one run' if args.together else 'each its own run'}), "
           f"{sum(rep.calls.values())} calls, x {args.time_scale:g}; hideable {hideable:.1f} s; policy told: fork "
-          f"{model.fork_mib} MiB, {model.fork_seconds} s, rollout {model.rollout_mib} MiB, copy "
+          f"{model.fork_mib} MiB, {model.fork_seconds} s, a cache's restore {model.restore_seconds} s, rollout "
+          f"{model.rollout_mib} MiB, copy "
           f"{model.copy_extra_mib:+} MiB, CPU share {model.cpu_share}, contention {model.contention}"
           f"{', learned after its first fork' if model.learned else ''}; making {model.making_mib} MiB, calls: "
           f"install {model.install_mib} MiB for {model.install_seconds} s, interpreter {model.interpreter_mib} MiB; "

@@ -1,9 +1,11 @@
 """The runtime's launch decision replayed offline: each turn's predictions go through the runtime's own planning
 (``plan_launches``: speculable calls only, one option per call, the prefix cache's veto) and a real
-``CostAwarePolicy``, fed what the runtime would feed it (each turn's LLM time, each call's run time, every guess's
-score, each branch's release, a fork's seconds and bytes from a byte model); what it launches is scored against the
-recorded next call. It answers "what would the runtime launch on these traces, and which rule refuses the rest",
-which the raw predictor scores (``_offline.evaluate``: a fixed threshold) cannot.
+``CostAwarePolicy``, fed what the runtime would feed it (each turn's LLM time, every guess's score, each branch's
+release, a fork's seconds and bytes from a byte model, and each run through the runtime's own ``tell_run``: a
+main-line run its recorded seconds and CPU, a call the prefix cache serves its restore or its wait for a sibling's
+flight, a read in place its run, a fork's call, hit or miss, only ``observe_fork_call``); what it launches is scored
+against the recorded next call. It answers "what would the runtime launch on these traces, and which rule refuses
+the rest", which the raw predictor scores (``_offline.evaluate``: a fixed threshold) cannot.
 
 Every task of a run starts at time 0 and the run's rollouts share one policy, as in ``bench.experiment`` (a run of
 several groups shares its policy; ``replay(..., together=False)`` gives each task a run of its own). Times are the
@@ -34,11 +36,13 @@ from bunshin_async.speculation import (
     Launch,
     PredictionContext,
     Predictor,
+    Ran,
     chain_root,
     extend_chain,
     plan_launches,
     proposals,
     scores,
+    tell_run,
 )
 from bunshin_async.tools import Effect, bash_tool
 
@@ -82,8 +86,10 @@ class ByteModel(msgspec.Struct, frozen=True, kw_only=True):
     seconds, the CPU share of a call on the main line (the experiment's padded calls mostly sleep) and the CPUs'
     contention (0: the policy's floor, ``min_contention``, applies). ``learned``: as in the runtime, the policy
     starts from its priors and is told the bytes only once it launched a fork (a fork is measured when it is
-    made); otherwise it knows them from the start. Defaults: session 17's run B, the end of the run
-    (``spec.policy_*``).
+    made); otherwise it knows them from the start. ``restore_seconds``: what a write the tool cache serves takes on
+    the main line, its snapshot's restore (the cache benchmark's write hits: 0.11-0.18 s median, loaded), which the
+    runtime tells the policy as the call's run time (a read it serves: 0 s). Defaults: session 17's run B, the end
+    of the run (``spec.policy_*``).
 
     The memory terms the runtime measures per fork (session 19), modelled: ``making_mib``, what a fork's making
     holds beyond the fork (``observe_transient``: CRIU's restore, 2.1-2.7 MiB by the ledger); what a call raises
@@ -101,6 +107,7 @@ class ByteModel(msgspec.Struct, frozen=True, kw_only=True):
     rollout_mib: float = 0.57
     copy_extra_mib: float = -0.33
     fork_seconds: float = 0.2
+    restore_seconds: float = 0.13
     cpu_share: float = 0.1
     contention: float = 0.0
     learned: bool = False
@@ -254,6 +261,11 @@ def _refusal(
                    policy.saving(o), net)  # fmt: skip
 
 
+def _told(call: int, held: float) -> Callable[[], tuple[int, float]]:
+    """What a fork's call raised its cgroup by and held (``ByteModel``), as ``tell_run`` asks for it."""
+    return lambda: (call, held)
+
+
 def _keys_in(keys: set[CallKey]) -> Callable[[Launch], bool]:
     """A veto of the launches of ``keys`` (those the prefix cache would serve)."""
     return lambda o: o.key in keys
@@ -384,6 +396,9 @@ def _run(
         n += 1
     heapq.heapify(events)
     open_turns: dict[tuple[str, int, int], _Turn] = {}
+    # per rollout, what the end of its decided call tells the policy (``tell_run``: where it ran, its seconds, its
+    # CPU seconds), told at that end; a fork's hit is told when its branch settles, as a miss is
+    ends: dict[tuple[str, int], tuple[Ran, float, float]] = {}
     for task in tasks:
         report.hideable.setdefault(task, 0.0)
         report.calls.setdefault(task, 0)
@@ -391,19 +406,14 @@ def _run(
     while events:
         now, _, kind, task, r, i = heapq.heappop(events)
         calls, name = rollouts[task, r], f"{task}:{r}"
+        if i and (end := ends.pop((task, r), None)) is not None:  # the previous call ended: as the runtime tells it
+            tell_run(policy, calls[i - 1][0], end[1], end[0], cpu_seconds=end[2])
         if kind == 2:
-            if i:
-                key, _, tool = calls[i - 1]
-                policy.observe_tool(key, tool)
             policy.rollout_done(name)
             continue
         key, llm, tool = calls[i]
         ctx = _context(task, calls, chains[task, r], i)
         if kind == 0:
-            if i:
-                before, _, seconds = calls[i - 1]
-                policy.observe_tool(before, seconds)
-                policy.observe_cpu(before, model.cpu_share * seconds, seconds)
             predictions = _classify(mine[task, r], ctx)
             best: dict[CallKey, tuple[float, str]] = {}
             for pr in predictions:
@@ -456,8 +466,16 @@ def _run(
         write = _BASH.classify_call(key.arguments()).effect is Effect.WRITE
         # a sibling's identical write in flight, and no branch of this call: fork+cache waits for that one's end
         wait = flights[task].get(after, -inf) - now if write and not cached else -inf
-        if wait >= 0 and all(o.key != key for o in turn.launches):
+        branch = next((o for o in turn.launches if o.key == key), None)
+        if wait >= 0 and branch is None:
             cached, tool = True, wait
+        if branch is not None:  # the branch's run: in place its whole run (a fork's is told as it settles, below)
+            if not branch.needs_fork:
+                ends[task, r] = (Ran.IN_PLACE, tool, -1.0)
+        elif cached:  # the cache's restore of a write (after its wait for a flight), a read's stored result
+            ends[task, r] = (Ran.MAIN, max(0.0, wait) + (model.restore_seconds if write else 0.0), -1.0)
+        else:
+            ends[task, r] = (Ran.MAIN, tool, model.cpu_share * tool)
         if not cached and (tool >= capture_seconds or not write):
             made[task][after] = min(made[task].get(after, inf), now + tool)
         if not cached and write:
@@ -477,9 +495,11 @@ def _run(
                 whole = tool if used else durations[task].get(o.key, inf)
                 ended = used or whole <= lead
                 held = model.call_byte_seconds(o.key, whole if ended else max(0.0, lead))
-                policy.observe_fork_call(o.key, whole if ended else -1.0, call, held)
+                tell_run(policy, o.key, whole if ended else -1.0, Ran.FORK, memory=_told(call, held))
                 if not used:
                     policy.observe_miss(round(model.fork_mib * _MIB) + call)
+            elif not used and (whole := durations[task].get(o.key, inf)) <= lead:  # a miss in place that ended
+                tell_run(policy, o.key, whole, Ran.IN_PLACE)
             policy.release(o, used)
             hold = model.fork_seconds + llm - o.turn_elapsed if o.needs_fork else 0.0
             for src in (o.candidate.source, "all"):

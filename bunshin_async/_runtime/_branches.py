@@ -10,7 +10,6 @@ on. Cleanup is shielded, with a deadline.
 from __future__ import annotations
 
 import contextlib
-import inspect
 from collections.abc import Callable, Collection
 from typing import Any, Literal
 
@@ -28,6 +27,7 @@ from ._metrics import BranchRecord, TurnLog, TurnMetrics, merge_counts
 from ._planning import KeepOption, choose_kept
 from ._probes import CallMeter, call_peak, fork_cost, making_bytes, memory_peak, memory_usage
 from ._speculation import Speculation, policy_keeps
+from ._telling import Ran, tell_run
 
 __all__ = ["FORK_DEADLINE", "Branch", "BranchSet", "descends", "run_tool"]
 
@@ -138,26 +138,11 @@ async def run_tool(tool: Tool, ws: Workspace, args: dict[str, Any]) -> tuple[Any
         return None, exc
 
 
-def observe_fork_call(observe: Callable[..., None], b: Branch) -> None:
-    """Tell a policy's ``observe_fork_call`` what fork branch ``b``'s call took and held (``Policy``). A hook of the
-    form before ``byte_seconds`` (session 20: key, seconds, bytes) is told that form, so a user's policy keeps
-    working."""
+def fork_call_memory(b: Branch) -> tuple[int, float]:
+    """What fork branch ``b``'s call raised its cgroup by (``call_peak``) and held over its run (``CallMeter``,
+    stopped now), for ``observe_fork_call`` (``tell_run``)."""
     assert b.ws is not None
-    seconds = b.run_end - b.run_start if b.ok else -1.0
-    told = (b.key, seconds, call_peak(b.ws, b.ready_peak, b.ready_usage), b.byte_seconds())
-    observe(*told[: positional(observe, len(told))])
-
-
-def positional(fn: Callable[..., Any], most: int) -> int:
-    """How many positional arguments ``fn`` takes, up to ``most`` (``most`` when it takes ``*args`` or cannot be
-    inspected)."""
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return most
-    if any(p.kind is p.VAR_POSITIONAL for p in params):
-        return most
-    return min(most, sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params))
+    return call_peak(b.ws, b.ready_peak, b.ready_usage), b.byte_seconds()
 
 
 async def _fork_shielded(ws: Workspace) -> Workspace:
@@ -363,11 +348,11 @@ class BranchSet:
                     with anyio.move_on_after(FORK_DEADLINE + CLOSE_DEADLINE):
                         await c.done.wait()
         spec = owner.speculation
-        observe_call = getattr(spec.policy, "observe_fork_call", None) if spec is not None and b.forked else None
-        if observe_call is not None and b.run_start and b.ws is not None:  # hit or miss, ended or cut short
-            observe_fork_call(observe_call, b)
-        elif spec is not None and b.ok:
-            spec.policy.observe_tool(b.key, b.run_end - b.run_start)
+        if spec is not None and (b.ok or (b.forked and b.run_start and b.ws is not None)):  # hit or miss, ended or cut
+            seconds = b.run_end - b.run_start if b.ok else -1.0
+            tell_run(
+                spec.policy, b.key, seconds, Ran.FORK if b.forked else Ran.IN_PLACE, memory=lambda: fork_call_memory(b)
+            )
         observe_rollout = getattr(spec.policy, "observe_rollout_memory", None) if spec is not None else None
         rollout_bytes = 0
         if b.forked and b.ws is not None and not b.committed:

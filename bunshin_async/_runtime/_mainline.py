@@ -25,6 +25,7 @@ from ._nearmiss import apply_tail, filtered, outcome, outcome_text
 from ._probes import cgroup_cpu_seconds
 from ._results import CallResult
 from ._speculation import Speculation
+from ._telling import Ran, tell_run
 
 __all__ = ["Decided", "MainLine"]
 
@@ -241,9 +242,10 @@ class MainLine:
     async def _run_main(
         self, tool: Tool, ws: Workspace, args: dict[str, Any], key: CallKey | None
     ) -> tuple[Any, ToolError | None, float]:
-        """Run a decided call on the main line: (result, error, seconds). The policy is told its run time and, with
-        ``observe_cpu``, the CPU it took (the workspace's cgroup, read in place: a few bytes of sysfs, cheaper than a
-        thread hop)."""
+        """Run a decided call on the main line, or let the executor serve it (a tool cache's restore, or its wait
+        for an identical call in flight): (result, error, seconds). The policy is told those seconds (``tell_run``)
+        and, with ``observe_cpu``, the CPU it took (the workspace's cgroup, read in place: a few bytes of sysfs,
+        cheaper than a thread hop)."""
         policy = self.speculation.policy if self.speculation is not None and key is not None else None
         observe_cpu = getattr(policy, "observe_cpu", None)
         before = cgroup_cpu_seconds(ws) if observe_cpu is not None else -1.0
@@ -258,9 +260,8 @@ class MainLine:
                 result, error = None, exc
         seconds = self.log.clock() - t
         if policy is not None and key is not None:
-            policy.observe_tool(key, seconds)
-            if observe_cpu is not None and before >= 0 and (after := cgroup_cpu_seconds(ws)) >= 0:
-                observe_cpu(key, after - before, seconds)
+            after = cgroup_cpu_seconds(ws) if observe_cpu is not None and before >= 0 else -1.0
+            tell_run(policy, key, seconds, Ran.MAIN, cpu_seconds=after - before if after >= 0 else -1.0)
         return result, error, seconds
 
     def _deliver(self, d: Decided, result: CallResult) -> None:

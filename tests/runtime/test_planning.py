@@ -8,7 +8,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from bunshin_async._runtime._branches import observe_fork_call, positional
 from bunshin_async._runtime._calls import CallKey, Candidate, PredictionContext, chain_root, extend_chain
 from bunshin_async._runtime._planning import (
     Classified,
@@ -20,6 +19,7 @@ from bunshin_async._runtime._planning import (
     scores,
 )
 from bunshin_async._runtime._speculation import BoundedPolicy, LiveForks
+from bunshin_async._runtime._telling import Ran, positional, tell_run
 from bunshin_async._tools._tools import Effect, bash_tool
 
 pytestmark = pytest.mark.unit
@@ -149,10 +149,48 @@ def test_a_policys_fork_call_hook_of_the_first_form_is_told_that_form() -> None:
     def anything(*args: object) -> None:
         told.append(args)
 
-    # a fork branch whose call ran 2 s and held 5 byte-seconds (its cgroup unread: no memory controller, 0 bytes)
-    b = SimpleNamespace(key=_key("make"), ok=True, run_start=1.0, run_end=3.0, ws=SimpleNamespace(cgroup=None),
-                        ready_peak=None, ready_usage=None, byte_seconds=lambda: 5.0)  # fmt: skip
+    # a fork's call that ran 2 s, raised its cgroup by nothing and held 5 byte-seconds
     for hook in (Old().observe_fork_call, New().observe_fork_call, anything):
-        observe_fork_call(hook, b)  # type: ignore[arg-type]
+        policy = SimpleNamespace(observe_fork_call=hook)
+        tell_run(policy, _key("make"), 2.0, Ran.FORK, memory=lambda: (0, 5.0))
     assert told == [(_key("make"), 2.0, 0), (_key("make"), 2.0, 0, 5.0), (_key("make"), 2.0, 0, 5.0)]
     assert positional(len, 4) == 1
+
+
+def test_a_policy_is_told_a_run_by_where_it_ran() -> None:
+    """``tell_run``, which the main line, the branches and the offline replay all call: a main-line run (or a call
+    a tool cache served there) its seconds and CPU; a read in place its seconds; a fork's call, hit or miss, only
+    ``observe_fork_call`` (its memory measured then alone), or, for a policy without that hook, its seconds as any
+    run's; a run cut short (negative seconds) nothing but the fork's hook."""
+    told: list[tuple[object, ...]] = []
+    measured: list[str] = []
+
+    class Full:
+        def observe_tool(self, key: CallKey, seconds: float) -> None:
+            told.append(("tool", seconds))
+
+        def observe_cpu(self, key: CallKey, cpu_seconds: float, seconds: float) -> None:
+            told.append(("cpu", cpu_seconds, seconds))
+
+        def observe_fork_call(self, key: CallKey, seconds: float, held: int, byte_seconds: float) -> None:
+            told.append(("fork", seconds, held, byte_seconds))
+
+    def memory() -> tuple[int, float]:
+        measured.append("memory")
+        return 7, 9.0
+
+    key, full, bounded = _key("make"), Full(), BoundedPolicy()
+    tell_run(full, key, 2.0, Ran.MAIN, cpu_seconds=0.5, memory=memory)  # type: ignore[arg-type]
+    tell_run(full, key, 2.0, Ran.MAIN)  # type: ignore[arg-type]  # CPU not read
+    tell_run(full, key, 2.0, Ran.IN_PLACE, cpu_seconds=0.5)  # type: ignore[arg-type]
+    tell_run(full, key, 2.0, Ran.FORK, cpu_seconds=0.5, memory=memory)  # type: ignore[arg-type]
+    tell_run(full, key, -1.0, Ran.FORK, memory=memory)  # type: ignore[arg-type]  # cut short: what it held so far
+    tell_run(full, key, -1.0, Ran.IN_PLACE)  # type: ignore[arg-type]
+    assert told == [("tool", 2.0), ("cpu", 0.5, 2.0), ("tool", 2.0), ("tool", 2.0), ("fork", 2.0, 7, 9.0),
+                    ("fork", -1.0, 7, 9.0)]  # fmt: skip
+    assert measured == ["memory", "memory"]
+    seen: list[float] = []
+    bounded.observe_tool = lambda key, seconds: seen.append(seconds)  # type: ignore[method-assign]
+    tell_run(bounded, key, 3.0, Ran.FORK)  # no fork hook: told as a run
+    tell_run(bounded, key, -1.0, Ran.FORK)
+    assert seen == [3.0]

@@ -8,7 +8,9 @@ from typing import Any
 
 import pytest
 
-from bunshin_async.speculation import CallKey, Candidate, Launch, PredictionContext, Predictor
+import speculator._replay as replay_module
+from bunshin_async._runtime import _branches, _mainline
+from bunshin_async.speculation import CallKey, Candidate, Launch, PredictionContext, Predictor, tell_run
 from bunshin_async.tools import Effect, bash_tool
 from speculator import CostAwarePolicy
 from speculator._replay import REASONS, ByteModel, explain, replay
@@ -180,20 +182,83 @@ def test_the_replay_tells_the_policy_what_an_install_held_over_its_run_not_its_p
     runtime would read a padded install: its bytes for ``install_seconds`` (session 19's ledger: 0.3-3.2 s), the
     rest of its recorded run a sleep. A later install's miss is then charged what the measured one held, not its
     peak for the whole hidden time: with an allowance that fits the one and not the other, the guess launches only
-    when the replay tells the policy the byte-seconds (``install_seconds=inf``: the peak held throughout)."""
+    when the replay tells the policy the byte-seconds (``install_seconds=inf``: the peak held throughout).
+
+    An install runs on the main line first (``pip install c``, guessed by nobody): only there is the policy told a
+    signature's run time and CPU (``tell_run``), as the runtime tells it. Without it every install ran in a fork:
+    the policy never learns what CPU an install takes (one CPU a second, its prior) and the miss's CPU refuses the
+    guess on latency before its memory is weighed."""
     assert ByteModel().call_byte_seconds(CallKey.of(BASH, {"command": "pip install a"}), 15.0) == 40 * 3.2 * 2**20
     assert ByteModel().call_byte_seconds(CallKey.of(BASH, {"command": "pip install a"}), 1.0) == 40 * 2**20
     assert ByteModel().call_byte_seconds(CallKey.of(BASH, {"command": "python3 a.py"}), 15.0) == 3 * 15 * 2**20
     assert ByteModel().call_byte_seconds(CallKey.of(BASH, {"command": "make"}), 15.0) == 0
-    group = {"t": [_record(("ls", 8.0, 0.1), ("make", 8.0, 0.5), ("pip install a", 8.0, 15.0),
-                           ("pip install b", 8.0, 15.0))]}  # fmt: skip
-    guesses = [[], [("make", 1.0, 0.5)], [("pip install a", 0.9, 15.0)], [("pip install b", 0.5, 15.0)]]
+    group = {"t": [_record(("ls", 8.0, 0.1), ("make", 8.0, 0.5), ("pip install c", 8.0, 15.0),
+                           ("pip install a", 8.0, 15.0), ("pip install b", 8.0, 15.0))]}  # fmt: skip
+    guesses = [[], [("make", 1.0, 0.5)], [], [("pip install a", 0.9, 15.0)], [("pip install b", 0.5, 15.0)]]
     measured = replay(group, _make(guesses), model=ByteModel(memory_share=5.0))
     peak = replay(group, _make(guesses), model=ByteModel(memory_share=5.0, install_seconds=float("inf")))
     assert (measured.total()["hits"], measured.refused) == (3, [])
     assert peak.total()["hits"] == 2
     [refused] = peak.refused
     assert (refused.command, refused.reason) == ("pip install b", "GiB·s")
+    forks_only = {"t": [_record(("ls", 8.0, 0.1), ("make", 8.0, 0.5), ("pip install a", 8.0, 15.0),
+                                ("pip install b", 8.0, 15.0))]}  # fmt: skip
+    blind = replay(forks_only, _make(guesses[:2] + guesses[3:]), model=ByteModel(memory_share=5.0))
+    [refused] = blind.refused
+    assert (refused.command, refused.reason, blind.total()["hits"]) == ("pip install b", "latency", 2)
+
+
+class _Telling(CostAwarePolicy):
+    """What the runtime tells a policy of each run (``tell_run``), in order: ``(hook, command, seconds[, CPU])``."""
+
+    told: list[tuple[str, str, float] | tuple[str, str, float, float]] = []
+
+    def observe_tool(self, key: CallKey, seconds: float) -> None:
+        self.told.append(("tool", key.arguments()["command"], round(seconds, 3)))
+        super().observe_tool(key, seconds)
+
+    def observe_cpu(self, key: CallKey, cpu_seconds: float, seconds: float) -> None:
+        self.told.append(("cpu", key.arguments()["command"], round(seconds, 3), round(cpu_seconds, 3)))
+        super().observe_cpu(key, cpu_seconds, seconds)
+
+    def observe_fork_call(self, key: CallKey, seconds: float, memory_bytes: int, byte_seconds: float = -1.0) -> None:
+        self.told.append(("fork", key.arguments()["command"], round(seconds, 3)))
+        super().observe_fork_call(key, seconds, memory_bytes, byte_seconds)
+
+
+def test_the_replay_tells_the_policy_of_each_run_what_the_runtime_tells_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runtime tells the policy of a main-line run its seconds and CPU, of a call the tool cache served the
+    seconds of its restore (a read's stored result: none; a write in flight on a sibling: its wait, then the
+    restore), of a read run in place its run, and of a fork's call only ``observe_fork_call``, hit or miss (cost21's
+    finding: the replay told every call's recorded seconds as a main-line run). Both tell it through one function,
+    ``tell_run``, which the runtime's main line and branches call too."""
+    assert replay_module.tell_run is _mainline.tell_run is _branches.tell_run is tell_run
+    monkeypatch.setattr(_Telling, "told", [])
+    monkeypatch.setattr(replay_module, "CostAwarePolicy", _Telling)
+    group = {
+        "t": [
+            # ls on the main line (1.0-1.1); the install in a fork (a hit at 6.1, ends at 26.1); cat in place (a hit)
+            _record(("ls", 1.0, 0.1), ("pip install x", 5.0, 20.0), ("cat log", 4.0, 2.0)),
+            # its ls the cache's (ended at 1.1); its install decided at 8.1, while the first's runs: waits 18 s
+            _record(("ls", 3.0, 0.1), ("pip install x", 5.0, 20.0)),
+            # its install decided at 32.1, after the first's ended: a restore
+            _record(("ls", 2.0, 0.1), ("pip install x", 30.0, 20.0)),
+        ]
+    }
+    guesses = [[], [("pip install x", 1.0, 20.0)], [("cat log", 1.0, 2.0)]]
+    assert replay(group, _make(guesses, [], [])).total()["hits"] == 2
+    restore = ByteModel().restore_seconds
+    assert _Telling.told == [
+        ("fork", "true", 0.0),  # the byte model's measured fork (``ByteModel.told``)
+        ("tool", "ls", 0.1),
+        ("cpu", "ls", 0.1, round(0.1 * ByteModel().cpu_share, 3)),
+        ("tool", "ls", 0.0),  # the cache's stored result (rollout 2's turn ends first)
+        ("tool", "ls", 0.0),
+        ("fork", "pip install x", 20.0),  # the hit, as its branch settles: never a main-line run
+        ("tool", "pip install x", round(18.0 + restore, 3)),  # the sibling's flight, then its restore
+        ("tool", "cat log", 2.0),  # in place: its run, no CPU read
+        ("tool", "pip install x", restore),
+    ]
 
 
 class _Told:
