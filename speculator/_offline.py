@@ -8,7 +8,9 @@ learned what siblings decided before that moment), then told the call at its dec
 call: ``min(tool_seconds, llm_seconds)`` (a branch started at the turn's start hides at most the turn's LLM time),
 except for calls the prefix cache serves (a sibling already made the same call after the same history), which
 speculation does not need to hide. Observations are not in the traces (only their length): predictors that read
-``last_output`` see nothing here.
+``last_output`` see nothing here, unless a record's steps carry an ``observation`` (``with_observations`` attaches
+what an online run of the same trajectories printed, as ``bench.experiment --observations`` records it): then each
+turn's ``last_output`` is the previous call's, as the runtime gives it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import gzip
 import heapq
 import os
+import re
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -25,10 +28,113 @@ import msgspec
 from bunshin_async.speculation import CallKey, Candidate, PredictionContext, Predictor, chain_root, extend_chain
 from bunshin_async.tools import bash_tool
 
-__all__ = ["OfflineReport", "calibration", "evaluate", "leave_task_out", "load_groups"]
+__all__ = [
+    "OBSERVATION_CHARS",
+    "ObservedCall",
+    "OfflineReport",
+    "calibration",
+    "evaluate",
+    "leave_task_out",
+    "load_groups",
+    "load_observations",
+    "with_observations",
+]
 
 Record = dict[str, Any]
 _BASH_VERSION = bash_tool().version
+
+#: Characters of one call's output an observation record keeps (its head and tail, the middle elided as the agent
+#: elides what the model is told: ``bunshin_async.agent.observation``'s default).
+OBSERVATION_CHARS = 10_000
+
+
+class ObservedCall(msgspec.Struct, frozen=True):
+    """What one call printed in an online run (``bench.experiment --observations``), one JSON line each: the run's
+    configuration and repeat, the group (task id), rollout and index of the call among the rollout's calls, its
+    tool and arguments (to match it against a trace's call) and ``output``: stdout then stderr, as the runtime's
+    ``PredictionContext.last_output`` (without the ``exit code N`` line the model is told), bounded to
+    ``OBSERVATION_CHARS`` and scrubbed of what differs between runs of the same call (the experiment's ``scrub``)."""
+
+    config: str
+    repeat: int
+    task_id: str
+    rollout: int
+    index: int
+    tool: str
+    args: dict[str, Any]
+    exit_code: int | None
+    output: str
+
+
+_EXIT_LINE = re.compile(r"\Aexit code -?\d+\n")
+
+
+def bounded_output(observation: str, limit: int = OBSERVATION_CHARS) -> str:
+    """What the runtime's ``last_output`` holds of a call the model was told ``observation`` of: without the
+    ``exit code N`` line, at most ``limit`` characters (head and tail)."""
+    text = _EXIT_LINE.sub("", observation, count=1)
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]}\n[... {len(text) - limit} characters elided ...]\n{text[-half:]}"
+
+
+def load_observations(path: str | os.PathLike[str]) -> list[ObservedCall]:
+    """The records of an observation file (JSON lines of ``ObservedCall``; ``.gz`` read compressed)."""
+    opener: Callable[..., Any] = gzip.open if str(path).endswith(".gz") else open
+    decoder = msgspec.json.Decoder(ObservedCall)
+    with opener(path, "rb") as f:
+        return [decoder.decode(line) for line in f if line.strip()]
+
+
+def with_observations(
+    groups: Mapping[str, Sequence[Record]], observed: Iterable[ObservedCall], *, config: str | None = None
+) -> tuple[dict[str, list[Record]], int]:
+    """``groups`` (copied) with each call's step given the ``observation`` an online run recorded for it, and how
+    many calls got one. A rollout's recorded calls are matched in order by tool and arguments (a call the online
+    run did not make, or made otherwise, gets none); of several runs, ``config``'s first repeat (None: the first
+    run in the file)."""
+    runs: dict[tuple[str, int], list[ObservedCall]] = {}
+    first: tuple[str, int] | None = None
+    for o in observed:
+        if config is not None and o.config != config:
+            continue
+        first = first or (o.config, o.repeat)
+        if (o.config, o.repeat) == first:
+            runs.setdefault((o.task_id, o.rollout), []).append(o)
+    out: dict[str, list[Record]] = {}
+    matched = 0
+    for task, records in groups.items():
+        out[task] = []
+        for r, record in enumerate(records):
+            online = sorted(runs.get((task, r), []), key=lambda o: o.index)
+            steps = [dict(s) for s in record.get("steps", ())]
+            j = 0
+            for s in steps:
+                s.pop("observation", None)
+                if not s.get("tool") or s["tool"] == "submit":
+                    break
+                if s.get("kind") == "format_error":
+                    continue
+                call = (s["tool"], s.get("args") or {})
+                k = next((k for k in range(j, len(online)) if (online[k].tool, online[k].args) == call), None)
+                if k is not None:
+                    s["observation"], j = online[k].output, k + 1
+                    matched += 1
+            out[task].append({**record, "steps": steps})
+    return out, matched
+
+
+def _outputs(record: Record) -> list[str]:
+    """Per call of ``record`` (as ``_calls`` lists them), what it printed, or "" when the record does not say."""
+    out = []
+    for s in record.get("steps", ()):
+        if not s.get("tool") or s["tool"] == "submit":
+            break
+        if s.get("kind") == "format_error":
+            continue
+        out.append(s.get("observation") or "")
+    return out
 
 
 class OfflineReport(msgspec.Struct):
@@ -103,6 +209,7 @@ def evaluate(
     for task, records in groups.items():
         factory = make(task)
         rollouts = [_calls(r) for r in records]
+        outputs = [_outputs(r) for r in records]
         durations: dict[CallKey, float] = {}
         for calls in rollouts:
             for key, _, tool in calls:
@@ -127,7 +234,7 @@ def evaluate(
         while events:
             now, _, kind, r, i = heapq.heappop(events)
             key, llm, tool = rollouts[r][i]
-            ctx = _context(task, rollouts[r], chains[r], i)
+            ctx = _context(task, rollouts[r], chains[r], i, outputs[r])
             if kind == 0:
                 guesses[r, i] = [(c, 0.0) for p in predictors[r] for c in p.predict(ctx)]
                 started[r, i] = now
@@ -172,7 +279,7 @@ def evaluate(
                 predictor.observe(ctx, key)
             if reask:  # the siblings still in their turn see what this rollout just decided
                 for (r2, i2), open_guesses in guesses.items():
-                    ctx2 = _context(task, rollouts[r2], chains[r2], i2)
+                    ctx2 = _context(task, rollouts[r2], chains[r2], i2, outputs[r2])
                     open_guesses += [(c, now - started[r2, i2]) for p in predictors[r2] for c in p.predict(ctx2)]
     for source, s in stats.items():
         report.by_source[source] = {
@@ -188,11 +295,17 @@ def evaluate(
 
 
 def _context(
-    task: str, calls: Sequence[tuple[CallKey, float, float]], chain: Sequence[bytes], i: int
+    task: str,
+    calls: Sequence[tuple[CallKey, float, float]],
+    chain: Sequence[bytes],
+    i: int,
+    outputs: Sequence[str] = (),
 ) -> PredictionContext:
-    """What the predictors see at turn ``i`` of a rollout: its calls before it and their chain key."""
+    """What the predictors see at turn ``i`` of a rollout: its calls before it, their chain key and what the
+    previous call printed (``outputs``: per call, "" when unknown)."""
     history = tuple(k for k, _, _ in calls[:i])
-    return PredictionContext(history=history, chain=chain[i], turn=i, position=0, group=task)
+    last = outputs[i - 1] if 0 < i <= len(outputs) else ""
+    return PredictionContext(history=history, chain=chain[i], turn=i, position=0, group=task, last_output=last)
 
 
 def leave_task_out(groups: Mapping[str, Sequence[Record]]) -> Iterable[tuple[str, list[Record]]]:

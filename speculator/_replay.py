@@ -47,7 +47,7 @@ from bunshin_async.speculation import (
 from bunshin_async.tools import Effect, bash_tool
 
 from ._latency import RolloutTime
-from ._offline import Record, _calls, _context
+from ._offline import Record, _calls, _context, _outputs
 from ._policy import CostAwarePolicy
 from ._signature import key_signature
 
@@ -360,6 +360,7 @@ def _run(
     told = not model.learned
     tasks = list(groups)
     rollouts = {(t, r): _calls(rec) for t in tasks for r, rec in enumerate(groups[t])}
+    outputs = {(t, r): _outputs(rec) for t in tasks for r, rec in enumerate(groups[t])}
     gaps = {k: [tap(key, llm) * scale for key, llm, _ in v] for k, v in rollouts.items()}
     rollouts = {k: [(key, llm * scale, tool * scale) for key, llm, tool in v] for k, v in rollouts.items()}
     # per rollout: seconds as fork+cache runs it (its answer's turn, each turn to its message's end), hits' hidden
@@ -412,7 +413,7 @@ def _run(
             policy.rollout_done(name)
             continue
         key, llm, tool = calls[i]
-        ctx = _context(task, calls, chains[task, r], i)
+        ctx = _context(task, calls, chains[task, r], i, outputs[task, r])
         if kind == 0:
             predictions = _classify(mine[task, r], ctx)
             best: dict[CallKey, tuple[float, str]] = {}

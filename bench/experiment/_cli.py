@@ -91,6 +91,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="write each speculative run's policy decisions (every option, its verdict and the rule's figures) to "
         "DIR/<configuration>-<repeat>.jsonl",
     )
+    p.add_argument(
+        "--observations",
+        type=Path,
+        help="write what every call of every run printed (bounded, scrubbed; JSON lines, speculator's ObservedCall) "
+        "to this file, for the offline replay (scripts/eval_predictors.py --observations)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("bench/results"))
 
@@ -285,6 +291,7 @@ def main(
             progress=progress,
             decisions=args.decisions,
             odds=odds,
+            observations=args.observations,
         )
         paths = write_outputs(result, args.out)
         print()

@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import anyio
 import msgspec
@@ -378,11 +378,13 @@ async def run_config(
     progress: Callable[[str], None] = print,
     decisions: Path | None = None,
     odds: Mapping[str, Mapping[str, Mapping[str, float]]] | None = None,
+    observed: Callable[[Sequence[RolloutResult]], None] | None = None,
 ) -> ConfigResult:
     """Run every group under ``config`` concurrently and measure it: everything the configuration creates (bases,
     copies, speculative branches, restored cache hits, captures) lives in one subtree of its own
     (``accounting_scope``), whose counters are its memory and CPU. ``decisions``: a file to write the speculation
-    policy's every decision to (JSON lines, ``speculator.Decision``); ``odds``: as ``run_experiment``'s."""
+    policy's every decision to (JSON lines, ``speculator.Decision``); ``odds``: as ``run_experiment``'s;
+    ``observed``: given every rollout's result once the run ended (what its calls printed)."""
     with accounting_scope(config.name) as subtree, ExitStack() as stack:
         sink = None
         if decisions is not None and config.speculation:
@@ -391,7 +393,8 @@ async def run_config(
             decisions.parent.mkdir(parents=True, exist_ok=True)
             sink = jsonl_sink(stack.enter_context(decisions.open("wb")))
         return await _run_config_in(config, groups, subtree, time_scale=time_scale, budget=budget,
-                                    tools_for=tools_for, progress=progress, decisions=sink, odds=odds)  # fmt: skip
+                                    tools_for=tools_for, progress=progress, decisions=sink, odds=odds,
+                                    observed=observed)  # fmt: skip
 
 
 async def _run_config_in(
@@ -405,6 +408,7 @@ async def _run_config_in(
     progress: Callable[[str], None],
     decisions: Callable[[Any], None] | None = None,
     odds: Mapping[str, Mapping[str, Mapping[str, float]]] | None = None,
+    observed: Callable[[Sequence[RolloutResult]], None] | None = None,
 ) -> ConfigResult:
     trajectories = [t for _, ts in groups for t in ts]
     results: list[RolloutResult] = []
@@ -483,6 +487,8 @@ async def _run_config_in(
             await agent.aclose()
     report = monitor.report()
     results.sort(key=lambda r: (r.task_id, r.rollout))
+    if observed is not None:
+        observed(results)
     extra: dict[str, Any] = {}
     if agent.specs:
         extra["spec"] = _spec_counts(agent.specs)
@@ -685,31 +691,74 @@ async def run_experiment(
     on_repeat: Callable[[ExperimentResult], object] | None = None,
     decisions: Path | None = None,
     odds: Mapping[str, Mapping[str, Mapping[str, float]]] | None = None,
+    observations: Path | None = None,
 ) -> ExperimentResult:
     """Run ``configs`` on ``groups``, ``repeats`` times in turn; ``on_repeat`` gets the result so far after each
     repeat but the last (to write partial outputs of a long run); ``decisions``: a directory to write each
     speculative run's policy decisions to (``<configuration>-<repeat>.jsonl``); ``odds``: per task id, the odds
     factors by kind of call its predictors use (``speculator.held_out_odds``: fitted on the other tasks of the
-    traces replayed; a task not in it: ``speculator.KIND_ODDS``)."""
+    traces replayed; a task not in it: ``speculator.KIND_ODDS``); ``observations``: a file to write what every
+    call of every run printed to (``observed_calls``: JSON lines, bounded and scrubbed), for the offline replay
+    (``scripts/eval_predictors.py --observations``)."""
     budget = budget or Budget(max_turns=100, wall_seconds=1800)
     if tools_for is None:
         default = [bash_tool(timeout=600.0)]
         tools_for = lambda ctx: default  # noqa: E731
     runs: list[list[ConfigResult]] = []
     orders: list[list[str]] = []
-    for rep in range(max(1, repeats)):
-        done: dict[str, ConfigResult] = {}
-        orders.append(run_order(configs, rep))
-        for name in orders[-1]:
-            progress(f"configuration {name}" + (f" (repeat {rep + 1} of {repeats})" if repeats > 1 else ""))
-            log = decisions / f"{name}-{rep + 1}.jsonl" if decisions is not None else None
-            done[name] = await run_config(_config(name), groups, time_scale=time_scale, budget=budget,
-                                          tools_for=tools_for, progress=progress, decisions=log,
-                                          odds=odds)  # fmt: skip
-        runs.append([done[name] for name in configs])  # the list's order: pairs and ratios index it
-        if on_repeat is not None and rep + 1 < repeats:
-            on_repeat(_result(runs, workload, time_scale, orders))
+    with ExitStack() as stack:
+        sink = None
+        if observations is not None:
+            observations.parent.mkdir(parents=True, exist_ok=True)
+            sink = stack.enter_context(observations.open("wb"))
+        for rep in range(max(1, repeats)):
+            done: dict[str, ConfigResult] = {}
+            orders.append(run_order(configs, rep))
+            for name in orders[-1]:
+                progress(f"configuration {name}" + (f" (repeat {rep + 1} of {repeats})" if repeats > 1 else ""))
+                log = decisions / f"{name}-{rep + 1}.jsonl" if decisions is not None else None
+                observed = _observed_to(sink, name, rep + 1) if sink is not None else None
+                done[name] = await run_config(_config(name), groups, time_scale=time_scale, budget=budget,
+                                              tools_for=tools_for, progress=progress, decisions=log,
+                                              odds=odds, observed=observed)  # fmt: skip
+            runs.append([done[name] for name in configs])  # the list's order: pairs and ratios index it
+            if on_repeat is not None and rep + 1 < repeats:
+                on_repeat(_result(runs, workload, time_scale, orders))
     return _result(runs, workload, time_scale, orders)
+
+
+def observed_calls(results: Sequence[RolloutResult], config: str, repeat: int) -> list[Any]:
+    """What every call of ``results`` printed (``speculator._offline.ObservedCall``: bounded, then scrubbed as the
+    results' digests are), in order per rollout."""
+    from speculator._offline import ObservedCall, bounded_output
+
+    out = []
+    for r in results:
+        calls = [s for s in (r.trajectory.steps if r.trajectory else []) if s.tool and not s.final]
+        for i, s in enumerate(calls):
+            out.append(
+                ObservedCall(
+                    config=config,
+                    repeat=repeat,
+                    task_id=r.task_id,
+                    rollout=r.rollout,
+                    index=i,
+                    tool=s.tool or "",
+                    args=s.args or {},
+                    exit_code=s.exit_code,
+                    output=scrub(bounded_output(s.observation or "")),
+                )  # fmt: skip
+            )
+    return out
+
+
+def _observed_to(sink: IO[bytes], config: str, repeat: int) -> Callable[[Sequence[RolloutResult]], None]:
+    def write(results: Sequence[RolloutResult]) -> None:
+        encoder = msgspec.json.Encoder()
+        sink.write(b"".join(encoder.encode(o) + b"\n" for o in observed_calls(results, config, repeat)))
+        sink.flush()
+
+    return write
 
 
 def run_order(configs: Sequence[str], rep: int) -> list[str]:
