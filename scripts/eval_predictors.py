@@ -75,7 +75,16 @@ from speculator import (  # noqa: E402
 )
 from speculator._kinds import Guess, fit_held_out, shift_odds  # noqa: E402
 from speculator._latency import RolloutTime, latency_share  # noqa: E402
-from speculator._offline import OfflineReport, Record, _calls, evaluate, leave_task_out, load_groups  # noqa: E402
+from speculator._offline import (  # noqa: E402
+    OfflineReport,
+    Record,
+    _calls,
+    evaluate,
+    leave_task_out,
+    load_groups,
+    load_observations,
+    with_observations,
+)
 from speculator._replay import ByteModel, ReplayReport, replay  # noqa: E402
 from speculator._steps import _stepped  # noqa: E402
 from speculator._written import written_script  # noqa: E402
@@ -194,6 +203,11 @@ def main() -> int:
         help="odds by the kind of call: the shipped KIND_ODDS, fitted for each task on the other tasks, or none",
     )  # fmt: skip
     p.add_argument("--kinds", action="store_true", help="only fit the odds by kind: the table, and its held-out check")
+    p.add_argument(
+        "--observations", type=Path, action="append", default=[],
+        help="what an online run printed (bench.experiment --observations; repeatable): each call's output is the "
+        "next turn's last_output, as the runtime gives it (the traces hold none)",
+    )  # fmt: skip
     args = p.parse_args()
     if (args.table or args.leave_task_out) and not args.ngram:
         p.error("--table and --leave-task-out are about the n-gram predictors: add --ngram")
@@ -201,6 +215,13 @@ def main() -> int:
     groups = every = (
         _terminal(args.traces.name) if str(args.traces).startswith("terminal:") else load_groups(args.traces)
     )
+    if args.observations:
+        observed = [o for path in args.observations for o in load_observations(path)]
+        groups, matched = with_observations(every, observed)
+        calls = sum(len(_calls(r)) for rs in every.values() for r in rs)
+        print(f"observations: {matched} of {calls} calls given what an online run printed "
+              f"({', '.join(map(str, args.observations))})\n")  # fmt: skip
+        every = groups
     if args.tasks:
         wanted = args.tasks.split(",")
         missing = [t for t in wanted if t not in groups]

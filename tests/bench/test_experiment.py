@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from bench.experiment import main as cli_main
@@ -89,9 +90,23 @@ def test_a_trajectory_file_replays_as_groups_and_an_unfinished_recording_as_trun
         Trajectory(task_id="t2", rollout=0, steps=[_bash("echo b"), done]),
     ]
     path = dump_trajectories(tmp_path / "t.jsonl", trajs)
-    rc = cli_main(["--trajectories", str(path), "--configs", "baseline,fork", "--time-scale", "0.5",
-                   "--pad-tools", "--out", str(tmp_path / "out")])  # fmt: skip
+    rc = cli_main(["--trajectories", str(path), "--configs", "baseline,fork", "--time-scale", "0.5", "--pad-tools",
+                   "--out", str(tmp_path / "out"), "--observations", str(tmp_path / "o.jsonl")])  # fmt: skip
     assert rc == 0
+    # what every call of every run printed, for the offline replay
+    printed = {(o["config"], o["task_id"], o["rollout"], o["index"], o["args"]["command"]): o["output"]
+               for o in map(json.loads, (tmp_path / "o.jsonl").read_text().splitlines())}  # fmt: skip
+    assert printed == {
+        (c, t, r, i, command): output
+        for c in ("baseline", "fork")
+        for t, r, i, command, output in [
+            ("t1", 0, 0, "echo a > f", ""),
+            ("t1", 0, 1, "cat f", "a\n"),
+            ("t1", 1, 0, "echo a > f", ""),
+            ("t1", 1, 1, "ls", "f\n"),
+            ("t2", 0, 0, "echo b", "b\n"),
+        ]  # fmt: skip
+    }
     result = json.loads((tmp_path / "out" / "experiment.json").read_text())
     assert result["workload"]["group_by"] == "task" and result["workload"]["groups"] == 2
     assert result["same_calls_and_results"] is True
@@ -550,3 +565,33 @@ def test_the_spec_figures_say_what_the_memory_allowance_earned_and_has_left() ->
     policy.allowance.spent = 12 * 2**20  # its forks cost 12 by the rule's terms
     out = _spec_counts([Speculation(predictors=[], policy=policy)])
     assert (out["policy_allowance_mib_s"], out["policy_allowance_left_mib_s"]) == (30.0, 18.0)
+
+
+@pytest.mark.unit
+def test_what_every_call_printed_is_written_bounded_and_scrubbed_per_rollout_and_call() -> None:
+    """``--observations``: one line per call (not the final answer), what the runtime's ``last_output`` holds (no
+    ``exit code`` line), scrubbed as the results' digests are, read back by ``speculator._offline``."""
+    import io
+
+    from bench.experiment._runner import _observed_to
+    from bunshin_async._rollout._rollout import RolloutResult
+    from speculator._offline import OBSERVATION_CHARS, ObservedCall
+
+    steps = [
+        Step("bash", {"command": "ls -l"}, observation="exit code 0\n-rw-r--r-- 1 root root 3 Dec  4 10:00 x\n",
+             exit_code=0),
+        Step("bash", {"command": "cat big"}, observation="exit code 1\n" + "b" * (3 * OBSERVATION_CHARS), exit_code=1),
+        Step(None, None, assistant_text="done"),
+    ]  # fmt: skip
+    done = RolloutResult(task_id="t", rollout=2, status="finished", loss_mask=1.0,
+                         trajectory=Trajectory(task_id="t", steps=steps))  # fmt: skip
+    failed = RolloutResult(task_id="u", rollout=0, status="failed", loss_mask=0.0)  # no trajectory: nothing
+    sink = io.BytesIO()
+    _observed_to(sink, "fork+cache", 3)([done, failed])
+    lines = [msgspec.json.decode(line, type=ObservedCall) for line in sink.getvalue().splitlines()]
+    assert [(o.config, o.repeat, o.task_id, o.rollout, o.index, o.args["command"], o.exit_code) for o in lines] == [
+        ("fork+cache", 3, "t", 2, 0, "ls -l", 0),
+        ("fork+cache", 3, "t", 2, 1, "cat big", 1),
+    ]
+    assert lines[0].output == "-rw-r--r-- 1 root root 3 ~ x\n"  # the file's time scrubbed
+    assert lines[1].output.startswith("bbb") and len(lines[1].output) < OBSERVATION_CHARS + 64
