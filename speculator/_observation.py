@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import re
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from collections.abc import Sequence
 
 import msgspec
@@ -26,8 +26,11 @@ __all__ = [
 # ``sh: 1: x: not found``), the package a Node script could not load (``Cannot find module 'x'``, not a path).
 _ENTITIES = {
     "module": re.compile(r"No module named '([A-Za-z_][\w]*)(?:\.[\w.]*)?'"),
+    # (and a program Python's ``subprocess`` could not start: ``FileNotFoundError: [Errno 2] No such file or
+    # directory: 'ffmpeg'``, a bare name, not a file's)
     "program": re.compile(
         r"(?:^|\n)(?:\S+: )?(?:line \d+: )?([\w.+-]+): command not found|(?:^|\n)\S*sh: \d+: ([\w.+-]+): not found"
+        r"|FileNotFoundError: \[Errno 2\] No such file or directory: '([A-Za-z][\w+-]*)'"
     ),
     "node": re.compile(r"Cannot find module '(?![./])((?:@[\w.-]+/)?[\w.-]+)(?:/[^'\n]*)?'"),
 }
@@ -90,11 +93,11 @@ def _named(kind: str, entity: str, text: str) -> str | None:
 
 
 def _fill(kind: str, entity: str, args: str) -> str:
-    """A template's hole filled with ``entity``: for a module in an install, its distribution's name, and without
+    """A template's hole filled with ``entity``: in a Python install, a module's distribution's name, and without
     another package index unless the index is named after it (``--index-url https://download.pytorch.org/whl/cpu``
     serves ``torch``, not ``numpy``)."""
-    if kind == "module" and (installer(args) or "").startswith(_PYTHON_INSTALLERS):
-        entity = DISTRIBUTIONS.get(entity, entity)
+    if (installer(args) or "").startswith(_PYTHON_INSTALLERS):
+        entity = DISTRIBUTIONS.get(entity, entity) if kind == "module" else entity
         args = _INDEX.sub(lambda m: m.group(0) if entity.lower() in m.group(1).lower() else "", args)
     return args.replace(_HOLE.format(kind), entity)
 
@@ -105,6 +108,63 @@ _INDEX = re.compile(r" (?:--index-url|--extra-index-url|-i)[ =](https?://[^\s\"]
 
 # Installers of Python distributions (what takes a distribution's name, not a module's).
 _PYTHON_INSTALLERS = ("pip", "python", "conda", "mamba", "uv", "poetry")
+# Installers of a system's programs (a program a shell did not find is installed by one of these, or by a Python
+# installer when it is a Python tool's entry point).
+_SYSTEM_INSTALLERS = ("apt", "apk", "dnf", "yum", "brew")
+# Which installers' forms serve each kind of entity, the likelier first.
+_FAMILIES = {"module": (_PYTHON_INSTALLERS,), "program": (_SYSTEM_INSTALLERS, _PYTHON_INSTALLERS),
+             "node": (("npm", "yarn", "pnpm"),)}  # fmt: skip
+# Options of an install that take the next word as their value (not a package): pip's, and apt's ``-o``.
+_VALUED = frozenset(
+    "--index-url --extra-index-url -i -c --constraint -t --target --timeout --trusted-host -f --find-links "
+    "--prefix --root -o --option --registry".split()
+)
+_SEGMENTS = re.compile(r"\s*(?:&&|\|\||;|\|)\s*")
+# A program's name an install could take: not an option, not a file with an extension (``weights.json: command not
+# found`` is a file run as a command), a version (``python3.11``) allowed.
+_PROGRAM = re.compile(r"[A-Za-z][\w+-]*(?:\.\d+)*")
+
+
+def _manager(args: str) -> str:
+    """The package manager of a template's arguments (JSON text), or ""."""
+    return installer(args) or ""
+
+
+def _with_command(call: CallKey, command: str) -> str:
+    """``call``'s arguments (JSON text) with ``command`` in place of its command; a hole in it stays a hole."""
+    marker = "\ue000"
+    arguments = {**call.arguments(), "command": command.replace(_HOLE.format("form"), marker)}
+    return msgspec.json.encode(arguments, order="deterministic").decode().replace(marker, _HOLE.format("form"))
+
+
+def install_form(command: str) -> tuple[str, str] | None:
+    """The form of a one-line command's install (its manager, as ``installer`` names it, and the install's own
+    segment with its packages cut out as one hole where the first one stood): ``apt update && apt install -y a b``
+    -> ``("apt", "apt install -y \\x00form\\x00")``, ``pip3 install x --index-url URL`` -> ``pip3 install <hole>
+    --index-url URL``. None for no install, a multi-line one, or one that names no package (``pip install -r
+    requirements.txt``, ``pip install -e .``)."""
+    if "\n" in command.strip() or (manager := installer(command)) is None:
+        return None
+    for segment in _SEGMENTS.split(command.strip()):
+        words = segment.split()
+        verb = next((i for i, w in enumerate(words) if w in ("install", "add")), None)
+        if verb is None or installer(segment) is None:
+            continue
+        kept, hole, skip = words[: verb + 1], False, False
+        for w in words[verb + 1 :]:
+            if skip:
+                kept.append(w)
+                skip = False
+            elif w.startswith("-"):
+                if w in ("-r", "--requirement", "-e", "--editable"):
+                    return None
+                kept.append(w)
+                skip = w in _VALUED
+            elif not hole:
+                kept.append(_HOLE.format("form"))
+                hole = True
+        return (manager, " ".join(kept)) if hole else None
+    return None
 
 
 class ObservationPredictor:
@@ -120,6 +180,13 @@ class ObservationPredictor:
     filled with the distribution of the module named next, without another package's index (``_fill``). A filled
     call the rollout already made is left out (``pip3 install torch --index-url URL`` ran, then ``No module named
     'torch'``: not that install again).
+
+    Where no call followed such an error yet, what it names goes into the installs the rollout made, whatever they
+    followed (``install_form``: the install's segment, its packages one hole): a module into a Python installer's
+    form, a program (``x: command not found``, or ``FileNotFoundError ... 'x'`` from Python's ``subprocess``) into
+    a system installer's (``apt-get install -y x``) and, at ``other_family`` of those odds, a Python installer's;
+    the rollout's latest form at ``form``, each older ``older`` as likely, the group's by share (``group_form``),
+    and for a module with no form known a plain ``pip install`` of its distribution (``default``).
 
     Its odds are at most what its guesses scored on timed terminal-benchmark traces told, before each
     single-package pip install, the error that would have named the package (``scripts/eval_predictors.py``; the
@@ -138,11 +205,17 @@ class ObservationPredictor:
         older: float = 0.1,
         siblings: float = 0.7,
         recall: int = 3,
+        form: float = 0.3,
+        group_form: float = 0.2,
+        default: float = 0.1,
+        other_family: float = 0.5,
     ) -> None:
         self.table = table if table is not None else SiblingTable()
         self.own_confidence, self.older = own, older
         self.sibling_confidence = siblings
+        self.form, self.group_form, self.default, self.other_family = form, group_form, default, other_family
         self.own: dict[str, list[tuple[str, str]]] = defaultdict(list)
+        self.forms: list[tuple[str, str]] = []  # the rollout's install forms, (tool, arguments with a hole), in order
         self._recent: deque[dict[str, str]] = deque(maxlen=recall)  # the entities of the latest observations
         self._last_output: str | None = None
 
@@ -162,12 +235,16 @@ class ObservationPredictor:
             for (name, args), p in scored.items():
                 key = (name, _fill(kind, entity, args))
                 filled[key] = max(filled.get(key, 0.0), p)
+            # no call followed such an error yet: the installs the rollout (or group) made, as forms
+            for (name, args), p in ({} if scored else self._forms(kind, entity, ctx)).items():
+                key = (name, _fill(kind, entity, args.replace(_HOLE.format("form"), _HOLE.format(kind))))
+                filled[key] = max(filled.get(key, 0.0), p)
         # a call the rollout already made did not prevent this error: agents change something (the told bound on
         # timed traces: the same hits, a fifth to a thirteenth of the wrong launches' seconds)
         made = {(c.name, c.args.decode()) for c in (*ctx.history, *ctx.decided)}
         out = []
         for (name, args), p in sorted(filled.items(), key=lambda x: -x[1]):
-            if (name, args) in made:
+            if (name, args) in made or p <= 0.0:
                 continue
             try:
                 arguments = msgspec.json.decode(args)
@@ -177,7 +254,36 @@ class ObservationPredictor:
                 out.append(Candidate(name=name, arguments=arguments, probability=p, source=self.name))
         return out[:3]
 
+    def _forms(self, kind: str, entity: str, ctx: PredictionContext) -> dict[tuple[str, str], float]:
+        """The install forms that could take ``entity`` (``_FAMILIES``), with their odds: the rollout's (latest
+        first, each older ``older`` as likely), the group's (by share), else a Python installer's plain form for a
+        module; each family after the first ``other_family`` as likely."""
+        if kind == "program" and not _PROGRAM.fullmatch(entity):
+            return {}
+        out: dict[tuple[str, str], float] = {}
+        group = self.table.templates.get("form") or Counter()
+        total = sum(group.values())
+        for rank, family in enumerate(_FAMILIES.get(kind, ())):
+            scale = self.other_family**rank
+            own = list(dict.fromkeys(t for t in reversed(self.forms) if _manager(t[1]).startswith(family)))
+            for k, template in enumerate(own[:3]):
+                out[template] = max(out.get(template, 0.0), self.form * self.older**k * scale)
+            theirs = [(t, n) for t, n in group.most_common() if _manager(t[1]).startswith(family)][:3]
+            for template, n in theirs:
+                out[template] = max(out.get(template, 0.0), self.group_form * n / total * scale)
+        if not out and kind == "module":
+            tool = next((c.name for c in reversed(ctx.history) if isinstance(c.arguments().get("command"), str)), None)
+            if tool is not None:
+                out[tool, _with_command(CallKey(tool, 0, b"{}"), f"pip install {_HOLE.format('form')}")] = self.default
+        return out
+
     def observe(self, ctx: PredictionContext, call: CallKey) -> None:
+        command = call.arguments().get("command")
+        form = install_form(command) if isinstance(command, str) else None
+        if form is not None:  # whatever it followed: the rollout's way of installing
+            template = (call.name, _with_command(call, form[1]))
+            self.forms.append(template)
+            self.table.templates["form"][template] += 1
         if not ctx.last_output or ctx.position != len(ctx.decided):
             return
         if ctx.last_output != self._last_output:  # several calls of one message follow the same observation
@@ -186,7 +292,6 @@ class ObservationPredictor:
         text = call.args.decode()
         if "\\n" in text:  # a script or a heredoc names the entity in passing: not an argument to fill in
             return
-        command = call.arguments().get("command")
         runs = command_program(command).split(" ", 1)[0] if isinstance(command, str) else ""
         # (kind, entity) pairs, each once, the latest observation's first
         named = dict.fromkeys(pair for entities in reversed(self._recent) for pair in entities.items())

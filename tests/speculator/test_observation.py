@@ -70,7 +70,7 @@ def test_an_install_names_the_module_as_pip_compares_names() -> None:
         tail = " --no-deps" if "--no-deps" in install else ""
         assert _guesses(mine, "numpy") == [(f"{install.split(' install ')[0]} install numpy{tail}", 0.7)], module
     for module, call in [("foo", "pip install foo-bar"), ("foo", "pip install foo.bar"), ("Foo", "grep -ri foo .")]:
-        other = ObservationPredictor(SiblingTable())
+        other = ObservationPredictor(SiblingTable(), form=0.0, group_form=0.0, default=0.0)  # templates alone
         other.observe(_ctx(ERROR.format(module)), CallKey.of(BASH, {"command": call}))
         assert _guesses(other, "numpy") == [], (module, call)
 
@@ -149,3 +149,71 @@ def test_another_package_index_stays_with_the_package_it_serves() -> None:
     assert _fill("module", "numpy", f"pip install {hole} && sed -i 's/a/b/' x.py") == (
         "pip install numpy && sed -i 's/a/b/' x.py"
     )
+
+
+@pytest.mark.parametrize(
+    ("command", "form"),
+    [
+        ("apt update && apt install -y python3-pip ffmpeg", "apt install -y <>"),
+        ("sudo apt-get install -y --no-install-recommends gcc", "sudo apt-get install -y --no-install-recommends <>"),
+        ("pip3 install torch --index-url https://example.com/whl", "pip3 install <> --index-url https://example.com/whl"),
+        ("pip install --no-cache-dir numpy==1.24.3 && python3 -c 'import numpy'", "pip install --no-cache-dir <>"),
+        ("python3 -c 'import flask' 2>/dev/null || pip install flask --no-deps", "pip install <> --no-deps"),
+        ("npm install -g typescript", "npm install -g <>"),
+        ("pip install -r requirements.txt", None),  # names no package
+        ("pip install -e .", None),
+        ("cat <<'EOF' > x.sh\npip install a\nEOF", None),  # a script
+        ("pip list", None),
+    ],
+)  # fmt: skip
+def test_an_installs_form_is_its_own_segment_with_one_hole_for_its_packages(command: str, form: str | None) -> None:
+    from speculator._observation import _HOLE, install_form
+
+    got = install_form(command)
+    assert (got[1].replace(_HOLE.format("form"), "<>") if got else None) == form
+
+
+def _calls(predictor: ObservationPredictor, output: str, *made: CallKey) -> list[tuple[str, float]]:
+    ctx = PredictionContext(history=made, chain=b"", turn=len(made), position=0, last_output=output)
+    return [(c.arguments["command"], round(c.probability, 3)) for c in predictor.predict(ctx)]
+
+
+def test_with_no_template_a_missing_program_or_module_is_installed_by_the_rollouts_own_forms() -> None:
+    """No call followed such an error yet: what the error names goes into the installs the rollout made (a program:
+    a system installer's form first, a Python installer's at half its odds; a module: a Python installer's, as its
+    distribution), whatever those installs followed."""
+    mine = ObservationPredictor(SiblingTable(), siblings=0.0)
+    apt = CallKey.of(BASH, {"command": "apt-get update && apt-get install -y build-essential"})
+    pip = CallKey.of(BASH, {"command": "pip3 install torch --index-url https://download.pytorch.org/whl/cpu"})
+    for call in (apt, pip):
+        mine.observe(_ctx(""), call)
+    missing = "/bin/bash: line 1: make: command not found\n"
+    assert _calls(mine, missing, apt, pip) == [("apt-get install -y make", 0.3), ("pip3 install make", 0.15)]
+    # Python's subprocess names a program it could not start; a file run as a command is no program
+    started = "FileNotFoundError: [Errno 2] No such file or directory: 'ffmpeg'\n"
+    assert _calls(mine, started, apt, pip)[0] == ("apt-get install -y ffmpeg", 0.3)
+    assert _calls(mine, "/bin/bash: line 1: weights.json: command not found\n", apt, pip) == []
+    # a module: its distribution, from PyPI (the form's index serves another package)
+    assert _calls(mine, ERROR.format("cv2"), apt, pip) == [("pip3 install opencv-python", 0.3)]
+    # the module the install was for (its index names it, so it keeps it): that install again is not the fix
+    assert _calls(mine, ERROR.format("torch"), apt, pip) == []
+
+
+def test_a_rollout_without_a_form_takes_its_groups_else_a_plain_pip_install_for_a_module() -> None:
+    table = SiblingTable()
+    first, second = ObservationPredictor(table), ObservationPredictor(table)
+    first.observe(_ctx(""), CallKey.of(BASH, {"command": "pip install flask --no-cache-dir"}))
+    ls = CallKey.of(BASH, {"command": "ls"})
+    # one form in the group, a share of 1: the group's odds (0.2)
+    assert _calls(second, ERROR.format("requests"), ls) == [("pip install requests --no-cache-dir", 0.2)]
+    alone = ObservationPredictor(SiblingTable())
+    assert _calls(alone, ERROR.format("yaml"), ls) == [("pip install pyyaml", 0.1)]
+    assert _calls(alone, "bash: make: command not found\n", ls) == []  # no installer known for a program
+    assert _calls(alone, ERROR.format("yaml")) == []  # no call yet: no tool to make it with
+
+
+def test_a_template_that_followed_such_an_error_is_preferred_to_the_forms() -> None:
+    mine = ObservationPredictor(SiblingTable())
+    mine.observe(_ctx(""), CallKey.of(BASH, {"command": "pip install flask"}))
+    mine.observe(_ctx(ERROR.format("numpy")), CallKey.of(BASH, {"command": "pip install numpy --no-deps"}))
+    assert _guesses(mine, "scipy") == [("pip install scipy --no-deps", 0.7)]
