@@ -97,6 +97,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="write what every call of every run printed (bounded, scrubbed; JSON lines, speculator's ObservedCall) "
         "to this file, for the offline replay (scripts/eval_predictors.py --observations)",
     )
+    p.add_argument(
+        "--odds-observations",
+        type=Path,
+        help="--trajectories: fit the held-out odds by kind of call on the guesses the predictors make given what "
+        "an earlier run printed (a file --observations wrote), as they see it online",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("bench/results"))
 
@@ -138,15 +144,23 @@ def _recorded_pads(groups: list[tuple[Task, list[Trajectory]]]) -> Pad:
     return lambda task_id, rollout, command: recorded.get((task_id, rollout, command), 0.0)
 
 
-def _held_out_odds(path: Path, trajs: list[Trajectory], group_by: str) -> dict[str, dict[str, dict[str, float]]]:
+def _held_out_odds(
+    path: Path, trajs: list[Trajectory], group_by: str, observations: Path | None = None
+) -> dict[str, dict[str, dict[str, float]]]:
     """Per group (its task id as the experiment names it), the odds factors by kind of call fitted on the guesses
     the predictors make on every other *task* of the trace file (the loaded trajectories): measured on these
-    traces, no task uses factors fitted on itself (``speculator.KIND_ODDS`` is fitted on the development set)."""
+    traces, no task uses factors fitted on itself (``speculator.KIND_ODDS`` is fitted on the development set).
+    ``observations``: what an earlier run of these trajectories printed (``--observations``), given to the
+    predictors as the runtime gives it, so that the odds are fitted on what they will see (the trace file holds
+    no observations: a predictor that reads them is otherwise fitted blind)."""
     from speculator import held_out_odds
-    from speculator._offline import load_groups
+    from speculator._offline import load_groups, load_observations, with_observations
 
     loaded = {(t.task_id, t.rollout) for t in trajs}
-    records = {task: [r for r in rs if (task, r.get("rollout", 0)) in loaded] for task, rs in load_groups(path).items()}
+    groups = load_groups(path)
+    if observations is not None:
+        groups = with_observations(groups, load_observations(observations))[0]
+    records = {task: [r for r in rs if (task, r.get("rollout", 0)) in loaded] for task, rs in groups.items()}
     by_task = held_out_odds({task: rs for task, rs in records.items() if rs})
     if group_by == "task":
         return by_task
@@ -230,8 +244,10 @@ def main(
         if args.pad_tools:
             tools_for = _padded_bash(_recorded_pads(groups), args.time_scale)
         if any(config(c).speculation and not config(c).oracle for c in configs):  # type: ignore[union-attr]
-            odds = _held_out_odds(args.trajectories, trajs, group_by)
-            workload["kind_odds"] = "fitted per task on the guesses on the file's other tasks (held_out_odds)"
+            odds = _held_out_odds(args.trajectories, trajs, group_by, args.odds_observations)
+            workload["kind_odds"] = "fitted per task on the guesses on the file's other tasks (held_out_odds)" + (
+                f", given what {args.odds_observations} recorded each call printed" if args.odds_observations else ""
+            )
     else:
         terminal = args.workload == "terminal"
         if args.quick:

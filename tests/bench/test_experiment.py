@@ -542,6 +542,17 @@ def test_on_a_trace_file_each_task_gets_odds_fitted_on_the_other_tasks(tmp_path:
     assert _held_out_odds(path, trajs, "task") == expected
     assert _held_out_odds(path, trajs, "rollout") == {f"{t}:{r}": expected[t] for t in "abc" for r in range(2)}
     assert _held_out_odds(path, trajs[:2], "task") == held_out_odds({"a": load_groups(path)["a"]})  # --limit 2
+    # given what an online run printed: fitted on the guesses the predictors make seeing it
+    from speculator._offline import ObservedCall, with_observations
+
+    printed = [ObservedCall(config="fork+cache", repeat=1, task_id=t, rollout=r, index=i, tool="bash",
+                            args={"command": c}, exit_code=1, output=f"ModuleNotFoundError: No module named '{t}x'\n")
+               for t in "abc" for r in range(2) for i, c in enumerate(commands[:3])]  # fmt: skip
+    observed = tmp_path / "o.jsonl"
+    observed.write_bytes(b"".join(msgspec.json.encode(o) + b"\n" for o in printed))
+    seen = held_out_odds(with_observations(load_groups(path), printed)[0])
+    assert seen != expected and "observation" in seen["a"]  # its guesses of installs, all wrong, are fitted
+    assert _held_out_odds(path, trajs, "task", observed) == seen
 
     def siblings(task: str, **kwargs: Any) -> Any:
         ctx: Any = SimpleNamespace(task=SimpleNamespace(task_id=task), rollout=0)
