@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import re
 from collections import Counter, defaultdict, deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import msgspec
 import xxhash
@@ -130,10 +131,10 @@ def _manager(args: str) -> str:
     return installer(args) or ""
 
 
-def _with_command(call: CallKey, command: str) -> str:
-    """``call``'s arguments (JSON text) with ``command`` in place of its command; a hole in it stays a hole."""
+def _with_command(arguments: Mapping[str, Any], command: str) -> str:
+    """``arguments`` (as JSON text) with ``command`` in place of their command; a hole in it stays a hole."""
     marker = "\ue000"
-    arguments = {**call.arguments(), "command": command.replace(_HOLE.format("form"), marker)}
+    arguments = {**arguments, "command": command.replace(_HOLE.format("form"), marker)}
     return msgspec.json.encode(arguments, order="deterministic").decode().replace(marker, _HOLE.format("form"))
 
 
@@ -274,14 +275,14 @@ class ObservationPredictor:
         if not out and kind == "module":
             tool = next((c.name for c in reversed(ctx.history) if isinstance(c.arguments().get("command"), str)), None)
             if tool is not None:
-                out[tool, _with_command(CallKey(tool, 0, b"{}"), f"pip install {_HOLE.format('form')}")] = self.default
+                out[tool, _with_command({}, f"pip install {_HOLE.format('form')}")] = self.default
         return out
 
     def observe(self, ctx: PredictionContext, call: CallKey) -> None:
         command = call.arguments().get("command")
         form = install_form(command) if isinstance(command, str) else None
         if form is not None:  # whatever it followed: the rollout's way of installing
-            template = (call.name, _with_command(call, form[1]))
+            template = (call.name, _with_command(call.arguments(), form[1]))
             self.forms.append(template)
             self.table.templates["form"][template] += 1
         if not ctx.last_output or ctx.position != len(ctx.decided):
