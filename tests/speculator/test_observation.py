@@ -180,21 +180,21 @@ def _calls(predictor: ObservationPredictor, output: str, *made: CallKey) -> list
 
 def test_with_no_template_a_missing_program_or_module_is_installed_by_the_rollouts_own_forms() -> None:
     """No call followed such an error yet: what the error names goes into the installs the rollout made (a program:
-    a system installer's form first, a Python installer's at half its odds; a module: a Python installer's, as its
-    distribution), whatever those installs followed."""
+    a system installer's form first (0.15), a Python installer's at half its odds; a module: a Python installer's,
+    as its distribution), whatever those installs followed."""
     mine = ObservationPredictor(SiblingTable(), siblings=0.0)
     apt = CallKey.of(BASH, {"command": "apt-get update && apt-get install -y build-essential"})
     pip = CallKey.of(BASH, {"command": "pip3 install torch --index-url https://download.pytorch.org/whl/cpu"})
     for call in (apt, pip):
         mine.observe(_ctx(""), call)
     missing = "/bin/bash: line 1: make: command not found\n"
-    assert _calls(mine, missing, apt, pip) == [("apt-get install -y make", 0.3), ("pip3 install make", 0.15)]
+    assert _calls(mine, missing, apt, pip) == [("apt-get install -y make", 0.15), ("pip3 install make", 0.075)]
     # Python's subprocess names a program it could not start; a file run as a command is no program
     started = "FileNotFoundError: [Errno 2] No such file or directory: 'ffmpeg'\n"
-    assert _calls(mine, started, apt, pip)[0] == ("apt-get install -y ffmpeg", 0.3)
+    assert _calls(mine, started, apt, pip)[0] == ("apt-get install -y ffmpeg", 0.15)
     assert _calls(mine, "/bin/bash: line 1: weights.json: command not found\n", apt, pip) == []
     # a module: its distribution, from PyPI (the form's index serves another package)
-    assert _calls(mine, ERROR.format("cv2"), apt, pip) == [("pip3 install opencv-python", 0.3)]
+    assert _calls(mine, ERROR.format("cv2"), apt, pip) == [("pip3 install opencv-python", 0.15)]
     # the module the install was for (its index names it, so it keeps it): that install again is not the fix
     assert _calls(mine, ERROR.format("torch"), apt, pip) == []
 
@@ -204,10 +204,10 @@ def test_a_rollout_without_a_form_takes_its_groups_else_a_plain_pip_install_for_
     first, second = ObservationPredictor(table), ObservationPredictor(table)
     first.observe(_ctx(""), CallKey.of(BASH, {"command": "pip install flask --no-cache-dir"}))
     ls = CallKey.of(BASH, {"command": "ls"})
-    # one form in the group, a share of 1: the group's odds (0.2)
-    assert _calls(second, ERROR.format("requests"), ls) == [("pip install requests --no-cache-dir", 0.2)]
+    # one form in the group, a share of 1: the group's odds (0.1)
+    assert _calls(second, ERROR.format("requests"), ls) == [("pip install requests --no-cache-dir", 0.1)]
     alone = ObservationPredictor(SiblingTable())
-    assert _calls(alone, ERROR.format("yaml"), ls) == [("pip install pyyaml", 0.1)]
+    assert _calls(alone, ERROR.format("yaml"), ls) == [("pip install pyyaml", 0.05)]
     assert _calls(alone, "bash: make: command not found\n", ls) == []  # no installer known for a program
     assert _calls(alone, ERROR.format("yaml")) == []  # no call yet: no tool to make it with
 
