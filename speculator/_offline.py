@@ -126,14 +126,16 @@ def with_observations(
 
 
 def _outputs(record: Record) -> list[str]:
-    """Per call of ``record`` (as ``_calls`` lists them), what it printed, or "" when the record does not say."""
+    """Per call of ``record`` (as ``_calls`` lists them), what it printed as the runtime's ``last_output`` holds it
+    (a trajectory the agent recorded tells the model an ``exit code N`` line first), or "" when the record does not
+    say."""
     out = []
     for s in record.get("steps", ()):
         if not s.get("tool") or s["tool"] == "submit":
             break
         if s.get("kind") == "format_error":
             continue
-        out.append(s.get("observation") or "")
+        out.append(bounded_output(s.get("observation") or ""))
     return out
 
 

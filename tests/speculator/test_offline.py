@@ -100,3 +100,11 @@ def test_an_observation_is_bounded_and_loses_the_exit_code_line_the_model_is_tol
     path = tmp_path / "o.jsonl"
     path.write_bytes(b"".join(msgspec.json.encode(o) + b"\n" for o in [_observed(0, 0, "ls", "x")]) + b"\n")
     assert load_observations(path) == [_observed(0, 0, "ls", "x")]
+
+
+def test_a_trajectory_the_agent_recorded_gives_its_observations_without_the_exit_code_line() -> None:
+    record = _record("ls", "cat a")
+    record["steps"][0]["observation"] = "exit code 0\na\n"  # as ``run_agent`` records what it told the model
+    out: list[tuple[int, str]] = []
+    replay({"t": [record]}, _seen(out))
+    assert out == [(0, ""), (1, "a\n")]
