@@ -3,7 +3,9 @@ between checkpoints (tests/fork/test_track_writes.py, test_smaps_early.py). It h
 ``PROT_NONE`` reservation and a 64 KiB mapping of its own; for each request file /workspace/req-<n>, in order, it runs
 the command in it and answers the digest of all it holds in /workspace/ans-<n> (written by rename): ``write K`` adds 1
 to one byte in each of K pages of the buffer spread over it, ``map M`` maps M MiB more (a new VMA) and fills every
-page, ``zap K`` drops the buffer's first K pages (``MADV_DONTNEED``: they read as zeros), ``open`` makes the whole
+page, ``zap K`` drops the buffer's first K pages (``MADV_DONTNEED``: they read as zeros), ``drop K`` drops them too
+and answers ``dropped`` instead of the digest (which reads every page: after ``zap`` they hold the zero page, after
+``drop`` nothing until the next request), ``open`` makes the whole
 reservation readable (``mprotect``: its zeros join the digest), ``lock`` locks the 64 KiB mapping, whole (``mlock``:
 status ``VmLck`` joins the digest), ``fmap`` maps a 1.5 MiB file privately right after a 64 KiB anonymous mapping,
 both inside one 2 MiB-aligned span (so a dump's pagemap cache scans them in one window), and reads every page of it
@@ -89,7 +91,7 @@ def main():
                 bufs[0][off] = (bufs[0][off] + 1) % 256
         elif cmd == "map":
             bufs.append(mapping(int(arg[0]), len(bufs)))
-        elif cmd == "zap":
+        elif cmd in ("zap", "drop"):
             bufs[0].madvise(mmap.MADV_DONTNEED, 0, int(arg[0]) * PAGE)
         elif cmd == "open":
             if libc.mprotect(reserved, RESERVED, mmap.PROT_READ):
@@ -112,20 +114,23 @@ def main():
             if libc.mprotect(hidden, HIDDEN, mmap.PROT_READ):
                 raise OSError(ctypes.get_errno(), "mprotect")
             shown = True
-        h = hashlib.sha256()
-        for b in bufs:
-            h.update(b)
-        if opened:
-            h.update(ctypes.string_at(reserved, RESERVED))  # a copy that restored it PROT_NONE dies here
-        if shown:
-            h.update(ctypes.string_at(hidden, HIDDEN))  # a copy that lost its pages reads zeros here
-        if fmapped is not None:
-            h.update(ctypes.string_at(fmapped, FILE_BYTES))  # reads (faults in) every page of the file mapping
-        if locked:
-            with open("/proc/self/status") as f:
-                h.update(next(line for line in f if line.startswith("VmLck:")).encode())
+        answer = "dropped"
+        if cmd != "drop":
+            h = hashlib.sha256()
+            for b in bufs:
+                h.update(b)
+            if opened:
+                h.update(ctypes.string_at(reserved, RESERVED))  # a copy that restored it PROT_NONE dies here
+            if shown:
+                h.update(ctypes.string_at(hidden, HIDDEN))  # a copy that lost its pages reads zeros here
+            if fmapped is not None:
+                h.update(ctypes.string_at(fmapped, FILE_BYTES))  # reads (faults in) every page of the file mapping
+            if locked:
+                with open("/proc/self/status") as f:
+                    h.update(next(line for line in f if line.startswith("VmLck:")).encode())
+            answer = h.hexdigest()
         with open(f"/workspace/ans-{n}.tmp", "w") as f:
-            f.write(h.hexdigest())
+            f.write(answer)
         os.rename(f"/workspace/ans-{n}.tmp", f"/workspace/ans-{n}")
         n += 1
 
