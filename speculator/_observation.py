@@ -14,7 +14,7 @@ import xxhash
 from bunshin_async.speculation import CallKey, Candidate, PredictionContext
 
 from ._siblings import SiblingTable
-from ._signature import command_program, installer
+from ._signature import _SPLIT, command_program, installer
 
 __all__ = [
     "DocsPredictor",
@@ -120,7 +120,6 @@ _VALUED = frozenset(
     "--index-url --extra-index-url -i -c --constraint -t --target --timeout --trusted-host -f --find-links "
     "--prefix --root -o --option --registry".split()
 )
-_SEGMENTS = re.compile(r"\s*(?:&&|\|\||;|\|)\s*")
 # A program's name an install could take: not an option, not a file with an extension (``weights.json: command not
 # found`` is a file run as a command), a version (``python3.11``) allowed.
 _PROGRAM = re.compile(r"[A-Za-z][\w+-]*(?:\.\d+)*")
@@ -146,7 +145,7 @@ def install_form(command: str) -> tuple[str, str] | None:
     requirements.txt``, ``pip install -e .``)."""
     if "\n" in command.strip() or (manager := installer(command)) is None:
         return None
-    for segment in _SEGMENTS.split(command.strip()):
+    for segment in _SPLIT.split(command):  # (a segment's blanks: ``split()``'s)
         words = segment.split()
         verb = next((i for i, w in enumerate(words) if w in ("install", "add")), None)
         if verb is None or installer(segment) is None:

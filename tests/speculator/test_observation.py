@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from bunshin_async.speculation import CallKey, PredictionContext
@@ -171,6 +173,23 @@ def test_an_installs_form_is_its_own_segment_with_one_hole_for_its_packages(comm
 
     got = install_form(command)
     assert (got[1].replace(_HOLE.format("form"), "<>") if got else None) == form
+
+
+def test_an_installs_form_is_found_in_time_linear_in_the_commands_length() -> None:
+    """The model writes the command (hostile as the workspace is) and ``observe`` runs on the runtime's event loop:
+    a megabyte of blanks around a separator is split at once (the segment regex's ``\\s*`` around each separator
+    backtracked quadratically: 20 KB took 2 s, a megabyte would take hours)."""
+    from speculator._observation import _HOLE, install_form
+
+    blanks = " " * 1_000_000
+    command = f"pip install{blanks}numpy{blanks}&&{blanks}ls"
+    hole = _HOLE.format("form")
+    assert install_form(command) == ("pip", f"pip install {hole}")
+    mine = ObservationPredictor(SiblingTable())
+    mine.observe(_ctx(""), CallKey.of(BASH, {"command": command}))
+    assert [(name, json.loads(args.replace(hole, "<>"))["command"]) for name, args in mine.forms] == [
+        ("bash", "pip install <>")
+    ]
 
 
 def _calls(predictor: ObservationPredictor, output: str, *made: CallKey) -> list[tuple[str, float]]:
