@@ -94,20 +94,29 @@ def shift_odds(p: float, factor: float) -> float:
 
 
 class KindOdds(Wrapped):
-    """``inner``'s guesses, each with its odds multiplied by ``factors[kind]`` (``call_kind``)."""
+    """``inner``'s guesses, each with its odds multiplied by ``factors[kind]`` (``call_kind``); a guess whose source
+    ``by_source`` names (a predictor's second source, ``ObservationPredictor.form_source``) by that source's."""
 
-    def __init__(self, inner: Predictor, factors: Mapping[str, float]) -> None:
+    def __init__(
+        self, inner: Predictor, factors: Mapping[str, float], by_source: Mapping[str, Mapping[str, float]] | None = None
+    ) -> None:
         super().__init__(inner)
         self.factors = dict(factors)
+        self.by_source = {source: dict(f) for source, f in (by_source or {}).items()}
 
     def candidate(self, ctx: PredictionContext, c: Candidate) -> Candidate:
-        factor = self.factors.get(call_kind(c.name, c.arguments), 1.0)
+        factor = self.by_source.get(c.source, self.factors).get(call_kind(c.name, c.arguments), 1.0)
         return c if factor == 1.0 else msgspec.structs.replace(c, probability=shift_odds(c.probability, factor))
 
 
 def with_kind_odds(predictors: Iterable[Predictor], odds: Mapping[str, Mapping[str, float]]) -> list[Predictor]:
-    """Each of ``predictors`` that ``odds`` has factors for, wrapped in ``KindOdds``."""
-    return [KindOdds(p, odds[p.name]) if odds.get(p.name) else p for p in predictors]
+    """Each of ``predictors`` that ``odds`` has factors for (by its name, or by another source its guesses carry,
+    listed in its ``sources``), wrapped in ``KindOdds``."""
+    out: list[Predictor] = []
+    for p in predictors:
+        others = {s: odds[s] for s in getattr(p, "sources", ()) if odds.get(s)}
+        out.append(KindOdds(p, odds.get(p.name, {}), others) if odds.get(p.name) or others else p)
+    return out
 
 
 def fit_odds(

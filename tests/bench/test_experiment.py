@@ -551,7 +551,7 @@ def test_on_a_trace_file_each_task_gets_odds_fitted_on_the_other_tasks(tmp_path:
     observed = tmp_path / "o.jsonl"
     observed.write_bytes(b"".join(msgspec.json.encode(o) + b"\n" for o in printed))
     seen = held_out_odds(with_observations(load_groups(path), printed)[0])
-    assert seen != expected and "observation" in seen["a"]  # its guesses of installs, all wrong, are fitted
+    assert seen != expected and "observation-form" in seen["a"]  # its guesses of installs, all wrong, are fitted
     assert _held_out_odds(path, trajs, "task", observed) == seen
 
     def siblings(task: str, **kwargs: Any) -> Any:

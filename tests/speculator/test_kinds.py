@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import msgspec
 import pytest
 
 from bunshin_async.speculation import CallKey, Candidate, PredictionContext
@@ -93,6 +94,27 @@ def test_a_guess_has_its_odds_multiplied_by_its_kinds_factor() -> None:
     call = CallKey.of(BASH, {"command": "ls"})
     wrapped.observe(ctx, call)
     assert inner.observed == [call]
+
+
+def test_a_second_source_of_a_predictor_has_its_own_factors() -> None:
+    """A predictor whose guesses carry another source besides its name (its ``sources``: the observation
+    predictor's forms) gets that source's factors for them, fitted apart, and its own for the rest."""
+    from speculator import with_kind_odds
+
+    class _Two(_Fixed):
+        sources = ("siblings-weak",)
+
+        def predict(self, ctx: PredictionContext) -> Sequence[Candidate]:
+            strong, weak = super().predict(ctx)
+            return [strong, msgspec.structs.replace(weak, source="siblings-weak")]
+
+    ctx = PredictionContext(history=(), chain=b"", turn=0, position=0)
+    two = _Two([("pip install a", 0.5), ("pip install b", 0.5)])
+    (wrapped,) = with_kind_odds([two], {"siblings-weak": {"install": 0.25}})
+    assert [c.probability for c in wrapped.predict(ctx)] == pytest.approx([0.5, 0.2])
+    (wrapped,) = with_kind_odds([two], {"siblings": {"install": 3.0}, "siblings-weak": {"install": 0.25}})
+    assert [c.probability for c in wrapped.predict(ctx)] == pytest.approx([0.75, 0.2])
+    assert with_kind_odds([two], {"other": {"install": 2.0}}) == [two]
 
 
 def test_factors_follow_how_often_each_kind_of_guess_came() -> None:

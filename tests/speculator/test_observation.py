@@ -231,8 +231,17 @@ def test_a_rollout_without_a_form_takes_its_groups_else_a_plain_pip_install_for_
     assert _calls(alone, ERROR.format("yaml")) == []  # no call yet: no tool to make it with
 
 
-def test_a_template_that_followed_such_an_error_is_preferred_to_the_forms() -> None:
+def test_a_template_that_followed_such_an_error_is_preferred_to_the_forms_which_carry_their_own_source() -> None:
+    """A form is weaker evidence than a template: its guesses carry ``form_source``, so that the policy calibrates
+    them apart (their misses do not scale the templates' guesses down)."""
     mine = ObservationPredictor(SiblingTable())
     mine.observe(_ctx(""), CallKey.of(BASH, {"command": "pip install flask"}))
+    ls = CallKey.of(BASH, {"command": "ls"})
+    ctx = PredictionContext(history=(ls,), chain=b"", turn=1, position=0, last_output=ERROR.format("numpy"))
+    assert [(c.arguments["command"], c.source) for c in mine.predict(ctx)] == [
+        ("pip install numpy", "observation-form")
+    ]
     mine.observe(_ctx(ERROR.format("numpy")), CallKey.of(BASH, {"command": "pip install numpy --no-deps"}))
     assert _guesses(mine, "scipy") == [("pip install scipy --no-deps", 0.7)]
+    ctx = PredictionContext(history=(ls,), chain=b"", turn=1, position=0, last_output=ERROR.format("scipy"))
+    assert {c.source for c in mine.predict(ctx)} == {"observation"}
