@@ -20,7 +20,7 @@ import heapq
 import os
 import re
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -110,12 +110,8 @@ def with_observations(
             online = sorted(runs.get((task, r), []), key=lambda o: o.index)
             steps = [dict(s) for s in record.get("steps", ())]
             j = 0
-            for s in steps:
+            for s in _call_steps(steps):
                 s.pop("observation", None)
-                if not s.get("tool") or s["tool"] == "submit":
-                    break
-                if s.get("kind") == "format_error":
-                    continue
                 call = (s["tool"], s.get("args") or {})
                 k = next((k for k in range(j, len(online)) if (online[k].tool, online[k].args) == call), None)
                 if k is not None:
@@ -129,14 +125,17 @@ def _outputs(record: Record) -> list[str]:
     """Per call of ``record`` (as ``_calls`` lists them), what it printed as the runtime's ``last_output`` holds it
     (a trajectory the agent recorded tells the model an ``exit code N`` line first), or "" when the record does not
     say."""
-    out = []
-    for s in record.get("steps", ()):
+    return [bounded_output(s.get("observation") or "") for s in _call_steps(record.get("steps", ()))]
+
+
+def _call_steps(steps: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """The steps that are calls, in order: up to the first that is none (the answer, or ``submit``), format errors
+    left out (not replayed). ``_calls``, ``_outputs`` and ``with_observations`` index calls by this one list."""
+    for s in steps:
         if not s.get("tool") or s["tool"] == "submit":
-            break
-        if s.get("kind") == "format_error":
-            continue
-        out.append(bounded_output(s.get("observation") or ""))
-    return out
+            return
+        if s.get("kind") != "format_error":
+            yield s
 
 
 class OfflineReport(msgspec.Struct):
@@ -178,11 +177,7 @@ def load_groups(path: str | os.PathLike[str], *, group_by: str = "task") -> dict
 
 def _calls(record: Record) -> list[tuple[CallKey, float, float]]:
     out = []
-    for s in record.get("steps", ()):
-        if not s.get("tool") or s["tool"] == "submit":
-            break
-        if s.get("kind") == "format_error":
-            continue
+    for s in _call_steps(record.get("steps", ())):
         args = s.get("args") or {}
         key = CallKey(s["tool"], _BASH_VERSION, msgspec.json.encode(args, order="deterministic"))
         out.append((key, float(s.get("llm_seconds") or 0.0), float(s.get("tool_seconds") or 0.0)))
