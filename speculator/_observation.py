@@ -224,7 +224,8 @@ class ObservationPredictor:
         self.sibling_confidence = siblings
         self.form, self.group_form, self.default, self.other_family = form, group_form, default, other_family
         self.own: dict[str, list[tuple[str, str]]] = defaultdict(list)
-        self.forms: list[tuple[str, str]] = []  # the rollout's install forms, (tool, arguments with a hole), in order
+        # the rollout's latest install forms, (tool, arguments with a hole), in order (bounded: each guess reads them)
+        self.forms: deque[tuple[str, str]] = deque(maxlen=16)
         self._recent: deque[dict[str, str]] = deque(maxlen=recall)  # the entities of the latest observations
         self._last_output: str | None = None
 
