@@ -441,11 +441,36 @@ static void usage(void)
 
 /* The wrapper CRIU restores a workspace through (_fork._wrapper): a private mount namespace that exists only for the
  * restore (no host mount to clean up if anything dies), joined to the new workspace's cgroups, its overlay root
- * mounted; with --net also a fresh net namespace with loopback up, handed to CRIU on NET_FD. Then it execs CRIU (same
+ * mounted, with --mnt-roots a tmpfs for CRIU's mount roots; with --net also a fresh net namespace with loopback up, handed to CRIU on NET_FD. Then it execs CRIU (same
  * pid: still the host's child). One exec where unshare(1), sh, mount(8) and ip(8) took ~5 ms a restore. */
+/* CRIU's mount roots directory (criu/patches/0037, CRIU_MNT_ROOTS) on a tmpfs mounted on ``dir`` in this private
+ * mount namespace: a restore killed or failed leaves it there, and it goes with the namespace; CRIU's default, /tmp,
+ * kept one per such restore on the host, nobody's to remove. ``dir`` (made here if missing) must be a root-owned
+ * directory, no symlink: the mount goes on what was checked (its descriptor). The tmpfs is 0711: the restored root,
+ * mapped in its user namespace, walks through it to mount its yard (make_yard). */
+static void mount_roots_tmpfs(const char *dir)
+{
+	if (mkdir(dir, 0755) < 0 && errno != EEXIST)
+		fail(dir, errno);
+	int fd = open(dir, O_PATH | O_NOFOLLOW | O_DIRECTORY | O_CLOEXEC);
+	struct stat st;
+	if (fd < 0 || fstat(fd, &st) < 0)
+		fail(dir, errno);
+	if (!S_ISDIR(st.st_mode))
+		fail(dir, ENOTDIR);
+	if (st.st_uid != 0)
+		fail(dir, EPERM);
+	char at[64];
+	snprintf(at, sizeof(at), "/proc/self/fd/%d", fd);
+	mount_or_fail("tmpfs", at, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0711");
+	close(fd);
+	if (setenv("CRIU_MNT_ROOTS", dir, 1) < 0)
+		fail("CRIU_MNT_ROOTS", errno);
+}
+
 static int restore_wrap(int argc, char **argv)
 {
-	const char *overlay = NULL, *root = NULL, *cgroups[MAX_CGROUPS];
+	const char *overlay = NULL, *root = NULL, *mnt_roots = NULL, *cgroups[MAX_CGROUPS];
 	int ncgroups = 0, net = 0, i;
 
 	status_fd = STDERR_FILENO;
@@ -460,14 +485,16 @@ static int restore_wrap(int argc, char **argv)
 			overlay = argv[++i];
 		else if (i + 1 < argc && !strcmp(argv[i], "--root"))
 			root = argv[++i];
+		else if (i + 1 < argc && !strcmp(argv[i], "--mnt-roots"))
+			mnt_roots = argv[++i];
 		else if (i + 1 < argc && !strcmp(argv[i], "--cgroup") && ncgroups < MAX_CGROUPS)
 			cgroups[ncgroups++] = argv[++i];
 		else
 			break;
 	}
 	if (!overlay || !root || i >= argc || strcmp(argv[i - 1], "--"))
-		failf("usage: bunshin-init --restore-wrap [--net] [--cgroup PROCS_FILE]... --overlay OPTS --root DIR "
-		      "-- CMD [ARG]...");
+		failf("usage: bunshin-init --restore-wrap [--net] [--cgroup PROCS_FILE]... [--mnt-roots DIR] --overlay OPTS "
+		      "--root DIR -- CMD [ARG]...");
 	/* With --net the namespace made next is the copy's; without, CRIU makes it from this one (in the restored user
 	 * namespace, criu/patches/0011, or from the images). Either way it gets a table of its own
 	 * (enter_small_hash_netns). */
@@ -490,6 +517,8 @@ static int restore_wrap(int argc, char **argv)
 	if (strlen(overlay) >= 4096) /* mount(2) copies one page of options */
 		fail("overlay options longer than a page", E2BIG);
 	mount_or_fail("overlay", root, "overlay", 0, overlay);
+	if (mnt_roots)
+		mount_roots_tmpfs(mnt_roots);
 	if (net) {
 		loopback_up();
 		int fd = open("/proc/self/ns/net", O_RDONLY);

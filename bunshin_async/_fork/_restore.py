@@ -42,13 +42,26 @@ def cgroup_joins(cgroup: Cgroup) -> list[str]:
 
 def _wrapper(cgroup: Cgroup, lower: str, upper: Path, work: Path, root: Path, fresh_net: bool = False) -> list[str]:
     """``bunshin-init --restore-wrap`` (native/init.c) gives the restore a private mount namespace (no host mount,
-    nothing to clean up if we die), joins the cgroup and mounts the root overlay there, then execs CRIU (same pid:
-    still our child). With ``fresh_net`` it also makes a new net namespace, brings its loopback up and hands it to
-    CRIU on ``NET_FD``."""
+    nothing to clean up if we die), joins the cgroup and mounts the root overlay there, and a tmpfs for CRIU's mount
+    roots (which CRIU left in /tmp after every failed or killed restore), then execs CRIU (same pid: still our
+    child). With ``fresh_net`` it also makes a new net namespace, brings its loopback up and hands it to CRIU on
+    ``NET_FD``."""
     opts = f"lowerdir={lower},upperdir={upper},workdir={work},index=on,nfs_export=on"
     joins = cgroup_joins(cgroup)
     net = ["--net"] if fresh_net else []
-    return [str(_paths.init_binary()), "--restore-wrap", *net, *joins, "--overlay", opts, "--root", str(root), "--"]
+    roots = ["--mnt-roots", str(_paths.criu_roots_dir())]
+    return [
+        str(_paths.init_binary()),
+        "--restore-wrap",
+        *net,
+        *joins,
+        *roots,
+        "--overlay",
+        opts,
+        "--root",
+        str(root),
+        "--",
+    ]
 
 
 def _strays(cgroup: Cgroup) -> list[int]:

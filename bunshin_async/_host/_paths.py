@@ -30,6 +30,13 @@ def agent_layers_dir() -> Path:
     return home() / "agent"
 
 
+def criu_roots_dir() -> Path:
+    """An empty directory the restore wrapper mounts a tmpfs on, in its own mount namespace, for CRIU's mount roots
+    (``bunshin-init --mnt-roots``, criu/patches/0037); on the host it stays empty. On a path the restored tree's
+    root, mapped in its user namespace, can walk (the home is 0755)."""
+    return home() / "criu-roots"
+
+
 def init_binary() -> Path:
     return PACKAGE_DIR / "bunshin-init"
 

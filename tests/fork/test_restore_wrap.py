@@ -106,3 +106,32 @@ def test_failures_are_reported_on_stderr(tmp_path: Path) -> None:
         r = _wrap(*bad)
         assert r.returncode == 1 and "usage: bunshin-init --restore-wrap" in r.stderr
     assert not os.listdir(d["root"])
+
+
+def test_mount_roots_on_a_tmpfs_of_the_restore_alone(tmp_path: Path) -> None:
+    """``--mnt-roots DIR``: CRIU (criu/patches/0037) is told to make its mount roots in DIR, a tmpfs of the
+    wrapper's mount namespace that the restored root, mapped in its user namespace, can walk through; what CRIU
+    leaves there (a restore killed or failed) is never on the host."""
+    d = _dirs(tmp_path)
+    roots = tmp_path / "roots"  # made by the wrapper
+    opts = f"lowerdir={d['lower']},upperdir={d['upper']},workdir={d['work']}"
+    probe = 'r=$CRIU_MNT_ROOTS; echo "$r"; stat -f -c %T "$r"; stat -c %a "$r"; mkdir "$r/x"'
+    r = _wrap("--mnt-roots", str(roots), "--overlay", opts, "--root", str(d["root"]), "--", "/bin/sh", "-c", probe)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [str(roots), "tmpfs", "711"]
+    assert roots.is_dir() and not os.listdir(roots)  # the mkdir went to the wrapper's tmpfs
+    assert f" {roots} " not in Path("/proc/self/mountinfo").read_text()
+
+
+def test_mount_roots_must_be_a_root_owned_directory(tmp_path: Path) -> None:
+    d = _dirs(tmp_path)
+    opts = f"lowerdir={d['lower']},upperdir={d['upper']},workdir={d['work']}"
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, 1000, 1000)
+    link = tmp_path / "link"
+    link.symlink_to(d["upper"])
+    for bad, why in ((theirs, "Operation not permitted"), (link, "Not a directory")):
+        r = _wrap("--mnt-roots", str(bad), "--overlay", opts, "--root", str(d["root"]), "--", "/bin/true")
+        assert r.returncode == 1 and f"{bad}: {why}" in r.stderr, r.stderr
+    assert f" {d['upper']} " not in Path("/proc/self/mountinfo").read_text()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import signal
 from typing import Any
 
@@ -45,19 +46,22 @@ async def test_rollback_returns_exact_state(ws: Workspace, fork_mode: str) -> No
 
 
 class KillCriuAt(SwrkCriu):
-    """Fault injection at the backend interface: SIGKILL CRIU when it reaches notification ``point``."""
+    """Fault injection at the backend interface: SIGKILL CRIU when it reaches notification ``point``. ``log`` is
+    what CRIU had logged then, at level 4."""
 
     def __init__(self, point: str) -> None:
         super().__init__(on_spawn=self._spawned)
         self.point = point
         self.pid = 0
         self.killed = False
+        self.log = ""
 
     async def _spawned(self, pid: int) -> None:
         self.pid = pid
 
     async def call(self, req: Any, *, notify: NotifyHandler | None = None, **kw: Any) -> Any:
         req.opts.notify_scripts = True
+        req.opts.log_level = 4
         # every notification, also those the SDK does not ask for (criu/patches/0030): network-unlock is a point
         kw["env"] = {k: v for k, v in (kw.get("env") or {}).items() if k != "CRIU_NOTIFY_ONLY"}
 
@@ -65,6 +69,7 @@ class KillCriuAt(SwrkCriu):
             if notify is not None:
                 await notify(name, pid)
             if name == self.point:
+                self.log = (kw["work_dir"] / kw["log_name"]).read_text(errors="replace")
                 self.killed = True
                 os.kill(self.pid, signal.SIGKILL)
                 await anyio.sleep(0.1)
@@ -107,6 +112,11 @@ async def test_criu_killed_mid_restore(ws: Workspace, point: str) -> None:
         assert "criu restore" in str(info.value)
         assert victim.state == "closed" and not victim.dir.exists()
         assert set(rundir.iterdir()) == before
+        # CRIU had made its mount roots (mount.c, create_mnt_roots): /tmp/.criu.mntns.XXXXXX, which a killed or
+        # failed restore left on the host, is on a tmpfs of the restore's own mount namespace (criu/patches/0037)
+        roots = set(re.findall(r"@ (/\S*?/\.criu\.mntns\.\w{6})/", backend.log))
+        assert roots
+        assert not [r for r in roots if os.path.lexists(r)]
         # The snapshot is still good, and so is the parent.
         (ok,) = await Workspace.from_snapshot(snap)
         try:
