@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import pytest
 
-from tests._leaks import children, leftovers
+from tests._leaks import children, criu_roots, leftovers
 from tests._runs import CGROUP_PREFIX, RUN_PREFIX, SNAP_PREFIX, claim, owner_file, reclaim_dead_runs, things_of
 
 
@@ -88,12 +88,13 @@ def _remove(run: HostRun) -> None:
 
 @pytest.fixture(autouse=True)
 async def no_leaks(request: pytest.FixtureRequest) -> AsyncIterator[None]:
-    """After every host test: no workspace process, mount, cgroup, directory, snapshot or child process of this run
-    that the test started is left (session fixtures such as a Redis server started before it are fine). After a
-    unit test: no child process it started."""
-    before = children()
+    """After every host test: no workspace process, mount, cgroup, directory, snapshot, CRIU mount roots in /tmp
+    (``new_criu_roots``) or child process of this run that the test started is left (session fixtures such as a
+    Redis server started before it are fine). After a unit test: no child process it started."""
+    host = not is_unit(request.node)
+    before, roots = children(), criu_roots() if host else None
     yield
-    left = await leftovers(ignore_children=before, host=not is_unit(request.node))
+    left = await leftovers(ignore_children=before, host=host, criu_roots_before=roots)
     assert not left, f"left behind: {left}"
 
 

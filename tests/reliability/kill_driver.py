@@ -9,7 +9,6 @@ import functools
 import os
 import signal
 import sys
-import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -31,14 +30,14 @@ from tests.reliability.campaign import holding_workspace  # noqa: E402
 
 STAGES = [
     "snapshot:drained",  # tool calls drained, CRIU started but not asked to dump yet
-    "snapshot:criu",  # CRIU's dump running (the tree is being frozen and seized)
+    "snapshot:criu",  # CRIU's dump running, the tree frozen and seized (nothing dumped yet)
     "snapshot:post-dump",  # in CRIU's post-dump notification: the tree is frozen, the upper dir being copied
     "snapshot:done",  # the snapshot is on the store, nobody closes it
-    "fork:criu",  # CRIU's restore of a copy running
+    "fork:criu",  # CRIU's restore of a copy running (its namespaces made)
     "fork:frozen",  # the fork's dump at work with the tree frozen (CRIU stopped in post-dump, the freezer FROZEN)
     "fork:restored",  # a copy restored, the fork's snapshot not closed yet
     "rollback:stopped",  # the workspace's processes killed, its restore not started
-    "rollback:criu",  # CRIU's restore into the workspace running
+    "rollback:criu",  # CRIU's restore into the workspace running (its namespaces made)
     "capture:post-dump",  # a cache capture's dump frozen in post-dump
     "capture:done",  # the cache holds the capture's snapshot
 ]
@@ -94,22 +93,28 @@ async def main(stage: str) -> None:
         base = await ws.snapshot() if op == "rollback" else None
         print("ready", ws.pid, flush=True)
 
-        async def on_spawn(_pid: int) -> None:
-            await anyio.sleep(0.05)  # let CRIU get into its work
-            die()
-
         if point == "criu":
 
             class Dying(Reporting):
-                async def call(self, req: Any, *, ready: Any = None, **kw: Any) -> Any:
-                    if ready is None:  # a restore: CRIU works from its start
-                        return await Reporting(on_spawn).call(req, **kw)
+                """Dies in CRIU's notification ``at``: a dump's query-ext-files, which it sends once it has frozen and
+                seized the tree (cr-dump.c, after collect_pstree); a restore's setup-namespaces, once it has made the
+                copy's namespaces (its mount roots among them) and first task. CRIU waits for nothing more of us."""
 
-                    async def then_die() -> None:  # a dump: CRIU works from the request, sent after ready
-                        await ready()
-                        threading.Timer(0.05, die).start()
+                async def call(self, req: Any, *, notify: Any = None, **kw: Any) -> Any:
+                    restore = req.type == _criu.rpc.RESTORE
+                    if restore == (op == "snapshot"):  # a snapshot dies in its dump; a fork or rollback in a restore
+                        return await super().call(req, notify=notify, **kw)
+                    req.opts.notify_scripts = True  # setup-namespaces is a script action; query-ext-files always comes
+                    kw["env"] = {k: v for k, v in (kw.get("env") or {}).items() if k != "CRIU_NOTIFY_ONLY"}
+                    at = "setup-namespaces" if restore else "query-ext-files"
 
-                    return await super().call(req, ready=then_die, **kw)
+                    async def hook(name: str, pid: int) -> None:
+                        if name == at:
+                            die()
+                        if notify is not None:
+                            await notify(name, pid)
+
+                    return await super().call(req, notify=hook, **kw)
 
             _criu.default_backend = Dying
         if point == "frozen":  # the driver's cgroup parent has no run scope

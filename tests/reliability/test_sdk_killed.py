@@ -22,6 +22,7 @@ import anyio
 import pytest
 
 from bunshin_async._host._kernel import CGROUP_ROOT, detach_mounts
+from tests._leaks import criu_roots, new_criu_roots
 from tests._runs import cgroup_roots, remove_cgroup
 from tests.reliability.campaign import host_processes, host_state
 from tests.reliability.kill_driver import STAGES
@@ -108,7 +109,7 @@ def _remove(made: KillRun) -> None:
     ],
 )
 async def test_sdk_killed_at_stage(stage: str, recovery: str, kill_run: KillRun) -> None:
-    before, before_procs = host_state(), host_processes()
+    before, before_procs, roots = host_state(), host_processes(), criu_roots()
     with anyio.fail_after(120):
         done = await anyio.run_process([sys.executable, str(DRIVER), stage], env=kill_run.env, cwd=ROOT, check=False)
     rc, out, err = done.returncode, done.stdout.decode(), done.stderr.decode()
@@ -150,6 +151,7 @@ async def test_sdk_killed_at_stage(stage: str, recovery: str, kill_run: KillRun)
     assert not list(kill_run.run.iterdir()), (gc.stdout, list(kill_run.run.rglob("*"))[:10])
     assert not list(kill_run.snaps.iterdir()) if kill_run.snaps.exists() else True, gc.stdout
     assert "removed" in gc.stdout
+    assert not new_criu_roots(roots)  # a restore's, killed with the SDK: on a tmpfs that went with CRIU
 
 
 def _freezer_states(parent: str) -> dict[str, str]:
