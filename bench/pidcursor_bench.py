@@ -5,7 +5,7 @@ Paired in one process, blocks alternated (A B B A ...), so both sides see the sa
 
 - ``exec``: the exec round trip (``ws.exec(["true"])``) through ``AgentClient.request`` as it is, and through the
   request without the ledger (the code before it), swapped per block on the same workspace.
-- ``read``: an unused read run in place (``ws.in_place()`` around ``exec("true")``), then the main line's next exec
+- ``read``: an unused read run in place (``in_place(ws)`` around ``exec("true")``), then the main line's next exec
   (where the cursor is put back): each of the two timed, against the same two execs without the read's scope.
 - ``used``: the same, the read used (``ReadPids.use``): nothing to put back.
 
@@ -31,6 +31,7 @@ from _stats import summary  # noqa: E402
 from bunshin_async import Workspace  # noqa: E402
 from bunshin_async._host import _protocol as P  # noqa: E402
 from bunshin_async._host._client import AgentClient  # noqa: E402
+from bunshin_async._workspace._facade import in_place  # noqa: E402
 
 WITH_LEDGER = AgentClient.request
 
@@ -73,7 +74,7 @@ async def read_blocks(ws: Workspace, blocks: int, per: int, *, used: bool) -> di
             for _ in range(per):
                 t = time.perf_counter()
                 if side == "scoped":
-                    async with ws.in_place() as read:
+                    async with in_place(ws) as read:
                         await ws.exec(["true"])
                     if used:
                         read.use()

@@ -10,6 +10,7 @@ import pickle
 import pkgutil
 import re
 import types
+import typing
 from typing import Any
 
 import msgspec
@@ -158,3 +159,49 @@ def test_doctor_reports_this_host(capsys) -> None:  # type: ignore[no-untyped-de
     out = capsys.readouterr().out
     for line in ("ok   root", "ok   overlayfs", "ok   cgroups", "ok   criu ", "ok   criu check"):
         assert line in out, out
+
+
+def _types_in(hint: Any) -> list[type]:
+    args = typing.get_args(hint)
+    origin = typing.get_origin(hint)
+    found = [t for t in (hint, origin) if isinstance(t, type)]
+    return found + [t for a in args for t in _types_in(a)]
+
+
+# Known, not fixed yet (each a value users may read but not name): remove an entry once its type is public or
+# the member private.
+PRIVATE_RETURNS = {
+    "bunshin_async.SetupStep.request",  # the agent's Spawn frame, for the workspace core
+    "bunshin_async.Snapshot.keep_spares",  # SparePool
+    "bunshin_async.Workspace.agent_info",  # the agent's Pong frame
+    "bunshin_async.Workspace.cgroup",  # CgroupView
+    "bunshin_async.cache.ToolCache.tree",  # StateTree
+}
+
+
+@pytest.mark.unit
+def test_public_methods_return_public_types() -> None:
+    """A public method or property of a public class returns no private type of ours: a caller could not import
+    what it gets (``Workspace.in_place`` returned ``_host._pidcursor.ReadPids``, review 21). Parameters may: a
+    private backend or store passed for fault injection defaults to the real one."""
+    modules = [importlib.import_module(n) for n in sorted(set(public_modules()) - HEAVY)]
+    public = {id(getattr(m, n)) for m in modules for n in m.__all__}
+    bad = []
+    for module in modules:
+        for name in module.__all__:
+            cls = getattr(module, name)
+            if not isinstance(cls, type) or issubclass(cls, BaseException):
+                continue
+            for attr, member in vars(cls).items():
+                func = member.fget if isinstance(member, property) else getattr(member, "__func__", member)
+                where = f"{module.__name__}.{name}.{attr}"
+                if attr.startswith("_") or not inspect.isfunction(func) or where in PRIVATE_RETURNS:
+                    continue
+                try:
+                    hint = typing.get_type_hints(func).get("return")
+                except NameError:  # a name imported for type checking only
+                    continue
+                for t in _types_in(hint):
+                    if t.__module__.split(".")[0] in ("bunshin_async", "speculator") and id(t) not in public:
+                        bad.append(f"{where}: {t.__module__}.{t.__qualname__}")
+    assert not bad, bad

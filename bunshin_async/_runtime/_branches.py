@@ -20,7 +20,7 @@ from .._exceptions import ToolError
 from .._host._pidcursor import ReadPids
 from .._tools._tools import Tool
 from .._workspace._accounting import workspace_memory, written_bytes
-from .._workspace._facade import Workspace, abandon_calls
+from .._workspace._facade import Workspace, abandon_calls, in_place
 from ._calls import CallKey, Launch, PredictionContext
 from ._handle import CLOSE_DEADLINE, WorkspaceHandle
 from ._metrics import BranchRecord, TurnLog, TurnMetrics, merge_counts
@@ -312,8 +312,8 @@ class BranchSet:
                     b.ws = base
                 b.run_start = clock()
                 b.calling.set()
-                in_place = not b.launch.needs_fork and isinstance(b.ws, Workspace)  # (an executor's: anything)
-                async with b.ws.in_place() if in_place else contextlib.nullcontext() as b.pids:
+                here = not b.launch.needs_fork and isinstance(b.ws, Workspace)  # (an executor's: anything)
+                async with in_place(b.ws) if here else contextlib.nullcontext() as b.pids:
                     await b.run_call(tool, args, clock)  # in place: its pids go back unless used
                 b.run_end = clock()
                 b.ok = True

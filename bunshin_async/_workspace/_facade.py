@@ -35,7 +35,7 @@ from .._images._image import Image
 from . import _gc, _gui
 from ._core import SetupStep, WorkspaceCore, WorkspaceSpec
 
-__all__ = ["BackgroundProcess", "Shell", "Workspace", "abandon_calls"]
+__all__ = ["BackgroundProcess", "Shell", "Workspace", "abandon_calls", "in_place"]
 
 
 def _check_timeout(timeout: float | None, tool: str) -> None:
@@ -261,12 +261,6 @@ class Workspace:
         fails the workspace is closed and ``ForkError`` raised."""
         await _restore.rollback(self._core, record_of(snap))
 
-    def in_place(self) -> AbstractAsyncContextManager[ReadPids]:
-        """The scope of a speculative call run in this workspace, not in a fork (the speculation runtime's reads):
-        the pids its processes took are handed out again unless ``ReadPids.use`` says the rollout took its result,
-        where that is provably what the plain loop sees (``_host/_pidcursor``)."""
-        return self._core.live_client().pids.read()
-
     async def _call(self, req: P.Request, tool: str, timeout: float | None = None) -> P.Response:
         return await self._core.call(req, tool, timeout)
 
@@ -446,6 +440,14 @@ class Shell:
                     await self.workspace._call(P.ShellClose(shell_id=shell_id), "shell")
                 except WorkspaceClosed:
                     pass
+
+
+def in_place(ws: Workspace) -> AbstractAsyncContextManager[ReadPids]:
+    """The scope of a speculative call run in ``ws``, not in a fork (the speculation runtime's reads): the pids its
+    processes took are handed out again unless ``ReadPids.use`` says the rollout took its result, where that is
+    provably what the plain loop sees (``_host/_pidcursor``). The runtime's, not a ``Workspace`` method: its
+    ``ReadPids`` is no public type."""
+    return ws._core.live_client().pids.read()
 
 
 def abandon_calls(ws: Workspace) -> None:

@@ -13,6 +13,7 @@ import pytest
 
 from bunshin_async import Workspace
 from bunshin_async._host._pidcursor import ReadPids, exchange_last_pid
+from bunshin_async._workspace._facade import in_place
 from bunshin_async.speculation import BoundedPolicy, Speculation
 from bunshin_async.tools import builtin_tools
 from speculator import Rule, RulePredictor
@@ -85,7 +86,7 @@ async def _next_pid(ws: Workspace) -> int:
 @pytest.mark.parametrize("used", [False, True])
 async def test_a_read_in_place_puts_the_cursor_back_unless_used(used: bool) -> None:
     async with Workspace() as plain, Workspace() as ws:
-        async with ws.in_place() as read:
+        async with in_place(ws) as read:
             assert (await ws.exec("true; /bin/true")).ok  # bash and true: two pids
         if used:
             read.use()
@@ -98,7 +99,7 @@ async def test_a_read_put_back_then_used_goes_forward_again() -> None:
     # A dump (a fork for another guess at the same call) settles the read as unused: the copy starts from the
     # plain loop's cursor before the call; used afterwards, the rollout's cursor goes forward again.
     async with Workspace() as plain, Workspace() as before, Workspace() as ws:
-        async with ws.in_place() as read:
+        async with in_place(ws) as read:
             assert (await ws.exec("true; /bin/true")).ok
         (copy,) = await ws.fork(1)
         try:
@@ -129,7 +130,7 @@ async def test_a_read_is_not_put_back_when_something_else_took_pids(other: str) 
         async with anyio.create_task_group() as tg:
             if other == "request":  # another task's call (started outside the read's scope), once the read's runs
                 tg.start_soon(_exec_once_running, ws, scopes, "/bin/true; echo > /tmp/went")
-            async with ws.in_place() as read:
+            async with in_place(ws) as read:
                 scopes.append(read)
                 assert (await ws.exec(read_cmd)).ok
         before = await _last_pid(ws)
@@ -236,6 +237,6 @@ async def test_a_read_in_place_starts_after_a_call_in_flight() -> None:
 
 
 async def _read_in_place(ws: Workspace, reads: list[ReadPids]) -> None:
-    async with ws.in_place() as read:
+    async with in_place(ws) as read:
         reads.append(read)
         assert (await ws.exec("true; /bin/true")).ok
