@@ -160,7 +160,7 @@ class AgentClient:
         procs: Callable[[], str | None] | None = None,
     ) -> None:
         self.pid = pid
-        self.pids = PidLedger(pid, procs)  # the pid cursor around speculative calls run in place (``procs``: its
+        self.pids = PidLedger(pid, pidfd, procs)  # the pid cursor around speculative calls run in place (``procs``: its
         # cgroup's procs file, to see the workspace's own processes)
         self.pidfd = pidfd
         self.workspace_id = workspace_id
@@ -386,7 +386,7 @@ class AgentClient:
         calls held by ``quiesce`` go to it once resumed, instead of failing on a closed client."""
         await self._close_idle()
         self.pid, self.pidfd = pid, pidfd
-        self.pids.rebind(pid)
+        self.pids.rebind(pid, pidfd)
 
     def abandon(self) -> None:
         """The workspace is about to be destroyed (a discarded speculative fork): a request cancelled from now on
@@ -396,4 +396,5 @@ class AgentClient:
 
     async def aclose(self) -> None:
         self._closed = True
+        self.pids.close()  # before any await: the core closes the pidfd once this returns
         await self._close_idle()

@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import fcntl
 import logging
 import os
 import select
 import signal
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import TypeVar
 
 import anyio
 
@@ -41,6 +43,7 @@ from ._pidns import MAX_OUTPUT, TIMEOUT, parse_exchange, pid_max
 __all__ = ["PID_REQUESTS", "PidLedger", "ReadPids", "exchange_last_pid", "guest_tasks"]
 
 log = logging.getLogger("bunshin_async.speculation")
+_T = TypeVar("_T")
 
 PID_REQUESTS = (P.Exec, P.ShellOpen, P.ShellRun, P.Spawn, P.Signal)
 """Requests that may start a process in the workspace (a signal may make one fork)."""
@@ -50,30 +53,32 @@ MAX_TASKS = 4096
 
 HELPER_FD = 3
 """The descriptor the helper gets the pidfd on (``posix_spawn`` dups it there; the host's own is close-on-exec)."""
+LOW_FDS = 10
+"""The pidfd is duplicated to this descriptor or above for the helper's file actions: with the host's 0 or 1 closed
+(a daemon), a lower one could be one of them, and the dup2 onto 0 or 1 before it overwrote it. (The pipe ends are
+safe: a pipe's read end takes the lower number, so the write end dup2'ed onto 1 is never 0.)"""
 
 
-def exchange_last_pid(pid: int, expect: int | None = None, new: int | None = None) -> tuple[int | None, bool]:
-    """The last pid of the pid namespace of host process ``pid`` (its pid 1), and, given ``expect`` and ``new``,
-    whether it was ``expect`` and set to ``new`` (``bunshin-init --last-pid``). ``(None, False)`` when it cannot be
-    had (logged). Blocking: a helper process, ~1 ms. Spawned with ``posix_spawn``, not ``subprocess``: paired with
-    ``Popen``, 1.05 against 1.1 ms quiet, 0.74-0.83 against 1.1-1.7 ms with the machine loaded (p90 halved)."""
+def exchange_last_pid(
+    pid: int, pidfd: int, expect: int | None = None, new: int | None = None
+) -> tuple[int | None, bool]:
+    """The last pid of the pid namespace of the process ``pidfd`` refers to (its pid 1, host pid ``pid``: for the
+    logs), and, given ``expect`` and ``new``, whether it was ``expect`` and set to ``new`` (``bunshin-init
+    --last-pid``). ``pidfd`` is the caller's and stays open: a pid opened again by number may be another process's
+    by now. ``(None, False)`` when it cannot be had (logged). Blocking: a helper process, ~1 ms. Spawned with
+    ``posix_spawn``, not ``subprocess``: paired with ``Popen``, 1.05 against 1.1 ms quiet, 0.74-0.83 against
+    1.1-1.7 ms with the machine loaded (p90 halved)."""
     limit = pid_max()
-    try:
-        fd = os.pidfd_open(pid)
-    except OSError as exc:
-        log.debug("pid %d: its pid namespace's last pid: %s", pid, exc)
-        return None, False
     args = ["bunshin-init", "--last-pid", str(HELPER_FD)]
     if expect is not None and new is not None:
         args += [str(expect), str(new)]
-    if fd == HELPER_FD:  # (dup2 onto itself would leave it close-on-exec)
-        fd, old = os.dup(fd), fd
-        os.close(old)
     out: bytes | None = b""
     child = 0
-    r_in, w_in = os.pipe()  # close-on-exec: the child gets only what the file actions dup (their dup2 clears it)
-    r_out, w_out = os.pipe()
+    fd = r_in = w_in = r_out = w_out = -1
     try:
+        fd = fcntl.fcntl(pidfd, fcntl.F_DUPFD_CLOEXEC, LOW_FDS)  # the child's HELPER_FD, dup2'ed from
+        r_in, w_in = os.pipe()  # close-on-exec: the child gets only what the file actions dup (dup2 clears it)
+        r_out, w_out = os.pipe()
         dup = os.POSIX_SPAWN_DUP2
         actions = [(dup, r_in, 0), (dup, w_out, 1), (dup, fd, HELPER_FD)]
         child = os.posix_spawn(str(_paths.init_binary()), args, {}, file_actions=actions)
@@ -218,11 +223,11 @@ class ReadPids:
 
 class PidLedger:
     """An agent client's count of the requests that may start a process, and the in-place scopes to settle. ``pid1``
-    is the workspace's pid 1 (host pid), ``procs`` a callable giving its cgroup's procs file (None: no scope is
-    ever put back)."""
+    is the workspace's pid 1 (host pid) and ``pidfd`` its pidfd, borrowed from the client (``close`` lets go of it),
+    ``procs`` a callable giving its cgroup's procs file (None: no scope is ever put back)."""
 
-    def __init__(self, pid1: int, procs: Callable[[], str | None] | None = None) -> None:
-        self.pid1, self.procs = pid1, procs
+    def __init__(self, pid1: int, pidfd: int, procs: Callable[[], str | None] | None = None) -> None:
+        self.pid1, self.pidfd, self.procs = pid1, pidfd, procs
         self.started = 0
         self.busy = 0
         self.active = 0  # scopes whose call runs (a dump waits for them: ``AgentClient.quiesce``)
@@ -238,9 +243,9 @@ class PidLedger:
     def current() -> ReadPids | None:
         return _current.get()
 
-    def rebind(self, pid1: int) -> None:
+    def rebind(self, pid1: int, pidfd: int) -> None:
         """A new pid 1 (a restore in place): its cursor came with its images; nothing is left to settle."""
-        self.pid1 = pid1
+        self.pid1, self.pidfd = pid1, pidfd
         for r in self.reads:
             r.state = "done"
         self.reads = []
@@ -301,7 +306,7 @@ class PidLedger:
                 r.alone, r.started = self.busy == 0, self.started
                 procs = self.procs() if self.procs is not None else None
                 if r.alone and procs is not None:
-                    r.before, r.tasks = await anyio.to_thread.run_sync(self._reading, procs)
+                    r.before, r.tasks = await self._reading(procs)
             self.started += 1
             self.busy += 1
             if r is not None:
@@ -318,14 +323,39 @@ class PidLedger:
         async with self._lock:
             await self._settle()
 
-    def _reading(self, procs: str, end: bool = False) -> tuple[int | None, dict[int, int] | None]:
+    def close(self) -> None:
+        """The client closes (before the core closes the pidfd): nothing is read or put back from now on."""
+        self.pidfd = -1
+
+    async def _reading(self, procs: str, end: bool = False) -> tuple[int | None, dict[int, int] | None]:
         """The cursor and the guest's tasks: at a scope's start the tasks first, at its end the cursor first, so
         that a process of the workspace forking between the two readings shows in its CPU time either way."""
-        if end:
-            value, _ = exchange_last_pid(self.pid1)
-            return value, guest_tasks(procs, self.pid1)
-        tasks = guest_tasks(procs, self.pid1)
-        return exchange_last_pid(self.pid1)[0], tasks
+        pid1 = self.pid1
+
+        def read(fd: int) -> tuple[int | None, dict[int, int] | None]:
+            if end:
+                value, _ = exchange_last_pid(pid1, fd)
+                return value, guest_tasks(procs, pid1)
+            tasks = guest_tasks(procs, pid1)
+            return exchange_last_pid(pid1, fd)[0], tasks
+
+        return await self._on_pidfd(read, (None, None))
+
+    async def _exchange(self, expect: int, new: int) -> bool:
+        pid1 = self.pid1
+        return await self._on_pidfd(lambda fd: exchange_last_pid(pid1, fd, expect, new)[1], False)
+
+    async def _on_pidfd(self, fn: Callable[[int], _T], closed: _T) -> _T:
+        """``fn`` on a duplicate of pid 1's pidfd, in a worker thread: the duplicate is made here, on the event loop,
+        while the client holds the pidfd (``close`` comes first), so the thread never meets a descriptor number
+        closed and reused meanwhile. ``closed`` once closed."""
+        if self.pidfd < 0:
+            return closed
+        fd = os.dup(self.pidfd)
+        try:
+            return await anyio.to_thread.run_sync(fn, fd)  # not abandoned when cancelled: fd is closed after it
+        finally:
+            os.close(fd)
 
     async def _measure(self) -> None:
         """The scopes whose call returned: each "ran" alone if nothing else may have taken a pid meanwhile (module
@@ -339,7 +369,7 @@ class PidLedger:
             r.state = "done"
             if self.started - r.started != r.own or self.busy:
                 continue  # another request that may start a process ran beside it
-            r.after, tasks = await anyio.to_thread.run_sync(self._reading, procs, True)
+            r.after, tasks = await self._reading(procs, True)
             if tasks is None or tasks != r.tasks or r.after is None or not r.before <= r.after:
                 continue  # a process of the workspace ran, or one of the read's is left
             r.state = "ran"
@@ -352,13 +382,13 @@ class PidLedger:
         for r in reversed(self.reads):  # the last first: each put back to where the one before it left the cursor
             assert r.before is not None and r.after is not None
             if r.state == "ran" and not r.used:
-                _, moved = await anyio.to_thread.run_sync(exchange_last_pid, self.pid1, r.after, r.before)
+                moved = await self._exchange(r.after, r.before)
                 r.state = "back" if moved else "done"
                 self.settled += moved
         for r in self.reads:
             assert r.before is not None and r.after is not None
             if r.state == "back" and r.used:
-                _, moved = await anyio.to_thread.run_sync(exchange_last_pid, self.pid1, r.before, r.after)
+                moved = await self._exchange(r.before, r.after)
                 r.state = "done"
                 self.forward += moved
             elif r.used or r.dropped:

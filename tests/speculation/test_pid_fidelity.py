@@ -147,7 +147,8 @@ async def _exec_once_running(ws: Workspace, scopes: list[ReadPids], cmd: str) ->
 
 
 async def _last_pid(ws: Workspace) -> int:
-    value, _ = await anyio.to_thread.run_sync(exchange_last_pid, ws.pid)
+    client = ws._core.live_client()
+    value, _ = await anyio.to_thread.run_sync(exchange_last_pid, client.pid, client.pidfd)
     assert value is not None
     return value
 
