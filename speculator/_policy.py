@@ -90,7 +90,7 @@ class _CallTimes:
 class _Progress:
     """How many calls each running rollout has made, and its group (``Launch.group``): who is its group's
     straggler. ``size``: the most rollouts of each group seen running at once (a group that had siblings keeps a
-    straggler when they ended)."""
+    straggler when they ended), forgotten with its last rollout (a training run makes groups without end)."""
 
     def __init__(self) -> None:
         self.calls: dict[str, int] = {}
@@ -104,7 +104,9 @@ class _Progress:
 
     def done(self, rollout: str) -> None:
         self.calls.pop(rollout, None)
-        self.group.pop(rollout, None)
+        group = self.group.pop(rollout, None)
+        if group is not None and group not in self.group.values():
+            self.size.pop(group, None)
 
     def lag(self, rollout: str) -> float:
         """How far ``rollout`` is behind the other rollouts of its group still running, 0 (the front, or alone: a

@@ -82,6 +82,21 @@ def test_the_straggler_is_its_own_groups_and_a_group_of_one_has_none() -> None:
     assert policy.saving(_launch("a0", 9)) > policy.saving(_launch("c0", 20))
 
 
+def test_a_group_is_forgotten_with_its_last_rollout() -> None:
+    """A training run makes groups without end: the policy keeps nothing of a group whose rollouts all ended (its
+    most-at-once count stayed, one more a step: review 21)."""
+    policy = CostAwarePolicy(contention=None)
+    for step in range(50):
+        rollouts = {f"s{step}r{i}": calls for i, calls in enumerate((3, 5, 4))}
+        for rollout, calls in rollouts.items():
+            policy.select(
+                [msgspec.structs.replace(_launch(rollout, calls, p=0.0), group=f"g{step}")], running=0, forks=0
+            )
+        for rollout in rollouts:
+            policy.rollout_done(rollout)
+    assert not policy._progress.size and not policy._progress.group and not policy._progress.calls
+
+
 def test_a_lone_rollout_is_nobodys_straggler() -> None:
     policy = CostAwarePolicy(contention=None)
     _group(policy, {"solo": 3})
