@@ -129,6 +129,23 @@ async def _hang_up(conn: SocketStream) -> bool:
     return False
 
 
+async def _hang_up_all(conns: list[SocketStream]) -> int:
+    """``_hang_up`` of every connection at once (in turn, a quiesce waited for each agent's end-of-file before it
+    sent the next: up to ``HANG_UP_GRACE`` each); how many closed without the agent's end-of-file."""
+    if len(conns) == 1:  # the usual case (one idle connection), without a task group in the snapshot's pause
+        return 0 if await _hang_up(conns[0]) else 1
+    unseen = 0
+
+    async def one(conn: SocketStream) -> None:
+        nonlocal unseen
+        unseen += not await _hang_up(conn)
+
+    async with anyio.create_task_group() as tg:
+        for conn in conns:
+            tg.start_soon(one, conn)
+    return unseen
+
+
 def agent_threads(pids_limit: int | None) -> int:
     """The agent's pool for a workspace with ``pids_limit`` (``Limits.pids``; its threads count in it): a small
     limit gets a small pool, so that the workspace keeps its pids for its own processes."""
@@ -284,9 +301,7 @@ class AgentClient:
         await self.pids.settle()
         idle, self._idle = self._idle, []
         try:
-            for conn in idle:
-                if not await _hang_up(conn):
-                    self._unseen += 1
+            self._unseen += await _hang_up_all(idle)
         finally:
             with anyio.CancelScope(shield=True):
                 for conn in idle:

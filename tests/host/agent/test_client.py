@@ -1,11 +1,16 @@
-"""The host's bounds on agent answers (``_client.answer_limit``): pure logic, no workspace."""
+"""The host's bounds on agent answers (``_client.answer_limit``) and its hang-ups (``AgentClient.quiesce``): pure
+logic on socket pairs, no workspace."""
 
 from __future__ import annotations
 
+import socket
+
+import anyio
 import pytest
+from anyio.abc import SocketStream
 
 from bunshin_async._host import _protocol as P
-from bunshin_async._host._client import CONTROL_FRAME, FILE_DATA_MAX, LISTING_MAX, answer_limit
+from bunshin_async._host._client import CONTROL_FRAME, FILE_DATA_MAX, LISTING_MAX, AgentClient, answer_limit
 
 pytestmark = pytest.mark.unit
 
@@ -21,3 +26,25 @@ def test_an_answer_is_bounded_by_what_its_request_can_return() -> None:
     assert answer_limit(P.ListDir(path="."), 10) == CONTROL_FRAME + 10 + LISTING_MAX
     assert answer_limit(P.Ping(), 10) == CONTROL_FRAME + 10
     assert answer_limit(P.WriteFile(path="x", data=b"y" * 100), 10) == CONTROL_FRAME + 10
+
+
+async def test_quiesce_hangs_up_every_idle_connection_at_once() -> None:
+    """An agent that closes its ends once all the host's have hung up (its threads each wait on another): hung up
+    in turn, the first waited for an end-of-file that never came (``HANG_UP_GRACE``, then each other one: all
+    counted as closed unseen); at once, every end-of-file comes."""
+    pairs = [socket.socketpair() for _ in range(3)]
+    client = AgentClient(0, -1, "ws")
+    client._idle = [await SocketStream.from_socket(ours) for ours, _ in pairs]
+    theirs = [await SocketStream.from_socket(t) for _, t in pairs]
+
+    async def agent() -> None:
+        for conn in theirs:  # every hang-up first
+            with pytest.raises(anyio.EndOfStream):
+                await conn.receive()
+        for conn in theirs:
+            await conn.aclose()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(agent)
+        await client.quiesce()
+    assert client.all_closed()
