@@ -260,3 +260,19 @@ async def test_the_drain_looks_for_host_connections_only_after_one_closed_unseen
             assert await copy.read_file("/workspace/f") == b"kept"
         finally:
             await copy.aclose()
+
+
+async def test_the_look_for_host_connections_is_bounded(ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The guest decides how many descriptors its processes hold: past the bound the look stops and the snapshot
+    # fails at once (the workspace goes on), where it read them all on the event loop, however many.
+    monkeypatch.setattr(_quiesce, "MAX_DESCRIPTORS", 2)
+    client = ws._core.client
+    assert client is not None
+    await ws.exec("true")  # an idle connection
+    await client._close_idle()  # closed without a hang-up: the drain must look
+    with pytest.raises(ForkError, match="descriptors to look through for a host connection"):
+        await _dump.snapshot(ws._core, Spawns())
+    assert (await ws.exec("echo alive")).stdout == "alive\n"
+    monkeypatch.setattr(_quiesce, "MAX_DESCRIPTORS", 1 << 16)  # within it: the look finds none and the dump goes on
+    async with await _dump.snapshot(ws._core, Spawns()):
+        pass
