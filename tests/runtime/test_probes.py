@@ -4,10 +4,22 @@ the kernel's counters (``Subtree.read``)."""
 
 from __future__ import annotations
 
+import threading
+
 import anyio
+import pytest
 
 from bunshin_async import Workspace
-from bunshin_async._runtime._probes import CallMeter, call_peak, fork_cost, making_bytes, memory_peak, memory_usage
+from bunshin_async._runtime import _probes
+from bunshin_async._runtime._probes import (
+    CallMeter,
+    call_peak,
+    fork_cost,
+    held_charge,
+    making_bytes,
+    memory_peak,
+    memory_usage,
+)
 from bunshin_async._workspace._accounting import accounting_scope, written_bytes
 
 MIB = 1 << 20
@@ -53,16 +65,26 @@ def test_a_forks_making_is_charged_beyond_the_fork_itself() -> None:
     assert making_bytes(None, 2 * MIB) == 0 and making_bytes(5 * MIB, None) == 0  # no memory controller
 
 
-async def test_a_calls_byte_seconds_count_how_long_it_held_its_memory_not_only_how_high() -> None:
+async def test_a_calls_byte_seconds_count_how_long_it_held_its_memory_not_only_how_high(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """``CallMeter`` integrates what the cgroup holds above the call's start while the call runs: a call that holds 32
-    MiB for half a second and then sleeps two (as a ``--pad-tools`` call sleeps after its command) is charged about
-    its half second, where its peak (``call_peak``) held for its whole run says four times that or more. Bounded by
-    the peak for the run; the sampler is cancelled with the call."""
+        MiB for half a second and then sleeps two (as a ``--pad-tools`` call sleeps after its command) is charged about
+        its half second, where its peak (``call_peak``) held for its whole run says four times that or more. Bounded by
+        the peak for the run; the sampler is cancelled with the call. Its readings of ``memory.stat`` (0.1-0.2 ms each)
+    are made in worker threads."""
     async with Workspace() as ws:
         clock = anyio.current_time
         ready_peak, base = memory_peak(ws), memory_usage(ws)
         assert base is not None
         meter = CallMeter(ws, clock)
+        readers = []
+
+        def reading(w: Workspace) -> int | None:
+            readers.append(threading.current_thread() is threading.main_thread())
+            return held_charge(w)
+
+        monkeypatch.setattr(_probes, "held_charge", reading)
         hold = "x = bytearray(32 << 20); x[::4096] = b'1' * len(x[::4096]); import time; time.sleep(0.5)"
         start = clock()
         result = await meter.during(ws.exec(["sh", "-c", f'python3 -c "{hold}"; sleep 2']))
@@ -73,6 +95,7 @@ async def test_a_calls_byte_seconds_count_how_long_it_held_its_memory_not_only_h
         assert 0 < meter.byte_seconds <= peak * seconds
         assert meter.byte_seconds < 0.75 * peak * seconds, (meter.byte_seconds / MIB, peak / MIB, seconds)
         assert meter.byte_seconds >= 0.1 * 30 * MIB  # its half second held was seen
+        assert len(readers) >= 3 and not any(readers)  # read in worker threads, not on the event loop
         stopped = meter.byte_seconds
         meter.sample()
         assert meter.byte_seconds == stopped  # stopped with its call
