@@ -58,6 +58,17 @@ case $accel in
     *) die "BUNSHIN_KMOD_ACCEL must be tcg or kvm, not $accel" ;;
 esac
 
+if [[ $1 == criu* ]]; then  # checked before anything is built
+    CRIU_BIN=${BUNSHIN_KMOD_CRIU:-$KMOD/../criu/dist/sbin/criu}
+    [[ -x $CRIU_BIN ]] || die "no CRIU at $CRIU_BIN; run \`make setup\` (criu/build.sh)"
+    # Capture first (as criu/build.sh does): CRIU writes each line apart, grep -q exits at its match, and a later
+    # line's write then kills CRIU with SIGPIPE, which pipefail reports as a failed check (the CI run of 1198f2c).
+    grep -qx 'Features: tmpl-restore' <<<"$("$CRIU_BIN" --version 2>/dev/null || true)" \
+        || die "$CRIU_BIN lacks the template restore (criu/patches/0012-template-restore.patch); rerun criu/build.sh"
+    # CRIU's kernel-feature probe needs nf_tables: the modules kmod/setup.sh unpacked, loaded in their order.
+    [[ -s $CACHE/$KVER/modules/order ]] || die "no modules for CRIU in $CACHE/$KVER/modules; run \`make setup\`"
+fi
+
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/bunshin-kmod-XXXXXX")
 cleanup() { if [[ "${KEEP:-0}" == 1 ]]; then echo "kept $WORK" >&2; else rm -rf "$WORK"; fi; }
 trap cleanup EXIT
@@ -76,14 +87,6 @@ cp "$WORK/mod/bunshin_tmpl.ko" "$WORK/root/"
 prog=/tmpl_test
 if [[ $1 == criu* ]]; then
     prog=/criu_test
-    CRIU_BIN=${BUNSHIN_KMOD_CRIU:-$KMOD/../criu/dist/sbin/criu}
-    [[ -x $CRIU_BIN ]] || die "no CRIU at $CRIU_BIN; run \`make setup\` (criu/build.sh)"
-    # Capture first (as criu/build.sh does): CRIU writes each line apart, grep -q exits at its match, and a later
-    # line's write then kills CRIU with SIGPIPE, which pipefail reports as a failed check (the CI run of 1198f2c).
-    grep -qx 'Features: tmpl-restore' <<<"$("$CRIU_BIN" --version 2>/dev/null || true)" \
-        || die "$CRIU_BIN lacks the template restore (criu/patches/0012-template-restore.patch); rerun criu/build.sh"
-    # CRIU's kernel-feature probe needs nf_tables: the modules kmod/setup.sh unpacked, loaded in their order.
-    [[ -s $CACHE/$KVER/modules/order ]] || die "no modules for CRIU in $CACHE/$KVER/modules; run \`make setup\`"
     gcc -static -O2 -Wall -Wextra -Werror -o "$WORK/root/criu_test" "$KMOD/tests/criu_test.c" \
         || die "criu_test build failed"
     mkdir -p "$WORK/root/criu" "$WORK/root/mods"

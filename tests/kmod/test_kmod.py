@@ -7,6 +7,7 @@ project's CRIU in the guest restoring copies of a frozen template tree through t
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -146,3 +147,25 @@ def test_the_harness_rejects_a_bad_job_before_booting() -> None:
         res = subprocess.run([str(RUN_VM), *job], capture_output=True, text=True, timeout=30)
         assert res.returncode == 2, (job, res)
         assert "run-vm.sh:" in res.stderr and "BUNSHIN_KMOD_RESULT" not in res.stdout, (job, res.stderr)
+
+
+FAKE_CRIU = """#!/bin/sh
+exec awk 'BEGIN { print "Version: 4.2.1"; print "Features: tmpl-restore"
+                  for (i = 0; i < 100000; i++) print "Features: x" i }'
+"""
+
+
+def test_the_harness_reads_all_of_criu_version_before_it_looks(tmp_path: Path) -> None:
+    """``criu --version | grep -qx 'Features: tmpl-restore'`` under pipefail failed a CRIU that had the feature: grep
+    exits at its match and CRIU's next line dies of SIGPIPE (e8f43bc). A CRIU whose lines after the feature outgrow
+    the pipe passes the check: the harness goes on to the next (no modules in this cache), before building
+    anything or booting."""
+    criu = tmp_path / "criu"
+    criu.write_text(FAKE_CRIU)
+    criu.chmod(0o755)
+    cache = tmp_path / "cache"
+    (cache / _pinned_kernel()).mkdir(parents=True)
+    (cache / _pinned_kernel() / "vmlinux").write_text("not booted")
+    env = {**os.environ, "BUNSHIN_KMOD_CRIU": str(criu), "BUNSHIN_KMOD_CACHE": str(cache)}
+    res = subprocess.run([str(RUN_VM), "criu"], capture_output=True, text=True, timeout=60, env=env)
+    assert res.returncode == 2 and "run-vm.sh: no modules for CRIU in" in res.stderr, res.stderr
