@@ -27,11 +27,13 @@ __all__ = [
 # ``sh: 1: x: not found``), the package a Node script could not load (``Cannot find module 'x'``, not a path).
 _ENTITIES = {
     "module": re.compile(r"No module named '([A-Za-z_][\w]*)(?:\.[\w.]*)?'"),
-    # (and a program Python's ``subprocess`` could not start: ``FileNotFoundError: [Errno 2] No such file or
-    # directory: 'ffmpeg'``, a bare name, not a file's)
+    # (and a program Python's ``subprocess`` could not start: its traceback ends in ``_execute_child``, then
+    # ``FileNotFoundError: [Errno 2] No such file or directory: 'ffmpeg'``; ``open('data')`` prints the same error
+    # from another frame, a file's)
     "program": re.compile(
         r"(?:^|\n)(?:\S+: )?(?:line \d+: )?([\w.+-]+): command not found|(?:^|\n)\S*sh: \d+: ([\w.+-]+): not found"
-        r"|FileNotFoundError: \[Errno 2\] No such file or directory: '([A-Za-z][\w+-]*)'"
+        r"|in _execute_child\n(?:[^\n]*\n){0,3}"
+        r"FileNotFoundError: \[Errno 2\] No such file or directory: '([A-Za-z][\w+-]*)'"
     ),
     "node": re.compile(r"Cannot find module '(?![./])((?:@[\w.-]+/)?[\w.-]+)(?:/[^'\n]*)?'"),
 }

@@ -208,9 +208,14 @@ def test_with_no_template_a_missing_program_or_module_is_installed_by_the_rollou
         mine.observe(_ctx(""), call)
     missing = "/bin/bash: line 1: make: command not found\n"
     assert _calls(mine, missing, apt, pip) == [("apt-get install -y make", 0.15), ("pip3 install make", 0.075)]
-    # Python's subprocess names a program it could not start; a file run as a command is no program
-    started = "FileNotFoundError: [Errno 2] No such file or directory: 'ffmpeg'\n"
+    # Python's subprocess names a program it could not start (its traceback's last frame), open() a file; a file
+    # run as a command is no program
+    frame = '  File "/usr/lib/python3.11/subprocess.py", line 1950, in {}\n    raise x\n'
+    error = "FileNotFoundError: [Errno 2] No such file or directory: '{}'\n"
+    started = "Traceback (most recent call last):\n" + frame.format("_execute_child") + error.format("ffmpeg")
     assert _calls(mine, started, apt, pip)[0] == ("apt-get install -y ffmpeg", 0.15)
+    opened = 'Traceback (most recent call last):\n  File "run.py", line 3, in <module>\n' + error.format("data")
+    assert _calls(mine, opened, apt, pip) == []
     assert _calls(mine, "/bin/bash: line 1: weights.json: command not found\n", apt, pip) == []
     # a module: its distribution, from PyPI (the form's index serves another package)
     assert _calls(mine, ERROR.format("cv2"), apt, pip) == [("pip3 install opencv-python", 0.15)]
