@@ -32,9 +32,10 @@ def agent_layers_dir() -> Path:
 
 def criu_roots_dir() -> Path:
     """An empty directory the restore wrapper mounts a tmpfs on, in its own mount namespace, for CRIU's mount roots
-    (``bunshin-init --mnt-roots``, criu/patches/0037); on the host it stays empty. On a path the restored tree's
-    root, mapped in its user namespace, can walk (the home is 0755)."""
-    return home() / "criu-roots"
+    (``bunshin-init --mnt-roots``, criu/patches/0037); on the host it stays empty. Not under ``BUNSHIN_HOME``: the
+    restored tree's root, mapped in its user namespace, walks to it, and a home may sit under a 0700 directory (a
+    test's temporary one did)."""
+    return Path("/run/bunshin-criu-roots")
 
 
 def init_binary() -> Path:
