@@ -165,7 +165,8 @@ def _bulk(req: P.Request) -> int:
 
 class AgentClient:
     """Connections to the agent of the workspace whose pid 1 is ``pid`` (host pid). ``pidfd`` is that pid 1's
-    pidfd, borrowed: its owner (the workspace core) closes the client before it closes the pidfd."""
+    pidfd, borrowed: its owner (the workspace core) closes the client before it closes the pidfd (or, keeping the
+    client for the next pid 1, closes its ledger, ``pids.close``, until ``rebind``)."""
 
     def __init__(
         self,

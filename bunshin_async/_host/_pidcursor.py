@@ -324,7 +324,8 @@ class PidLedger:
             await self._settle()
 
     def close(self) -> None:
-        """The client closes (before the core closes the pidfd): nothing is read or put back from now on."""
+        """The client closes, or its pid 1 is killed for another (before the core closes the pidfd): nothing is read or
+        put back from now on (until ``rebind``)."""
         self.pidfd = -1
 
     async def _reading(self, procs: str, end: bool = False) -> tuple[int | None, dict[int, int] | None]:

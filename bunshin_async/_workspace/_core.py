@@ -334,6 +334,8 @@ class WorkspaceCore:
         if self.client is not None and not keep_client:
             await self.client.aclose()
             self.client = None
+        elif self.client is not None:  # its pid-cursor ledger borrows the pidfd closed below: ``adopt`` hands it on
+            self.client.pids.close()
         if self.pidfd is not None:
             try:
                 signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
