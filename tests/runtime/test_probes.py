@@ -69,9 +69,9 @@ async def test_a_calls_byte_seconds_count_how_long_it_held_its_memory_not_only_h
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """``CallMeter`` integrates what the cgroup holds above the call's start while the call runs: a call that holds 32
-        MiB for half a second and then sleeps two (as a ``--pad-tools`` call sleeps after its command) is charged about
-        its half second, where its peak (``call_peak``) held for its whole run says four times that or more. Bounded by
-        the peak for the run; the sampler is cancelled with the call. Its readings of ``memory.stat`` (0.1-0.2 ms each)
+    MiB for half a second and then sleeps two (as a ``--pad-tools`` call sleeps after its command) is charged about
+    its half second, where its peak (``call_peak``) held for its whole run says four times that or more. Bounded by
+    the peak for the run; the sampler is cancelled with the call. Its readings of ``memory.stat`` (0.1-0.2 ms each)
     are made in worker threads."""
     async with Workspace() as ws:
         clock = anyio.current_time
