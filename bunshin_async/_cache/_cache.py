@@ -20,7 +20,7 @@ random share of hits and reports disagreements in ``metrics().audit_mismatches``
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -270,6 +270,33 @@ class CachedSession:
             key = self._pos.chain.write_key(call)
             return cache.flights.get(key) is not None or cache.tree.snapshot(key) is not None
         return cache.known(pure_key(call) if cls.effect is Effect.PURE else self._pos.chain.read_key(call))
+
+    async def share(
+        self,
+        tool: str,
+        args: Mapping[str, Any],
+        run: Callable[[], Awaitable[tuple[Any, Any]]],
+        take: Callable[[Any], Awaitable[bool]],
+    ) -> tuple[Any, bool]:
+        """A speculative read of ``tool`` run in place, at the session's state, through the cache's flight of
+        speculative reads: sibling sessions that speculate the same read at once run it once (``SharedReads``).
+        ``run`` runs it here (the outcome, the result or the ``ToolError``, and a token); a waiter is served the
+        leader's outcome if ``take(token)`` accepts it (the runtime's pids: ``_runtime._branches.read_in_place``).
+        Returns the outcome and whether ``run`` ran here. Nothing is stored or counted as a hit: the rollout that
+        takes the result records it (``adopt``), as the cached plain loop's first asker would. Not under the
+        session's lock: a read does not move the state, and the runtime ends its reads before a write runs."""
+        t = lookup(self.tools, tool)
+        norm = t.normalize(args)
+        cls = t.classify_call(norm)
+        if not cls.cacheable or cls.effect not in (Effect.READ, Effect.PURE):
+            return (await run())[0], True
+        call = encode_call(t.name, t.version, norm)
+        key = pure_key(call) if cls.effect is Effect.PURE else self._pos.chain.read_key(call)
+        outcome, seconds = await self._shared.reads.share(key, run, take)
+        if seconds is not None:
+            self._shared.metrics.reads_shared += 1
+            self._shared.metrics.reads_shared_seconds += seconds
+        return outcome, seconds is None
 
     async def move(self, workspace: Workspace) -> None:
         """Continue in ``workspace``, a speculative write's fork whose call still runs (owned by the session from now

@@ -12,7 +12,7 @@ import msgspec
 
 from .._exceptions import BunshinError, StoreUnavailable
 from .._workspace._accounting import workspace_memory
-from ._flight import SingleFlight
+from ._flight import SharedReads, SingleFlight
 from ._hold import Pace, capture_net
 from ._metrics import CacheMetrics
 from ._records import CorruptRecord, Entry, seal, unseal
@@ -47,6 +47,7 @@ class CacheState:
         self.weigh_captures = weigh_captures
         self._audit_rng = random.Random(audit_seed)
         self.flights = SingleFlight()
+        self.reads = SharedReads()  # speculative reads in flight (``CachedSession.share``)
         self.tree = StateTree(snapshot_budget, release_unreachable)
         self.metrics = CacheMetrics()
         self.pace = Pace()  # seconds between two state changes of a session (``_position.Position``)

@@ -211,6 +211,7 @@ class ReadPids:
         self.used = False
         self.decided = False
         self.dropped = False
+        self.span: tuple[int, int] | None = None  # (before, after) once it provably took pids alone
 
     def use(self, *, ran: bool = True) -> None:
         """The rollout takes its result. ``ran``: the plain loop would have run the call here; False when it
@@ -313,6 +314,29 @@ class PidLedger:
                 r.own += 1
         return r
 
+    async def adopt(self, before: int, after: int) -> ReadPids | None:
+        """A read a sibling's workspace ran for this one (the tool cache's single flight), whose processes took the
+        pids after ``before`` up to ``after`` there (its ``ReadPids.span``): if this cursor stands at ``before``,
+        those are the pids its processes would have taken here, so the cursor moves to ``after`` (compare-and-set)
+        and the returned scope is settled as a read of this workspace that ran alone (put back unless used). None
+        where the cursor is elsewhere, or something else may take a pid meanwhile (a request in flight, a scope
+        running): the read must then run here to print this workspace's own pids. Waits, as a scope's first
+        request does, until no request that may start a process is in flight."""
+        while self.busy:
+            if self._idle.is_set():
+                self._idle = anyio.Event()
+            await self._idle.wait()
+        async with self._lock:
+            await self._measure()
+            if self.busy or self.active or self.procs is None or not before <= after:
+                return None
+            if not await self._exchange(before, after):
+                return None
+            r = ReadPids(self)
+            r.state, r.alone, r.before, r.after, r.span = "ran", True, before, after, (before, after)
+            self.reads.append(r)
+            return r
+
     def after(self, req: P.Request) -> None:
         if isinstance(req, PID_REQUESTS):
             self.busy -= 1
@@ -373,7 +397,7 @@ class PidLedger:
             r.after, tasks = await self._reading(procs, True)
             if tasks is None or tasks != r.tasks or r.after is None or not r.before <= r.after:
                 continue  # a process of the workspace ran, or one of the read's is left
-            r.state = "ran"
+            r.state, r.span = "ran", (r.before, r.after)
             self.reads.append(r)
 
     async def _settle(self) -> None:

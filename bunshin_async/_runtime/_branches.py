@@ -20,7 +20,7 @@ from .._exceptions import ToolError
 from .._host._pidcursor import ReadPids
 from .._tools._tools import Tool
 from .._workspace._accounting import workspace_memory, written_bytes
-from .._workspace._facade import Workspace, abandon_calls, in_place
+from .._workspace._facade import Workspace, abandon_calls, adopt_pids, in_place
 from ._calls import CallKey, Launch, PredictionContext
 from ._handle import CLOSE_DEADLINE, WorkspaceHandle
 from ._metrics import BranchRecord, TurnLog, TurnMetrics, merge_counts
@@ -107,9 +107,13 @@ class Branch:
         if self.pids is not None and not self.used:
             self.pids.drop()
 
-    async def run_call(self, tool: Tool, args: dict[str, Any], clock: Callable[[], float]) -> None:
-        """Run its call in ``ws``: ``result`` and ``error``; a fork's call metered (``CallMeter``)."""
+    async def run_call(self, tool: Tool, args: dict[str, Any], clock: Callable[[], float], executor: object) -> None:
+        """Run its call in ``ws``: ``result`` and ``error``; a fork's call metered (``CallMeter``), a read in place
+        as ``read_in_place`` runs it (``executor``: the rollout's)."""
         assert self.ws is not None
+        if not self.launch.needs_fork:
+            self.result, self.error = await read_in_place(self, tool, args, executor)
+            return
         self.meter = CallMeter(self.ws, clock) if self.forked else None
         call = run_tool(tool, self.ws, args)
         self.result, self.error = await (self.meter.during(call) if self.meter is not None else call)
@@ -117,6 +121,36 @@ class Branch:
     def byte_seconds(self) -> float:
         """What a fork's call held over its run (``CallMeter``, stopped now), -1 where not measured."""
         return self.meter.stop() if self.meter is not None else -1.0
+
+
+async def read_in_place(b: Branch, tool: Tool, args: dict[str, Any], executor: object) -> tuple[Any, ToolError | None]:
+    """Run read branch ``b``'s call in place, in a pid-cursor scope (its pids go back unless the rollout takes it:
+    ``in_place``). In the rollout's own workspace (not a chained read's, in its parent's fork: another
+    state than the executor's) it goes through the executor's flight of speculative reads where it has one
+    (``share``: a ``CachedSession``'s): a sibling that speculates the same read at the same state at once runs it
+    for this one, which is served only if its own pids would have been the same (``adopt_pids``: its cursor
+    stands where the sibling's did), and then holds the sibling's span as its own read's, so every rollout's pids
+    are those of a rollout that ran the read itself."""
+    ws = b.ws
+    assert ws is not None
+    here = isinstance(ws, Workspace)  # (an executor's workspace may be anything)
+    share = getattr(executor, "share", None) if b.parent is None and here else None
+
+    async def run() -> tuple[Any, tuple[int, int] | None]:
+        async with in_place(ws) if here else contextlib.nullcontext() as b.pids:
+            result, error = await run_tool(tool, ws, args)
+        return (result if error is None else error), b.pids.span if b.pids is not None else None
+
+    async def take(span: tuple[int, int] | None) -> bool:
+        if span is not None:
+            b.pids = await adopt_pids(ws, span)
+        return b.pids is not None
+
+    if share is None:
+        outcome, _ = await run()
+    else:
+        outcome, _ = await share(tool.name, args, run, take)
+    return (None, outcome) if isinstance(outcome, ToolError) else (outcome, None)
 
 
 def descends(b: Branch, ancestor: Branch) -> bool:
@@ -312,9 +346,7 @@ class BranchSet:
                     b.ws = base
                 b.run_start = clock()
                 b.calling.set()
-                here = not b.launch.needs_fork and isinstance(b.ws, Workspace)  # (an executor's: anything)
-                async with in_place(b.ws) if here else contextlib.nullcontext() as b.pids:
-                    await b.run_call(tool, args, clock)  # in place: its pids go back unless used
+                await b.run_call(tool, args, clock, self.handle.executor)  # in place: its pids go back unless used
                 b.run_end = clock()
                 b.ok = True
                 b.owner.log.mark("branch_done", b.position, b.key.name)

@@ -88,7 +88,10 @@ class Executor(Runner, Protocol):
     An executor may also have ``move(workspace)``: continue in a write branch's fork while its call still runs
     (owned from then on, the previous workspace closed), ``adopt`` of the same workspace following once the call
     ended; the rollout then holds one workspace, not two, for the rest of that call. Without it the runtime waits
-    for the call to end before it commits.
+    for the call to end before it commits. And ``share(tool, args, run, take)``: a speculative read run in place
+    goes through it (a ``CachedSession``'s flight of speculative reads: a sibling's identical read serves it, if
+    ``take`` accepts what it left, instead of ``run``), which returns the outcome (the result or the ``ToolError``)
+    and whether ``run`` ran.
     """
 
     async def adopt(

@@ -35,7 +35,7 @@ from .._images._image import Image
 from . import _gc, _gui
 from ._core import SetupStep, WorkspaceCore, WorkspaceSpec
 
-__all__ = ["BackgroundProcess", "Shell", "Workspace", "abandon_calls", "in_place"]
+__all__ = ["BackgroundProcess", "Shell", "Workspace", "abandon_calls", "adopt_pids", "in_place"]
 
 
 def _check_timeout(timeout: float | None, tool: str) -> None:
@@ -455,6 +455,13 @@ def abandon_calls(ws: Workspace) -> None:
     without waiting for the agent to reap its command, which the close's cgroup kill reaps with everything else.
     Never for a workspace that lives on (its next call could meet the command still exiting)."""
     ws._core.abandon_calls()
+
+
+async def adopt_pids(ws: Workspace, span: tuple[int, int]) -> ReadPids | None:
+    """A speculative read a sibling ran for ``ws`` (the tool cache's single flight), its processes' pids ``span``
+    there (``ReadPids.span``): ``ws``'s scope of it, as if it had run in place here, or None where ``ws``'s pids
+    would have been others (then it must run here: ``PidLedger.adopt``)."""
+    return await ws._core.live_client().pids.adopt(*span)
 
 
 async def _start_display(ws: Workspace, spec: _gui.Display) -> None:
