@@ -506,6 +506,8 @@ async def _run_config_in(
             "captures_skipped_cost": m.captures_skipped_cost,
             "snapshots_evicted": m.snapshots_evicted,
             "restore_failures": m.restore_failures,
+            "reads_shared": m.reads_shared,  # speculative reads a sibling's speculative run served
+            "reads_shared_seconds": round(m.reads_shared_seconds, 3),
         }
     return ConfigResult(
         name=config.name,
