@@ -37,7 +37,7 @@ from anyio.abc import SocketStream
 
 from .._exceptions import AgentError, WorkspaceClosed
 from . import _protocol as P
-from ._pidcursor import PidLedger
+from ._pidcursor import PidLedger, ReadPids
 
 __all__ = ["AGENT_THREADS", "MIN_RATE", "SOCKET", "STALL_TIMEOUT", "AgentClient", "agent_threads", "answer_limit"]
 
@@ -269,6 +269,21 @@ class AgentClient:
                 return await self._request(req)
             finally:
                 self.pids.after(req)
+        finally:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._drained.set()
+
+    async def adopt_pids(self, before: int, after: int) -> ReadPids | None:
+        """``PidLedger.adopt`` (a speculative read a sibling ran for this workspace) through the gate requests take:
+        it moves the pid cursor, so it waits while a snapshot quiesces the client, and one under way counts as a call
+        in flight, which the snapshot's drain waits for; the cursor never moves while CRIU dumps the tree."""
+        while not self._open.is_set():
+            await self._open.wait()
+        self._in_flight += 1
+        self._started += 1
+        try:
+            return await self.pids.adopt(before, after)
         finally:
             self._in_flight -= 1
             if self._in_flight == 0:

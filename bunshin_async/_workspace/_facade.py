@@ -460,8 +460,9 @@ def abandon_calls(ws: Workspace) -> None:
 async def adopt_pids(ws: Workspace, span: tuple[int, int]) -> ReadPids | None:
     """A speculative read a sibling ran for ``ws`` (the tool cache's single flight), its processes' pids ``span``
     there (``ReadPids.span``): ``ws``'s scope of it, as if it had run in place here, or None where ``ws``'s pids
-    would have been others (then it must run here: ``PidLedger.adopt``)."""
-    return await ws._core.live_client().pids.adopt(*span)
+    would have been others (then it must run here: ``PidLedger.adopt``). Held while a snapshot quiesces ``ws``
+    (``AgentClient.adopt_pids``)."""
+    return await ws._core.live_client().adopt_pids(*span)
 
 
 async def _start_display(ws: Workspace, spec: _gui.Display) -> None:

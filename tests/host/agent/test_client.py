@@ -48,3 +48,38 @@ async def test_quiesce_hangs_up_every_idle_connection_at_once() -> None:
         tg.start_soon(agent)
         await client.quiesce()
     assert client.all_closed()
+
+
+async def test_a_pid_span_is_adopted_only_through_the_clients_gate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A served sibling's read moves the pid cursor (``PidLedger.adopt``, a helper in the workspace's pid namespace):
+    as a request would, it waits while a snapshot has quiesced the client, and a snapshot's drain waits for one under
+    way, so the cursor never moves while CRIU dumps the tree."""
+    client = AgentClient(0, -1, "ws")
+    adopted: list[tuple[int, int]] = []
+    release = anyio.Event()
+
+    async def adopt(before: int, after: int) -> None:
+        adopted.append((before, after))
+        await release.wait()
+
+    monkeypatch.setattr(client.pids, "adopt", adopt)
+    await client.quiesce()
+    quiesced = anyio.Event()
+
+    async def quiesce() -> None:
+        await client.quiesce()
+        quiesced.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(client.adopt_pids, 10, 12)
+        await anyio.wait_all_tasks_blocked()
+        assert adopted == []  # held by the snapshot's quiesce
+        client.resume()
+        await anyio.wait_all_tasks_blocked()
+        assert adopted == [(10, 12)]
+        tg.start_soon(quiesce)  # a snapshot starts while the cursor moves
+        await anyio.wait_all_tasks_blocked()
+        assert not quiesced.is_set()
+        release.set()
+    assert quiesced.is_set()
+    assert not client.quiet_since((0, 0))  # the cursor moved: a check made before it no longer holds
