@@ -3,9 +3,9 @@ themselves in expectation, so that a configuration with speculation holds no mor
 the same configuration without it (issue 38: "never worse in GiB·s than fork+cache").
 
 By the kernel's counters a hit frees little memory on the real traces: a rollout idles at 0.2-0.8 MiB, so hiding a
-second frees a fraction of a MiB·s, while a miss's call (a ``pip install``'s 40 MiB, a Python script's) holds its
-memory for the seconds it runs before the ask (docs/benchmarks/speculation.md, session 19). Weighed one by one, a
-fork for any call that holds memory cannot pay, and the rule refused nearly everything the predictors offered. The
+second frees a fraction of a MiB·s, while a miss's call (a ``pip install``'s 40 MiB, a Python script's) holds its memory
+for the seconds it runs before the ask (docs/benchmarks/speculation-history.md, session 19). Weighed one by one, a fork
+for any call that holds memory cannot pay, and the rule refused nearly everything the predictors offered. The
 allowance lets a run spend what it can afford instead: ``share`` of what its rollouts hold (``earned``: their
 measured footprint for their running seconds), plus what its hits saved; each fork is charged the larger of its two
 outcomes' costs when it launches and its outcome's when it is released, so the forks in flight can all miss and the

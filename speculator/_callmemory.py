@@ -2,18 +2,18 @@
 (``tool:program``): the launch rule's ``call`` term (``MemoryTerms.call``).
 
 A hit's call was taken to hold on the main line what it holds in the fork, only earlier. By the kernel's counters it
-does not (docs/benchmarks/speculation.md, "Session 19"): on the long-tool groups the oracle's ``pip install`` calls
-(40 MiB each) ran 2.5-3.2 s in forks launched together at a turn's start, where the same calls ran 0.3-0.7 s on
-fork+cache's main line, and calls a sibling had just run were run again in forks where the cache would have served
-them. So a fork's call is charged what it is measured to hold in forks for the seconds it runs there beyond those
-it runs on the main line (a call the cache serves runs there in the time of a restore).
+does not (docs/benchmarks/speculation-history.md, "Session 19"): on the long-tool groups the oracle's ``pip install``
+calls (40 MiB each) ran 2.5-3.2 s in forks launched together at a turn's start, where the same calls ran 0.3-0.7 s on
+fork+cache's main line, and calls a sibling had just run were run again in forks where the cache would have served them.
+So a fork's call is charged what it is measured to hold in forks for the seconds it runs there beyond those it runs on
+the main line (a call the cache serves runs there in the time of a restore).
 
 What it holds is measured over time, not at its peak (session 21): the fork's cgroup charge above its charge when the
-call started, sampled while it runs (``_runtime._probes.CallMeter``), in byte-seconds. Its peak (``call_peak``)
-says how high it went, not for how long: a padded ``pip install`` (``bench.experiment --pad-tools``) holds its 40
-MiB for a second or two of its recorded 15 s and sleeps the rest, and was charged its peak for all 15
-(docs/benchmarks/speculation.md, "Session 21"). A call holds in its first ``s`` seconds at most its peak for ``s``
-seconds and at most what a whole run of its signature held (``held_over``)."""
+call started, sampled while it runs (``_runtime._probes.CallMeter``), in byte-seconds. Its peak (``call_peak``) says how
+high it went, not for how long: a padded ``pip install`` (``bench.experiment --pad-tools``) holds its 40 MiB for a
+second or two of its recorded 15 s and sleeps the rest, and was charged its peak for all 15
+(docs/benchmarks/speculation-history.md, "Session 21"). A call holds in its first ``s`` seconds at most its peak for
+``s`` seconds and at most what a whole run of its signature held (``held_over``)."""
 
 from __future__ import annotations
 

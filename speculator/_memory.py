@@ -203,7 +203,8 @@ class ForkMemory:
         """What a copy of ``rollout`` holds more than it (negative: less): its own latest pair since it last moved
         into a copy, else the mean of the rollouts in its state (never committed: a first copy; committed: a copy of
         a copy). By the kernel's counters a first copy of a small workspace holds less than the workspace it
-        replaces, to the rollout's end (docs/benchmarks/speculation.md, session 18), a copy of a copy about as much."""
+        replaces, to the rollout's end (docs/benchmarks/speculation-history.md, session 18), a copy of a copy about
+        as much."""
         if rollout in self._pair:
             return self._pair[rollout]
         return (self.copied_extra if rollout in self._copies else self.copy_extra).value

@@ -540,7 +540,7 @@ def _speculation_factory(
     """Per rollout: the default predictors (stream tap, siblings of the same group, cost-aware policy shared by all
     rollouts), but those named in ``without``; ``ngram``: plus the n-gram predictors over the public traces (the
     bundled table; offline on the terminal-benchmark traces they hid nothing and ran 115 s of wrong calls:
-    docs/benchmarks/speculation.md); ``kind_odds=False``: the predictors' own odds, not corrected by the kind of
+    docs/benchmarks/speculation-history.md); ``kind_odds=False``: the predictors' own odds, not corrected by the kind of
     call; ``odds``: per task id, the factors by kind of call (default, and for a task not in it: ``KIND_ODDS``);
     ``weigh_forks=False``: the policy without its GiB·s rule for forks."""
     from speculator import CostAwarePolicy, SiblingTable, default_ngram, default_speculation
