@@ -27,6 +27,11 @@ log "starting dockerd (log: $LOG)"
 # --experimental enables `docker checkpoint` (the peer benchmark compares it with BunshinFork); runc finds CRIU on
 # the daemon's PATH, so the project's CRIU 4.2.1 goes first (Debian 12's criu 3.17 fails on newer kernels).
 CRIU_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/criu/dist/sbin
+# The daemon's own temporary directory: containerd 1.6 (Debian 12's) leaves every `docker checkpoint create`'s CRIU
+# images in its temporary directory, /tmp/ctrd-checkpoint<N> (containerd#10166); in a directory only this daemon
+# writes, the peer benchmark can remove them without touching anybody else's.
+TMP_DIR=${BUNSHIN_DOCKER_TMPDIR:-/var/lib/bunshin-docker/tmp}
+install -d -m 0700 "$TMP_DIR"
 # The daemon gets no descriptor of its caller's beyond 0-2: one inherited (a `flock` on a lock file around
 # `make setup`) would be held for the daemon's life.
 (
@@ -34,7 +39,7 @@ CRIU_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/criu/dist/sbin
         fd=${fd##*/}
         if [[ $fd -gt 2 ]]; then eval "exec $fd>&-"; fi
     done
-    PATH="$CRIU_DIR:$PATH" exec setsid /usr/sbin/dockerd -H "unix://$SOCK" --iptables=false --ip6tables=false \
+    PATH="$CRIU_DIR:$PATH" TMPDIR="$TMP_DIR" exec setsid /usr/sbin/dockerd -H "unix://$SOCK" --iptables=false --ip6tables=false \
         --bridge=none --experimental </dev/null >>"$LOG" 2>&1
 ) &
 for _ in $(seq 1 300); do
