@@ -200,8 +200,9 @@ def machine() -> dict[str, Any]:
 def git_commit() -> str:
     try:
         head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=10", "HEAD"], capture_output=True)
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True)  # fmt: skip
+        # (not the results: a run of several benchmarks has written the earlier ones' records by then)
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                ":(exclude)bench/results"], capture_output=True)  # fmt: skip
         return head.stdout.decode().strip() + ("+changes" if dirty.stdout.strip() else "")
     except OSError:
         return ""
