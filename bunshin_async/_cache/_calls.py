@@ -14,6 +14,7 @@ import msgspec
 
 from .._exceptions import BunshinError, ToolError
 from .._tools._tools import CallClass, Effect, Tool
+from .._workspace._facade import Workspace, continue_pids, mark_pids, pid_cursor, pids_since_mark
 from ._keys import encode_call, pure_key
 from ._metrics import AuditMismatch
 from ._position import Position
@@ -224,6 +225,10 @@ class Calls:
     ) -> tuple[CallRecord, Entry | None]:
         """Run a write, advance the chain, capture the new state if asked, store the entry. A deterministic tool
         error is raised after all that (the error is the cached outcome); the entry is returned for waiters."""
+        ws = self.pos.workspace
+        captures = capture and self.capture and self.shared.provider is not None and isinstance(ws, Workspace)
+        if captures:
+            await mark_pids(ws)
         try:
             entry, result = await self._run_for_entry(tool, args, Effect.WRITE)
         except BaseException:
@@ -235,8 +240,8 @@ class Calls:
             return CallRecord(tool.name, Effect.WRITE, "executed", result, 0.0, None), None
         await self.pos.advance(call)
         assert self.pos.key == key
-        if capture and self.capture:
-            entry = await self.shared.capture(self.pos.workspace, key, entry)
+        if captures:
+            entry = await self.shared.capture(ws, key, entry, await pids_since_mark(ws))
         await self.shared.put(key, entry)
         self._miss(tool, Effect.WRITE, entry, None)
         if isinstance(result, BaseException):
@@ -258,12 +263,19 @@ class Calls:
         tree.restoring(key, +1)
         t0 = time.perf_counter()
         try:
+            # The snapshot's pid cursor is where the sibling that ran the write left its own: its history's, with
+            # the reads it ran and this rollout was served (which took no pid here). The rollout goes on from its
+            # own cursor, moved as far as the write moved the sibling's, as where the write had run here.
+            here = self.pos.workspace
+            own = await pid_cursor(here) if entry.pids is not None and isinstance(here, Workspace) else None
             try:
-                ws = await cache.provider.restore(self.pos.workspace, entry.snapshot)
+                ws = await cache.provider.restore(here, entry.snapshot)
             except BunshinError as exc:
                 cache.metrics.restore_failures += 1
                 log.warning("restoring a cached state failed: the call runs instead", exc_info=exc)
                 return None
+            if own is not None and entry.pids is not None and isinstance(ws, Workspace):
+                await continue_pids(ws, own + entry.pids)
             cache.metrics.restores += 1
             cache.metrics.restore_seconds += time.perf_counter() - t0
             await self.pos.slot.swap(ws)
@@ -296,11 +308,13 @@ class Calls:
         if cls.effect is Effect.WRITE:
             key = self.pos.chain.write_key(call)
             await self.pos.advance(call)
+            ws = self.pos.workspace  # the branch's fork, which marked its pids before the call (``mark_pids``)
+            pids = await pids_since_mark(ws) if isinstance(ws, Workspace) else None
             known = self.shared.tree.snapshot(key)
             if known is not None:  # a sibling captured this state already: keep its snapshot in the entry
-                entry = msgspec.structs.replace(entry, snapshot=known)
+                entry = msgspec.structs.replace(entry, snapshot=known, pids=pids)  # the same write from one state
             elif self.capture:
-                entry = await self.shared.capture(self.pos.workspace, key, entry)
+                entry = await self.shared.capture(ws, key, entry, pids)
         else:
             key = pure_key(call) if cls.effect is Effect.PURE else self.pos.chain.read_key(call)
         await self.shared.put(key, entry)

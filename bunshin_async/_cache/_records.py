@@ -35,7 +35,9 @@ class ErrorRecord(msgspec.Struct, frozen=True):
 
 class Entry(msgspec.Struct, frozen=True):
     """One cached call. ``result`` is the tool's result encoded as its ``result_type``; ``duration`` is what the
-    call took when it ran (seconds); ``snapshot`` is the state after a ``write`` call, when one was captured."""
+    call took when it ran (seconds); ``snapshot`` is the state after a ``write`` call, when one was captured, and
+    ``pids`` how far that call moved its workspace's pid cursor (None: not known), so that a rollout restored from
+    the snapshot continues its own pid sequence by as much, not the sibling's that ran it."""
 
     tool: str
     effect: str
@@ -44,6 +46,7 @@ class Entry(msgspec.Struct, frozen=True):
     created: float
     error: ErrorRecord | None = None
     snapshot: SnapshotRef | None = None
+    pids: int | None = None
 
 
 class Envelope(msgspec.Struct, frozen=True, array_like=True):

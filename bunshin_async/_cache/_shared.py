@@ -108,11 +108,12 @@ class CacheState:
         layers = self.store.layers if isinstance(self.store, LayeredStore) else (self.store,)
         return any(isinstance(layer, MemoryStore) and layer.holds(key) for layer in layers)
 
-    async def capture(self, ws: Workspace, key: bytes, entry: Entry) -> Entry:
+    async def capture(self, ws: Workspace, key: bytes, entry: Entry, pids: int | None = None) -> Entry:
         """Snapshot ``ws`` as a write left it (state ``key``), if the write took long enough to be worth a restore,
         another session could ask for the state and, with ``weigh_captures``, the hold pays (``pays``); the
-        returned entry references the snapshot, which the tree now holds. A failed capture is counted, not raised
-        (the entry is then stored without a snapshot)."""
+        returned entry references the snapshot, which the tree now holds, and ``pids`` (how far the write moved
+        ``ws``'s pid cursor). A failed capture is counted, not raised (the entry is then stored without a
+        snapshot)."""
         if self.provider is None or entry.duration < self.capture_min_duration:
             return entry
         if self.tree.release_unreachable and not self.tree.reachable(key):  # no other session could ask for it
@@ -131,7 +132,7 @@ class CacheState:
         if rollout_bytes > 0:
             self._capture_ratio = ref.size / rollout_bytes
         await self.discard(self.tree.attach(key, ref))
-        return msgspec.structs.replace(entry, snapshot=ref)
+        return msgspec.structs.replace(entry, snapshot=ref, pids=pids)
 
     async def pays(self, ws: Workspace, key: bytes, seconds: float) -> int | None:
         """Whether a capture of ``ws`` at ``key`` (a write of ``seconds``) is expected to save more byte-seconds

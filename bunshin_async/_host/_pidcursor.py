@@ -237,6 +237,7 @@ class PidLedger:
         self.reads: list[ReadPids] = []  # measured, to settle
         self.settled = 0  # put back (counters for tests and logs)
         self.forward = 0
+        self.marked: int | None = None  # the cursor when a captured call began (``mark``)
         self._lock = anyio.Lock()
         self._idle = anyio.Event()  # set when no request that may start a process is in flight
 
@@ -247,6 +248,7 @@ class PidLedger:
     def rebind(self, pid1: int, pidfd: int) -> None:
         """A new pid 1 (a restore in place): its cursor came with its images; nothing is left to settle."""
         self.pid1, self.pidfd = pid1, pidfd
+        self.marked = None
         for r in self.reads:
             r.state = "done"
         self.reads = []
@@ -336,6 +338,43 @@ class PidLedger:
             r.state, r.alone, r.before, r.after, r.span = "ran", True, before, after, (before, after)
             self.reads.append(r)
             return r
+
+    async def cursor(self) -> int | None:
+        """Where this workspace's own next process starts: the namespace's last pid once no request that may start
+        a process is in flight and what in-place scopes left is settled (put back unless used). None when it
+        cannot be read."""
+        while self.busy:
+            if self._idle.is_set():
+                self._idle = anyio.Event()
+            await self._idle.wait()
+        async with self._lock:
+            await self._settle()
+            pid1 = self.pid1
+            return await self._on_pidfd(lambda fd: exchange_last_pid(pid1, fd)[0], None)
+
+    async def mark(self) -> None:
+        """A call whose pids a capture records is about to run here (a tool cache's write, a write branch's fork):
+        remember the cursor, for ``since_mark``."""
+        self.marked = await self.cursor()
+
+    async def since_mark(self) -> int | None:
+        """How far the cursor moved since ``mark`` (the pids the call took, as the workspace's own sequence goes),
+        None if not marked or not known. Forgets the mark."""
+        marked, self.marked = self.marked, None
+        now = await self.cursor() if marked is not None else None
+        return now - marked if now is not None and marked is not None and now >= marked else None
+
+    async def continue_at(self, last: int) -> bool:
+        """Set the cursor to ``last`` (compare-and-set against the value just read): a workspace restored from a
+        sibling's snapshot continues the restoring rollout's own pid sequence, not the sibling's. A pid in use is
+        never handed out again whatever the cursor says (``alloc_pid`` skips it)."""
+        async with self._lock:
+            await self._settle()
+            pid1 = self.pid1
+            now = await self._on_pidfd(lambda fd: exchange_last_pid(pid1, fd)[0], None)
+            if now is None or last < 0:  # the helper bounds it by pid_max
+                return False
+            return now == last or await self._exchange(now, last)
 
     def after(self, req: P.Request) -> None:
         if isinstance(req, PID_REQUESTS):

@@ -20,7 +20,7 @@ from .._exceptions import ToolError
 from .._host._pidcursor import ReadPids
 from .._tools._tools import Tool
 from .._workspace._accounting import workspace_memory, written_bytes
-from .._workspace._facade import Workspace, abandon_calls, adopt_pids, in_place
+from .._workspace._facade import Workspace, abandon_calls, adopt_pids, in_place, mark_pids
 from ._calls import CallKey, Launch, PredictionContext
 from ._handle import CLOSE_DEADLINE, WorkspaceHandle
 from ._metrics import BranchRecord, TurnLog, TurnMetrics, merge_counts
@@ -115,6 +115,8 @@ class Branch:
             self.result, self.error = await read_in_place(self, tool, args, executor)
             return
         self.meter = CallMeter(self.ws, clock) if self.forked else None
+        if self.forked and isinstance(self.ws, Workspace):
+            await mark_pids(self.ws)  # committed and captured, a sibling's restore continues by as many pids
         call = run_tool(tool, self.ws, args)
         self.result, self.error = await (self.meter.during(call) if self.meter is not None else call)
 

@@ -35,7 +35,18 @@ from .._images._image import Image
 from . import _gc, _gui
 from ._core import SetupStep, WorkspaceCore, WorkspaceSpec
 
-__all__ = ["BackgroundProcess", "Shell", "Workspace", "abandon_calls", "adopt_pids", "in_place"]
+__all__ = [
+    "BackgroundProcess",
+    "Shell",
+    "Workspace",
+    "abandon_calls",
+    "adopt_pids",
+    "continue_pids",
+    "in_place",
+    "mark_pids",
+    "pid_cursor",
+    "pids_since_mark",
+]
 
 
 def _check_timeout(timeout: float | None, tool: str) -> None:
@@ -463,6 +474,34 @@ async def adopt_pids(ws: Workspace, span: tuple[int, int]) -> ReadPids | None:
     would have been others (then it must run here: ``PidLedger.adopt``). Held while a snapshot quiesces ``ws``
     (``AgentClient.adopt_pids``)."""
     return await ws._core.live_client().adopt_pids(*span)
+
+
+async def pid_cursor(ws: Workspace) -> int | None:
+    """Where ``ws``'s own next process starts (its pid namespace's last pid, what in-place reads left settled);
+    None when not known (``PidLedger.cursor``)."""
+    client = ws._core.client
+    return await client.pids.cursor() if client is not None else None
+
+
+async def mark_pids(ws: Workspace) -> None:
+    """A call about to run in ``ws`` whose state a capture may keep (a tool cache's write, a write branch's fork):
+    remember where its pids start, for ``pids_since_mark``."""
+    client = ws._core.client
+    if client is not None:
+        await client.pids.mark()
+
+
+async def pids_since_mark(ws: Workspace) -> int | None:
+    """The pids ``ws``'s processes took since ``mark_pids`` (None: not marked, or not known)."""
+    client = ws._core.client
+    return await client.pids.since_mark() if client is not None else None
+
+
+async def continue_pids(ws: Workspace, last: int) -> bool:
+    """``ws``'s pid cursor set to ``last``: a workspace restored from a sibling's snapshot continues the rollout's
+    own pid sequence, not the sibling's (``PidLedger.continue_at``). False where it could not be."""
+    client = ws._core.client
+    return await client.pids.continue_at(last) if client is not None else False
 
 
 async def _start_display(ws: Workspace, spec: _gui.Display) -> None:
