@@ -10,6 +10,7 @@ on. Cleanup is shielded, with a deadline.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Collection
 from typing import Any, Literal
 
@@ -117,8 +118,8 @@ class Branch:
         self.meter = CallMeter(self.ws, clock) if self.forked else None
         if self.forked and isinstance(self.ws, Workspace):
             await mark_pids(self.ws)  # committed and captured, a sibling's restore continues by as many pids
-        call = run_tool(tool, self.ws, args)
-        self.result, self.error = await (self.meter.during(call) if self.meter is not None else call)
+        call = functools.partial(run_tool, tool, self.ws, args)
+        self.result, self.error = await (self.meter.during(call) if self.meter is not None else call())
 
     def byte_seconds(self) -> float:
         """What a fork's call held over its run (``CallMeter``, stopped now), -1 where not measured."""

@@ -144,15 +144,16 @@ class CallMeter:
         self._stopped = True
         return self.byte_seconds
 
-    async def during(self, call: Awaitable[T]) -> T:
-        """``await call`` while sampling (the first reading before it starts); stopped when it returns, raises or is
-        cancelled (its error is raised as itself, not wrapped in a group)."""
+    async def during(self, call: Callable[[], Awaitable[T]]) -> T:
+        """``await call()`` while sampling (the first reading before it starts); stopped when it returns, raises or
+        is cancelled (its error is raised as itself, not wrapped in a group). A callable, not an awaitable: the first
+        reading is an await (a worker thread), and a branch cancelled there left a coroutine never awaited."""
         await self._sample()
         error: Exception | None = None
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._every)
             try:
-                out = await call
+                out = await call()
             except Exception as exc:  # noqa: BLE001 - re-raised below, once the sampler has stopped
                 error = exc
             finally:

@@ -87,7 +87,7 @@ async def test_a_calls_byte_seconds_count_how_long_it_held_its_memory_not_only_h
         monkeypatch.setattr(_probes, "held_charge", reading)
         hold = "x = bytearray(32 << 20); x[::4096] = b'1' * len(x[::4096]); import time; time.sleep(0.5)"
         start = clock()
-        result = await meter.during(ws.exec(["sh", "-c", f'python3 -c "{hold}"; sleep 2']))
+        result = await meter.during(lambda: ws.exec(["sh", "-c", f'python3 -c "{hold}"; sleep 2']))
         seconds = clock() - start
         assert result.exit_code == 0
         peak = call_peak(ws, ready_peak, base)
