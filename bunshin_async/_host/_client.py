@@ -30,7 +30,8 @@ import os
 import signal
 import stat
 import struct
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import anyio
 from anyio.abc import SocketStream
@@ -38,6 +39,8 @@ from anyio.abc import SocketStream
 from .._exceptions import AgentError, WorkspaceClosed
 from . import _protocol as P
 from ._pidcursor import PidLedger, ReadPids
+
+_T = TypeVar("_T")
 
 __all__ = ["AGENT_THREADS", "MIN_RATE", "SOCKET", "STALL_TIMEOUT", "AgentClient", "agent_threads", "answer_limit"]
 
@@ -275,15 +278,20 @@ class AgentClient:
                 self._drained.set()
 
     async def adopt_pids(self, before: int, after: int) -> ReadPids | None:
-        """``PidLedger.adopt`` (a speculative read a sibling ran for this workspace) through the gate requests take:
-        it moves the pid cursor, so it waits while a snapshot quiesces the client, and one under way counts as a call
-        in flight, which the snapshot's drain waits for; the cursor never moves while CRIU dumps the tree."""
+        """``PidLedger.adopt`` (a speculative read a sibling ran for this workspace) through the gate (``gated``)."""
+        return await self.gated(lambda: self.pids.adopt(before, after))
+
+    async def gated(self, fn: Callable[[], Awaitable[_T]]) -> _T:
+        """``fn()``, a reading or move of the pid cursor (``PidLedger``), through the gate requests take: a helper
+        in the workspace's pid namespace, so it waits while a snapshot quiesces the client, and one under way counts
+        as a call in flight, which the snapshot's drain waits for; the cursor never moves while CRIU dumps the
+        tree."""
         while not self._open.is_set():
             await self._open.wait()
         self._in_flight += 1
         self._started += 1
         try:
-            return await self.pids.adopt(before, after)
+            return await fn()
         finally:
             self._in_flight -= 1
             if self._in_flight == 0:

@@ -480,7 +480,7 @@ async def pid_cursor(ws: Workspace) -> int | None:
     """Where ``ws``'s own next process starts (its pid namespace's last pid, what in-place reads left settled);
     None when not known (``PidLedger.cursor``)."""
     client = ws._core.client
-    return await client.pids.cursor() if client is not None else None
+    return await client.gated(client.pids.cursor) if client is not None else None
 
 
 async def mark_pids(ws: Workspace) -> None:
@@ -488,20 +488,20 @@ async def mark_pids(ws: Workspace) -> None:
     remember where its pids start, for ``pids_since_mark``."""
     client = ws._core.client
     if client is not None:
-        await client.pids.mark()
+        await client.gated(client.pids.mark)
 
 
 async def pids_since_mark(ws: Workspace) -> int | None:
     """The pids ``ws``'s processes took since ``mark_pids`` (None: not marked, or not known)."""
     client = ws._core.client
-    return await client.pids.since_mark() if client is not None else None
+    return await client.gated(client.pids.since_mark) if client is not None else None
 
 
 async def continue_pids(ws: Workspace, last: int) -> bool:
     """``ws``'s pid cursor set to ``last``: a workspace restored from a sibling's snapshot continues the rollout's
     own pid sequence, not the sibling's (``PidLedger.continue_at``). False where it could not be."""
     client = ws._core.client
-    return await client.pids.continue_at(last) if client is not None else False
+    return await client.gated(lambda: client.pids.continue_at(last)) if client is not None else False
 
 
 async def _start_display(ws: Workspace, spec: _gui.Display) -> None:
