@@ -309,8 +309,9 @@ class Calls:
             key = self.pos.chain.write_key(call)
             await self.pos.advance(call)
             ws = self.pos.workspace  # the branch's fork, which marked its pids before the call (``mark_pids``)
-            pids = await pids_since_mark(ws) if isinstance(ws, Workspace) else None
             known = self.shared.tree.snapshot(key)
+            kept = known is not None or self.capture
+            pids = await pids_since_mark(ws) if kept and isinstance(ws, Workspace) else None
             if known is not None:  # a sibling captured this state already: keep its snapshot in the entry
                 entry = msgspec.structs.replace(entry, snapshot=known, pids=pids)  # the same write from one state
             elif self.capture:

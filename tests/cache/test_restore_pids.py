@@ -6,14 +6,19 @@ The restore now moves the rollout's own cursor as far as the write moved the sib
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 import pytest
 
 from bunshin_async import Workspace
+from bunshin_async._llm._events import ArgumentsComplete, MessageFinished, TapEvent, ToolCall, ToolNameKnown
 from bunshin_async._workspace._facade import mark_pids
 from bunshin_async.cache import ForkStateProvider, ToolCache
-from bunshin_async.tools import builtin_tools
+from bunshin_async.speculation import BoundedPolicy, Speculation, WorkspaceHandle, run_turn
+from bunshin_async.tools import Effect, Tool, builtin_tools
+from speculator import Rule, RulePredictor
 
 from .test_session import sources
 
@@ -66,3 +71,63 @@ async def test_a_write_hit_continues_the_rollouts_own_pids(runner: str) -> None:
             served_next = _pid(await _bash(session.workspace, NEXT))
     assert served_next == await _plain(WRITE)
     assert sibling_next == await _plain(READ, WRITE) > served_next  # the read took pids: the test can fail
+
+
+class _Tools:
+    """A read and a write that start processes (``READ``, ``WRITE``); the workspaces the write ran in, in order."""
+
+    def __init__(self) -> None:
+        self.writes: list[Workspace] = []
+
+    def tools(self) -> list[Tool]:
+        async def read(ws: Workspace, args: dict[str, Any]) -> str:
+            return (await ws.exec(READ["command"])).stdout
+
+        async def write(ws: Workspace, args: dict[str, Any]) -> str:
+            self.writes.append(ws)
+            return (await ws.exec(WRITE["command"])).stdout
+
+        return [Tool(name="r", effect=Effect.READ, handler=read, result_type=str),
+                Tool(name="w", effect=Effect.WRITE, handler=write, result_type=str)]  # fmt: skip
+
+
+async def _asks_for_the_write(go: anyio.Event) -> AsyncIterator[TapEvent]:
+    await go.wait()
+    call = ToolCall(index=0, id="c0", name="w", arguments={}, raw="{}")
+    yield ToolNameKnown(index=0, id=call.id, name=call.name, t=0.0)
+    yield ArgumentsComplete(call=call, t=0.0)
+    yield MessageFinished(finish_reason="tool_calls", content="", tool_calls=[call], t=0.0)
+
+
+async def test_a_write_a_speculative_fork_ran_restores_with_the_rollouts_own_pids() -> None:
+    # Through the speculation runtime: the sibling's write is guessed at its turn's start and runs in a fork, which
+    # the rollout commits when the model asks for it (the branch marks the fork's pids before its call). The
+    # rollout after it is served the read and restored from that fork's capture.
+    made = _Tools()
+    rule = Rule(at_start=True, then_tool="w", then_args={}, probability=1.0, expected_seconds=1.0)
+    async with ToolCache(provider=ForkStateProvider()) as cache:
+        async with Workspace() as ws, cache.session(ws, made.tools(), salt="g") as sibling:
+            await sibling.call("r", {})
+            spec = Speculation(predictors=[RulePredictor([rule])], policy=BoundedPolicy(), group="g", early=True)
+            go = anyio.Event()
+            with anyio.fail_after(60):
+                async with anyio.create_task_group() as tg:
+
+                    async def turn() -> None:
+                        handle = WorkspaceHandle.over(sibling, salt="g")
+                        outcome = await run_turn(_asks_for_the_write(go), handle, sibling.tools, spec)
+                        assert [r.source for r in outcome.results] == ["speculated"]
+
+                    tg.start_soon(turn)
+                    while not made.writes:  # the branch's call runs in its fork (an order, not a time)
+                        await anyio.sleep(0.01)
+                    go.set()
+            assert made.writes[0] is sibling.workspace  # the fork, committed
+            sibling_next = _pid(await _bash(sibling.workspace, NEXT))
+        async with Workspace() as ws, cache.session(ws, made.tools(), salt="g") as session:
+            await session.call("r", {})
+            await session.call("w", {})
+            assert sources(session) == ["cache", "restored"]
+            served_next = _pid(await _bash(session.workspace, NEXT))
+    assert served_next == await _plain(WRITE)
+    assert sibling_next == await _plain(READ, WRITE) > served_next
