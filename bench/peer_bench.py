@@ -58,14 +58,19 @@ GUEST = REPO / "tests" / "fork" / "guest_state.py"
 DOCKER = "/usr/bin/docker"  # Debian's client for Debian's daemon (another docker may sit earlier on PATH)
 
 # The temporary directory scripts/docker.sh gives the daemon: containerd 1.6 leaves each checkpoint's CRIU images
-# there (ctrd-checkpoint<N>, containerd#10166). Only a daemon started by docker.sh writes in it, so what is there
-# is this benchmark's to remove; a daemon started otherwise leaves them in its own temporary directory (/tmp).
+# there (ctrd-checkpoint<N>, containerd#10166), at each checkpoint and at each start from one. Only a daemon
+# started by docker.sh writes in it; the benchmark removes what appeared while its own checkpoints ran (another
+# run's may be in use). A daemon started otherwise leaves them in its own temporary directory (/tmp).
 DOCKER_TMPDIR = Path(os.environ.get("BUNSHIN_DOCKER_TMPDIR", "/var/lib/bunshin-docker/tmp"))
 
 
-def remove_checkpoint_leftovers() -> None:
-    for leftover in DOCKER_TMPDIR.glob("ctrd-checkpoint*"):
-        shutil.rmtree(leftover, ignore_errors=True)
+def checkpoint_images() -> set[Path]:
+    return set(DOCKER_TMPDIR.glob("ctrd-checkpoint*"))
+
+
+def remove_images(images: set[Path]) -> None:
+    for image in images:
+        shutil.rmtree(image, ignore_errors=True)
 
 
 DOCKER_SOCK = "/var/run/docker.sock"
@@ -344,6 +349,7 @@ async def row_fork(image: Image, refs: dict[str, str], mib: int, copies: list[in
         cid = await run(DOCKER, "run", "-d", "--network=none", "--security-opt", "seccomp=unconfined",
                         refs["docker"], *guest)  # fmt: skip
         made: list[str] = []
+        images = await anyio.to_thread.run_sync(checkpoint_images)
         try:
             digest = await run(DOCKER, "exec", cid, "sh", "-c", WAIT_GUEST, timeout=600)
             for n in copies:
@@ -386,7 +392,7 @@ async def row_fork(image: Image, refs: dict[str, str], mib: int, copies: list[in
             for name in made:
                 await run(DOCKER, "rm", "-f", name, check=False)
             await run(DOCKER, "rm", "-f", cid, check=False)
-            await anyio.to_thread.run_sync(remove_checkpoint_leftovers)
+            await anyio.to_thread.run_sync(remove_images, await anyio.to_thread.run_sync(checkpoint_images) - images)
         return out
 
     await attempt(row, "bunshin", bunshin)
