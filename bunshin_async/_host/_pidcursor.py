@@ -296,10 +296,8 @@ class PidLedger:
                 r.own += 1
             return r
         first = r is not None and r.own == 0
-        while first and self.busy:  # a scope starts after what runs (the plain loop's order), not beside it
-            if self._idle.is_set():  # one event for every waiter: a new one per waiter would strand the others
-                self._idle = anyio.Event()
-            await self._idle.wait()
+        if first:  # a scope starts after what runs (the plain loop's order), not beside it
+            await self._until_idle()
         async with self._lock:
             if first:
                 await self._measure()  # the reads before it stay until the rollout takes or leaves them
@@ -316,6 +314,13 @@ class PidLedger:
                 r.own += 1
         return r
 
+    async def _until_idle(self) -> None:
+        """Until no request that may start a process is in flight."""
+        while self.busy:
+            if self._idle.is_set():  # one event for every waiter: a new one per waiter would strand the others
+                self._idle = anyio.Event()
+            await self._idle.wait()
+
     async def adopt(self, before: int, after: int) -> ReadPids | None:
         """A read a sibling's workspace ran for this one (the tool cache's single flight), whose processes took the
         pids after ``before`` up to ``after`` there (its ``ReadPids.span``): if this cursor stands at ``before``,
@@ -324,10 +329,7 @@ class PidLedger:
         where the cursor is elsewhere, or something else may take a pid meanwhile (a request in flight, a scope
         running): the read must then run here to print this workspace's own pids. Waits, as a scope's first
         request does, until no request that may start a process is in flight."""
-        while self.busy:
-            if self._idle.is_set():
-                self._idle = anyio.Event()
-            await self._idle.wait()
+        await self._until_idle()
         async with self._lock:
             await self._measure()
             if self.busy or self.active or self.procs is None or not before <= after:
@@ -343,10 +345,7 @@ class PidLedger:
         """Where this workspace's own next process starts: the namespace's last pid once no request that may start
         a process is in flight and what in-place scopes left is settled (put back unless used). None when it
         cannot be read."""
-        while self.busy:
-            if self._idle.is_set():
-                self._idle = anyio.Event()
-            await self._idle.wait()
+        await self._until_idle()
         async with self._lock:
             await self._settle()
             pid1 = self.pid1
